@@ -1,0 +1,31 @@
+"""ckptsup: the public training API.
+
+    import ckptsup
+    run = ckptsup.attach(model=model, optimizer=opt, lr_scheduler=sched, dataloader=loader)
+    step = run.resume()
+    ...
+
+`import ckptsup` stays cheap: torch is imported on the first `attach` (the supervisor imports
+this package too and must start in well under a second).
+"""
+
+from __future__ import annotations
+
+from typing import Any
+
+__version__ = "0.1.0"
+__all__ = ["attach", "init_process_group", "__version__"]
+
+
+def attach(**kwargs: Any):
+    """Attach ckptsup to a training loop; see ckptsup.hooks.session.attach."""
+    from .hooks.session import attach as _attach
+
+    return _attach(**kwargs)
+
+
+def init_process_group(**kwargs: Any):
+    """torch.distributed.init_process_group with the supervisor's collective timeout."""
+    from .hooks.process_group import init_process_group as _init
+
+    return _init(**kwargs)

@@ -1,0 +1,378 @@
+"""Configuration: keyword-only dataclasses, loaded from TOML in layers, with provenance.
+
+Precedence (lowest first): built-in defaults < site config ($CKPTSUP_SITE_CONFIG, else
+/etc/ckptsup/site.toml, else the shipped site_config/default.toml) < job config (--config FILE)
+< command-line flags. Every value remembers where it came from (`ckptsup config show`).
+
+Validation happens at the edge, per value, while the layer that set it is known, so the one-line
+error names the file, the key and the valid choices. Units live in key names (`_s`, `_gb`).
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import difflib
+import json
+import os
+import re
+import tomllib
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any, Callable, Mapping
+
+from .errors import ConfigError
+
+SITE_CONFIG_ENV = "CKPTSUP_SITE_CONFIG"
+SYSTEM_SITE_CONFIG = Path("/etc/ckptsup/site.toml")
+AUTO = "auto"
+SECRET_NAME = re.compile(r"(secret|password|passwd|token|credential|access_key|private_key)", re.I)
+REDACTED = "***redacted***"
+
+Check = Callable[[Any], "str | None"]  # returns a problem description, or None when fine
+
+
+# ---- value checks (each returns what is wrong, or None) -------------------------------------
+
+def positive(value: Any) -> str | None:
+    return None if value > 0 else "must be > 0"
+
+
+def non_negative(value: Any) -> str | None:
+    return None if value >= 0 else "must be >= 0"
+
+
+def at_least_one(value: Any) -> str | None:
+    return None if value >= 1 else "must be >= 1"
+
+
+def positive_or_auto(value: Any) -> str | None:
+    if value == AUTO:
+        return None
+    if isinstance(value, str):
+        return f"must be a number of seconds > 0 or \"{AUTO}\""
+    return positive(value)
+
+
+def one_of(*choices: str) -> Check:
+    def check(value: Any) -> str | None:
+        return None if value in choices else f"must be one of: {', '.join(choices)}"
+    return check
+
+
+def tier_path(*schemes: str) -> Check:
+    """A storage location: empty (tier off), a plain path, or one of the given URL schemes."""
+    def check(value: Any) -> str | None:
+        if value == "":
+            return None
+        match = re.match(r"^([a-zA-Z][a-zA-Z0-9+.-]*)://", value)
+        if match is None:
+            return None if "" in schemes else f"must be a URL with scheme {', '.join(s + '://' for s in schemes if s)}"
+        if match.group(1) not in schemes:
+            valid = ", ".join(f"{s}://" if s else "a plain path" for s in schemes)
+            return f"unknown scheme {match.group(1)}://; valid: {valid}"
+        return None
+    return check
+
+
+def knob(default: Any, help: str, check: Check | None = None) -> Any:
+    """A config field: its default, a one-line why/unit (shown by `config show --help` and in
+    default.toml), and its check."""
+    factory = (lambda d=default: list(d)) if isinstance(default, list) else None
+    meta = {"help": help, "check": check}
+    if factory is not None:
+        return field(default_factory=factory, metadata=meta)
+    return field(default=default, metadata=meta)
+
+
+# ---- the schema -----------------------------------------------------------------------------
+
+@dataclass(kw_only=True)
+class RunConfig:
+    run_dir: str = knob("ckptsup-runs/{job_id}", "run directory on the shared FS; {job_id} expands; survives requeues")
+
+
+@dataclass(kw_only=True)
+class CheckpointConfig:
+    dir: str = knob("", "shared-tier checkpoint_dir holding step_<N>/; empty = <run_dir>/checkpoints")
+    save_every_steps: int = knob(0, "save every N steps; 0 = use the time interval only", non_negative)
+    save_every_s: float = knob(1800.0, "initial time between saves (s); the adaptive interval replaces it", positive)
+    adaptive_interval: bool = knob(True, "let the supervisor set the interval from Daly's formula with measured costs")
+    async_save: bool = knob(True, "write, hash and commit in the background; the stall is the copy to host only")
+    keep_last: int = knob(3, "retention: keep the newest K checkpoints per tier", at_least_one)
+    keep_daily_days: int = knob(14, "retention: also keep one checkpoint a day for D days (0 = none)", non_negative)
+    hash_algorithm: str = knob("xxh3-128", "per-file and per-item checksum", one_of("xxh3-128", "crc32", "sha256"))
+    test_load_every: int = knob(5, "run a level-3 test load on every Nth commit (0 = only before a daily keeper)", non_negative)
+    jitter_s: float = knob(30.0, "random delay (s) added to time-based saves so jobs do not write in the same minute", non_negative)
+    emergency_margin: float = knob(1.5, "an emergency save runs only if measured save time x margin fits the budget", positive)
+    allow_stateless_dataloader: bool = knob(False, "accept a dataloader without state_dict (data WILL repeat after restart)")
+
+
+@dataclass(kw_only=True)
+class StorageConfig:
+    node_local: str = knob("", "node-local cache tier ({node}, {job_id} expand); empty = off", tier_path("", "file"))
+    object_store: str = knob("", "object tier, s3://bucket/prefix; empty = off", tier_path("s3"))
+    s3_endpoint_url: str = knob("", "S3-compatible endpoint URL; empty = AWS default")
+    s3_region: str = knob("us-east-1", "S3 region")
+    s3_access_key_id: str = knob("", "prefer AWS_ACCESS_KEY_ID in the environment; redacted in output")
+    s3_secret_access_key: str = knob("", "prefer AWS_SECRET_ACCESS_KEY in the environment; redacted in output")
+    promote_retries: int = knob(5, "attempts per file when promoting to a slower tier", at_least_one)
+    promote_queue_size: int = knob(4, "checkpoints waiting for promotion before the oldest waiting one is skipped", at_least_one)
+    min_free_gb: float = knob(5.0, "health: minimum free space on every checkpoint tier (GB)", non_negative)
+
+
+@dataclass(kw_only=True)
+class SupervisorConfig:
+    nproc_per_node: int = knob(1, "ranks per node (torchrun --nproc-per-node)", at_least_one)
+    nodes: int = knob(0, "active nodes; 0 = every allocated node minus [sbatch] spares", non_negative)
+    max_restarts: int = knob(10, "restart budget per run (all attempts together)", non_negative)
+    heartbeat_interval_s: float = knob(1.0, "agent -> supervisor heartbeat period (s)", positive)
+    node_silence_s: float = knob(5.0, "an agent silent this long while others talk = node down (s)", positive)
+    hang_timeout_s: Any = knob(AUTO, "no step progress this long = hang (s); auto = max(hang_min_s, hang_step_factor x p99 step)", positive_or_auto)
+    hang_min_s: float = knob(30.0, "floor of the automatic hang timeout (s)", positive)
+    hang_step_factor: float = knob(10.0, "automatic hang timeout = this x p99 step time", positive)
+    init_timeout_s: float = knob(300.0, "allowance from launch to the first step (s)", positive)
+    save_timeout_s: float = knob(600.0, "allowance for a blocking save (s)", positive)
+    load_timeout_s: float = knob(600.0, "allowance for a checkpoint load (s)", positive)
+    kill_grace_s: float = knob(10.0, "SIGTERM -> SIGKILL deadline when stopping ranks (s)", positive)
+    crash_loop_threshold: int = knob(3, "same failure at the same step this many times = user error, give up", at_least_one)
+    backoff_initial_s: float = knob(0.0, "delay before the 2nd restart in a row; doubles after (s)", non_negative)
+    backoff_max_s: float = knob(60.0, "cap of the restart backoff (s)", non_negative)
+    lease_interval_s: float = knob(1.0, "how often the supervisor renews its lease in the run dir (s)", positive)
+    lease_stale_s: float = knob(10.0, "the watchdog requeues when the lease is older than this (s)", positive)
+    rdzv_port: int = knob(29500, "c10d rendezvous port on the first active node", positive)
+
+
+@dataclass(kw_only=True)
+class NcclConfig:
+    collective_timeout_init_s: float = knob(600.0, "collective timeout during init and the first steps (s)", positive)
+    collective_timeout_s: Any = knob(AUTO, "steady-state collective timeout (s); auto = derived from step/save times, above the hang timeout", positive_or_auto)
+    heartbeat_timeout_s: float = knob(120.0, "TORCH_NCCL_HEARTBEAT_TIMEOUT_SEC: watchdog-of-the-watchdog (s)", positive)
+    flight_recorder_entries: int = knob(2000, "TORCH_NCCL_TRACE_BUFFER_SIZE / TORCH_FR_BUFFER_SIZE entries", non_negative)
+    dump_on_timeout: bool = knob(True, "TORCH_NCCL_DUMP_ON_TIMEOUT: dump the flight recorder into the run dir")
+    async_error_handling: int = knob(3, "TORCH_NCCL_ASYNC_ERROR_HANDLING (3 = skip cleanup and tear down)", one_of(0, 1, 2, 3))  # type: ignore[arg-type]
+
+
+@dataclass(kw_only=True)
+class HealthConfig:
+    enabled: bool = knob(True, "run health checks before launch and on suspects after a failure")
+    timeout_s: float = knob(30.0, "timeout of each health check command (s)", positive)
+    check_gpus: str = knob(AUTO, "GPUs visible: auto (when nvidia-smi exists), require, off", one_of(AUTO, "require", "off"))
+    commands: list = knob([], "site commands (argv strings, no shell); non-zero exit = node unhealthy")
+
+
+@dataclass(kw_only=True)
+class SlurmConfig:
+    spare_partition: str = knob("", "partition spanning regular + reserved spare nodes, used on requeue; empty = keep")
+    drain_bad_nodes: bool = knob(True, "drain a blamed node (where permitted); always recorded in the run's state")
+    command_timeout_s: float = knob(30.0, "timeout of one Slurm command (s)", positive)
+    retry_budget_s: float = knob(60.0, "total time to retry transient Slurm failures (s)", positive)
+
+
+@dataclass(kw_only=True)
+class SbatchConfig:
+    partition: str = knob("", "partition for the job; empty = cluster default")
+    account: str = knob("", "account to charge; empty = user default")
+    time: str = knob("24:00:00", "time limit (Slurm format)")
+    nodes: int = knob(2, "active nodes", at_least_one)
+    spares: int = knob(0, "hot spare nodes inside the allocation", non_negative)
+    gpus_per_node: int = knob(0, "GPUs per node (--gpus-per-node); 0 = none", non_negative)
+    cpus_per_task: int = knob(0, "CPUs per agent task; 0 = Slurm default", non_negative)
+    job_name: str = knob("ckptsup", "job name")
+    signal_lead_s: int = knob(120, "--signal=B:USR1@N: seconds of warning before the time limit", positive)
+    template: str = knob("train.sbatch", "template name in sbatch_templates/ or a path")
+    extra_directives: list = knob([], "extra #SBATCH lines, e.g. \"--qos=high\"")
+
+
+@dataclass(kw_only=True)
+class CostConfig:
+    price_per_gpu_hour: float = knob(2.0, "USD per GPU-hour, for pricing badput", non_negative)
+    gpu_mtbf_hours: float = knob(45000.0, "prior per-GPU MTBF (h); Llama 3: 466 interruptions / 54 d / 16k GPUs", positive)
+
+
+@dataclass(kw_only=True)
+class Config:
+    run: RunConfig = field(default_factory=RunConfig)
+    checkpoint: CheckpointConfig = field(default_factory=CheckpointConfig)
+    storage: StorageConfig = field(default_factory=StorageConfig)
+    supervisor: SupervisorConfig = field(default_factory=SupervisorConfig)
+    nccl: NcclConfig = field(default_factory=NcclConfig)
+    health: HealthConfig = field(default_factory=HealthConfig)
+    slurm: SlurmConfig = field(default_factory=SlurmConfig)
+    sbatch: SbatchConfig = field(default_factory=SbatchConfig)
+    cost: CostConfig = field(default_factory=CostConfig)
+
+    def to_dict(self) -> dict[str, dict[str, Any]]:
+        return dataclasses.asdict(self)
+
+
+SECTIONS: dict[str, type] = {f.name: f.default_factory for f in dataclasses.fields(Config)}  # type: ignore[misc]
+
+
+@dataclass(kw_only=True)
+class Resolved:
+    config: Config
+    provenance: dict[str, str]  # "section.key" -> "default" | "site:/path" | "job:/path" | "flag --x" | "env"
+
+    def rows(self, *, redact: bool = True) -> list[dict[str, Any]]:
+        out = []
+        for section, values in self.config.to_dict().items():
+            for key, value in values.items():
+                if redact and is_secret(key) and value:
+                    value = REDACTED
+                out.append({"key": f"{section}.{key}", "value": value,
+                            "source": self.provenance.get(f"{section}.{key}", "default")})
+        return out
+
+
+def is_secret(name: str) -> bool:
+    return bool(SECRET_NAME.search(name))
+
+
+def redact(mapping: Mapping[str, Any]) -> dict[str, Any]:
+    """A copy with secret-looking values replaced, recursively; for logs and events."""
+    out: dict[str, Any] = {}
+    for key, value in mapping.items():
+        if isinstance(value, Mapping):
+            out[key] = redact(value)
+        elif is_secret(str(key)) and value:
+            out[key] = REDACTED
+        else:
+            out[key] = value
+    return out
+
+
+# ---- loading ----------------------------------------------------------------------------------
+
+def _type_problem(fld: dataclasses.Field, value: Any) -> str | None:
+    default = fld.default if fld.default is not dataclasses.MISSING else fld.default_factory()  # type: ignore[misc]
+    if isinstance(default, bool):
+        return None if isinstance(value, bool) else "must be true or false"
+    if isinstance(default, int):
+        return None if isinstance(value, int) and not isinstance(value, bool) else "must be an integer"
+    if isinstance(default, float):
+        return None if isinstance(value, (int, float)) and not isinstance(value, bool) else "must be a number"
+    if isinstance(default, list):
+        ok = isinstance(value, list) and all(isinstance(v, str) for v in value)
+        return None if ok else "must be a list of strings"
+    if isinstance(default, str) and default == AUTO and fld.metadata.get("check") is positive_or_auto:
+        return None if isinstance(value, (int, float, str)) and not isinstance(value, bool) else f"must be a number or \"{AUTO}\""
+    if isinstance(default, str):
+        return None if isinstance(value, str) else "must be a string"
+    return None
+
+
+def _suggest(name: str, valid: list[str]) -> str:
+    close = difflib.get_close_matches(name, valid, n=1)
+    hint = f" (did you mean {close[0]}?)" if close else ""
+    return f"{hint}; valid: {', '.join(valid)}"
+
+
+def apply_layer(config: Config, provenance: dict[str, str], data: Mapping[str, Any], source: str) -> None:
+    """Merge one layer (a parsed TOML document or flag overrides) into `config`, checking each
+    value while its source is known. Raises ConfigError with one line."""
+    for section, values in data.items():
+        if section not in SECTIONS:
+            raise ConfigError(f"{source}: unknown section [{section}]{_suggest(section, list(SECTIONS))}")
+        if not isinstance(values, Mapping):
+            raise ConfigError(f"{source}: [{section}] must be a table of keys")
+        target = getattr(config, section)
+        fields = {f.name: f for f in dataclasses.fields(target)}
+        for key, value in values.items():
+            if key not in fields:
+                raise ConfigError(f"{source}: unknown key {section}.{key}{_suggest(key, list(fields))}")
+            fld = fields[key]
+            problem = _type_problem(fld, value)
+            if problem is None and fld.metadata.get("check") is not None:
+                problem = fld.metadata["check"](value)
+            if problem is not None:
+                shown = REDACTED if is_secret(key) else repr(value)
+                raise ConfigError(f"{source}: {section}.{key} = {shown} {problem}")
+            if isinstance(fld.default, float) and isinstance(value, int):
+                value = float(value)
+            setattr(target, key, value)
+            provenance[f"{section}.{key}"] = source
+
+
+def read_toml(path: Path, role: str) -> dict[str, Any]:
+    try:
+        with open(path, "rb") as fh:
+            return tomllib.load(fh)
+    except FileNotFoundError:
+        raise ConfigError(f"{role} config {path} does not exist; check the path") from None
+    except PermissionError:
+        raise ConfigError(f"{role} config {path} is not readable; fix its permissions") from None
+    except tomllib.TOMLDecodeError as err:
+        raise ConfigError(f"{path}: invalid TOML: {err}") from None
+    except UnicodeDecodeError:
+        raise ConfigError(f"{path}: invalid TOML: not UTF-8 text") from None
+
+
+def shipped_default_config() -> Path:
+    from .resources import site_config_dir
+
+    return site_config_dir() / "default.toml"
+
+
+def site_config_path(env: Mapping[str, str]) -> Path:
+    if env.get(SITE_CONFIG_ENV):
+        return Path(env[SITE_CONFIG_ENV])
+    if SYSTEM_SITE_CONFIG.exists():
+        return SYSTEM_SITE_CONFIG
+    return shipped_default_config()
+
+
+def flag_overrides(flags: Mapping[str, Any]) -> dict[str, dict[str, Any]]:
+    """{"checkpoint.keep_last": 5} → {"checkpoint": {"keep_last": 5}}; None values are skipped
+    (an unset flag does not override)."""
+    nested: dict[str, dict[str, Any]] = {}
+    for dotted, value in flags.items():
+        if value is None:
+            continue
+        section, _, key = dotted.partition(".")
+        nested.setdefault(section, {})[key] = value
+    return nested
+
+
+def load_config(*, job_config: str | os.PathLike[str] | None = None,
+                flags: Mapping[str, Any] | None = None,
+                env: Mapping[str, str] | None = None) -> Resolved:
+    env = os.environ if env is None else env
+    config = Config()
+    provenance: dict[str, str] = {}
+    site = site_config_path(env)
+    apply_layer(config, provenance, read_toml(site, "site"), f"site:{site}")
+    if job_config is not None:
+        path = Path(job_config)
+        apply_layer(config, provenance, read_toml(path, "job"), f"job:{path}")
+    if flags:
+        for dotted, value in flags.items():
+            if value is not None:
+                apply_layer(config, provenance, flag_overrides({dotted: value}), f"flag {dotted}")
+    return Resolved(config=config, provenance=provenance)
+
+
+def write_config_json(resolved: Resolved, path: Path) -> None:
+    """The supervisor writes the effective config for agents and ranks (0600, secrets included,
+    since ranks may need S3 credentials; never logged)."""
+    payload = {"config": resolved.config.to_dict(), "provenance": resolved.provenance}
+    tmp = path.with_suffix(".tmp")
+    fd = os.open(tmp, os.O_WRONLY | os.O_CREAT | os.O_TRUNC, 0o600)
+    with os.fdopen(fd, "w") as fh:
+        json.dump(payload, fh, indent=1)
+    os.replace(tmp, path)
+
+
+def read_config_json(path: str | os.PathLike[str]) -> Resolved:
+    try:
+        payload = json.loads(Path(path).read_text())
+    except (OSError, json.JSONDecodeError) as err:
+        raise ConfigError(f"effective config {path} unreadable ({err}); relaunch through ckptsup launch") from None
+    config = Config()
+    provenance: dict[str, str] = {}
+    apply_layer(config, provenance, payload.get("config", {}), f"supervisor:{path}")
+    return Resolved(config=config, provenance=payload.get("provenance", provenance))
+
+
+def field_help() -> dict[str, str]:
+    return {f"{s}.{f.name}": f.metadata.get("help", "") for s, cls in SECTIONS.items()
+            for f in dataclasses.fields(cls)}
