@@ -17,7 +17,9 @@ from .errors import CkptsupError
 COMMANDS: dict[str, str] = {
     "launch": "ckptsup.supervisor.cli:launch",
     "agent": "ckptsup.supervisor.cli:agent",
-    "log": "ckptsup.supervisor.cli:log",
+    "log": "ckptsup.supervisor.cli_ops:log",
+    "watchdog": "ckptsup.supervisor.cli_ops:watchdog",
+    "requeue": "ckptsup.supervisor.cli_ops:requeue",
     "plan": "ckptsup.planning.cli:plan",
     "simulate": "ckptsup.planning.cli:simulate",
     "report": "ckptsup.planning.cli:report",
