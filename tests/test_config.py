@@ -1,0 +1,139 @@
+"""Config layering, provenance, refusals and redaction (pure; real TOML files in tmp_path)."""
+
+from __future__ import annotations
+
+import json
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+
+from ckptsup.config import REDACTED, load_config, redact
+from ckptsup.errors import ConfigError
+
+CKPTSUP = [sys.executable, "-m", "ckptsup.cli"]
+
+
+def write(path: Path, text: str) -> Path:
+    path.write_text(text)
+    return path
+
+
+@pytest.fixture
+def site(tmp_path: Path) -> Path:
+    return write(tmp_path / "site.toml", "[checkpoint]\nkeep_last = 5\nsave_every_s = 900\n[cost]\nprice_per_gpu_hour = 3.5\n")
+
+
+def test_precedence_default_then_site_then_job_then_flag(tmp_path: Path, site: Path) -> None:
+    job = write(tmp_path / "job.toml", "[checkpoint]\nkeep_last = 7\n")
+    env = {"CKPTSUP_SITE_CONFIG": str(site)}
+    resolved = load_config(job_config=job, flags={"checkpoint.keep_last": 9}, env=env)
+    assert resolved.config.checkpoint.keep_last == 9
+    assert resolved.provenance["checkpoint.keep_last"] == "flag checkpoint.keep_last"
+    assert resolved.config.checkpoint.save_every_s == 900.0
+    assert resolved.provenance["checkpoint.save_every_s"] == f"site:{site}"
+    without_flag = load_config(job_config=job, env=env)
+    assert without_flag.config.checkpoint.keep_last == 7
+    assert without_flag.provenance["checkpoint.keep_last"] == f"job:{job}"
+
+
+def test_unset_flag_does_not_override(site: Path) -> None:
+    resolved = load_config(flags={"checkpoint.keep_last": None}, env={"CKPTSUP_SITE_CONFIG": str(site)})
+    assert resolved.config.checkpoint.keep_last == 5
+
+
+def test_shipped_default_is_used_without_site_env() -> None:
+    resolved = load_config(env={})
+    assert resolved.config.checkpoint.keep_last == 3
+    assert resolved.provenance["checkpoint.keep_last"].startswith("site:")
+    assert resolved.provenance["checkpoint.keep_last"].endswith("default.toml")
+
+
+def test_integer_for_float_knob_is_accepted_as_float(site: Path) -> None:
+    resolved = load_config(env={"CKPTSUP_SITE_CONFIG": str(site)})
+    assert isinstance(resolved.config.checkpoint.save_every_s, float)
+
+
+@pytest.mark.parametrize(
+    ("toml", "expected"),
+    [
+        ("[checkpoint]\nkep_last = 3\n", "unknown key checkpoint.kep_last (did you mean keep_last?)"),
+        ("[chekpoint]\nkeep_last = 3\n", "unknown section [chekpoint] (did you mean checkpoint?)"),
+        ("[checkpoint]\nkeep_last = 0\n", "checkpoint.keep_last = 0 must be >= 1"),
+        ("[checkpoint]\nkeep_last = \"3\"\n", "checkpoint.keep_last = '3' must be an integer"),
+        ("[checkpoint]\nasync_save = 1\n", "checkpoint.async_save = 1 must be true or false"),
+        ("[supervisor]\nkill_grace_s = 0\n", "supervisor.kill_grace_s = 0 must be > 0"),
+        ("[supervisor]\nhang_timeout_s = -5\n", "supervisor.hang_timeout_s = -5 must be > 0"),
+        ("[supervisor]\nhang_timeout_s = \"soon\"\n", "must be a number of seconds > 0 or \"auto\""),
+        ("[storage]\nobject_store = \"gs://bucket/x\"\n", "unknown scheme gs://; valid: s3://"),
+        ("[storage]\nnode_local = \"hdfs://x\"\n", "unknown scheme hdfs://"),
+        ("[checkpoint]\nhash_algorithm = \"md5\"\n", "must be one of: xxh3-128, crc32, sha256"),
+        ("[checkpoint\nkeep_last = 3\n", "invalid TOML"),
+        ("checkpoint = 3\n", "[checkpoint] must be a table of keys"),
+    ],
+)
+def test_bad_values_are_refused_with_file_key_and_fix(tmp_path: Path, toml: str, expected: str) -> None:
+    job = write(tmp_path / "job.toml", toml)
+    with pytest.raises(ConfigError) as err:
+        load_config(job_config=job, env={})
+    message = str(err.value)
+    assert expected in message
+    assert str(job) in message
+    assert "\n" not in message
+
+
+def test_missing_job_config_is_one_line(tmp_path: Path) -> None:
+    with pytest.raises(ConfigError, match="does not exist"):
+        load_config(job_config=tmp_path / "nope.toml", env={})
+
+
+def test_hang_timeout_accepts_auto_and_number(tmp_path: Path) -> None:
+    job = write(tmp_path / "job.toml", "[supervisor]\nhang_timeout_s = 45\n")
+    assert load_config(job_config=job, env={}).config.supervisor.hang_timeout_s == 45
+    assert load_config(env={}).config.supervisor.hang_timeout_s == "auto"
+
+
+def test_secret_values_never_shown(tmp_path: Path) -> None:
+    job = write(tmp_path / "job.toml", "[storage]\ns3_secret_access_key = \"hunter2\"\n")
+    resolved = load_config(job_config=job, env={})
+    rows = {r["key"]: r["value"] for r in resolved.rows()}
+    assert rows["storage.s3_secret_access_key"] == REDACTED
+    assert redact({"storage": {"s3_secret_access_key": "hunter2", "s3_region": "x"}}) == {
+        "storage": {"s3_secret_access_key": REDACTED, "s3_region": "x"}}
+    bad = write(tmp_path / "bad.toml", "[storage]\ns3_secret_access_key = 5\n")
+    with pytest.raises(ConfigError) as err:
+        load_config(job_config=bad, env={})
+    assert "5" not in str(err.value).split("=", 1)[1].split("must")[0]
+
+
+def test_config_show_cli_prints_provenance_and_redacts(tmp_path: Path, site: Path) -> None:
+    job = write(tmp_path / "job.toml", "[storage]\ns3_secret_access_key = \"hunter2\"\n")
+    env = {"CKPTSUP_SITE_CONFIG": str(site), "PATH": "/usr/bin:/bin"}
+    out = subprocess.run(CKPTSUP + ["config", "show", "--config", str(job), "--json"],
+                         capture_output=True, text=True, env=env, check=True).stdout
+    rows = {r["key"]: r for r in json.loads(out)}
+    assert rows["checkpoint.keep_last"] == {"key": "checkpoint.keep_last", "value": 5, "source": f"site:{site}"}
+    assert rows["storage.s3_secret_access_key"]["value"] == REDACTED
+    assert "hunter2" not in out
+    text = subprocess.run(CKPTSUP + ["config", "show", "--config", str(job)],
+                          capture_output=True, text=True, env=env, check=True).stdout
+    assert "hunter2" not in text and f"(site:{site})" in text
+
+
+def test_config_show_bad_toml_is_one_line_exit_2(tmp_path: Path) -> None:
+    job = write(tmp_path / "job.toml", "[checkpoint]\nkeep_last = -1\n")
+    proc = subprocess.run(CKPTSUP + ["config", "show", "--config", str(job)], capture_output=True, text=True)
+    assert proc.returncode == 2
+    assert proc.stderr.count("\n") == 1
+    assert "checkpoint.keep_last = -1 must be >= 1" in proc.stderr
+    assert "Traceback" not in proc.stderr
+
+
+def test_shipped_default_toml_lists_every_knob() -> None:
+    from ckptsup.config import field_help, shipped_default_config
+
+    text = shipped_default_config().read_text()
+    for dotted in field_help():
+        section, key = dotted.split(".")
+        assert f"\n{key} = " in text, f"{dotted} missing from default.toml"
