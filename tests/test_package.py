@@ -44,3 +44,15 @@ def test_every_contract_command_has_help() -> None:
     proc = subprocess.run([sys.executable, "-m", "ckptsup.cli", "--help"], capture_output=True, text=True, check=True)
     for name in ["launch", "plan", "report", "dev-cluster"]:
         assert name in proc.stdout
+
+
+def test_contracts_doc_lists_every_env_var_and_exit_status() -> None:
+    from pathlib import Path
+
+    from ckptsup.env import VARS
+
+    text = (Path(__file__).resolve().parent.parent / "docs" / "contracts.md").read_text()
+    for var in VARS:
+        assert f"`{var.name}`" in text
+    for status in ExitStatus:
+        assert f"| {int(status)} | {status.name} |" in text
