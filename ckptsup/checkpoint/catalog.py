@@ -1,0 +1,159 @@
+"""The checkpoint catalog: what checkpoint_dir holds and which one to resume from.
+
+Choice is by step number and manifest, never by mtime or wall clock (clock skew, DESIGN §4).
+`.tmp-*` (interrupted saves), `.del-*` (being deleted) and quarantine/ are never candidates.
+
+    status      meaning                                   transitions
+    INCOMPLETE  step_<N>/ without a (valid) manifest      -> (never trusted; GC after checks)
+    COMMITTED   valid manifest, not validated yet         -> VALIDATED | REJECTED
+    VALIDATED   validation.json ok for this checkpoint    -> REJECTED (a later check fails)
+    REJECTED    validation.json records a failure         -> QUARANTINED
+    QUARANTINED moved under quarantine/ (listed on demand)
+"""
+
+from __future__ import annotations
+
+import enum
+import json
+import os
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any, Iterable, Protocol, Sequence
+
+from ..errors import CkptsupError
+from .commit import parse_step
+from .manifest import Manifest, load_manifest
+from .validate import QUARANTINE_DIR, REASON_NAME, read_validation
+
+
+class Status(enum.Enum):
+    INCOMPLETE = "incomplete"
+    COMMITTED = "committed"
+    VALIDATED = "validated"
+    REJECTED = "rejected"
+    QUARANTINED = "quarantined"
+
+
+@dataclass(kw_only=True)
+class CheckpointInfo:
+    step: int
+    path: Path
+    manifest: Manifest | None
+    validation: dict[str, Any] | None
+    status: Status
+    problem: str = ""   # why INCOMPLETE / REJECTED, one line
+
+    @property
+    def validated_level(self) -> int:
+        if self.status is not Status.VALIDATED or self.validation is None:
+            return 0
+        return int(self.validation.get("level", 0))
+
+    def to_json(self) -> dict[str, Any]:
+        m = self.manifest
+        return {
+            "step": self.step, "path": str(self.path), "status": self.status.value,
+            "validated_level": self.validated_level, "problem": self.problem,
+            "checkpoint_id": m.checkpoint_id if m else None, "created_at": m.created_at if m else None,
+            "bytes": m.total_bytes if m else None, "files": len(m.files) if m else None,
+            "job_id": m.job_id if m else None, "attempt": m.attempt if m else None,
+            "world_size": m.world_size if m else None, "validation": self.validation,
+        }
+
+
+class HasCopy(Protocol):
+    name: str
+
+    def has_copy(self, step: int, manifest: Manifest) -> bool: ...
+
+
+def inspect_step(path: Path) -> CheckpointInfo:
+    """Classify one step_<N> directory (reads the manifest and validation.json, nothing else)."""
+    step = parse_step(path.name)
+    if step is None:
+        raise ValueError(f"{path.name} is not a step_<N> directory")
+    if path.is_symlink() or not path.is_dir():
+        return CheckpointInfo(step=step, path=path, manifest=None, validation=None, status=Status.INCOMPLETE,
+                              problem="not a real directory")
+    try:
+        manifest = load_manifest(path)
+    except CkptsupError as err:
+        return CheckpointInfo(step=step, path=path, manifest=None, validation=None, status=Status.INCOMPLETE, problem=str(err))
+    if manifest.step != step:
+        return CheckpointInfo(step=step, path=path, manifest=manifest, validation=None, status=Status.REJECTED,
+                              problem=f"manifest says step {manifest.step} but the directory is {path.name}")
+    validation = read_validation(path)
+    if validation is not None and validation.get("checkpoint_id") not in (manifest.checkpoint_id, "", None):
+        validation = None  # recorded for another checkpoint that once had this name: stale
+    if validation is None:
+        status, problem = Status.COMMITTED, ""
+    elif validation.get("ok") is True:
+        status, problem = Status.VALIDATED, ""
+    else:
+        problems = validation.get("problems") or ["validation failed"]
+        status, problem = Status.REJECTED, str(problems[0])
+    return CheckpointInfo(step=step, path=path, manifest=manifest, validation=validation, status=status, problem=problem)
+
+
+def list_checkpoints(checkpoint_dir: str | os.PathLike[str], *, include_quarantined: bool = False) -> list[CheckpointInfo]:
+    """Every step_<N> in checkpoint_dir, oldest step first."""
+    checkpoint_dir = Path(checkpoint_dir)
+    try:
+        names = os.listdir(checkpoint_dir)
+    except FileNotFoundError:
+        return []
+    infos = [inspect_step(checkpoint_dir / name) for name in names if parse_step(name) is not None]
+    if include_quarantined:
+        infos.extend(_quarantined(checkpoint_dir / QUARANTINE_DIR))
+    infos.sort(key=lambda info: (info.step, info.status is not Status.QUARANTINED))
+    return infos
+
+
+def _quarantined(qdir: Path) -> Iterable[CheckpointInfo]:
+    if not qdir.is_dir() or qdir.is_symlink():
+        return []
+    out = []
+    for name in sorted(os.listdir(qdir)):
+        step = parse_step(name.split("-", 1)[0])
+        path = qdir / name
+        if step is None or not path.is_dir():
+            continue
+        out.append(CheckpointInfo(step=step, path=path, manifest=None, validation=read_validation(path),
+                                  status=Status.QUARANTINED, problem=_reason(path)))
+    return out
+
+
+def _reason(path: Path) -> str:
+    try:
+        return str(json.loads((path / REASON_NAME).read_text()).get("reason", ""))
+    except (OSError, ValueError, AttributeError):
+        return ""
+
+
+def _usable(infos: Sequence[CheckpointInfo]) -> list[CheckpointInfo]:
+    return [i for i in infos if i.status in (Status.COMMITTED, Status.VALIDATED)]
+
+
+def latest_committed(checkpoint_dir: str | os.PathLike[str]) -> CheckpointInfo | None:
+    """Newest checkpoint with a valid manifest that no validation rejected."""
+    usable = _usable(list_checkpoints(checkpoint_dir))
+    return usable[-1] if usable else None
+
+
+def latest_validated(checkpoint_dir: str | os.PathLike[str], min_level: int = 2) -> CheckpointInfo | None:
+    """Newest checkpoint whose recorded validation passed at min_level or above."""
+    good = [i for i in list_checkpoints(checkpoint_dir) if i.validated_level >= min_level]
+    return good[-1] if good else None
+
+
+def latest_durable(checkpoint_dir: str | os.PathLike[str], tiers: Sequence[HasCopy] = ()) -> CheckpointInfo | None:
+    """Newest usable checkpoint that is present, matching its manifest, on the slowest configured
+    tier (the last of `tiers`). With no slower tier the shared checkpoint_dir is the durable one."""
+    usable = _usable(list_checkpoints(checkpoint_dir))
+    if not tiers:
+        return usable[-1] if usable else None
+    slowest = tiers[-1]
+    for info in reversed(usable):
+        if info.manifest is not None and slowest.has_copy(info.step, info.manifest):
+            return info
+    return None

@@ -1,0 +1,318 @@
+"""The commit protocol (DESIGN §4): write into a unique temporary directory, describe every file
+with size and hash, write manifest.json (fsync), rename the directory to step_<N> without ever
+replacing an existing one, fsync the parent. A directory without a valid manifest is never a
+checkpoint.
+
+Two writers on one directory cannot mix shards: each writes its own temporary directory, the
+rename is RENAME_NOREPLACE, and an existing step_<N> from another checkpoint_id is refused. A
+writer lock (O_EXCL file with pid, host, epoch) refuses a second live writer up front, and the
+fencing epoch (run dir state, and the lock) refuses a zombie attempt's commit.
+"""
+
+from __future__ import annotations
+
+import ctypes
+import ctypes.util
+import errno
+import json
+import os
+import re
+import shutil
+import socket
+import stat
+import uuid
+from dataclasses import asdict, dataclass
+from pathlib import Path
+
+from ..errors import CheckpointError, FencedError, ManifestError
+from .hashing import hash_file
+from .manifest import MANIFEST_NAME, RESERVED_NAMES, FileEntry, Manifest, load_manifest
+from .trust import check_dir_trusted, private_mkdir
+
+TMP_PREFIX = ".tmp-"
+LOCK_NAME = ".writer.lock"
+_STEP_RE = re.compile(r"^step_(\d{1,18})$")
+
+
+class WriterLockedError(CheckpointError):
+    """Another live writer holds the checkpoint directory."""
+
+
+def step_dir_name(step: int) -> str:
+    if step < 0:
+        raise CheckpointError(f"step must be >= 0, got {step}")
+    return f"step_{step}"
+
+
+def parse_step(name: str) -> int | None:
+    """step_<N> (zero-padded or not) -> N; anything else (tmp dirs, quarantine) -> None."""
+    match = _STEP_RE.match(name)
+    return int(match.group(1)) if match else None
+
+
+def fsync_dir(path: Path) -> None:
+    fd = os.open(path, os.O_RDONLY | os.O_DIRECTORY)
+    try:
+        os.fsync(fd)
+    finally:
+        os.close(fd)
+
+
+def write_file_durable(path: Path, data: bytes, *, mode: int = 0o600, exclusive: bool = True) -> None:
+    """Write a small file with an explicit mode and fsync it."""
+    flags = os.O_WRONLY | os.O_CREAT | (os.O_EXCL if exclusive else os.O_TRUNC) | os.O_NOFOLLOW
+    fd = os.open(path, flags, mode)
+    try:
+        view = memoryview(data)
+        while view:
+            view = view[os.write(fd, view):]
+        os.fsync(fd)
+    finally:
+        os.close(fd)
+
+
+# ---- rename without replacing ---------------------------------------------------------------
+
+_RENAME_NOREPLACE = 1
+_AT_FDCWD = -100
+
+
+def _libc_renameat2():
+    name = ctypes.util.find_library("c")
+    if not name:
+        return None
+    fn = getattr(ctypes.CDLL(name, use_errno=True), "renameat2", None)
+    if fn is not None:
+        fn.argtypes = [ctypes.c_int, ctypes.c_char_p, ctypes.c_int, ctypes.c_char_p, ctypes.c_uint]
+    return fn
+
+
+def rename_noreplace(src: Path, dst: Path) -> None:
+    """rename(2) that fails with FileExistsError when dst exists (even an empty dir, which a plain
+    rename would silently replace). Uses renameat2(RENAME_NOREPLACE); where the kernel or file
+    system lacks it, a check-then-rename (the checkpoint_id check at commit still guards)."""
+    fn = _libc_renameat2()
+    if fn is not None:
+        rc = fn(_AT_FDCWD, os.fsencode(src), _AT_FDCWD, os.fsencode(dst), _RENAME_NOREPLACE)
+        if rc == 0:
+            return
+        err = ctypes.get_errno()
+        if err == errno.EEXIST or err == errno.ENOTEMPTY:
+            raise FileExistsError(err, os.strerror(err), str(dst))
+        if err not in (errno.EINVAL, errno.ENOSYS):
+            raise OSError(err, os.strerror(err), str(src))
+    if os.path.lexists(dst):
+        raise FileExistsError(errno.EEXIST, "File exists", str(dst))
+    os.rename(src, dst)
+
+
+# ---- writer lock ----------------------------------------------------------------------------
+
+@dataclass(kw_only=True)
+class LockHolder:
+    pid: int
+    host: str
+    epoch: int
+    job_id: str = ""
+    token: str = ""
+
+
+def _pid_alive(pid: int) -> bool:
+    try:
+        os.kill(pid, 0)
+    except ProcessLookupError:
+        return False
+    except PermissionError:
+        return True
+    return True
+
+
+def may_take_over(holder: LockHolder, me: LockHolder, *, host: str, pid_alive: bool) -> bool:
+    """Pure rule: a newer fencing epoch always takes over (the older attempt is a zombie); the
+    same host may take a lock whose process is gone; otherwise the lock stands."""
+    if me.epoch > holder.epoch:
+        return True
+    if holder.host == host and not pid_alive:
+        return True
+    return False
+
+
+class WriterLock:
+    """One writer per checkpoint_dir: `<dir>/.writer.lock`, created O_EXCL, holding pid, host,
+    epoch and job id. Acquire at attach; release at close."""
+
+    def __init__(self, checkpoint_dir: str | os.PathLike[str], *, epoch: int, job_id: str = "") -> None:
+        self.path = Path(checkpoint_dir) / LOCK_NAME
+        self.me = LockHolder(pid=os.getpid(), host=socket.gethostname(), epoch=epoch, job_id=job_id,
+                             token=str(uuid.uuid4()))
+        self.held = False
+
+    def acquire(self) -> "WriterLock":
+        for _ in range(3):
+            try:
+                write_file_durable(self.path, json.dumps(asdict(self.me)).encode())
+                self.held = True
+                return self
+            except FileExistsError:
+                holder = read_lock(self.path)
+                if holder is None:
+                    continue  # released between our create and read
+                if not may_take_over(holder, self.me, host=self.me.host,
+                                     pid_alive=holder.host == self.me.host and _pid_alive(holder.pid)):
+                    raise WriterLockedError(
+                        f"{self.path.parent} is being written by pid {holder.pid} on {holder.host} (job {holder.job_id or '?'}, epoch {holder.epoch}); "
+                        f"two writers would mix checkpoints. Use another checkpoint dir, or if that writer is dead remove {self.path}") from None
+                self.path.unlink(missing_ok=True)
+        raise WriterLockedError(f"could not take {self.path}: it keeps changing; another writer is racing for this directory")
+
+    def still_ours(self) -> bool:
+        holder = read_lock(self.path)
+        return holder is not None and holder.token == self.me.token
+
+    def release(self) -> None:
+        if self.held and self.still_ours():
+            self.path.unlink(missing_ok=True)
+        self.held = False
+
+    def __enter__(self) -> "WriterLock":
+        return self.acquire()
+
+    def __exit__(self, *exc: object) -> None:
+        self.release()
+
+
+def read_lock(path: Path) -> LockHolder | None:
+    try:
+        data = json.loads(path.read_text())
+        return LockHolder(**{k: data[k] for k in ("pid", "host", "epoch", "job_id", "token") if k in data})
+    except FileNotFoundError:
+        return None
+    except (ValueError, TypeError, KeyError):
+        # A torn or foreign lock file: treat it as held by an unknown writer of epoch 0 elsewhere.
+        return LockHolder(pid=-1, host="<unreadable lock>", epoch=0)
+
+
+# ---- the protocol ---------------------------------------------------------------------------
+
+def make_tmp_dir(checkpoint_dir: str | os.PathLike[str], *, step: int, attempt: int) -> Path:
+    """Create checkpoint_dir (0700) if needed, check it is trusted, and create a unique
+    `.tmp-step_<N>-<attempt>-<uuid>/` (0700) inside it."""
+    checkpoint_dir = private_mkdir(Path(checkpoint_dir))
+    tmp = checkpoint_dir / f"{TMP_PREFIX}{step_dir_name(step)}-{attempt}-{uuid.uuid4().hex}"
+    os.mkdir(tmp, 0o700)
+    return tmp
+
+
+def describe_file(tmp_dir: Path, relpath: str, algorithm: str) -> FileEntry:
+    full = Path(tmp_dir) / relpath
+    st = os.lstat(full)
+    if not stat.S_ISREG(st.st_mode):
+        raise CheckpointError(f"{full} is not a regular file; a checkpoint holds only regular files")
+    return FileEntry(path=relpath, size=st.st_size, hash=hash_file(full, algorithm))
+
+
+def describe_files(tmp_dir: str | os.PathLike[str], algorithm: str = "xxh3-128") -> list[FileEntry]:
+    """Size and hash of every file under tmp_dir (sorted by path), except the files ckptsup
+    itself writes (manifest.json, validation.json). Refuses symlinks and special files."""
+    tmp_dir = Path(tmp_dir)
+    entries = []
+    for rel in sorted(_walk_files(tmp_dir)):
+        if rel in RESERVED_NAMES:
+            continue
+        entries.append(describe_file(tmp_dir, rel, algorithm))
+    return entries
+
+
+def _walk_files(top: Path, prefix: str = "") -> list[str]:
+    out = []
+    with os.scandir(top) as it:
+        for entry in it:
+            rel = f"{prefix}{entry.name}"
+            if entry.is_symlink():
+                raise CheckpointError(f"{entry.path} is a symlink; a checkpoint holds only regular files")
+            if entry.is_dir(follow_symlinks=False):
+                out.extend(_walk_files(Path(entry.path), rel + "/"))
+            else:
+                out.append(rel)
+    return out
+
+
+def find_step_dirs(checkpoint_dir: Path, step: int) -> list[Path]:
+    """Every entry of checkpoint_dir naming this step (step_7 and step_0007 are the same step)."""
+    try:
+        names = os.listdir(checkpoint_dir)
+    except FileNotFoundError:
+        return []
+    return [checkpoint_dir / n for n in names if parse_step(n) == step]
+
+
+def commit(tmp_dir: str | os.PathLike[str], manifest: Manifest, *,
+           checkpoint_dir: str | os.PathLike[str], run_dir: str | os.PathLike[str] | None = None) -> Path:
+    """Publish tmp_dir as checkpoint_dir/step_<N>. Returns the committed path.
+
+    Refuses (FencedError) when manifest.epoch is older than the run's epoch or the writer lock's;
+    refuses (CheckpointError) when step_<N> exists from another checkpoint_id. Idempotent when
+    the same checkpoint was already committed."""
+    tmp_dir = Path(tmp_dir)
+    checkpoint_dir = check_dir_trusted(Path(checkpoint_dir))
+    if tmp_dir.parent.resolve() != checkpoint_dir.resolve() or not tmp_dir.name.startswith(TMP_PREFIX):
+        raise CheckpointError(f"{tmp_dir} is not a temporary directory of {checkpoint_dir}; create it with make_tmp_dir()")
+    _check_fencing(manifest, checkpoint_dir=checkpoint_dir, run_dir=run_dir)
+    target = checkpoint_dir / step_dir_name(manifest.step)
+    existing = _existing_same_step(checkpoint_dir, manifest)
+    if existing is not None:
+        abort(tmp_dir)  # a retried commit of a checkpoint that is already published
+        return existing
+    write_file_durable(tmp_dir / MANIFEST_NAME, manifest.to_json().encode())
+    fsync_dir(tmp_dir)
+    try:
+        rename_noreplace(tmp_dir, target)
+    except FileExistsError:
+        existing = _existing_same_step(checkpoint_dir, manifest)
+        if existing is not None:
+            abort(tmp_dir)
+            return existing
+        raise CheckpointError(f"{target} appeared while committing; another writer raced for step {manifest.step}") from None
+    fsync_dir(checkpoint_dir)
+    return target
+
+
+def _check_fencing(manifest: Manifest, *, checkpoint_dir: Path, run_dir: str | os.PathLike[str] | None) -> None:
+    if run_dir is not None:
+        from ..rundir import read_epoch  # the run dir is optional: plain `python train.py` has none
+
+        current = read_epoch(run_dir)
+        if manifest.epoch < current:
+            raise FencedError(f"commit of step {manifest.step} refused: this attempt has fencing epoch {manifest.epoch} but the run is at "
+                              f"epoch {current} (a newer attempt took over); this process is a zombie and must exit")
+    holder = read_lock(checkpoint_dir / LOCK_NAME)
+    if holder is not None and holder.epoch > manifest.epoch:
+        raise FencedError(f"commit of step {manifest.step} refused: {checkpoint_dir} is held by epoch {holder.epoch} "
+                          f"(pid {holder.pid} on {holder.host}); this attempt (epoch {manifest.epoch}) is a zombie and must exit")
+
+
+def _existing_same_step(checkpoint_dir: Path, manifest: Manifest) -> Path | None:
+    """Return an existing committed dir of this same checkpoint_id; raise if the step exists
+    from another checkpoint (never mix, never replace); None when the step is free."""
+    for path in find_step_dirs(checkpoint_dir, manifest.step):
+        try:
+            other = load_manifest(path)
+        except ManifestError:
+            raise CheckpointError(f"{path} exists without a valid manifest; move it aside (`ckptsup ckpt verify {path}` explains) before saving step {manifest.step} again") from None
+        if other.checkpoint_id == manifest.checkpoint_id:
+            return path
+        raise CheckpointError(f"{path} already holds checkpoint {other.checkpoint_id} (job {other.job_id or '?'}, attempt {other.attempt}); "
+                              f"refusing to mix it with checkpoint {manifest.checkpoint_id}. Another writer uses this directory?")
+    return None
+
+
+def abort(tmp_dir: str | os.PathLike[str]) -> None:
+    """Remove a failed save's temporary directory (only ever a `.tmp-*` dir)."""
+    tmp_dir = Path(tmp_dir)
+    if not tmp_dir.name.startswith(TMP_PREFIX):
+        raise CheckpointError(f"refusing to remove {tmp_dir}: not a temporary checkpoint directory")
+    if tmp_dir.is_symlink():
+        tmp_dir.unlink()
+        return
+    if tmp_dir.exists():
+        shutil.rmtree(tmp_dir)

@@ -1,0 +1,303 @@
+"""manifest.json: the one thing about a checkpoint that is ever trusted (DESIGN §4).
+
+It lists every file with its size and hash, DCP's item index (one entry per stored chunk: file,
+offset, length, hash) and the hash of DCP's `.metadata`, so validation levels 1-2 never unpickle
+anything. Parsing is strict: unknown keys, wrong types and any path that could leave the
+checkpoint directory (absolute, `..`, backslashes, NUL, empty components) are refused with one
+line naming the problem.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import json
+import math
+import os
+import stat
+import uuid
+from dataclasses import dataclass, field
+from datetime import datetime, timezone
+from pathlib import Path
+from typing import Any
+
+from ..errors import ManifestError
+from .hashing import HASH_ALGORITHMS
+
+MANIFEST_NAME = "manifest.json"
+VALIDATION_NAME = "validation.json"
+METADATA_NAME = ".metadata"
+FORMAT_VERSION = 1
+MAX_MANIFEST_BYTES = 256 << 20  # a manifest is JSON metadata; anything bigger is an attack or a bug
+MAX_PATH_BYTES = 1024
+# Files our own machinery writes into a step dir that the manifest does not (cannot) list.
+RESERVED_NAMES = frozenset({MANIFEST_NAME, VALIDATION_NAME})
+
+
+@dataclass(kw_only=True)
+class FileEntry:
+    path: str   # relative to the step dir, '/'-separated
+    size: int
+    hash: str   # "<algorithm>:<hex>"
+
+
+@dataclass(kw_only=True)
+class ItemEntry:
+    key: str    # unique per stored chunk (e.g. "model.w@0,0")
+    file: str   # relative path of the file holding the bytes
+    offset: int
+    length: int
+    hash: str
+
+
+@dataclass(kw_only=True)
+class Manifest:
+    step: int
+    checkpoint_id: str = field(default_factory=lambda: str(uuid.uuid4()))
+    format_version: int = FORMAT_VERSION
+    job_id: str = ""
+    attempt: int = 0
+    epoch: int = 0
+    world_size: int = 1
+    mesh: dict[str, Any] = field(default_factory=dict)
+    files: list[FileEntry] = field(default_factory=list)
+    items: list[ItemEntry] = field(default_factory=list)
+    metadata_file: str = METADATA_NAME  # "" when the checkpoint has no DCP metadata
+    metadata_hash: str = ""
+    hash_algorithm: str = "xxh3-128"
+    versions: dict[str, Any] = field(default_factory=dict)
+    created_at: str = field(default_factory=lambda: datetime.now(timezone.utc).isoformat())
+    extra: dict[str, Any] = field(default_factory=dict)
+
+    def to_json(self) -> str:
+        return json.dumps(dataclasses.asdict(self), indent=1, sort_keys=True, allow_nan=False) + "\n"
+
+    @classmethod
+    def from_json(cls, text: str | bytes, *, source: str = "manifest") -> "Manifest":
+        if len(text) > MAX_MANIFEST_BYTES:
+            raise ManifestError(f"{source}: {len(text)} bytes is larger than any real manifest; refusing it")
+        try:
+            data = json.loads(text, parse_constant=_reject_constant)
+        except (ValueError, RecursionError) as err:
+            raise ManifestError(f"{source}: not valid JSON ({str(err).splitlines()[0]}); the checkpoint was not committed cleanly") from None
+        return _parse_manifest(data, source)
+
+    @property
+    def created_datetime(self) -> datetime:
+        return parse_created_at(self.created_at)
+
+    def file_map(self) -> dict[str, FileEntry]:
+        return {f.path: f for f in self.files}
+
+    @property
+    def total_bytes(self) -> int:
+        return sum(f.size for f in self.files)
+
+
+def parse_created_at(value: str) -> datetime:
+    when = datetime.fromisoformat(value)
+    return when if when.tzinfo else when.replace(tzinfo=timezone.utc)
+
+
+def _reject_constant(name: str) -> Any:
+    raise ValueError(f"non-finite number {name}")
+
+
+# ---- strict parsing -------------------------------------------------------------------------
+
+def check_relpath(path: Any, *, what: str, source: str) -> str:
+    """A path inside a checkpoint: relative, '/'-separated, no '..', '.', empty components,
+    backslashes or NUL. Returns it unchanged, else raises ManifestError."""
+    if not isinstance(path, str) or not path:
+        raise ManifestError(f"{source}: {what} path must be a non-empty string, got {path!r}")
+    problem = None
+    if len(path.encode("utf-8", "surrogatepass")) > MAX_PATH_BYTES:
+        problem = "is too long"
+    elif path.startswith("/") or (len(path) > 1 and path[1] == ":"):
+        problem = "is absolute"
+    elif "\\" in path or "\x00" in path:
+        problem = "contains a backslash or NUL"
+    elif any(part in ("", ".", "..") for part in path.split("/")):
+        problem = "leaves or re-enters its directory ('..', '.' or an empty component)"
+    elif path in RESERVED_NAMES:
+        problem = "names a file ckptsup writes itself"
+    if problem:
+        raise ManifestError(f"{source}: {what} path {path[:80]!r} {problem}; a manifest may only name files inside its step directory")
+    return path
+
+
+def _need(data: dict[str, Any], key: str, kind: type | tuple[type, ...], source: str) -> Any:
+    if key not in data:
+        raise ManifestError(f"{source}: missing field {key!r}")
+    value = data[key]
+    kinds = kind if isinstance(kind, tuple) else (kind,)
+    # bool is an int subclass; a manifest saying step=true is malformed.
+    if isinstance(value, bool) and bool not in kinds:
+        raise ManifestError(f"{source}: field {key!r} must be {kinds[0].__name__}, got bool")
+    if not isinstance(value, kinds):
+        raise ManifestError(f"{source}: field {key!r} must be {kinds[0].__name__}, got {type(value).__name__}")
+    if isinstance(value, float) and not math.isfinite(value):
+        raise ManifestError(f"{source}: field {key!r} is not finite")
+    return value
+
+
+def _non_negative(value: int, key: str, source: str) -> int:
+    if value < 0:
+        raise ManifestError(f"{source}: field {key!r} must be >= 0, got {value}")
+    return value
+
+
+def _check_hash(value: str, key: str, source: str) -> str:
+    algorithm, sep, digest = value.partition(":")
+    if not sep or algorithm not in HASH_ALGORITHMS or not digest or not all(c in "0123456789abcdef" for c in digest):
+        raise ManifestError(f"{source}: {key} {value[:60]!r} is not '<algorithm>:<hex>' with algorithm in {', '.join(HASH_ALGORITHMS)}")
+    return value
+
+
+def _check_keys(data: dict[str, Any], allowed: set[str], what: str, source: str) -> None:
+    unknown = sorted(set(data) - allowed)
+    if unknown:
+        raise ManifestError(f"{source}: unknown {what} field(s) {', '.join(unknown)}; valid: {', '.join(sorted(allowed))}")
+
+
+_FILE_KEYS = {f.name for f in dataclasses.fields(FileEntry)}
+_ITEM_KEYS = {f.name for f in dataclasses.fields(ItemEntry)}
+_MANIFEST_KEYS = {f.name for f in dataclasses.fields(Manifest)}
+
+
+def _parse_file(raw: Any, i: int, source: str) -> FileEntry:
+    if not isinstance(raw, dict):
+        raise ManifestError(f"{source}: files[{i}] must be an object")
+    _check_keys(raw, _FILE_KEYS, f"files[{i}]", source)
+    path = check_relpath(_need(raw, "path", str, source), what=f"files[{i}]", source=source)
+    size = _non_negative(_need(raw, "size", int, source), f"files[{i}].size", source)
+    return FileEntry(path=path, size=size, hash=_check_hash(_need(raw, "hash", str, source), f"files[{i}].hash", source))
+
+
+def _parse_item(raw: Any, i: int, source: str) -> ItemEntry:
+    if not isinstance(raw, dict):
+        raise ManifestError(f"{source}: items[{i}] must be an object")
+    _check_keys(raw, _ITEM_KEYS, f"items[{i}]", source)
+    return ItemEntry(
+        key=_need(raw, "key", str, source),
+        file=check_relpath(_need(raw, "file", str, source), what=f"items[{i}].file", source=source),
+        offset=_non_negative(_need(raw, "offset", int, source), f"items[{i}].offset", source),
+        length=_non_negative(_need(raw, "length", int, source), f"items[{i}].length", source),
+        hash=_check_hash(_need(raw, "hash", str, source), f"items[{i}].hash", source),
+    )
+
+
+def _parse_manifest(data: Any, source: str) -> Manifest:
+    if not isinstance(data, dict):
+        raise ManifestError(f"{source}: top level must be a JSON object")
+    version = _need(data, "format_version", int, source)
+    if version != FORMAT_VERSION:
+        raise ManifestError(f"{source}: format_version {version} is not supported (this ckptsup reads {FORMAT_VERSION}); upgrade ckptsup")
+    _check_keys(data, _MANIFEST_KEYS, "manifest", source)
+    checkpoint_id = _need(data, "checkpoint_id", str, source)
+    try:
+        uuid.UUID(checkpoint_id)
+    except ValueError:
+        raise ManifestError(f"{source}: checkpoint_id {checkpoint_id[:60]!r} is not a UUID") from None
+    hash_algorithm = _need(data, "hash_algorithm", str, source)
+    if hash_algorithm not in HASH_ALGORITHMS:
+        raise ManifestError(f"{source}: hash_algorithm {hash_algorithm!r} unknown; valid: {', '.join(HASH_ALGORITHMS)}")
+    created_at = _need(data, "created_at", str, source)
+    try:
+        parse_created_at(created_at)
+    except ValueError:
+        raise ManifestError(f"{source}: created_at {created_at[:60]!r} is not an ISO-8601 timestamp") from None
+    files = [_parse_file(raw, i, source) for i, raw in enumerate(_need(data, "files", list, source))]
+    seen: set[str] = set()
+    for entry in files:
+        if entry.path in seen:
+            raise ManifestError(f"{source}: file {entry.path!r} is listed twice")
+        seen.add(entry.path)
+    metadata_file = _need(data, "metadata_file", str, source)
+    metadata_hash = _need(data, "metadata_hash", str, source)
+    if metadata_file:
+        check_relpath(metadata_file, what="metadata_file", source=source)
+        _check_hash(metadata_hash, "metadata_hash", source)
+    world_size = _need(data, "world_size", int, source)
+    if world_size < 1:
+        raise ManifestError(f"{source}: world_size must be >= 1, got {world_size}")
+    return Manifest(
+        format_version=version,
+        checkpoint_id=checkpoint_id,
+        step=_non_negative(_need(data, "step", int, source), "step", source),
+        job_id=_need(data, "job_id", str, source),
+        attempt=_non_negative(_need(data, "attempt", int, source), "attempt", source),
+        epoch=_non_negative(_need(data, "epoch", int, source), "epoch", source),
+        world_size=world_size,
+        mesh=_need(data, "mesh", dict, source),
+        files=files,
+        items=[_parse_item(raw, i, source) for i, raw in enumerate(_need(data, "items", list, source))],
+        metadata_file=metadata_file,
+        metadata_hash=metadata_hash,
+        hash_algorithm=hash_algorithm,
+        versions=_need(data, "versions", dict, source),
+        created_at=created_at,
+        extra=_need(data, "extra", dict, source),
+    )
+
+
+# ---- reading from a step dir ----------------------------------------------------------------
+
+def read_nofollow(path: Path, *, limit: int) -> bytes:
+    """Read a regular file without following a symlink at its last component."""
+    try:
+        fd = os.open(path, os.O_RDONLY | os.O_NOFOLLOW | getattr(os, "O_CLOEXEC", 0))
+    except FileNotFoundError:
+        raise
+    except OSError as err:
+        if err.errno == 40:  # ELOOP: the name is a symlink
+            raise ManifestError(f"{path} is a symlink; a checkpoint must not contain symlinks") from None
+        raise ManifestError(f"cannot read {path}: {err.strerror}") from None
+    try:
+        st = os.fstat(fd)
+        if not stat.S_ISREG(st.st_mode):
+            raise ManifestError(f"{path} is not a regular file")
+        if st.st_size > limit:
+            raise ManifestError(f"{path} is {st.st_size} bytes, larger than any real one; refusing it")
+        chunks = []
+        while True:
+            chunk = os.read(fd, 1 << 20)
+            if not chunk:
+                break
+            chunks.append(chunk)
+        return b"".join(chunks)
+    finally:
+        os.close(fd)
+
+
+def check_no_symlink_components(step_dir: Path, relpath: str, *, source: str) -> None:
+    """Refuse when the step dir or any existing component of relpath inside it is a symlink.
+    A missing component is left for validation (size/hash) to report."""
+    current = Path(step_dir)
+    if current.is_symlink():
+        raise ManifestError(f"{source}: {current} is a symlink; a checkpoint must not contain symlinks")
+    for part in relpath.split("/"):
+        current = current / part
+        try:
+            st = os.lstat(current)
+        except FileNotFoundError:
+            return
+        if stat.S_ISLNK(st.st_mode):
+            raise ManifestError(f"{source}: {relpath!r} goes through symlink {current.name!r}; a checkpoint must not contain symlinks")
+
+
+def load_manifest(step_dir: str | os.PathLike[str]) -> Manifest:
+    """Read and strictly parse <step_dir>/manifest.json. Refuses a symlinked step dir or manifest,
+    and any listed file reached through a symlink. Raises ManifestError (one line)."""
+    step_dir = Path(step_dir)
+    path = step_dir / MANIFEST_NAME
+    source = str(path)
+    if step_dir.is_symlink():
+        raise ManifestError(f"{step_dir} is a symlink; a checkpoint directory must be a real directory")
+    try:
+        text = read_nofollow(path, limit=MAX_MANIFEST_BYTES)
+    except FileNotFoundError:
+        raise ManifestError(f"{step_dir}: no {MANIFEST_NAME}; it was never committed (an interrupted save) and is not a checkpoint") from None
+    manifest = Manifest.from_json(text, source=source)
+    for entry in manifest.files:
+        check_no_symlink_components(step_dir, entry.path, source=source)
+    return manifest

@@ -1,0 +1,262 @@
+"""Validation levels (DESIGN §4), recorded atomically in <step_dir>/validation.json.
+
+Level 1: every file of the manifest present, regular, right size and hash; no unlisted files.
+Level 2: structure, torch-free, JSON only: every item's file is listed, offset+length lies inside
+         it, items of one file do not overlap, item keys are unique, `.metadata` matches
+         metadata_hash, the manifest's step matches the directory name.
+Level 3: a test load into fresh CPU state in a separate process
+         (`python -m ckptsup.hooks.testload STEP_DIR`, exit 0 = ok) with a timeout.
+Each level runs only when the one below passed. Nothing here unpickles anything.
+A failing checkpoint is quarantined (moved, never deleted) by `quarantine()`.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import stat
+import subprocess
+import sys
+import time
+from dataclasses import dataclass, field
+from datetime import datetime, timezone
+from pathlib import Path
+from typing import Any, Callable, Sequence
+
+from ..errors import CheckpointError, CkptsupError, ValidationError
+from ..rundir import atomic_write_json
+from .commit import parse_step, rename_noreplace
+from .hashing import algorithm_of, hash_bytes, hash_file
+from .manifest import MANIFEST_NAME, RESERVED_NAMES, VALIDATION_NAME, ItemEntry, Manifest, load_manifest
+from .trust import check_dir_trusted, private_mkdir
+
+QUARANTINE_DIR = "quarantine"
+REASON_NAME = "quarantine_reason.json"
+TESTLOAD_MODULE = "ckptsup.hooks.testload"
+DEFAULT_TESTLOAD_TIMEOUT_S = 600.0
+MAX_PROBLEMS = 50  # a badly broken checkpoint should not produce a megabyte of problems
+
+Progress = Callable[[int], None]  # called with bytes just hashed
+
+
+@dataclass(kw_only=True)
+class ValidationResult:
+    ok: bool
+    level: int                  # the level asked for
+    problems: list[str] = field(default_factory=list)
+    duration_s: float = 0.0
+    level_passed: int = 0       # highest level that passed (0 = none)
+    checkpoint_id: str = ""
+    bytes_checked: int = 0
+
+    def summary(self) -> str:
+        if self.ok:
+            return f"ok (level {self.level_passed}, {self.bytes_checked / 1e6:.1f} MB in {self.duration_s:.2f} s)"
+        more = f" (+{len(self.problems) - 1} more)" if len(self.problems) > 1 else ""
+        return f"FAILED level {self.level_passed + 1}: {self.problems[0] if self.problems else '?'}{more}"
+
+
+# ---- level 1 --------------------------------------------------------------------------------
+
+def _listed_and_extra(step_dir: Path, manifest: Manifest) -> list[str]:
+    listed = {f.path for f in manifest.files}
+    problems = []
+
+    def walk(top: Path, prefix: str) -> None:
+        with os.scandir(top) as it:
+            for entry in it:
+                rel = f"{prefix}{entry.name}"
+                st = entry.stat(follow_symlinks=False)
+                if stat.S_ISLNK(st.st_mode):
+                    problems.append(f"{rel}: is a symlink (refused)")
+                elif stat.S_ISDIR(st.st_mode):
+                    walk(Path(entry.path), rel + "/")
+                elif not prefix and (rel in RESERVED_NAMES or _is_validation_tmp(rel)):
+                    continue
+                elif rel not in listed:
+                    problems.append(f"{rel}: present but not listed in the manifest")
+    walk(step_dir, "")
+    return problems
+
+
+def _is_validation_tmp(name: str) -> bool:
+    # atomic_write_json's temporary, present for a moment while another verify records
+    return name.startswith(f".{VALIDATION_NAME}.") and name.endswith(".tmp")
+
+
+def check_level1(step_dir: Path, manifest: Manifest, *, progress: Progress | None = None) -> tuple[list[str], int]:
+    problems: list[str] = []
+    checked = 0
+    for entry in manifest.files:
+        full = step_dir / entry.path
+        try:
+            st = os.lstat(full)
+        except FileNotFoundError:
+            problems.append(f"{entry.path}: missing")
+            continue
+        if not stat.S_ISREG(st.st_mode):
+            problems.append(f"{entry.path}: not a regular file (symlink or special file refused)")
+            continue
+        if st.st_size != entry.size:
+            problems.append(f"{entry.path}: size {st.st_size} != {entry.size} in the manifest (truncated or overwritten)")
+            continue
+        actual = hash_file(full, algorithm_of(entry.hash))
+        checked += entry.size
+        if progress is not None:
+            progress(entry.size)
+        if actual != entry.hash:
+            problems.append(f"{entry.path}: hash {actual} != {entry.hash} in the manifest (corrupted)")
+    problems.extend(_listed_and_extra(step_dir, manifest))
+    return problems, checked
+
+
+# ---- level 2 --------------------------------------------------------------------------------
+
+def check_level2(step_dir: Path, manifest: Manifest) -> list[str]:
+    problems: list[str] = []
+    files = manifest.file_map()
+    dir_step = parse_step(step_dir.name)
+    if dir_step is not None and dir_step != manifest.step:
+        problems.append(f"manifest says step {manifest.step} but the directory is {step_dir.name}")
+    if manifest.metadata_file:
+        meta = files.get(manifest.metadata_file)
+        if meta is None:
+            problems.append(f"metadata file {manifest.metadata_file!r} is not listed in the manifest")
+        elif meta.hash != manifest.metadata_hash:
+            problems.append(f"metadata file {manifest.metadata_file!r} hash {meta.hash} != metadata_hash {manifest.metadata_hash}")
+    seen_keys: set[str] = set()
+    by_file: dict[str, list[ItemEntry]] = {}
+    for item in manifest.items:
+        if item.key in seen_keys:
+            problems.append(f"item {item.key!r} is listed twice")
+        seen_keys.add(item.key)
+        entry = files.get(item.file)
+        if entry is None:
+            problems.append(f"item {item.key!r} is in {item.file!r}, which the manifest does not list")
+            continue
+        if item.offset + item.length > entry.size:
+            problems.append(f"item {item.key!r} [{item.offset}, +{item.length}) runs past the end of {item.file!r} ({entry.size} bytes)")
+        by_file.setdefault(item.file, []).append(item)
+    for name, items in by_file.items():
+        items.sort(key=lambda it: (it.offset, it.length))
+        for before, after in zip(items, items[1:]):
+            if before.offset + before.length > after.offset:
+                problems.append(f"items {before.key!r} and {after.key!r} overlap in {name!r}")
+    return problems
+
+
+# ---- level 3 --------------------------------------------------------------------------------
+
+def testload_argv(step_dir: Path, command: Sequence[str] | None = None) -> list[str]:
+    """The level-3 command: `command` (default: python -m ckptsup.hooks.testload) + STEP_DIR."""
+    base = list(command) if command else [sys.executable, "-m", TESTLOAD_MODULE]
+    return [*base, str(step_dir)]
+
+
+def check_level3(step_dir: Path, *, timeout_s: float, command: Sequence[str] | None = None) -> list[str]:
+    """Test load in a separate process (ckptsup.hooks.testload); it is the only level that
+    touches torch and DCP's pickle, and runs only after levels 1-2 passed."""
+    argv = testload_argv(step_dir, command)
+    try:
+        proc = subprocess.run(argv, capture_output=True, text=True, timeout=timeout_s, check=False)
+    except subprocess.TimeoutExpired:
+        return [f"test load did not finish within {timeout_s:.0f} s"]
+    if proc.returncode == 0:
+        return []
+    tail = (proc.stderr.strip() or proc.stdout.strip() or "(no output)").splitlines()[-1]
+    return [f"test load failed (exit {proc.returncode}): {tail[:300]}"]
+
+
+# ---- driver ---------------------------------------------------------------------------------
+
+def validate(step_dir: str | os.PathLike[str], *, level: int = 2, algorithm: str | None = None,
+             progress: Progress | None = None, testload_timeout_s: float = DEFAULT_TESTLOAD_TIMEOUT_S,
+             record: bool = True, clock: Callable[[], float] = time.monotonic,
+             testload_command: Sequence[str] | None = None) -> ValidationResult:
+    """Validate up to `level` (1-3) and record the outcome in validation.json (unless
+    record=False). `algorithm`, when given, is required to match the manifest's (a site that
+    demands sha256 refuses xxh3 manifests)."""
+    if level not in (1, 2, 3):
+        raise CheckpointError(f"validation level must be 1, 2 or 3, got {level}")
+    step_dir = Path(step_dir)
+    start = clock()
+    result = ValidationResult(ok=False, level=level)
+    try:
+        check_dir_trusted(step_dir, recursive=True)
+        manifest = load_manifest(step_dir)
+    except CkptsupError as err:
+        result.problems = [str(err)]
+        result.duration_s = clock() - start
+        if record and step_dir.is_dir() and not step_dir.is_symlink():
+            try:
+                _record(step_dir, result)
+            except OSError:
+                pass  # an untrusted dir we cannot write to: the returned result still says why
+        return result
+    result.checkpoint_id = manifest.checkpoint_id
+    if algorithm is not None and manifest.hash_algorithm != algorithm:
+        result.problems = [f"manifest uses {manifest.hash_algorithm}, but {algorithm} was required"]
+    else:
+        result.problems, result.bytes_checked = check_level1(step_dir, manifest, progress=progress)
+        if not result.problems:
+            result.level_passed = 1
+            if level >= 2:
+                result.problems = check_level2(step_dir, manifest)
+                result.level_passed = 2 if not result.problems else 1
+            if level >= 3 and not result.problems:
+                result.problems = check_level3(step_dir, timeout_s=testload_timeout_s, command=testload_command)
+                result.level_passed = 3 if not result.problems else 2
+    result.problems = result.problems[:MAX_PROBLEMS]
+    result.ok = not result.problems
+    result.duration_s = clock() - start
+    if record:
+        _record(step_dir, result)
+    return result
+
+
+def _record(step_dir: Path, result: ValidationResult) -> None:
+    previous = read_validation(step_dir)
+    level = result.level_passed
+    # A passing level-1 re-check must not erase an earlier level-3 pass of the same checkpoint.
+    if result.ok and previous and previous.get("ok") and previous.get("checkpoint_id") == result.checkpoint_id:
+        level = max(level, int(previous.get("level", 0)))
+    atomic_write_json(step_dir / VALIDATION_NAME, {
+        "ok": result.ok, "level": level, "requested": result.level, "problems": result.problems,
+        "checkpoint_id": result.checkpoint_id, "duration_s": round(result.duration_s, 6),
+        "ts": datetime.now(timezone.utc).isoformat(),
+    })
+
+
+def read_validation(step_dir: Path) -> dict[str, Any] | None:
+    """The recorded validation, or None when absent or unreadable (then: not validated)."""
+    try:
+        data = json.loads((Path(step_dir) / VALIDATION_NAME).read_text())
+    except (FileNotFoundError, NotADirectoryError, ValueError, OSError):
+        return None
+    return data if isinstance(data, dict) else None
+
+
+# ---- reader-side item check -----------------------------------------------------------------
+
+def verify_item(data: bytes | bytearray | memoryview, item: ItemEntry) -> None:
+    """The reader's per-item check: one read, hashed as loaded. Raises ValidationError."""
+    if len(data) != item.length:
+        raise ValidationError(f"item {item.key!r} in {item.file}: read {len(data)} bytes, manifest says {item.length}; checkpoint is corrupt")
+    actual = hash_bytes(data, algorithm_of(item.hash))
+    if actual != item.hash:
+        raise ValidationError(f"item {item.key!r} in {item.file} at offset {item.offset}: hash {actual} != {item.hash}; checkpoint is corrupt")
+
+
+# ---- quarantine -----------------------------------------------------------------------------
+
+def quarantine(step_dir: str | os.PathLike[str], reason: str, *, now: datetime | None = None) -> Path:
+    """Move a bad checkpoint to <checkpoint_dir>/quarantine/<name>-<ts>/ with a reason file.
+    Never deletes anything."""
+    step_dir = Path(step_dir)
+    when = now or datetime.now(timezone.utc)
+    qdir = private_mkdir(step_dir.parent / QUARANTINE_DIR)
+    stamp = when.strftime("%Y%m%dT%H%M%S%fZ")
+    dest = qdir / f"{step_dir.name}-{stamp}"
+    rename_noreplace(step_dir, dest)
+    atomic_write_json(dest / REASON_NAME, {"reason": reason, "ts": when.isoformat(), "from": step_dir.name})
+    return dest
