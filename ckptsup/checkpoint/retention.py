@@ -1,0 +1,124 @@
+"""Retention (DESIGN §4): keep the last K checkpoints plus the newest one of each of the last D
+days, per tier. Never delete the newest validated checkpoint, nor one being validated or
+promoted (`protected`). The decision is a pure function; `apply_retention` is the effect, with
+the clock injected. Deletion renames to `.del-*` first, so a half-deleted directory is never
+mistaken for a checkpoint.
+"""
+
+from __future__ import annotations
+
+import os
+import random
+import shutil
+import uuid
+from dataclasses import dataclass, field
+from datetime import datetime, timedelta, timezone
+from pathlib import Path
+from typing import Callable, Iterable, Sequence
+
+from ..errors import CheckpointError
+from .catalog import Status, list_checkpoints
+from .commit import fsync_dir
+
+DELETING_PREFIX = ".del-"
+VALIDATED = "validated"     # flag: validation passed (levels 1-2 or more)
+VALIDATING = "validating"   # flag: a validation is running on it
+PROMOTING = "promoting"     # flag: queued for or being promoted to a slower tier
+
+
+@dataclass(frozen=True, kw_only=True)
+class Candidate:
+    step: int
+    created_at: datetime
+    flags: frozenset[str] = field(default_factory=frozenset)
+
+
+def _as_candidate(entry: Candidate | tuple) -> Candidate:
+    if isinstance(entry, Candidate):
+        return entry
+    step, created_at, flags = entry
+    return Candidate(step=step, created_at=created_at, flags=frozenset(flags))
+
+
+def daily_keepers(candidates: Iterable[Candidate], *, keep_daily_days: int, now: datetime) -> set[int]:
+    """The newest checkpoint (by step) of each UTC calendar day among the last D days, today
+    included. Level 3 should pass before one of these becomes a long-lived keeper."""
+    if keep_daily_days <= 0:
+        return set()
+    first_day = (now.astimezone(timezone.utc) - timedelta(days=keep_daily_days - 1)).date()
+    newest: dict[object, Candidate] = {}
+    for c in candidates:
+        day = c.created_at.astimezone(timezone.utc).date()
+        if day < first_day or day > now.astimezone(timezone.utc).date():
+            continue
+        if day not in newest or c.step > newest[day].step:
+            newest[day] = c
+    return {c.step for c in newest.values()}
+
+
+def plan_retention(checkpoints: Sequence[Candidate | tuple], *, keep_last: int, keep_daily_days: int,
+                   now: datetime, protected: Iterable[int] = ()) -> tuple[list[int], list[int]]:
+    """Pure: (keep, delete) lists of steps, ascending. `checkpoints` are (step, created_at,
+    flags) tuples or Candidates of usable (committed) checkpoints on one tier."""
+    if keep_last < 1:
+        raise CheckpointError(f"keep_last must be >= 1 (got {keep_last}): deleting every checkpoint is never a plan")
+    cands = sorted((_as_candidate(c) for c in checkpoints), key=lambda c: c.step)
+    keep = {c.step for c in cands[-keep_last:]}
+    keep |= daily_keepers(cands, keep_daily_days=keep_daily_days, now=now)
+    validated = [c.step for c in cands if VALIDATED in c.flags]
+    if validated:
+        keep.add(validated[-1])
+    keep |= {c.step for c in cands if c.flags & {VALIDATING, PROMOTING}}
+    keep |= set(protected) & {c.step for c in cands}
+    delete = [c.step for c in cands if c.step not in keep]
+    return sorted(keep), delete
+
+
+def jittered(interval_s: float, jitter_s: float, rng: random.Random | None = None) -> float:
+    """interval + uniform[0, jitter): spreads many jobs' saves so they do not hit the shared file
+    system in the same minute."""
+    if jitter_s <= 0:
+        return interval_s
+    return interval_s + (rng or random).uniform(0.0, jitter_s)
+
+
+@dataclass(kw_only=True)
+class RetentionResult:
+    keep: list[int]
+    delete: list[int]
+    deleted: list[int]
+    skipped: list[int]   # not usable (incomplete/rejected): left for a human or quarantine
+    needs_test_load: list[int] = field(default_factory=list)  # daily keepers without a level-3 pass
+
+
+def apply_retention(checkpoint_dir: str | os.PathLike[str], *, keep_last: int, keep_daily_days: int,
+                    clock: Callable[[], datetime] = lambda: datetime.now(timezone.utc),
+                    protected: Iterable[int] = (), dry_run: bool = False) -> RetentionResult:
+    """Plan on the committed checkpoints of one local tier and delete what the plan says.
+    Incomplete and rejected directories are never deleted here (quarantine handles those)."""
+    checkpoint_dir = Path(checkpoint_dir)
+    infos = list_checkpoints(checkpoint_dir)
+    usable = [i for i in infos if i.status in (Status.COMMITTED, Status.VALIDATED) and i.manifest is not None]
+    cands = [Candidate(step=i.step, created_at=i.manifest.created_datetime,
+                       flags=frozenset({VALIDATED} if i.validated_level >= 2 else set())) for i in usable]
+    keep, delete = plan_retention(cands, keep_last=keep_last, keep_daily_days=keep_daily_days, now=clock(), protected=protected)
+    deleted: list[int] = []
+    if not dry_run:
+        by_step = {i.step: i.path for i in usable}
+        for step in delete:
+            delete_step_dir(by_step[step])
+            deleted.append(step)
+    skipped = sorted(i.step for i in infos if i not in usable)
+    levels = {i.step: i.validated_level for i in usable}
+    daily = daily_keepers(cands, keep_daily_days=keep_daily_days, now=clock())
+    return RetentionResult(keep=keep, delete=delete, deleted=deleted, skipped=skipped,
+                           needs_test_load=sorted(s for s in daily if levels[s] < 3))
+
+
+def delete_step_dir(step_dir: Path) -> None:
+    """Rename to .del-<name>-<uuid> (atomic: from here on it is not a checkpoint), fsync the
+    parent, then remove."""
+    doomed = step_dir.parent / f"{DELETING_PREFIX}{step_dir.name}-{uuid.uuid4().hex[:8]}"
+    os.rename(step_dir, doomed)
+    fsync_dir(step_dir.parent)
+    shutil.rmtree(doomed)
