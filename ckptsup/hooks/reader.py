@@ -1,0 +1,185 @@
+"""Reading a checkpoint: nothing is trusted before the manifest vouches for it.
+
+Before anything is unpickled: the directory passes the trust checks, the manifest parses, every
+listed file is present with its size, the structure checks of level 2 pass, and DCP's `.metadata`
+bytes hash to the manifest's metadata_hash. Those bytes (read once) are then unpickled with an
+allow-list of DCP's own metadata classes (pytorch#189308: DCP uses raw pickle.load).
+
+While loading, every item is read once (offset, length), hashed against the manifest, and only
+then handed to torch.load(weights_only=True): one read, not two; a resharded load reads the saved
+items it needs, never whole files. A mismatch raises ValidationError, so resume falls back.
+"""
+
+from __future__ import annotations
+
+import io
+import os
+import pickle
+import stat
+from pathlib import Path
+from typing import Any
+
+from ..checkpoint.hashing import algorithm_of, hash_bytes
+from ..checkpoint.manifest import Manifest, load_manifest, read_nofollow
+from ..checkpoint.trust import check_dir_trusted
+from ..checkpoint.validate import check_level2, verify_item
+from ..errors import CheckpointError, ValidationError
+from .writer import item_key
+
+MAX_METADATA_BYTES = 1 << 30
+
+# Globals a DCP .metadata pickle may name (checked on torch 2.13; DCP's own dataclasses and the
+# torch types they hold). Anything else (os.system, builtins.eval, ...) is refused.
+_ALLOWED_MODULE_PREFIXES = ("torch.distributed.checkpoint.",)
+_ALLOWED_GLOBALS = {
+    ("torch", "Size"), ("torch.serialization", "_get_layout"), ("collections", "OrderedDict"),
+    ("pathlib", "PosixPath"), ("pathlib", "PurePosixPath"),
+}
+
+
+class _MetadataUnpickler(pickle.Unpickler):
+    def find_class(self, module: str, name: str) -> Any:
+        import torch
+
+        if (module, name) in _ALLOWED_GLOBALS:
+            return super().find_class(module, name)
+        if module.startswith(_ALLOWED_MODULE_PREFIXES) and "." not in name:
+            # only DCP's own classes, never a function or a module reached through one of its modules
+            obj = super().find_class(module, name)
+            if isinstance(obj, type) and obj.__module__.startswith(_ALLOWED_MODULE_PREFIXES):
+                return obj
+        if module == "torch" and isinstance(getattr(torch, name, None), (torch.dtype, torch.layout, torch.memory_format)):
+            return getattr(torch, name)
+        raise pickle.UnpicklingError(f"global {module}.{name} is not allowed in DCP metadata")
+
+
+def load_metadata_bytes(data: bytes) -> Any:
+    try:
+        return _MetadataUnpickler(io.BytesIO(data)).load()
+    except (pickle.UnpicklingError, EOFError, AttributeError, ImportError, TypeError, ValueError) as err:
+        raise ValidationError(f"DCP .metadata could not be read safely: {err}") from None
+
+
+def preload_checks(step_dir: Path) -> Manifest:
+    """Levels 1 (sizes, no hashing: the per-item hashes are checked while reading) and 2.
+    Nothing is unpickled here. Raises a CheckpointError subclass with one line."""
+    check_dir_trusted(step_dir, recursive=True)
+    manifest = load_manifest(step_dir)
+    for entry in manifest.files:
+        try:
+            st = os.lstat(step_dir / entry.path)
+        except FileNotFoundError:
+            raise ValidationError(f"{step_dir.name}/{entry.path} is missing") from None
+        if not stat.S_ISREG(st.st_mode):
+            raise ValidationError(f"{step_dir.name}/{entry.path} is not a regular file")
+        if st.st_size != entry.size:
+            raise ValidationError(f"{step_dir.name}/{entry.path} is {st.st_size} bytes, the manifest says {entry.size}")
+    problems = check_level2(step_dir, manifest)
+    if problems:
+        raise ValidationError(f"{step_dir.name}: {problems[0]}")
+    if not manifest.metadata_file:
+        raise ValidationError(f"{step_dir.name} has no DCP metadata; it is not a ckptsup training checkpoint")
+    return manifest
+
+
+def _file_reader_base():
+    from torch.distributed.checkpoint import FileSystemReader
+
+    return FileSystemReader
+
+
+class VerifyingReader(_file_reader_base()):  # type: ignore[misc]
+    """A DCP FileSystemReader that reads only what the manifest vouches for."""
+
+    def __init__(self, step_dir: str | os.PathLike[str], manifest: Manifest | None = None) -> None:
+        super().__init__(step_dir)
+        self.step_dir = Path(step_dir)
+        self.manifest = manifest if manifest is not None else preload_checks(self.step_dir)
+        self.items = {item.key: item for item in self.manifest.items}
+        self._metadata: Any = None
+        self.bytes_read = 0
+
+    def read_metadata(self, *args: Any, **kwargs: Any) -> Any:
+        if kwargs.get("rank") is not None:
+            raise CheckpointError("per-rank DCP metadata is not used by ckptsup checkpoints")
+        if self._metadata is None:
+            name = self.manifest.metadata_file
+            data = read_nofollow(self.step_dir / name, limit=MAX_METADATA_BYTES)
+            actual = hash_bytes(data, algorithm_of(self.manifest.metadata_hash))
+            if actual != self.manifest.metadata_hash:
+                raise ValidationError(f"{self.step_dir.name}/{name}: hash {actual} != {self.manifest.metadata_hash}; "
+                                      "checkpoint is corrupt (nothing was unpickled)")
+            metadata = load_metadata_bytes(data)
+            from torch.distributed.checkpoint.metadata import StorageMeta
+
+            if getattr(metadata, "storage_meta", None) is None:
+                metadata.storage_meta = StorageMeta()
+            metadata.storage_meta.load_id = self.load_id
+            self._check_index(metadata)
+            self._metadata = metadata
+        return self._metadata
+
+    def _check_index(self, metadata: Any) -> None:
+        """Every item DCP's metadata points at is an item the manifest hashed, at the same place."""
+        for index, info in metadata.storage_data.items():
+            item = self.items.get(item_key(index))
+            if item is None or item.file != info.relative_path or item.offset != info.offset or item.length != info.length:
+                raise ValidationError(f"{self.step_dir.name}: DCP item {item_key(index)} does not match the manifest's item index")
+            if getattr(info, "transform_descriptors", None):
+                raise ValidationError(f"{self.step_dir.name}: DCP stream transforms are not supported")
+
+    def read_data(self, plan: Any, planner: Any) -> Any:
+        import torch
+        from torch.distributed.checkpoint.planner import LoadItemType
+        from torch.distributed._shard._utils import narrow_tensor_by_index
+        from torch.futures import Future
+
+        per_file: dict[str, list[Any]] = {}
+        for req in plan.items:
+            item = self.items[item_key(req.storage_index)]
+            per_file.setdefault(item.file, []).append((item, req))
+        for rel, reqs in per_file.items():
+            fd = os.open(self.step_dir / rel, os.O_RDONLY | os.O_NOFOLLOW | getattr(os, "O_CLOEXEC", 0))
+            try:
+                for item, req in sorted(reqs, key=lambda pair: pair[0].offset):
+                    data = os.pread(fd, item.length, item.offset)
+                    verify_item(data, item)
+                    self.bytes_read += len(data)
+                    if req.type == LoadItemType.BYTE_IO:
+                        planner.load_bytes(req, io.BytesIO(data))
+                        continue
+                    tensor = torch.load(io.BytesIO(data), map_location="cpu", weights_only=True)
+                    tensor = narrow_tensor_by_index(tensor, req.storage_offsets, req.lengths)
+                    target = planner.resolve_tensor(req).detach()
+                    if target.size() != tensor.size():
+                        raise ValidationError(f"item {item.key}: stored size {tuple(tensor.size())} != expected {tuple(target.size())}")
+                    target.copy_(tensor)
+                    planner.commit_tensor(req, target)
+            finally:
+                os.close(fd)
+        fut: Future = Future()
+        fut.set_result(None)
+        return fut
+
+
+def _safe_planner_class():
+    from torch.distributed.checkpoint.default_planner import DefaultLoadPlanner
+
+    class SafeLoadPlanner(DefaultLoadPlanner):
+        """DCP's default planner, but non-tensor items load with weights_only=True."""
+
+        def load_bytes(self, read_item: Any, value: io.BytesIO) -> None:
+            import torch
+            from torch.distributed.checkpoint._traverse import set_element
+
+            obj = torch.load(value, weights_only=True)
+            if self.flatten_state_dict:
+                set_element(self.original_state_dict, self.mappings[read_item.dest_index.fqn], obj)
+            else:
+                self.state_dict[read_item.dest_index.fqn] = obj
+
+    return SafeLoadPlanner
+
+
+def safe_load_planner():
+    return _safe_planner_class()()

@@ -1,0 +1,336 @@
+"""Sharded, asynchronous saves with the commit protocol of DESIGN §4.
+
+Main thread (the only stall): copy the state into host buffers that are allocated once and reused
+(pinned when the state lives on a GPU). Background thread, on a gloo process group of its own:
+rank 0 makes the temporary directory and broadcasts its name; every rank writes its shards with
+DCP, then reads its own files back once to hash each file and each DCP item (the check that DCP's
+writer really wrote what its metadata claims, pytorch#191391); an all-gather of the reports makes a
+failure on any rank a failure on every rank; rank 0 writes the manifest and commits (rename +
+fsync) or aborts; a broadcast tells every rank the outcome. Every collective has the group's
+timeout, so a dead peer fails the save instead of hanging it. Training goes on either way.
+"""
+
+from __future__ import annotations
+
+import concurrent.futures
+import logging
+import os
+import time
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any, Callable
+
+from ..checkpoint.commit import abort, commit, make_tmp_dir
+from ..checkpoint.hashing import hash_file, new_hasher
+from ..checkpoint.manifest import METADATA_NAME, FileEntry, ItemEntry, Manifest
+from ..errors import CheckpointError
+
+log = logging.getLogger("ckptsup.hooks")
+
+# Fault injection for tests (kill during an async save): seconds to sleep after the shards are
+# written and before the commit. Never set in production.
+TEST_DELAY_ENV = "CKPTSUP_TEST_SAVE_DELAY_S"
+READ_CHUNK = 8 << 20
+
+
+def item_key(index: Any) -> str:
+    """Manifest key of one DCP item (MetadataIndex): fqn@chunk-offsets."""
+    offset = ",".join(str(int(o)) for o in (index.offset or ()))
+    return f"{index.fqn}@{offset}"
+
+
+@dataclass(kw_only=True)
+class SaveResult:
+    step: int
+    ok: bool
+    reason: str = ""
+    path: str = ""
+    stall_s: float = 0.0
+    write_s: float = 0.0
+    bytes: int = 0
+
+    @property
+    def total_s(self) -> float:
+        return self.stall_s + self.write_s
+
+
+def hash_file_and_items(path: Path, items: list[tuple[str, int, int]], algorithm: str) -> tuple[int, str, dict[str, str]]:
+    """One sequential read of `path`: (size, file hash, {item key: hash}). `items` are
+    (key, offset, length), non-overlapping."""
+    items = sorted(items, key=lambda it: it[1])
+    file_h = new_hasher(algorithm)
+    item_h = [new_hasher(algorithm) for _ in items]
+    buf = bytearray(READ_CHUNK)
+    view = memoryview(buf)
+    pos, i = 0, 0
+    with open(path, "rb", buffering=0) as fh:
+        while True:
+            n = fh.readinto(buf)
+            if not n:
+                break
+            chunk = view[:n]
+            file_h.update(chunk)
+            start, end = pos, pos + n
+            while i < len(items):
+                _, off, length = items[i]
+                if off >= end:
+                    break
+                lo, hi = max(off, start), min(off + length, end)
+                if hi > lo:
+                    item_h[i].update(chunk[lo - start:hi - start])
+                if off + length <= end:
+                    i += 1
+                else:
+                    break
+            pos = end
+    while i < len(items) and items[i][2] == 0 and items[i][1] <= pos:
+        i += 1
+    if i < len(items):
+        raise CheckpointError(f"{path.name} is {pos} bytes but DCP says item {items[i][0]} ends at "
+                              f"{items[i][1] + items[i][2]}: the shard was not fully written")
+    return pos, file_h.hexdigest(), {key: h.hexdigest() for (key, _, _), h in zip(items, item_h)}
+
+
+def _file_owner(relative_path: str, world_size: int) -> int:
+    """DCP names rank r's files __<r>_<n>.distcp; anything else is hashed by rank 0."""
+    if relative_path.startswith("__"):
+        head = relative_path[2:].split("_", 1)[0]
+        if head.isdigit() and int(head) < world_size:
+            return int(head)
+    return 0
+
+
+class Stager:
+    """Copies the live state into host buffers allocated on first use and reused while the
+    structure (keys, shapes, dtypes) stays the same; pinned when the state is on a GPU."""
+
+    def __init__(self) -> None:
+        self._signature: Any = None
+        self._buffers: dict[str, Any] | None = None
+
+    @staticmethod
+    def _signature_of(state: Any) -> Any:
+        import torch
+
+        if isinstance(state, dict):
+            return tuple((k, Stager._signature_of(v)) for k, v in state.items())
+        if isinstance(state, (list, tuple)):
+            return tuple(Stager._signature_of(v) for v in state)
+        if isinstance(state, torch.Tensor):
+            return ("T", tuple(state.shape), str(state.dtype), str(state.device), type(state).__name__)
+        return type(state).__name__
+
+    def stage(self, state: dict[str, Any]) -> dict[str, Any]:
+        import torch
+        from torch.distributed._state_dict_utils import _copy_state_dict, _create_cpu_state_dict
+
+        signature = self._signature_of(state)
+        on_gpu = any(isinstance(t, torch.Tensor) and t.device.type == "cuda" for t in _leaves(state))
+        if signature != self._signature or self._buffers is None:
+            self._buffers = _create_cpu_state_dict(state, pin_memory=on_gpu)
+            self._signature = signature
+        staged = _copy_state_dict(state, self._buffers, non_blocking=on_gpu)
+        if on_gpu:
+            torch.cuda.synchronize()
+        return staged
+
+
+def _leaves(obj: Any):
+    if isinstance(obj, dict):
+        for v in obj.values():
+            yield from _leaves(v)
+    elif isinstance(obj, (list, tuple)):
+        for v in obj:
+            yield from _leaves(v)
+    else:
+        yield obj
+
+
+@dataclass(kw_only=True)
+class WriterConfig:
+    checkpoint_dir: Path
+    rank: int
+    world_size: int
+    job_id: str
+    attempt: int
+    epoch: int
+    run_dir: str | None
+    algorithm: str = "xxh3-128"
+    thread_count: int = 1
+    mesh: dict[str, Any] = field(default_factory=dict)
+
+
+class CheckpointWriter:
+    """One save in flight at a time. `save(..., blocking=False)` stages, then returns; the outcome
+    arrives through `on_result` (called on the background thread) and `wait()`."""
+
+    def __init__(self, config: WriterConfig, *, process_group: Any, on_result: Callable[[SaveResult], None],
+                 clock: Callable[[], float] = time.monotonic) -> None:
+        self.config = config
+        self.pg = process_group
+        self.on_result = on_result
+        self.clock = clock
+        self.stager = Stager()
+        self._pool = concurrent.futures.ThreadPoolExecutor(max_workers=1, thread_name_prefix="ckptsup-save")
+        self._inflight: concurrent.futures.Future | None = None
+        self.last: SaveResult | None = None
+
+    @property
+    def busy(self) -> bool:
+        return self._inflight is not None and not self._inflight.done()
+
+    def wait(self) -> SaveResult | None:
+        """Block until the in-flight save (if any) finished; its result."""
+        if self._inflight is not None:
+            self._inflight.result()
+            self._inflight = None
+        return self.last
+
+    def save(self, *, step: int, device_state: dict[str, Any], side_state: dict[str, Any],
+             blocking: bool, extra_meta: dict[str, Any] | None = None) -> SaveResult | None:
+        start = self.clock()
+        self.wait()  # buffers are reused: the previous save must be done with them
+        staged = self.stager.stage(device_state)
+        staged.update(side_state)
+        stall_s = self.clock() - start
+        job = lambda: self._run(step, staged, stall_s, extra_meta or {})  # noqa: E731
+        self._inflight = self._pool.submit(job)
+        if blocking:
+            return self.wait()
+        return None
+
+    def close(self) -> None:
+        self.wait()
+        self._pool.shutdown(wait=True)
+
+    # ---- background ---------------------------------------------------------------------------
+    def _run(self, step: int, staged: dict[str, Any], stall_s: float, extra_meta: dict[str, Any]) -> SaveResult:
+        start = self.clock()
+        try:
+            path, nbytes = self._write_and_commit(step, staged, extra_meta)
+            result = SaveResult(step=step, ok=True, path=str(path), stall_s=stall_s,
+                                write_s=self.clock() - start, bytes=nbytes)
+        except (CheckpointError, OSError, RuntimeError, ValueError) as err:
+            # RuntimeError: gloo timeouts and DCP's CheckpointException; the save failed, training goes on
+            reason = str(err).strip().splitlines()[0][:300] if str(err).strip() else type(err).__name__
+            result = SaveResult(step=step, ok=False, reason=reason, stall_s=stall_s, write_s=self.clock() - start)
+        self.last = result
+        self.on_result(result)
+        return result
+
+    def _collective(self, name: str, fn: Callable[[], Any]) -> Any:
+        try:
+            return fn()
+        except RuntimeError as err:
+            raise CheckpointError(f"save collective {name} failed ({str(err).splitlines()[0][:200]}); "
+                                  "a peer rank died or timed out") from None
+
+    def _broadcast(self, value: Any) -> Any:
+        if self.pg is None:
+            return value
+        import torch.distributed as dist
+
+        box = [value]
+        self._collective("broadcast", lambda: dist.broadcast_object_list(box, src=0, group=self.pg))
+        return box[0]
+
+    def _all_gather(self, value: Any) -> list[Any]:
+        if self.pg is None:
+            return [value]
+        import torch.distributed as dist
+
+        out: list[Any] = [None] * self.config.world_size
+        self._collective("all_gather", lambda: dist.all_gather_object(out, value, group=self.pg))
+        return out
+
+    def _write_and_commit(self, step: int, staged: dict[str, Any], extra_meta: dict[str, Any]) -> tuple[Path, int]:
+        cfg = self.config
+        made: tuple[str | None, str] = (None, "")
+        if cfg.rank == 0:
+            try:
+                made = (str(make_tmp_dir(cfg.checkpoint_dir, step=step, attempt=cfg.attempt)), "")
+            except (CheckpointError, OSError) as err:
+                made = (None, str(err))
+        tmp_name, tmp_error = self._broadcast(made)
+        if tmp_name is None:
+            raise CheckpointError(f"could not create the temporary directory: {tmp_error}")
+        tmp = Path(tmp_name)
+        report = self._write_shards(step, tmp, staged)
+        reports = self._all_gather(report)
+        failed = [f"rank {r}: {rep['error']}" for r, rep in enumerate(reports) if not rep["ok"]]
+        outcome: tuple[bool, str, int] = (False, "", 0)
+        if cfg.rank == 0:
+            outcome = self._commit_or_abort(step, tmp, reports, failed, extra_meta)
+        ok, detail, nbytes = self._broadcast(outcome)
+        if not ok:
+            raise CheckpointError(detail)
+        return Path(detail), nbytes
+
+    def _write_shards(self, step: int, tmp: Path, staged: dict[str, Any]) -> dict[str, Any]:
+        import torch.distributed.checkpoint as dcp
+        from torch.distributed.checkpoint import FileSystemWriter
+
+        cfg = self.config
+        try:
+            writer = FileSystemWriter(tmp, sync_files=True, thread_count=cfg.thread_count, overwrite=False)
+            metadata = dcp.save(staged, storage_writer=writer, process_group=self.pg, no_dist=self.pg is None)
+            delay = float(os.environ.get(TEST_DELAY_ENV, "0") or 0)
+            if delay > 0:
+                time.sleep(delay)
+            return {"ok": True, "error": "", **self._describe_own(tmp, metadata)}
+        except (CheckpointError, OSError, RuntimeError, ValueError) as err:
+            text = str(err).strip().replace("\n", " ")[:300] or type(err).__name__
+            log.error("ckptsup: rank %d failed writing step %d: %s", cfg.rank, step, text)
+            return {"ok": False, "error": text}
+
+    def _describe_own(self, tmp: Path, metadata: Any) -> dict[str, Any]:
+        cfg = self.config
+        per_file: dict[str, list[tuple[str, int, int]]] = {}
+        for index, info in metadata.storage_data.items():
+            if getattr(info, "transform_descriptors", None):
+                raise CheckpointError(f"DCP stream transforms ({info.transform_descriptors}) are not supported")
+            per_file.setdefault(info.relative_path, []).append((item_key(index), int(info.offset), int(info.length)))
+        files, items = [], []
+        for rel, entries in sorted(per_file.items()):
+            if _file_owner(rel, cfg.world_size) != cfg.rank:
+                continue
+            size, fhash, ihash = hash_file_and_items(tmp / rel, entries, cfg.algorithm)
+            files.append({"path": rel, "size": size, "hash": fhash})
+            items.extend({"key": key, "file": rel, "offset": off, "length": length, "hash": ihash[key]}
+                         for key, off, length in entries)
+        return {"files": files, "items": items, "storage_files": sorted(per_file)}
+
+    def _commit_or_abort(self, step: int, tmp: Path, reports: list[dict[str, Any]], failed: list[str],
+                         extra_meta: dict[str, Any]) -> tuple[bool, str, int]:
+        cfg = self.config
+        try:
+            if failed:
+                raise CheckpointError("; ".join(failed))
+            files = [FileEntry(**f) for rep in reports for f in rep["files"]]
+            items = [ItemEntry(**it) for rep in reports for it in rep["items"]]
+            described = {f.path for f in files}
+            missing = sorted(set(reports[0]["storage_files"]) - described)
+            if missing:
+                raise CheckpointError(f"no rank described {', '.join(missing[:3])}")
+            meta_hash = hash_file(tmp / METADATA_NAME, cfg.algorithm)
+            files.append(FileEntry(path=METADATA_NAME, size=os.path.getsize(tmp / METADATA_NAME), hash=meta_hash))
+            manifest = Manifest(step=step, job_id=cfg.job_id, attempt=cfg.attempt, epoch=cfg.epoch,
+                                world_size=cfg.world_size, mesh=dict(cfg.mesh), files=files, items=items,
+                                metadata_file=METADATA_NAME, metadata_hash=meta_hash,
+                                hash_algorithm=cfg.algorithm, versions=_versions(), extra=extra_meta)
+            path = commit(tmp, manifest, checkpoint_dir=cfg.checkpoint_dir, run_dir=cfg.run_dir)
+            return True, str(path), manifest.total_bytes
+        except (CheckpointError, OSError) as err:
+            try:
+                abort(tmp)
+            except (CheckpointError, OSError) as abort_err:
+                log.error("ckptsup: could not remove %s: %s", tmp, abort_err)
+            return False, str(err).splitlines()[0][:300] if str(err) else type(err).__name__, 0
+
+
+def _versions() -> dict[str, str]:
+    import torch
+
+    from .. import __version__
+
+    return {"torch": torch.__version__, "ckptsup": __version__}
