@@ -1,0 +1,164 @@
+"""Timeout tuning: the supervisor's hang timeout and the TORCH_NCCL_* / collective timeouts that
+it exports to ranks, derived together so that they are always consistent (pure functions).
+
+The ordering we keep (docs/timeouts.md has the long version):
+
+    step p99  <<  hang_s (supervisor)  <  collective_s (torch)  <  NCCL defaults (10 min)
+
+* `hang_s` — the supervisor declares a hang when no step progress arrives for this long:
+  max(hang_min_s, hang_step_factor x p99 step time), or the configured number. Ten times the p99
+  step is far above any healthy step's jitter yet seconds, not minutes, for typical steps; the
+  30 s floor covers tiny steps whose p99 says little about the occasional GC pause or slow batch.
+* `save_allowance_s` — while a blocking save runs, the supervisor waits longer: max(hang_s,
+  SAVE_FACTOR x the slowest measured blocking save), capped by supervisor.save_timeout_s, which is
+  also the value used before any save has been measured.
+* `collective_s` — the steady-state collective timeout that the hooks' init helper applies (no
+  environment variable sets `init_process_group(timeout=)`). A healthy rank blocks in a collective
+  at most as long as its slowest peer needs for a step or a blocking save, so anything beyond the
+  supervisor's own deadline for that phase is a hang. It must fire *after* the supervisor's
+  detection: on a hang the supervisor first asks every rank (through the hooks' socket thread —
+  a Python signal handler cannot run while the main thread is blocked in a collective) to dump
+  the flight recorder, waits up to `dump_wait_s`, then kills with `kill_grace_s`. If torch's
+  timeout fired first, the watchdog would tear the process down (ASYNC_ERROR_HANDLING) before
+  the supervisor could collect a coherent dump from every rank. So
+      collective_s = max(hang_s, save_allowance_s) + detection slack + dump_wait_s + kill_grace_s.
+  Before any step was measured (first attempt) the steady value equals the init value: the
+  supervisor's hang detection is the primary detector, the collective timeout only a backstop.
+* `collective_init_s` — init, rendezvous, checkpoint load and the first steps: at least the
+  configured collective_timeout_init_s and always above the supervisor's init and load allowances
+  plus the same slack, for the same reason.
+* TORCH_NCCL_HEARTBEAT_TIMEOUT_SEC guards the NCCL watchdog thread itself (not collectives); it
+  stays the configured value (default 120 s instead of torch's 480 s).
+"""
+
+from __future__ import annotations
+
+import math
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any, Iterable, Sequence
+
+from ..config import AUTO, Config
+
+SAVE_FACTOR = 3.0           # a blocking save may take this x the slowest one measured
+DUMP_WAIT_S = 15.0          # time ranks get to write the flight recorder (torch's default wait)
+DETECTION_SLACK_HEARTBEATS = 2  # the supervisor notices a hang within ~2 heartbeat periods
+FR_DIR = "flight_recorder"
+
+
+def percentile(values: Sequence[float], q: float) -> float:
+    """Nearest-rank percentile (q in [0, 100]) of a non-empty sequence."""
+    ordered = sorted(values)
+    rank = max(1, math.ceil(q / 100.0 * len(ordered)))
+    return float(ordered[rank - 1])
+
+
+def _finite(values: Iterable[float] | None) -> list[float]:
+    return [float(v) for v in (values or ()) if v is not None and math.isfinite(float(v)) and float(v) >= 0]
+
+
+def hang_timeout_s(config: Config, step_times: Iterable[float] | None = ()) -> float:
+    """The supervisor's steady hang timeout: the configured number, or (auto)
+    max(hang_min_s, hang_step_factor x p99 of the measured step times); hang_min_s before any
+    step was measured."""
+    sup = config.supervisor
+    if sup.hang_timeout_s != AUTO:
+        return float(sup.hang_timeout_s)
+    steps = _finite(step_times)
+    if not steps:
+        return float(sup.hang_min_s)
+    return max(float(sup.hang_min_s), sup.hang_step_factor * percentile(steps, 99))
+
+
+def save_allowance_s(config: Config, save_times: Iterable[float] | None = (),
+                     step_times: Iterable[float] | None = ()) -> float:
+    """How long the supervisor lets a blocking save run without progress."""
+    cap = float(config.supervisor.save_timeout_s)
+    saves = _finite(save_times)
+    if not saves:
+        return cap
+    return min(cap, max(hang_timeout_s(config, step_times), SAVE_FACTOR * max(saves)))
+
+
+@dataclass(frozen=True, kw_only=True)
+class Timeouts:
+    hang_s: float
+    save_allowance_s: float
+    collective_init_s: float
+    collective_s: float
+    heartbeat_s: float
+    dump_wait_s: float
+    margin_s: float                       # what collective timeouts keep above supervisor deadlines
+    notes: tuple[str, ...] = field(default=())  # why a configured value was lifted, etc.
+
+
+def derive_timeouts(config: Config, *, step_times: Iterable[float] | None = (),
+                    save_times: Iterable[float] | None = ()) -> Timeouts:
+    sup, nccl = config.supervisor, config.nccl
+    steps = _finite(step_times)
+    hang = hang_timeout_s(config, steps)
+    save_allow = save_allowance_s(config, save_times, steps)
+    margin = DETECTION_SLACK_HEARTBEATS * sup.heartbeat_interval_s + DUMP_WAIT_S + sup.kill_grace_s
+    notes: list[str] = []
+
+    init_floor = max(sup.init_timeout_s, sup.load_timeout_s, hang) + margin
+    init = float(nccl.collective_timeout_init_s)
+    if init < init_floor:
+        notes.append(f"collective_timeout_init_s {init:g}s lifted to {init_floor:g}s: it must exceed the "
+                     f"supervisor's init/load allowances ({max(sup.init_timeout_s, sup.load_timeout_s):g}s) + {margin:g}s")
+        init = init_floor
+
+    floor = max(hang, save_allow) + margin
+    if nccl.collective_timeout_s == AUTO:
+        steady = floor if steps else init
+        if not steps:
+            notes.append("no step measured yet: steady collective timeout = init value until one is")
+    else:
+        steady = float(nccl.collective_timeout_s)
+        if steady < floor:
+            notes.append(f"collective_timeout_s {steady:g}s lifted to {floor:g}s: it must exceed the "
+                         f"supervisor's hang/save deadlines ({max(hang, save_allow):g}s) + {margin:g}s so the "
+                         "supervisor can collect flight-recorder dumps first")
+            steady = floor
+    if nccl.async_error_handling == 1 and nccl.flight_recorder_entries > 0:
+        notes.append("async_error_handling=1 aborts communicators, which breaks flight-recorder dumps "
+                     "(pytorch#121055); 3 is recommended")
+    return Timeouts(hang_s=hang, save_allowance_s=save_allow, collective_init_s=init,
+                    collective_s=steady, heartbeat_s=float(nccl.heartbeat_timeout_s),
+                    dump_wait_s=DUMP_WAIT_S, margin_s=margin, notes=tuple(notes))
+
+
+def flight_recorder_dir(run_dir: str | Path, attempt: int) -> Path:
+    return Path(run_dir) / f"attempt-{attempt}" / FR_DIR
+
+
+def nccl_env(config: Config, *, run_dir: str | Path, attempt: int,
+             step_times: Iterable[float] | None = (), save_times: Iterable[float] | None = (),
+             timeouts: Timeouts | None = None) -> dict[str, str]:
+    """The environment the supervisor exports to every rank of an attempt (strings only).
+    Flight-recorder dumps go to <run_dir>/attempt-<N>/flight_recorder/rank_<R> (torch appends
+    the rank to the prefix); both the TORCH_NCCL_* and the newer TORCH_FR_* names are set."""
+    t = timeouts or derive_timeouts(config, step_times=step_times, save_times=save_times)
+    nccl = config.nccl
+    entries = int(nccl.flight_recorder_entries)
+    prefix = str(flight_recorder_dir(run_dir, attempt) / "rank_")
+    dump = "1" if (nccl.dump_on_timeout and entries > 0) else "0"
+    env: dict[str, Any] = {
+        "TORCH_NCCL_ASYNC_ERROR_HANDLING": int(nccl.async_error_handling),
+        "TORCH_NCCL_ENABLE_MONITORING": 1,
+        "TORCH_NCCL_HEARTBEAT_TIMEOUT_SEC": int(math.ceil(t.heartbeat_s)),
+        "TORCH_NCCL_DUMP_ON_TIMEOUT": dump,
+        "TORCH_NCCL_TRACE_BUFFER_SIZE": entries,
+        "TORCH_FR_BUFFER_SIZE": entries,
+        "TORCH_NCCL_DEBUG_INFO_TEMP_FILE": prefix,
+        "TORCH_FR_DUMP_TEMP_FILE": prefix,
+        "TORCH_NCCL_WAIT_TIMEOUT_DUMP_MILSEC": int(t.dump_wait_s * 1000),
+        "CKPTSUP_FR_DUMP_DIR": str(flight_recorder_dir(run_dir, attempt)),
+        "CKPTSUP_COLLECTIVE_TIMEOUT_INIT_S": _num(t.collective_init_s),
+        "CKPTSUP_COLLECTIVE_TIMEOUT_S": _num(t.collective_s),
+    }
+    return {k: str(v) for k, v in env.items()}
+
+
+def _num(value: float) -> str:
+    return str(int(value)) if value == int(value) else f"{value:.3f}"
