@@ -1,0 +1,280 @@
+"""Goodput accounting from events.jsonl alone, across attempts and requeues (docs/planning.md).
+
+paid     = ∫ allocated devices dt over every attempt (active + hot spares; a GPU-less node counts
+           its ranks). Queue time between attempts is not paid; it is reported beside it.
+useful   = running time whose progress survived (not lost, not stalled), × active devices.
+badput   = categories below, × active devices; idle spares × spare devices.
+Each span's wall time is split among claims in a fixed order, each clipped to what is left, and
+the remainder goes to the span's default category — so useful + Σ badput == paid by construction.
+"""
+
+from __future__ import annotations
+
+import math
+import statistics
+from dataclasses import dataclass, field
+from typing import Any, Iterable
+
+from . import timeline as tl
+from .timeline import Attempt, Span, SpanKind, num
+
+CATEGORIES = (
+    "checkpoint_stall",    # blocking part of saves (stall_s)
+    "lost_progress",       # work after the checkpoint the next attempt resumed from
+    "detection",           # failure → detection (detect_s)
+    "restart_kill", "restart_health", "restart_launch", "restart_rendezvous", "restart_load",
+    "restart_first_step",  # restart phases from restart_done.phases
+    "startup",             # allocation start → first step, beyond any restart phases
+    "teardown",            # failure/requeue → end of an attempt that does not restart in place
+    "idle_spares",         # hot spares held, × their devices
+    "other",               # recovery time no event explains
+)
+NOT_FAILURES = ("user_error",)
+
+
+@dataclass(kw_only=True)
+class Accounting:
+    paid_device_s: float = 0.0
+    useful_device_s: float = 0.0
+    badput_device_s: dict[str, float] = field(default_factory=lambda: dict.fromkeys(CATEGORIES, 0.0))
+    wall_s: float = 0.0          # allocated wall time, all attempts
+    queue_s: float = 0.0         # wall time between attempts (not paid)
+    attempts: int = 0
+    requeues: int = 0
+    failures: dict[str, int] = field(default_factory=dict)
+    stalls_s: list[float] = field(default_factory=list)
+    writes_s: list[float] = field(default_factory=list)
+    restarts_s: list[float] = field(default_factory=list)
+    detects_s: list[float] = field(default_factory=list)
+    checkpoint_bytes: list[float] = field(default_factory=list)
+    mean_active_devices: float = 0.0
+    end_reason: str = "open"
+    notes: list[str] = field(default_factory=list)
+    timeline: dict[str, list[Any]] = field(default_factory=dict)
+    attempt_rows: list[dict[str, Any]] = field(default_factory=list)
+
+    @property
+    def failure_count(self) -> int:
+        return sum(n for kind, n in self.failures.items() if kind not in NOT_FAILURES)
+
+    @property
+    def observed_job_mtbf_s(self) -> float | None:
+        return self.wall_s / self.failure_count if self.failure_count else None
+
+    def to_dict(self, *, price_per_gpu_hour: float) -> dict[str, Any]:
+        hours = lambda s: s / 3600.0  # noqa: E731
+        usd = lambda s: s / 3600.0 * price_per_gpu_hour  # noqa: E731
+        badput_total = sum(self.badput_device_s.values())
+        mtbf = self.observed_job_mtbf_s
+        return {
+            "paid_device_hours": hours(self.paid_device_s),
+            "useful_device_hours": hours(self.useful_device_s),
+            "badput_device_hours": {k: hours(v) for k, v in self.badput_device_s.items()},
+            "badput_total_device_hours": hours(badput_total),
+            "goodput_fraction": self.useful_device_s / self.paid_device_s if self.paid_device_s else None,
+            "price_per_gpu_hour": price_per_gpu_hour,
+            "paid_usd": usd(self.paid_device_s),
+            "useful_usd": usd(self.useful_device_s),
+            "badput_usd": {k: usd(v) for k, v in self.badput_device_s.items()},
+            "wall_s": self.wall_s,
+            "queue_s": self.queue_s,
+            "attempts": self.attempts,
+            "requeues": self.requeues,
+            "failures": dict(self.failures),
+            "failure_count": self.failure_count,
+            "observed_job_mtbf_s": mtbf,
+            "observed_device_mtbf_s": mtbf * self.mean_active_devices if mtbf is not None else None,
+            "mean_active_devices": self.mean_active_devices,
+            "measured_stall_s": _mean(self.stalls_s),
+            "measured_write_s": _mean(self.writes_s),
+            "measured_restart_s": _mean(self.restarts_s),
+            "measured_detect_s": _mean(self.detects_s),
+            "checkpoints": len(self.stalls_s),
+            "checkpoint_bytes": _mean(self.checkpoint_bytes),
+            "end_reason": self.end_reason,
+            "attempt_rows": self.attempt_rows,
+            "notes": list(self.notes),
+        }
+
+
+def account(events: Iterable[dict[str, Any]]) -> Accounting:
+    events = list(events)
+    attempts = tl.build_attempts(events)
+    acc = Accounting(attempts=len(attempts))
+    if not attempts:
+        acc.notes.append("no datable events: nothing to account")
+        return acc
+    resumes = _resume_points(attempts)
+    commits = sorted((t, num(ev, "step")) for a in attempts for t, ev in a.events
+                     if ev.get("event") == "checkpoint_committed" and num(ev, "step") is not None)
+    active_total = 0.0
+    for index, attempt in enumerate(attempts):
+        if not attempt.devices:
+            attempt.devices.append((attempt.start, 1.0, 0.0))
+            acc.notes.append(f"attempt {attempt.attempt}: no allocation event; counted as 1 device")
+        if index:
+            gap = attempt.start - attempts[index - 1].end
+            acc.queue_s += max(0.0, gap)
+        acc.requeues += attempt.end_reason == "requeue"
+        acc.wall_s += attempt.end - attempt.start
+        spare = tl.integrate(attempt.devices, attempt.start, attempt.end, column=2)
+        acc.badput_device_s["idle_spares"] += spare
+        acc.paid_device_s += spare
+        for span in attempt.spans:
+            active = tl.integrate(attempt.devices, span.start, span.end, column=1)
+            active_total += active
+            acc.paid_device_s += active
+            shares = _split_span(span, attempt, resumes, commits)
+            length = span.length
+            for category, seconds in shares.items():
+                weighted = active * seconds / length if length > 0 else 0.0
+                if category == "useful":
+                    acc.useful_device_s += weighted
+                else:
+                    acc.badput_device_s[category] += weighted
+        _collect(acc, attempt)
+        acc.attempt_rows.append(_attempt_row(attempt))
+    acc.end_reason = attempts[-1].end_reason
+    acc.mean_active_devices = active_total / acc.wall_s if acc.wall_s > 0 else attempts[-1].devices[-1][1]
+    acc.timeline = _timeline(attempts)
+    return acc
+
+
+def _split_span(span: Span, attempt: Attempt, resumes: list[tuple[float, float | None]],
+                commits: list[tuple[float, float]]) -> dict[str, float]:
+    """Wall seconds of one span by category; sums to span.length."""
+    left = span.length
+    out: dict[str, float] = {}
+
+    def claim(category: str, seconds: float) -> None:
+        nonlocal left
+        take = min(max(0.0, seconds), left)
+        if take > 0:
+            out[category] = out.get(category, 0.0) + take
+            left -= take
+
+    stall_total = sum(s for _, s in span.stalls)
+    if span.kind is SpanKind.RUNNING:
+        claim("checkpoint_stall", stall_total)
+        if span.interrupted:
+            resume = _resume_after(resumes, span.end)
+            if resume is None:  # nothing resumed (yet): back to the newest committed checkpoint
+                resume = max((step for t, step in commits if t <= span.end), default=None)
+            claim("lost_progress", _lost_seconds(span, resume))
+        claim("useful", left)
+        return out
+    claim("detection", span.detect_s)
+    for phase in tl.PHASES:
+        claim(f"restart_{phase}", span.phases.get(phase, 0.0))
+    claim("checkpoint_stall", stall_total)
+    if span.kind is SpanKind.STARTUP:
+        claim("startup", left)
+    elif span.ends_attempt and attempt.end_reason != "open":
+        claim("teardown", left)
+    else:
+        claim("other", left)
+    return out
+
+
+def _resume_points(attempts: list[Attempt]) -> list[tuple[float, float | None]]:
+    """(t, resume_step) for every event that says where work resumed."""
+    points: list[tuple[float, float | None]] = []
+    for attempt in attempts:
+        for t, ev in attempt.events:
+            if ev.get("event") in ("restart_done", "launch", "first_step") and "resume_step" in ev:
+                points.append((t, num(ev, "resume_step", 0.0)))
+    points.sort(key=lambda p: p[0])
+    return points
+
+
+def _resume_after(resumes: list[tuple[float, float | None]], t: float) -> float | None:
+    for when, step in resumes:
+        if when >= t:
+            return step
+    return None
+
+
+def _lost_seconds(span: Span, resume_step: float | None) -> float:
+    """Running time after the point where training reached `resume_step`, minus the stalls in it.
+    The point is interpolated from step samples (linear between samples, extrapolated with the
+    last step time); with no checkpoint at all, everything since the span's start is lost."""
+    if resume_step is None:
+        resume_step = span.start_step if span.start_step is not None else -math.inf
+    anchors = [(span.start, span.start_step)] if span.start_step is not None else []
+    anchors += [(t, step) for t, step, _ in span.samples]
+    t_resume = _time_at_step(anchors, span, resume_step)
+    stalls_after = sum(s for t, s in span.stalls if t >= t_resume)
+    return max(0.0, span.end - t_resume - stalls_after)
+
+
+def _time_at_step(anchors: list[tuple[float, float | None]], span: Span, step: float) -> float:
+    points = [(t, s) for t, s in anchors if s is not None]
+    if not points or step <= points[0][1]:
+        return span.start
+    for (t0, s0), (t1, s1) in zip(points, points[1:]):
+        if s0 <= step <= s1:
+            return t0 if s1 == s0 else t0 + (t1 - t0) * (step - s0) / (s1 - s0)
+    t_last, s_last = points[-1]
+    rate = _step_time(span, points)
+    return min(span.end, t_last + (step - s_last) * rate) if rate is not None else span.end
+
+
+def _step_time(span: Span, points: list[tuple[float, float]]) -> float | None:
+    times = [st for _, _, st in span.samples if st is not None and st > 0]
+    if times:
+        return times[-1]
+    if len(points) >= 2 and points[-1][1] > points[0][1]:
+        return (points[-1][0] - points[0][0]) / (points[-1][1] - points[0][1])
+    return None
+
+
+def _collect(acc: Accounting, attempt: Attempt) -> None:
+    for _, ev in attempt.events:
+        name = ev.get("event")
+        if name == "checkpoint_committed":
+            acc.stalls_s.append(num(ev, "stall_s", 0.0) or 0.0)
+            if num(ev, "write_s") is not None:
+                acc.writes_s.append(num(ev, "write_s") or 0.0)
+            if num(ev, "bytes") is not None:
+                acc.checkpoint_bytes.append(num(ev, "bytes") or 0.0)
+        elif name == "failure_detected":
+            kind = str(ev.get("kind") or "unknown")
+            acc.failures[kind] = acc.failures.get(kind, 0) + 1
+            if num(ev, "detect_s") is not None:
+                acc.detects_s.append(num(ev, "detect_s") or 0.0)
+        elif name == "restart_done" and num(ev, "restart_s") is not None:
+            acc.restarts_s.append(num(ev, "restart_s") or 0.0)
+
+
+def _attempt_row(attempt: Attempt) -> dict[str, Any]:
+    return {"attempt": attempt.attempt, "start": attempt.start, "wall_s": attempt.end - attempt.start,
+            "end_reason": attempt.end_reason, "active_devices": attempt.devices[-1][1],
+            "spare_devices": attempt.devices[-1][2],
+            "failures": sum(1 for _, e in attempt.events if e.get("event") == "failure_detected")}
+
+
+def _timeline(attempts: list[Attempt]) -> dict[str, list[Any]]:
+    """Points for the report's plot, in seconds since the first event."""
+    t0 = attempts[0].start
+    out: dict[str, list[Any]] = {"progress": [], "checkpoints": [], "failures": [], "restarts": [],
+                                 "attempts": [], "intervals": []}
+    for attempt in attempts:
+        out["attempts"].append([attempt.start - t0, attempt.end - t0, attempt.attempt, attempt.end_reason])
+        for t, ev in attempt.events:
+            name, rel = ev.get("event"), t - t0
+            step = num(ev, "step")
+            if name in ("step_progress", "first_step") and step is not None:
+                out["progress"].append([rel, step])
+            elif name == "checkpoint_committed":
+                out["checkpoints"].append([rel, step])
+            elif name == "failure_detected":
+                out["failures"].append([rel, str(ev.get("kind") or "unknown")])
+            elif name == "restart_done":
+                out["restarts"].append([rel, num(ev, "resume_step")])
+            elif name == "interval_changed":
+                out["intervals"].append([rel, num(ev, "interval_s"), str(ev.get("why") or "")])
+    return out
+
+
+def _mean(values: list[float]) -> float | None:
+    return statistics.fmean(values) if values else None

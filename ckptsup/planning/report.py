@@ -1,0 +1,249 @@
+"""`ckptsup report RUN_DIR`: where a run's time went — terminal (rich), JSON, PNG, HTML, Prometheus.
+
+build_report() is pure over the events; the render_* functions only format. matplotlib is
+imported lazily (Agg backend) so the terminal and JSON paths never need it.
+"""
+
+from __future__ import annotations
+
+import base64
+import html
+import io
+import math
+import os
+from pathlib import Path
+from typing import Any, Iterable
+
+from ..errors import ConfigError
+from .accounting import CATEGORIES, account
+from .adaptive import posterior
+from .interval import daly_interval, young_interval
+from .units import format_duration, format_pct, format_size, format_usd
+
+LABELS = {
+    "useful": "useful", "checkpoint_stall": "checkpoint stall", "lost_progress": "lost progress",
+    "detection": "detection", "restart_kill": "restart: kill", "restart_health": "restart: health check",
+    "restart_launch": "restart: launch", "restart_rendezvous": "restart: rendezvous",
+    "restart_load": "restart: load", "restart_first_step": "restart: first step", "startup": "startup",
+    "teardown": "teardown", "idle_spares": "idle spares", "other": "other (unexplained)",
+}
+
+
+def build_report(events: Iterable[dict[str, Any]], *, price_per_gpu_hour: float, gpu_mtbf_hours: float,
+                 prior_weight: float = 1.0) -> dict[str, Any]:
+    events = list(events)
+    acc = account(events)
+    out = acc.to_dict(price_per_gpu_hour=price_per_gpu_hour)
+    out["job_id"] = str(events[0].get("job_id", "")) if events else ""
+    out["timeline"] = acc.timeline
+    devices = acc.mean_active_devices or 1.0
+    post = posterior(gpu_mtbf_hours=gpu_mtbf_hours, prior_weight=prior_weight,
+                     failures=acc.failure_count, device_hours=acc.wall_s * devices / 3600.0)
+    job_mtbf = post.job_mtbf_s(devices)
+    out["posterior_job_mtbf_s"] = job_mtbf
+    out["prior_gpu_mtbf_hours"] = gpu_mtbf_hours
+    stall = out["measured_stall_s"]
+    rec: dict[str, Any] = {"job_mtbf_s": job_mtbf, "stall_s": stall}
+    if stall and stall > 0:
+        daly = daly_interval(stall, job_mtbf)
+        rec.update(interval_young_s=young_interval(stall, job_mtbf), interval_daly_s=daly.interval_s,
+                   daly_capped=daly.capped)
+    out["recommended"] = rec
+    out["intervals_changed"] = acc.timeline.get("intervals", [])
+    return out
+
+
+def read_run(run_dir: str | os.PathLike[str]) -> list[dict[str, Any]]:
+    from ..events import EVENTS_FILE, read_events
+
+    path = Path(run_dir)
+    if not path.is_dir():
+        raise ConfigError(f"run directory {str(path)!r} does not exist; give the run dir that holds {EVENTS_FILE}")
+    if not (path / EVENTS_FILE).exists():
+        raise ConfigError(f"{str(path / EVENTS_FILE)!r} not found; is {str(path)!r} a ckptsup run directory?")
+    return read_events(path)
+
+
+def breakdown_rows(rep: dict[str, Any]) -> list[tuple[str, float, float, float]]:
+    """(label, device-hours, share of paid, USD) for useful and every non-zero badput category."""
+    paid = rep["paid_device_hours"] or 0.0
+    price = rep["price_per_gpu_hour"]
+    rows = [("useful", rep["useful_device_hours"])]
+    rows += [(k, rep["badput_device_hours"][k]) for k in CATEGORIES if rep["badput_device_hours"][k] > 0]
+    return [(LABELS[k], h, h / paid if paid else 0.0, h * price) for k, h in rows]
+
+
+def render_terminal(rep: dict[str, Any], console: Any = None) -> None:
+    from rich.console import Console
+    from rich.table import Table
+
+    console = console or Console()
+    summary = Table(title=f"ckptsup goodput report — job {rep['job_id'] or '?'}", show_header=False)
+    for label, value in _summary_pairs(rep):
+        summary.add_row(label, value)
+    console.print(summary)
+    table = Table(title="where the paid time went")
+    for col in ("category", "device-hours", "share", "cost"):
+        table.add_column(col, justify="left" if col == "category" else "right")
+    for label, hours, share, usd in breakdown_rows(rep):
+        table.add_row(label, f"{hours:,.3f}", format_pct(share), format_usd(usd))
+    table.add_row("paid (total)", f"{rep['paid_device_hours']:,.3f}", "100.00%", format_usd(rep["paid_usd"]))
+    console.print(table)
+    for note in rep["notes"]:
+        console.print(f"[yellow]note:[/yellow] {note}")
+
+
+def _summary_pairs(rep: dict[str, Any]) -> list[tuple[str, str]]:
+    rec = rep["recommended"]
+    failures = ", ".join(f"{k} {v}" for k, v in sorted(rep["failures"].items())) or "none"
+    pairs = [
+        ("goodput", format_pct(rep["goodput_fraction"])),
+        ("paid", f"{rep['paid_device_hours']:,.3f} device-h  {format_usd(rep['paid_usd'])} "
+                 f"at {format_usd(rep['price_per_gpu_hour'])}/device-h"),
+        ("badput", f"{rep['badput_total_device_hours']:,.3f} device-h  "
+                   f"{format_usd(sum(rep['badput_usd'].values()))}"),
+        ("wall (allocated)", format_duration(rep["wall_s"])),
+        ("queue after requeues (not paid)", format_duration(rep["queue_s"])),
+        ("attempts / requeues", f"{rep['attempts']} / {rep['requeues']}"),
+        ("ended", rep["end_reason"]),
+        ("failures", failures),
+        ("observed job MTBF", format_duration(rep["observed_job_mtbf_s"]) if rep["observed_job_mtbf_s"] else
+         f"no failures in {format_duration(rep['wall_s'])}"),
+        ("posterior job MTBF (prior + run)", format_duration(rep["posterior_job_mtbf_s"])),
+        ("measured stall C / write", f"{format_duration(rep['measured_stall_s'])} / {format_duration(rep['measured_write_s'])}"
+                                     f"  ({rep['checkpoints']} checkpoints, {format_size(rep['checkpoint_bytes'])} each)"),
+        ("measured detection + restart R", f"{format_duration(rep['measured_detect_s'])} + {format_duration(rep['measured_restart_s'])}"),
+    ]
+    if "interval_daly_s" in rec:
+        pairs.append(("interval plan recommends now", f"Daly {format_duration(rec['interval_daly_s'])} "
+                                                      f"(Young {format_duration(rec['interval_young_s'])})"))
+    return pairs
+
+
+def render_png(rep: dict[str, Any], path: str | os.PathLike[str]) -> None:
+    Path(path).write_bytes(png_bytes(rep))
+
+
+def png_bytes(rep: dict[str, Any]) -> bytes:
+    import matplotlib
+
+    matplotlib.use("Agg", force=True)
+    import matplotlib.pyplot as plt
+
+    tl = rep["timeline"]
+    fig, (ax, bar) = plt.subplots(2, 1, figsize=(11, 6.5), gridspec_kw={"height_ratios": [3, 1]})
+    try:
+        hours = lambda s: s / 3600.0  # noqa: E731
+        for i, (start, end, attempt, reason) in enumerate(tl.get("attempts", [])):
+            ax.axvspan(hours(start), hours(end), color="tab:blue" if i % 2 == 0 else "tab:cyan", alpha=0.06)
+            if i:
+                prev_end = tl["attempts"][i - 1][1]
+                if start > prev_end:
+                    ax.axvspan(hours(prev_end), hours(start), color="grey", alpha=0.25,
+                               label="queued (not paid)" if i == 1 else None)
+        prog = tl.get("progress", [])
+        if prog:
+            ax.plot([hours(t) for t, _ in prog], [s for _, s in prog], ".-", ms=3, lw=1, label="training step")
+        ck = [(t, s) for t, s in tl.get("checkpoints", []) if s is not None]
+        if ck:
+            ax.plot([hours(t) for t, _ in ck], [s for _, s in ck], "g^", ms=6, label="checkpoint committed")
+        for j, (t, kind) in enumerate(tl.get("failures", [])):
+            ax.axvline(hours(t), color="red", ls="--", lw=1, label="failure" if j == 0 else None)
+            ax.annotate(kind, (hours(t), 0), rotation=90, fontsize=7, color="red", va="bottom")
+        for j, (t, _) in enumerate(tl.get("restarts", [])):
+            ax.axvline(hours(t), color="orange", ls=":", lw=1.2, label="restart done" if j == 0 else None)
+        ax.set_xlabel("wall time since first event (h)")
+        ax.set_ylabel("step")
+        ax.set_title(f"job {rep['job_id']}: progress, goodput {format_pct(rep['goodput_fraction'])}")
+        ax.legend(loc="upper left", fontsize=8)
+        left = 0.0
+        cmap = plt.get_cmap("tab20")
+        for i, (label, device_hours, share, _) in enumerate(breakdown_rows(rep)):
+            bar.barh([0], [share * 100], left=left, color="tab:green" if label == "useful" else cmap(i % 20),
+                     label=f"{label} {share:.1%}")
+            left += share * 100
+        bar.set_xlim(0, 100)
+        bar.set_yticks([])
+        bar.set_xlabel("share of paid device-time (%)")
+        bar.legend(loc="upper center", bbox_to_anchor=(0.5, -0.45), ncol=4, fontsize=7, frameon=False)
+        fig.tight_layout()
+        buf = io.BytesIO()
+        fig.savefig(buf, format="png", dpi=110)
+        return buf.getvalue()
+    finally:
+        plt.close(fig)
+
+
+def render_html(rep: dict[str, Any], path: str | os.PathLike[str]) -> None:
+    image = base64.b64encode(png_bytes(rep)).decode("ascii")
+    esc = html.escape
+    summary = "".join(f"<tr><th>{esc(k)}</th><td>{esc(v)}</td></tr>" for k, v in _summary_pairs(rep))
+    rows = "".join(f"<tr><td>{esc(label)}</td><td>{h:,.3f}</td><td>{share:.2%}</td><td>{esc(format_usd(usd))}</td></tr>"
+                   for label, h, share, usd in breakdown_rows(rep))
+    attempts = "".join(f"<tr><td>{a['attempt']}</td><td>{esc(format_duration(a['wall_s']))}</td>"
+                       f"<td>{a['active_devices']:g} + {a['spare_devices']:g}</td><td>{a['failures']}</td>"
+                       f"<td>{esc(a['end_reason'])}</td></tr>" for a in rep["attempt_rows"])
+    notes = "".join(f"<li>{esc(n)}</li>" for n in rep["notes"])
+    page = f"""<!doctype html>
+<html lang="en"><head><meta charset="utf-8"><title>ckptsup report {esc(rep['job_id'])}</title>
+<style>body{{font-family:system-ui,sans-serif;max-width:1100px;margin:2em auto;color:#222}}
+table{{border-collapse:collapse;margin:1em 0}}td,th{{border:1px solid #ccc;padding:4px 10px;text-align:left}}
+td:nth-child(n+2){{text-align:right}}img{{max-width:100%}}</style></head><body>
+<h1>ckptsup goodput report — job {esc(rep['job_id'])}</h1>
+<table>{summary}</table>
+<img alt="progress timeline and badput" src="data:image/png;base64,{image}">
+<h2>Where the paid time went</h2>
+<table><tr><th>category</th><th>device-hours</th><th>share</th><th>cost</th></tr>{rows}
+<tr><th>paid (total)</th><th>{rep['paid_device_hours']:,.3f}</th><th>100%</th><th>{esc(format_usd(rep['paid_usd']))}</th></tr></table>
+<h2>Attempts</h2>
+<table><tr><th>attempt</th><th>wall</th><th>devices (active + spare)</th><th>failures</th><th>ended</th></tr>{attempts}</table>
+<p>Queue time after requeues (not paid): {esc(format_duration(rep['queue_s']))}.</p>
+{f'<h2>Notes</h2><ul>{notes}</ul>' if notes else ''}
+</body></html>
+"""
+    Path(path).write_text(page, encoding="utf-8")
+
+
+def prom_text(rep: dict[str, Any]) -> str:
+    """Prometheus text exposition format, for node_exporter's textfile collector."""
+    job = _label(rep["job_id"])
+    lines: list[str] = []
+
+    def metric(name: str, help_text: str, samples: list[tuple[str, float | None]], kind: str = "gauge") -> None:
+        samples = [(labels, value) for labels, value in samples if value is not None and math.isfinite(value)]
+        if not samples:
+            return
+        lines.append(f"# HELP ckptsup_{name} {help_text}")
+        lines.append(f"# TYPE ckptsup_{name} {kind}")
+        for labels, value in samples:
+            lines.append(f"ckptsup_{name}{{job_id=\"{job}\"{labels}}} {value:.9g}")
+
+    metric("goodput_ratio", "Useful over paid device-time.", [("", rep["goodput_fraction"])])
+    metric("paid_device_hours", "Allocated device-hours, spares included.", [("", rep["paid_device_hours"])])
+    metric("useful_device_hours", "Device-hours in steps whose progress survived.", [("", rep["useful_device_hours"])])
+    metric("badput_device_hours", "Badput device-hours by category.",
+           [(f',category="{k}"', v) for k, v in rep["badput_device_hours"].items()])
+    metric("badput_usd", "Badput cost by category at the site price.",
+           [(f',category="{k}"', v) for k, v in rep["badput_usd"].items()])
+    metric("queue_seconds", "Wall time queued after requeues (not paid).", [("", rep["queue_s"])])
+    metric("attempts", "Attempts of the run.", [("", float(rep["attempts"]))])
+    metric("failures", "Failures detected, by kind.",
+           [(f',kind="{_label(k)}"', float(v)) for k, v in rep["failures"].items()])
+    metric("observed_job_mtbf_seconds", "Allocated wall time per failure.", [("", rep["observed_job_mtbf_s"])])
+    metric("measured_stall_seconds", "Mean blocking stall per checkpoint.", [("", rep["measured_stall_s"])])
+    metric("measured_restart_seconds", "Mean restart time.", [("", rep["measured_restart_s"])])
+    metric("recommended_interval_seconds", "Daly interval from measured stall and posterior MTBF.",
+           [("", rep["recommended"].get("interval_daly_s"))])
+    return "\n".join(lines) + "\n"
+
+
+def render_prom(rep: dict[str, Any], path: str | os.PathLike[str]) -> None:
+    """Atomic write (the collector must never read half a file)."""
+    target = Path(path)
+    tmp = target.with_name(f".{target.name}.tmp{os.getpid()}")
+    tmp.write_text(prom_text(rep), encoding="utf-8")
+    os.replace(tmp, target)
+
+
+def _label(value: str) -> str:
+    return str(value).replace("\\", "\\\\").replace('"', '\\"').replace("\n", "\\n")

@@ -1,0 +1,226 @@
+"""Monte-Carlo of runs under failures, vectorised over runs with numpy.
+
+Model (one gang; all times in seconds of wall clock over a window of `days`):
+  a run computes T, stalls C to checkpoint, computes T, ... A checkpoint becomes durable P after
+  its stall ends (P = 0: synchronous save). Failures arrive as a renewal process restarted after
+  each recovery: exponential with mean M, or Weibull with shape k and the same mean. A failure
+  loses all work since the newest *durable* checkpoint, then costs R to restart, plus, when a hot
+  spare is needed and none is in the pool, the wait until one comes back (a failed node returns to
+  the pool `replace_s` after it failed; with no spares at all every failure waits `replace_s`).
+  No failures strike during a restart (as in the analytic model). Every second of the window is
+  useful, stall, lost or restart, so waste = 1 − useful / window exactly.
+
+One loop iteration advances every still-running run by one failure, so the cost is
+(failures per run) × (vectorised step over all runs): 10,000 × 30-day runs take well under a second
+at a 3-hour MTBF.
+"""
+
+from __future__ import annotations
+
+import math
+from dataclasses import dataclass
+from typing import Any
+
+import numpy as np
+
+from ..errors import ConfigError
+from . import interval as iv
+
+DISTRIBUTIONS = ("exponential", "weibull")
+
+
+@dataclass(frozen=True, kw_only=True)
+class SimInputs:
+    interval_s: float
+    stall_s: float
+    restart_s: float
+    mtbf_s: float
+    persist_s: float = 0.0
+    days: float = 30.0
+    runs: int = 10_000
+    distribution: str = "exponential"
+    weibull_shape: float = 0.7
+    spares: int = 0
+    replace_s: float = 0.0
+    seed: int = 0
+
+    def validate(self) -> None:
+        for name in ("interval_s", "mtbf_s", "days"):
+            if not getattr(self, name) > 0:
+                raise ConfigError(f"simulate: {name} must be > 0")
+        for name in ("stall_s", "restart_s", "persist_s", "replace_s"):
+            if not getattr(self, name) >= 0:
+                raise ConfigError(f"simulate: {name} must be >= 0")
+        if self.runs < 1:
+            raise ConfigError("--runs must be >= 1")
+        if self.spares < 0:
+            raise ConfigError("--spares must be >= 0")
+        if self.distribution not in DISTRIBUTIONS:
+            raise ConfigError(f"--distribution {self.distribution!r}: valid: {', '.join(DISTRIBUTIONS)}")
+        if not self.weibull_shape > 0:
+            raise ConfigError("--weibull-shape must be > 0 (below 1: infant mortality; 1: exponential)")
+
+
+@dataclass(frozen=True, kw_only=True)
+class SimResult:
+    waste: np.ndarray        # per run, fraction of the window
+    stall: np.ndarray
+    lost: np.ndarray
+    restart: np.ndarray
+    failures: np.ndarray
+
+    def summary(self) -> dict[str, Any]:
+        return {
+            "runs": int(self.waste.size),
+            "waste_fraction": float(self.waste.mean()),
+            "waste_p05": float(np.percentile(self.waste, 5)),
+            "waste_p50": float(np.percentile(self.waste, 50)),
+            "waste_p95": float(np.percentile(self.waste, 95)),
+            "waste_stderr": float(self.waste.std(ddof=1) / math.sqrt(self.waste.size)) if self.waste.size > 1 else 0.0,
+            "waste_checkpoint_fraction": float(self.stall.mean()),
+            "waste_rework_fraction": float(self.lost.mean()),
+            "waste_restart_fraction": float(self.restart.mean()),
+            "failures_per_run": float(self.failures.mean()),
+        }
+
+
+def _draw(rng: np.random.Generator, inp: SimInputs, n: int) -> np.ndarray:
+    if inp.distribution == "exponential":
+        return rng.exponential(inp.mtbf_s, n)
+    scale = inp.mtbf_s / math.gamma(1.0 + 1.0 / inp.weibull_shape)  # same mean as the exponential
+    return scale * rng.weibull(inp.weibull_shape, n)
+
+
+def simulate(inp: SimInputs) -> SimResult:
+    inp.validate()
+    rng = np.random.default_rng(inp.seed)
+    n, window = inp.runs, inp.days * 86400.0
+    T, C, P, R, W = inp.interval_s, inp.stall_s, inp.persist_s, inp.restart_s, inp.replace_s
+    period = T + C
+    t = np.zeros(n)
+    useful, stall, lost, restart = (np.zeros(n) for _ in range(4))
+    failures = np.zeros(n, dtype=np.int64)
+    slots = np.zeros((n, inp.spares))  # when each spare is (back) in the pool
+    active = np.arange(n)
+    while active.size:
+        x = _draw(rng, inp, active.size)
+        start = t[active]
+        seg = np.minimum(x, window - start)
+        k = np.floor(seg / period)
+        rem = seg - k * period
+        work_part, stall_part = np.minimum(rem, T), np.maximum(rem - T, 0.0)
+        stall[active] += k * C + stall_part
+        ends = x >= window - start
+        done = active[ends]
+        useful[done] += k[ends] * T + work_part[ends]
+        fail = ~ends
+        idx = active[fail]
+        kf = k[fail]
+        durable = np.clip(np.floor((seg[fail] - P) / period), 0.0, kf)
+        useful[idx] += durable * T
+        lost[idx] += (kf - durable) * T + work_part[fail]
+        t_fail = start[fail] + seg[fail]
+        wait = _spare_wait(slots, idx, t_fail, inp.spares, W)
+        cost = np.minimum(R + wait, window - t_fail)
+        restart[idx] += cost
+        failures[idx] += 1
+        t[idx] = t_fail + cost
+        active = idx[t[idx] < window]
+    return SimResult(waste=1.0 - useful / window, stall=stall / window, lost=lost / window,
+                     restart=restart / window, failures=failures)
+
+
+def _spare_wait(slots: np.ndarray, idx: np.ndarray, t_fail: np.ndarray, spares: int, replace_s: float) -> np.ndarray:
+    if replace_s <= 0:
+        return np.zeros(idx.size)
+    if spares == 0:
+        return np.full(idx.size, replace_s)
+    rows = slots[idx]
+    j = np.argmin(rows, axis=1)
+    available = rows[np.arange(idx.size), j]
+    wait = np.maximum(available - t_fail, 0.0)
+    slots[idx, j] = t_fail + replace_s  # the failed node is back after repair
+    return wait
+
+
+def simulate_python(inp: SimInputs, runs: int) -> list[float]:
+    """The same model as a plain Python loop, one run at a time (the benchmark's baseline and a
+    cross-check of the vectorised code)."""
+    import random
+
+    rnd = random.Random(inp.seed)
+    window, T, C, P, R, W = inp.days * 86400.0, inp.interval_s, inp.stall_s, inp.persist_s, inp.restart_s, inp.replace_s
+    period = T + C
+    scale = inp.mtbf_s / math.gamma(1.0 + 1.0 / inp.weibull_shape)
+    out = []
+    for _ in range(runs):
+        t = useful = 0.0
+        slots = [0.0] * inp.spares
+        while t < window:
+            if inp.distribution == "exponential":
+                x = rnd.expovariate(1.0 / inp.mtbf_s)
+            else:
+                x = rnd.weibullvariate(scale, inp.weibull_shape)
+            seg = min(x, window - t)
+            k = math.floor(seg / period)
+            rem = seg - k * period
+            if x >= window - t:
+                useful += k * T + min(rem, T)
+                break
+            useful += min(max(math.floor((seg - P) / period), 0), k) * T
+            t_fail = t + seg
+            wait = 0.0
+            if W > 0 and not slots:
+                wait = W
+            elif W > 0:
+                j = min(range(len(slots)), key=slots.__getitem__)
+                wait = max(slots[j] - t_fail, 0.0)
+                slots[j] = t_fail + W
+            t = t_fail + min(R + wait, window - t_fail)
+        out.append(1.0 - useful / window)
+    return out
+
+
+def analytic(inp: SimInputs) -> dict[str, float]:
+    w = iv.expected_waste(interval_s=inp.interval_s, stall_s=inp.stall_s, mtbf_s=inp.mtbf_s,
+                          restart_s=inp.restart_s, persist_s=inp.persist_s)
+    return {"waste_fraction": w.total, "waste_checkpoint_fraction": w.checkpoint,
+            "waste_rework_fraction": w.rework, "waste_restart_fraction": w.restart}
+
+
+def compare_intervals(base: SimInputs) -> dict[str, Any]:
+    """Young's and Daly's interval at the base MTBF, each simulated with the same random stream."""
+    young = iv.young_interval(base.stall_s, base.mtbf_s)
+    daly = iv.daly_interval(base.stall_s, base.mtbf_s).interval_s
+    out: dict[str, Any] = {"interval_young_s": young, "interval_daly_s": daly,
+                           "young_over_daly": young / daly if daly > 0 else None}
+    for label, value in (("young", young), ("daly", daly)):
+        sim = simulate(_with(base, interval_s=value)).summary()
+        out[f"{label}_waste_fraction"] = sim["waste_fraction"]
+        out[f"{label}_analytic_waste_fraction"] = analytic(_with(base, interval_s=value))["waste_fraction"]
+    return out
+
+
+def extrapolate(base: SimInputs, *, gpu_mtbf_s: float, gang_sizes: tuple[int, ...], runs: int) -> list[dict[str, Any]]:
+    """The same costs at other gang sizes: M = M_gpu / G; Young vs Daly, analytic vs simulated."""
+    rows = []
+    for gpus in gang_sizes:
+        mtbf = gpu_mtbf_s / gpus
+        scaled = _with(base, mtbf_s=mtbf, runs=runs)
+        young = iv.young_interval(base.stall_s, mtbf)
+        daly = iv.daly_interval(base.stall_s, mtbf)
+        interval = max(daly.interval_s, base.persist_s)
+        rows.append({
+            "gpus": gpus, "job_mtbf_s": mtbf, "interval_young_s": young, "interval_daly_s": daly.interval_s,
+            "daly_capped": daly.capped,
+            "analytic_waste_fraction": min(1.0, analytic(_with(scaled, interval_s=interval))["waste_fraction"]),
+            "sim_waste_daly": simulate(_with(scaled, interval_s=interval)).summary()["waste_fraction"],
+            "sim_waste_young": simulate(_with(scaled, interval_s=max(young, base.persist_s))).summary()["waste_fraction"],
+        })
+    return rows
+
+
+def _with(base: SimInputs, **changes: Any) -> SimInputs:
+    values = {f: getattr(base, f) for f in base.__dataclass_fields__}
+    values.update(changes)
+    return SimInputs(**values)

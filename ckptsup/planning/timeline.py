@@ -1,0 +1,242 @@
+"""events.jsonl → per-attempt timelines of spans (the raw material of goodput accounting).
+
+Clocks: within one attempt the supervisor's `mono` gives precise durations; across attempts
+(other hosts, requeues) only the wall clock `ts` is comparable. Each attempt's events are put on
+one axis: t = mono + offset, where offset is the attempt's median (ts − mono); an event whose own
+ts − mono is off that median by more than CLOCK_TOLERANCE_S came from another host or clock (a
+requeuer on another node) and is placed by its ts instead.
+
+Spans partition each attempt's wall time [first event, last event]:
+  STARTUP  from the attempt's start to its first step (first_step / step_progress / restart_done),
+  RUNNING  from there to a failure (failure_detected.t − detect_s), a requeue/give-up, or the end,
+  FAILURE  from the failure to the next running start (or the end of the attempt).
+Claims (durations known from event fields: stall_s, detect_s, restart phases) are attached to the
+span they happened in; accounting.py turns spans and claims into categories.
+"""
+
+from __future__ import annotations
+
+import datetime as _dt
+import enum
+import math
+import statistics
+from dataclasses import dataclass, field
+from typing import Any, Iterable
+
+CLOCK_TOLERANCE_S = 2.0
+PHASES = ("kill", "health", "launch", "rendezvous", "load", "first_step")
+TERMINAL = ("requeue", "give_up", "run_complete")
+
+
+class SpanKind(str, enum.Enum):
+    STARTUP = "startup"
+    RUNNING = "running"
+    FAILURE = "failure"
+
+
+@dataclass(kw_only=True)
+class Span:
+    kind: SpanKind
+    start: float
+    end: float = math.nan
+    start_step: float | None = None
+    stalls: list[tuple[float, float]] = field(default_factory=list)  # (t of commit, stall_s)
+    detect_s: float = 0.0
+    phases: dict[str, float] = field(default_factory=dict)
+    samples: list[tuple[float, float, float | None]] = field(default_factory=list)  # (t, step, step_time_s)
+    interrupted: bool = False     # RUNNING span cut by a failure / requeue / give-up
+    ends_attempt: bool = False
+
+    @property
+    def length(self) -> float:
+        return max(0.0, self.end - self.start)
+
+
+@dataclass(kw_only=True)
+class Attempt:
+    attempt: int
+    start: float
+    end: float
+    spans: list[Span]
+    devices: list[tuple[float, float, float]]  # (t, active devices, spare devices), piecewise constant
+    events: list[tuple[float, dict[str, Any]]]  # (t, event), sorted
+    end_reason: str  # requeue | give_up | run_complete | open
+
+
+def num(ev: dict[str, Any], key: str, default: float | None = None) -> float | None:
+    """A finite number from an event field, or `default` (real logs miss fields or carry junk)."""
+    value = ev.get(key)
+    if isinstance(value, bool) or not isinstance(value, (int, float)):
+        try:
+            value = float(value) if isinstance(value, str) else None
+        except ValueError:
+            value = None
+    if value is None or not math.isfinite(value):
+        return default
+    return float(value)
+
+
+def parse_ts(value: Any) -> float | None:
+    if not isinstance(value, str):
+        return None
+    text = value.strip().replace("Z", "+00:00")
+    try:
+        moment = _dt.datetime.fromisoformat(text)
+    except ValueError:
+        return None
+    if moment.tzinfo is None:
+        moment = moment.replace(tzinfo=_dt.timezone.utc)
+    return moment.timestamp()
+
+
+def place_events(events: list[dict[str, Any]]) -> list[tuple[float, dict[str, Any]]]:
+    """One attempt's events on one time axis (see module doc), sorted, undatable ones dropped."""
+    pairs = [(parse_ts(e.get("ts")), num(e, "mono")) for e in events]
+    offsets = [ts - mono for ts, mono in pairs if ts is not None and mono is not None]
+    ref = statistics.median(offsets) if offsets else None
+    placed: list[tuple[float, dict[str, Any]]] = []
+    for (ts, mono), ev in zip(pairs, events):
+        if mono is not None and ref is not None and (ts is None or abs(ts - mono - ref) <= CLOCK_TOLERANCE_S):
+            placed.append((mono + ref, ev))
+        elif ts is not None:
+            placed.append((ts, ev))
+    placed.sort(key=lambda pair: pair[0])
+    return placed
+
+
+def group_attempts(events: Iterable[dict[str, Any]]) -> list[list[dict[str, Any]]]:
+    """Events grouped by `attempt`, groups in order of first appearance. A `requeue` that opens a
+    group (a requeuer that numbered it after the attempt it ends) goes back to the group before."""
+    groups: dict[int, list[dict[str, Any]]] = {}
+    for ev in events:
+        attempt = num(ev, "attempt")
+        key = int(attempt) if attempt is not None else -1
+        if ev.get("event") == "requeue" and key not in groups and groups:
+            key = list(groups)[-1]
+        groups.setdefault(key, []).append(ev)
+    return list(groups.values())
+
+
+def devices_of(ev: dict[str, Any]) -> tuple[float, float] | None:
+    """(active devices, spare devices) from an `allocation` event. `nodes` are the active nodes,
+    `spares` the hot spares on top; a node without GPUs counts its ranks (`ranks_per_node`)."""
+    gpus = num(ev, "gpus_per_node", 0.0) or 0.0
+    per_node = gpus if gpus > 0 else (num(ev, "ranks_per_node", 0.0) or num(ev, "nproc_per_node", 0.0) or 1.0)
+    spares = num(ev, "spares", 0.0) or 0.0
+    nodes = num(ev, "nodes")
+    if nodes is None and isinstance(ev.get("nodes"), list):
+        nodes = float(len(ev["nodes"]))
+    allocated = num(ev, "allocated_nodes")
+    if nodes is None and allocated is None:
+        return None
+    if nodes is None:
+        nodes = max(0.0, (allocated or 0.0) - spares)
+    return nodes * per_node, spares * per_node
+
+
+def build_attempt(events: list[dict[str, Any]], *, default_devices: tuple[float, float] | None) -> Attempt | None:
+    placed = place_events(events)
+    if not placed:
+        return None
+    start, end = placed[0][0], placed[-1][0]
+    attempt_no = int(num(placed[0][1], "attempt", -1) or 0)
+    devices: list[tuple[float, float, float]] = []
+    spans: list[Span] = []
+    cur = Span(kind=SpanKind.STARTUP, start=start)
+    end_reason = "open"
+
+    def switch(kind: SpanKind, at: float, *, step: float | None = None) -> Span:
+        nonlocal cur
+        at = min(max(at, cur.start), end)
+        cur.end = at
+        spans.append(cur)
+        cur = Span(kind=kind, start=at, start_step=step)
+        return cur
+
+    for t, ev in placed:
+        name = ev.get("event")
+        if name == "allocation":
+            dev = devices_of(ev)
+            if dev is not None:
+                devices.append((t, dev[0], dev[1]))
+        elif name in ("first_step", "step_progress"):
+            step = num(ev, "step")
+            if cur.kind is not SpanKind.RUNNING:
+                switch(SpanKind.RUNNING, t, step=num(ev, "resume_step", step))
+            if step is not None:
+                cur.samples.append((t, step, num(ev, "step_time_s")))
+        elif name == "restart_done":
+            phases = ev.get("phases") if isinstance(ev.get("phases"), dict) else {}
+            target = cur if cur.kind is not SpanKind.RUNNING else _last_recovery(spans)
+            if target is not None:
+                for phase in PHASES:
+                    value = num(phases, f"{phase}_s", None) if phases else None
+                    if value is None:
+                        value = num(ev, f"{phase}_s", None)
+                    if value is not None and value > 0:
+                        target.phases[phase] = target.phases.get(phase, 0.0) + value
+            if cur.kind is not SpanKind.RUNNING:
+                switch(SpanKind.RUNNING, t, step=num(ev, "resume_step"))
+            elif cur.start_step is None:
+                cur.start_step = num(ev, "resume_step")
+        elif name == "failure_detected":
+            detect = max(0.0, num(ev, "detect_s", 0.0) or 0.0)
+            if cur.kind is SpanKind.RUNNING:
+                cur.interrupted = True
+                switch(SpanKind.FAILURE, t - detect)
+                cur.detect_s += t - cur.start
+            else:
+                cur.detect_s += detect  # a second failure while recovering
+        elif name in ("checkpoint_committed", "checkpoint_failed"):
+            stall = num(ev, "stall_s", 0.0) or 0.0
+            if stall > 0:
+                cur.stalls.append((t, stall))
+        elif name in TERMINAL:
+            end_reason = str(name)
+            if cur.kind is SpanKind.RUNNING and name != "run_complete":
+                cur.interrupted = True
+                switch(SpanKind.FAILURE, t)
+    cur.end = end
+    spans.append(cur)
+    spans[-1].ends_attempt = True
+    if not devices and default_devices is not None:
+        devices.append((start, *default_devices))
+    elif devices:
+        devices[0] = (start, devices[0][1], devices[0][2])  # the first allocation holds from the start
+    return Attempt(attempt=attempt_no, start=start, end=end, spans=spans, devices=devices,
+                   events=placed, end_reason=end_reason)
+
+
+def _last_recovery(spans: list[Span]) -> Span | None:
+    for span in reversed(spans):
+        if span.kind is not SpanKind.RUNNING:
+            return span
+    return None
+
+
+def build_attempts(events: Iterable[dict[str, Any]]) -> list[Attempt]:
+    attempts: list[Attempt] = []
+    default: tuple[float, float] | None = None
+    for group in group_attempts(events):
+        attempt = build_attempt(group, default_devices=default)
+        if attempt is None:
+            continue
+        if attempt.devices:
+            default = attempt.devices[-1][1:]
+        attempts.append(attempt)
+    attempts.sort(key=lambda a: a.start)
+    return attempts
+
+
+def integrate(devices: list[tuple[float, float, float]], a: float, b: float, *, column: int) -> float:
+    """∫ of a piecewise-constant device count (column 1 active, 2 spare) over [a, b]."""
+    if b <= a or not devices:
+        return 0.0
+    total = 0.0
+    for i, row in enumerate(devices):
+        seg_start = row[0] if i else -math.inf
+        seg_end = devices[i + 1][0] if i + 1 < len(devices) else math.inf
+        lo, hi = max(a, seg_start), min(b, seg_end)
+        if hi > lo:
+            total += (hi - lo) * row[column]
+    return total
