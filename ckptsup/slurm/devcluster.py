@@ -1,0 +1,366 @@
+"""A real multi-node Slurm cluster on one machine (DESIGN §7), all of it under one directory.
+
+Daemons: our own munged (own key and socket: the system's munge is never touched), slurmctld,
+and one slurmd per node, each as PID 1's child in its own PID, mount and UTS namespace:
+
+    unshare --pid --fork --mount-proc --uts --kill-child tini -- sh -c 'hostname nK; exec slurmd -D ...'
+
+so killing that namespace's PID 1 (tini, which also reaps slurmstepd zombies) kills every process
+of the node at once: a realistic node death. Each daemon we start is recorded in DIR/run/NAME.json
+(pid + start time), and `down` stops exactly those processes, nothing found by name.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import shutil
+import signal
+import subprocess
+import time
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Callable
+
+import psutil
+
+from ..errors import DevClusterError
+from .client import SlurmClient
+from .devconf import ClusterSpec, render_slurm_conf
+from .parsers import NodeInfo, NodeState
+
+REQUIRED_COMMANDS = ("slurmctld", "slurmd", "munged", "tini", "unshare", "scontrol", "sinfo", "sbatch", "squeue")
+INSTALL_HINT = "apt-get install slurm-wlm munge tini"
+
+
+def missing_commands() -> list[str]:
+    return [c for c in REQUIRED_COMMANDS if shutil.which(c) is None
+            and not Path("/usr/sbin", c).exists()]
+
+
+@dataclass(frozen=True, kw_only=True)
+class Daemon:
+    name: str
+    pid: int
+    create_time: float
+
+    def process(self) -> psutil.Process | None:
+        """The live process, or None when it is gone (or the pid was reused)."""
+        try:
+            proc = psutil.Process(self.pid)
+            if abs(proc.create_time() - self.create_time) > 1.0:
+                return None
+            if proc.status() == psutil.STATUS_ZOMBIE:
+                _reap(self.pid)
+                return None
+            return proc
+        except psutil.NoSuchProcess:
+            return None
+
+
+def _reap(pid: int) -> None:
+    """Collect our own exited child (a no-op for processes another `up` started)."""
+    try:
+        os.waitpid(pid, os.WNOHANG)
+    except ChildProcessError:
+        pass
+
+
+@dataclass(frozen=True, kw_only=True)
+class ClusterStatus:
+    dir: str
+    conf: str
+    daemons: dict[str, int | None]       # name → pid when alive, None when not running
+    nodes: dict[str, NodeInfo]
+
+    def to_dict(self) -> dict:
+        return {"dir": self.dir, "conf": self.conf, "daemons": self.daemons,
+                "nodes": {n: {"state": i.state.value, "responding": i.responding, "reason": i.reason}
+                          for n, i in self.nodes.items()}}
+
+
+class DevCluster:
+    """Operations on the cluster described by `spec`. Every method is safe to repeat."""
+
+    def __init__(self, spec: ClusterSpec, *, clock: Callable[[], float] = time.monotonic,
+                 sleep: Callable[[float], None] = time.sleep):
+        self.spec = spec
+        self._clock = clock
+        self._sleep = sleep
+
+    # ---- paths and environment ----------------------------------------------------------------
+
+    @property
+    def conf(self) -> Path:
+        return self.spec.conf
+
+    def env(self) -> dict[str, str]:
+        env = dict(os.environ)
+        env["SLURM_CONF"] = str(self.conf)
+        return env
+
+    def client(self) -> SlurmClient:
+        return SlurmClient(env=self.env(), command_timeout_s=10, retry_budget_s=10)
+
+    def _record_path(self, name: str) -> Path:
+        return self.spec.dir / "run" / f"{name}.json"
+
+    def _daemon(self, name: str) -> Daemon | None:
+        try:
+            data = json.loads(self._record_path(name).read_text())
+            return Daemon(name=name, pid=int(data["pid"]), create_time=float(data["create_time"]))
+        except (FileNotFoundError, json.JSONDecodeError, KeyError, ValueError):
+            return None
+
+    def _alive(self, name: str) -> psutil.Process | None:
+        daemon = self._daemon(name)
+        return daemon.process() if daemon else None
+
+    def _names(self) -> list[str]:
+        return ["munged", "slurmctld"] + [f"node-{n}" for n in self.spec.node_names]
+
+    # ---- up -----------------------------------------------------------------------------------
+
+    def up(self, *, timeout_s: float = 15.0) -> float:
+        """Start whatever is not running and wait until every node responds and is usable.
+        Returns the seconds it took."""
+        start = self._clock()
+        missing = missing_commands()
+        if missing:
+            raise DevClusterError(f"missing {', '.join(missing)}; install with: {INSTALL_HINT}")
+        fresh = not any(self._alive(n) for n in self._names())
+        self._prepare_dirs(fresh=fresh)
+        if self._alive("munged") is None:
+            self._start_munged()
+        if self._alive("slurmctld") is None:
+            self._start("slurmctld", ["slurmctld", "-D", "-i", "-f", str(self.conf)])
+            self._wait_ctld(start + timeout_s)
+        for node in self.spec.node_names:
+            if self._alive(f"node-{node}") is None:
+                self._start_node(node)
+        self._wait_nodes_ready(self.spec.node_names, start + timeout_s)
+        return self._clock() - start
+
+    def _prepare_dirs(self, *, fresh: bool) -> None:
+        d = self.spec.dir
+        # 0711: other users may reach the munge socket and slurm.conf (as on a real cluster),
+        # but list nothing; the state directories themselves are 0700.
+        d.mkdir(parents=True, exist_ok=True)
+        os.chmod(d, 0o711)
+        for sub in ("run", "ctld", "munge", "logs"):
+            (d / sub).mkdir(exist_ok=True)
+            os.chmod(d / sub, 0o711 if sub == "munge" else 0o700)
+        if fresh:
+            shutil.rmtree(d / "ctld" / "state", ignore_errors=True)
+        (d / "ctld" / "state").mkdir(mode=0o700, exist_ok=True)
+        (d / "nodes").mkdir(mode=0o755, exist_ok=True)
+        for node in self.spec.node_names:
+            nd = self.spec.node_dir(node)
+            if fresh:
+                shutil.rmtree(nd / "spool", ignore_errors=True)
+            (nd / "spool").mkdir(parents=True, exist_ok=True)
+            self.spec.node_local_dir(node).mkdir(exist_ok=True)
+            os.chmod(nd, 0o755)
+            os.chmod(self.spec.node_local_dir(node), 0o1777)  # like a node's /tmp-style scratch
+        text = render_slurm_conf(self.spec)
+        if self.conf.exists() and self.conf.read_text() != text and not fresh:
+            raise DevClusterError(f"a cluster is running in {d} with another configuration; "
+                                  f"run `ckptsup dev-cluster down --dir {d}` first")
+        self.conf.write_text(text)
+        os.chmod(self.conf, 0o644)
+
+    def _start(self, name: str, argv: list[str], **popen) -> subprocess.Popen:
+        log = open(self.spec.dir / "logs" / f"{name}.out", "ab")
+        try:
+            proc = subprocess.Popen(argv, stdin=subprocess.DEVNULL, stdout=log, stderr=log,
+                                    env=self.env(), start_new_session=True, close_fds=True, **popen)
+        except OSError as err:
+            raise DevClusterError(f"cannot start {argv[0]}: {err}; install with: {INSTALL_HINT}") from None
+        finally:
+            log.close()
+        created = psutil.Process(proc.pid).create_time()
+        record = self._record_path(name)
+        record.write_text(json.dumps({"pid": proc.pid, "create_time": created, "argv": argv}))
+        return proc
+
+    def _start_munged(self) -> None:
+        m = self.spec.dir / "munge"
+        key = m / "munge.key"
+        if not key.exists():
+            fd = os.open(key, os.O_WRONLY | os.O_CREAT | os.O_EXCL, 0o400)
+            with os.fdopen(fd, "wb") as fh:
+                fh.write(os.urandom(1024))
+        # -f: our socket lives under a 0711 tree that munged's own checks would refuse
+        self._start("munged", ["munged", "-F", "-f", f"--socket={self.spec.munge_socket}",
+                               f"--key-file={key}", f"--pid-file={m / 'munged.pid'}",
+                               f"--log-file={m / 'munged.log'}", f"--seed-file={m / 'munged.seed'}"])
+        deadline = self._clock() + 5
+        while not self.spec.munge_socket.exists():
+            if self._alive("munged") is None:
+                raise DevClusterError(f"munged exited at start; see {m / 'munged.log'}")
+            if self._clock() > deadline:
+                raise DevClusterError(f"munged did not create its socket; see {m / 'munged.log'}")
+            self._sleep(0.02)
+
+    def _start_node(self, node: str) -> None:
+        nd = self.spec.node_dir(node)
+        script = f"hostname {node} && exec slurmd -D -f {self.conf} -N {node}"
+        self._start(f"node-{node}", ["unshare", "--pid", "--fork", "--mount-proc", "--uts",
+                                     "--kill-child", "tini", "--", "sh", "-c", script], cwd=nd)
+
+    def _wait_ctld(self, deadline: float) -> None:
+        client = self.client()
+        while not client.ping():
+            if self._alive("slurmctld") is None:
+                raise DevClusterError(f"slurmctld exited at start: {self._log_tail('ctld/slurmctld.log')}")
+            if self._clock() > deadline:
+                raise DevClusterError(f"slurmctld does not answer; see {self.spec.dir / 'ctld/slurmctld.log'}")
+            self._sleep(0.1)
+
+    def _wait_nodes_ready(self, nodes: list[str], deadline: float) -> dict[str, NodeInfo]:
+        client = self.client()
+        resumed: set[str] = set()
+        while True:
+            info = client.node_info()
+            ready = {n for n in nodes if n in info and info[n].healthy}
+            if len(ready) == len(nodes):
+                return info
+            for n in nodes:
+                # a node that came back while Slurm still marks it DOWN/DRAINED: resume it once
+                if n in info and info[n].responding and n not in resumed and \
+                        info[n].state in (NodeState.DOWN, NodeState.DRAINED, NodeState.FAIL):
+                    client.resume(n)
+                    resumed.add(n)
+            if self._clock() > deadline:
+                states = ", ".join(f"{n}={info[n].raw_state if n in info else '?'}" for n in nodes)
+                raise DevClusterError(f"nodes not ready in time ({states}); see {self.spec.dir}/nodes/*/slurmd.log")
+            self._sleep(0.1)
+
+    def _log_tail(self, rel: str) -> str:
+        try:
+            lines = (self.spec.dir / rel).read_text(errors="replace").strip().splitlines()
+            return lines[-1] if lines else "(empty log)"
+        except OSError:
+            return f"(no log at {self.spec.dir / rel})"
+
+    # ---- nodes --------------------------------------------------------------------------------
+
+    def node_init(self, node: str) -> psutil.Process | None:
+        """The node's namespace PID 1 (tini) as seen from the host."""
+        outer = self._alive(f"node-{node}")
+        if outer is None:
+            return None
+        children = outer.children()
+        return children[0] if children else None
+
+    def node_pids(self, node: str) -> list[int]:
+        """Host PIDs of every process of `node` (all of its PID namespace)."""
+        init = self.node_init(node)
+        if init is None:
+            return []
+        try:
+            ns = os.readlink(f"/proc/{init.pid}/ns/pid")
+        except OSError:
+            return []
+        pids = []
+        for proc in psutil.process_iter():
+            try:
+                if os.readlink(f"/proc/{proc.pid}/ns/pid") == ns and proc.pid != init.ppid():
+                    pids.append(proc.pid)
+            except (OSError, psutil.Error):
+                continue
+        return pids
+
+    def _check_node(self, node: str) -> None:
+        if node not in self.spec.node_names:
+            raise DevClusterError(f"unknown node {node!r}; nodes: {', '.join(self.spec.node_names)}")
+
+    def kill_node(self, node: str, *, timeout_s: float = 5.0) -> float:
+        """SIGKILL the node's namespace PID 1: the kernel kills every process of the node at
+        once. Returns seconds until none is left."""
+        self._check_node(node)
+        start = self._clock()
+        init = self.node_init(node)
+        pids = self.node_pids(node)
+        outer = self._daemon(f"node-{node}")
+        if init is None:
+            return 0.0
+        try:
+            init.send_signal(signal.SIGKILL)
+        except psutil.NoSuchProcess:
+            pass
+        deadline = start + timeout_s
+        while True:
+            if outer is not None:
+                _reap(outer.pid)
+            left = [p for p in pids if psutil.pid_exists(p) and _not_zombie(p)]
+            if not left and (outer is None or outer.process() is None):
+                break
+            if self._clock() > deadline:
+                raise DevClusterError(f"{node}: processes {left} survived SIGKILL of the namespace")
+            self._sleep(0.01)
+        self._record_path(f"node-{node}").unlink(missing_ok=True)
+        return self._clock() - start
+
+    def revive_node(self, node: str, *, timeout_s: float = 30.0) -> float:
+        """Start the node again and return it to service (resume when Slurm still has it
+        DOWN). Returns seconds until it is usable."""
+        self._check_node(node)
+        start = self._clock()
+        if self._alive("slurmctld") is None:
+            raise DevClusterError(f"the cluster in {self.spec.dir} is not up; run `ckptsup dev-cluster up` first")
+        if self._alive(f"node-{node}") is None:
+            self._start_node(node)
+        self._wait_nodes_ready([node], start + timeout_s)
+        return self._clock() - start
+
+    # ---- down / status ------------------------------------------------------------------------
+
+    def down(self, *, timeout_s: float = 10.0) -> float:
+        """Stop every daemon this cluster started (by recorded PID), nodes first."""
+        start = self._clock()
+        for node in self.spec.node_names:
+            self.kill_node(node) if self._alive(f"node-{node}") else self._record_path(f"node-{node}").unlink(missing_ok=True)
+        for name in ("slurmctld", "munged"):
+            self._stop(name, start + timeout_s)
+        return self._clock() - start
+
+    def _stop(self, name: str, deadline: float) -> None:
+        daemon = self._daemon(name)
+        proc = daemon.process() if daemon else None
+        if proc is not None:
+            proc.terminate()
+            while daemon.process() is not None:
+                if self._clock() > deadline:
+                    proc.kill()  # slurmctld may take long to save state; its state is disposable
+                    deadline += 5
+                self._sleep(0.02)
+        self._record_path(name).unlink(missing_ok=True)
+
+    def status(self) -> ClusterStatus:
+        daemons = {}
+        for name in self._names():
+            proc = self._alive(name)
+            daemons[name] = proc.pid if proc else None
+        nodes: dict[str, NodeInfo] = {}
+        if daemons["slurmctld"] is not None:
+            nodes = self.client().node_info()
+        return ClusterStatus(dir=str(self.spec.dir), conf=str(self.conf), daemons=daemons, nodes=nodes)
+
+    def running_pids(self) -> list[int]:
+        """Every live process this cluster started, including the nodes' namespaces."""
+        pids = []
+        for name in self._names():
+            proc = self._alive(name)
+            if proc is not None:
+                pids.append(proc.pid)
+        for node in self.spec.node_names:
+            pids += self.node_pids(node)
+        return sorted(set(pids))
+
+
+def _not_zombie(pid: int) -> bool:
+    try:
+        return psutil.Process(pid).status() != psutil.STATUS_ZOMBIE
+    except psutil.NoSuchProcess:
+        return False

@@ -1,0 +1,223 @@
+"""Pure parsers of Slurm command output (tested on literal text), and the classification of a
+failed command's stderr as transient (retry) or permanent (raise)."""
+
+from __future__ import annotations
+
+import enum
+import json
+import re
+from dataclasses import dataclass, field
+from typing import Any
+
+import hostlist
+
+
+class NodeState(enum.Enum):
+    """A node's base state as sinfo's %T prints it (flags such as drain are folded in:
+    DRAINED/DRAINING are their own members because that is what a scheduler decision needs)."""
+
+    IDLE = "idle"
+    ALLOCATED = "allocated"
+    MIXED = "mixed"
+    COMPLETING = "completing"
+    DRAINING = "draining"      # drain requested, jobs still running
+    DRAINED = "drained"
+    DOWN = "down"
+    FAIL = "fail"
+    UNKNOWN = "unknown"
+    OTHER = "other"
+
+    @property
+    def usable(self) -> bool:
+        """Can this node take or keep work (when it also responds)?"""
+        return self in (NodeState.IDLE, NodeState.ALLOCATED, NodeState.MIXED, NodeState.COMPLETING)
+
+
+@dataclass(frozen=True, kw_only=True)
+class NodeInfo:
+    name: str
+    state: NodeState
+    responding: bool      # False when sinfo marks the state with '*' (slurmd not answering)
+    reason: str           # drain/down reason, "" when none
+    raw_state: str
+
+    @property
+    def healthy(self) -> bool:
+        return self.responding and self.state.usable
+
+
+_STATE_ALIASES = {"alloc": "allocated", "comp": "completing", "drng": "draining", "drain": "drained",
+                  "mix": "mixed", "unk": "unknown", "fail": "fail", "failing": "fail", "idle": "idle",
+                  "down": "down", "drained": "drained", "draining": "draining"}
+
+
+def parse_node_state(raw: str) -> tuple[NodeState, bool]:
+    """'idle' → (IDLE, True); 'down*' → (DOWN, False); 'idle+drain' → (DRAINED, True)."""
+    text = raw.strip().lower()
+    responding = not text.endswith("*")
+    text = text.rstrip("*~#!%$@^-")
+    parts = text.split("+")
+    base = _STATE_ALIASES.get(parts[0], parts[0])
+    flags = set(parts[1:])
+    if "drain" in flags:
+        base = "draining" if base in ("allocated", "mixed", "completing") else "drained"
+    try:
+        return NodeState(base), responding
+    except ValueError:
+        return NodeState.OTHER, responding
+
+
+SINFO_NODE_FORMAT = "%N|%T|%E"
+
+
+def parse_sinfo_nodes(text: str) -> dict[str, NodeInfo]:
+    """Output of `sinfo -h -N -o '%N|%T|%E'` (one line per node and partition) → node → info."""
+    out: dict[str, NodeInfo] = {}
+    for line in text.splitlines():
+        if not line.strip():
+            continue
+        parts = line.split("|", 2)
+        if len(parts) < 2:
+            continue
+        name, raw = parts[0].strip(), parts[1].strip()
+        reason = parts[2].strip() if len(parts) > 2 else ""
+        state, responding = parse_node_state(raw)
+        out[name] = NodeInfo(name=name, state=state, responding=responding,
+                             reason="" if reason in ("none", "(null)") else reason, raw_state=raw)
+    return out
+
+
+def parse_key_values(text: str) -> dict[str, str]:
+    """`scontrol show node/job` text → {Key: value}. Values may contain spaces (Reason=...),
+    so a value runs until the next ` Key=` token."""
+    out: dict[str, str] = {}
+    for match in re.finditer(r"(?:^|\s)([A-Za-z][A-Za-z0-9_:/]*)=(.*?)(?=\s+[A-Za-z][A-Za-z0-9_:/]*=|\s*$)",
+                             text.strip(), flags=re.S):
+        out.setdefault(match.group(1), match.group(2).strip())
+    return out
+
+
+class JobState(enum.Enum):
+    PENDING = "PENDING"
+    RUNNING = "RUNNING"
+    SUSPENDED = "SUSPENDED"
+    COMPLETING = "COMPLETING"
+    COMPLETED = "COMPLETED"
+    CANCELLED = "CANCELLED"
+    FAILED = "FAILED"
+    TIMEOUT = "TIMEOUT"
+    NODE_FAIL = "NODE_FAIL"
+    PREEMPTED = "PREEMPTED"
+    BOOT_FAIL = "BOOT_FAIL"
+    DEADLINE = "DEADLINE"
+    OUT_OF_MEMORY = "OUT_OF_MEMORY"
+    REQUEUED = "REQUEUED"
+    REQUEUE_HOLD = "REQUEUE_HOLD"
+    REQUEUE_FED = "REQUEUE_FED"
+    RESIZING = "RESIZING"
+    REVOKED = "REVOKED"
+    SIGNALING = "SIGNALING"
+    SPECIAL_EXIT = "SPECIAL_EXIT"
+    STAGE_OUT = "STAGE_OUT"
+    STOPPED = "STOPPED"
+    CONFIGURING = "CONFIGURING"
+    OTHER = "OTHER"
+
+    @property
+    def finished(self) -> bool:
+        return self in (JobState.COMPLETED, JobState.CANCELLED, JobState.FAILED, JobState.TIMEOUT,
+                        JobState.NODE_FAIL, JobState.BOOT_FAIL, JobState.DEADLINE,
+                        JobState.OUT_OF_MEMORY, JobState.PREEMPTED, JobState.REVOKED,
+                        JobState.SPECIAL_EXIT)
+
+
+@dataclass(frozen=True, kw_only=True)
+class JobInfo:
+    job_id: str
+    name: str
+    state: JobState
+    nodes: list[str]
+    partition: str
+    reason: str               # state_reason ("None", "BeginTime", "Resources", ...)
+    requeue: bool
+    restart_count: int
+    batch_host: str
+    excluded_nodes: list[str]
+    exit_code: int | None     # the batch script's exit status when finished
+    raw: dict[str, Any] = field(repr=False, compare=False)
+
+
+def _expand(value: Any) -> list[str]:
+    if not value:
+        return []
+    return hostlist.expand_hostlist(str(value))
+
+
+def _job_state(value: Any) -> JobState:
+    text = value[0] if isinstance(value, list) and value else value
+    try:
+        return JobState(str(text).upper())
+    except ValueError:
+        return JobState.OTHER
+
+
+def _exit_code(job: dict[str, Any]) -> int | None:
+    code = job.get("exit_code")
+    if isinstance(code, dict):  # newer data_parser: {"status": ..., "return_code": N}
+        code = code.get("return_code")
+        if isinstance(code, dict):
+            code = code.get("number")
+    return code if isinstance(code, int) else None
+
+
+def parse_squeue_json(text: str) -> list[JobInfo]:
+    """Output of `squeue --json` (Slurm 22.05 and later) → jobs."""
+    try:
+        payload = json.loads(text)
+    except json.JSONDecodeError as err:
+        raise ValueError(f"squeue --json printed invalid JSON: {err}") from None
+    jobs = []
+    for job in payload.get("jobs", []):
+        jobs.append(JobInfo(
+            job_id=str(job.get("job_id")),
+            name=str(job.get("name", "")),
+            state=_job_state(job.get("job_state")),
+            nodes=_expand(job.get("nodes")),
+            partition=str(job.get("partition", "")),
+            reason=str(job.get("state_reason", "")),
+            requeue=bool(job.get("requeue", False)),
+            restart_count=int(job.get("restart_cnt", 0) or 0),
+            batch_host=str(job.get("batch_host", "") or ""),
+            excluded_nodes=_expand(job.get("excluded_nodes")),
+            exit_code=_exit_code(job),
+            raw=job,
+        ))
+    return jobs
+
+
+def parse_sbatch_parsable(text: str) -> str:
+    """`sbatch --parsable` prints 'JOBID' or 'JOBID;CLUSTER'."""
+    first = text.strip().splitlines()[-1] if text.strip() else ""
+    job_id = first.split(";", 1)[0].strip()
+    if not job_id.isdigit():
+        raise ValueError(f"sbatch printed no job id: {text.strip()!r}")
+    return job_id
+
+
+# Failures worth retrying: the controller is busy, restarting or briefly unreachable.
+_TRANSIENT = re.compile(
+    r"socket timed out|unable to contact slurm controller|connection refused|"
+    r"resource temporarily unavailable|zero bytes were transmitted|slurmctld.*busy|"
+    r"temporarily unable to accept|communication connection failure|try again|"
+    r"unable to (?:connect|establish)|connection reset by peer|transport endpoint",
+    re.I)
+_PERMISSION = re.compile(r"access.?/?permission denied|invalid user for this operation|"
+                         r"permission denied|not authorized", re.I)
+
+
+def is_transient(stderr: str) -> bool:
+    return bool(_TRANSIENT.search(stderr))
+
+
+def is_permission_denied(stderr: str) -> bool:
+    return bool(_PERMISSION.search(stderr))

@@ -1,0 +1,189 @@
+"""Shared fixtures. The `dev_cluster` fixture is the real local Slurm cluster (ckptsup.slurm.
+devcluster) for every test marked `@pytest.mark.slurm`.
+
+Usage:
+
+    @pytest.mark.slurm
+    def test_something(dev_cluster):
+        job = dev_cluster.submit("#!/bin/bash\\nsrun hostname\\n", "-N", "2")
+        dev_cluster.wait_for(lambda: dev_cluster.job_state(job) == JobState.COMPLETED, 30)
+        print(dev_cluster.output(job))
+
+The cluster is brought up once per session (fresh: any leftover of an earlier session in the
+same directory is stopped first) and torn down at the end, which fails if a daemon survives.
+os.environ gets SLURM_CONF (so SlurmClient() and plain sbatch/squeue reach it) and the venv's
+bin directory on PATH (so jobs can run `ckptsup`). Tests that kill a node revive it before they
+end (`revived(node)` does that as a context manager).
+
+Several pytest sessions on one machine do not share a cluster: the fixture takes an flock on
+/tmp/ckptsup-test-cluster.lock and, when another session holds it, uses
+/tmp/ckptsup-test-cluster-K with port base 17100+10K instead. CKPTSUP_TEST_CLUSTER_DIR and
+CKPTSUP_TEST_CLUSTER_PORT_BASE pin one explicitly.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import fcntl
+import os
+import sys
+import time
+import uuid
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any, Callable, Iterator
+
+import pytest
+
+TEST_CLUSTER_DIR = Path("/tmp/ckptsup-test-cluster")
+TEST_PORT_BASE = 17100
+
+
+@dataclass
+class DevClusterFixture:
+    """Handle on the session's dev cluster (see the module docstring)."""
+
+    cluster: Any                      # ckptsup.slurm.devcluster.DevCluster
+    client: Any                       # ckptsup.slurm.client.SlurmClient bound to this cluster
+    _lock: Any = field(repr=False, default=None)
+
+    @property
+    def dir(self) -> Path:
+        return self.cluster.spec.dir
+
+    @property
+    def conf(self) -> Path:
+        return self.cluster.conf
+
+    @property
+    def nodes(self) -> list[str]:
+        return self.cluster.spec.node_names
+
+    @property
+    def jobs_dir(self) -> Path:
+        return self.dir / "jobs"
+
+    @property
+    def grace_time_s(self) -> int:
+        return self.cluster.spec.grace_time_s
+
+    def node_local_dir(self, node: str) -> Path:
+        return self.cluster.spec.node_local_dir(node)
+
+    def kill_node(self, node: str) -> float:
+        return self.cluster.kill_node(node)
+
+    def revive_node(self, node: str, timeout_s: float = 30.0) -> float:
+        return self.cluster.revive_node(node, timeout_s=timeout_s)
+
+    @contextlib.contextmanager
+    def revived(self, *nodes: str) -> Iterator[None]:
+        """Revive `nodes` (and wait until usable) when the block ends, however it ends."""
+        try:
+            yield
+        finally:
+            for node in nodes:
+                self.revive_node(node)
+
+    def node_pids(self, node: str) -> list[int]:
+        """Host PIDs of every process of `node`."""
+        return self.cluster.node_pids(node)
+
+    def submit(self, script_text: str, *args: str) -> str:
+        """Write `script_text` to jobs/ and sbatch it with `args`; output goes to
+        jobs/<job_id>.out unless args name --output/-o. Returns the job id."""
+        self.jobs_dir.mkdir(exist_ok=True)
+        path = self.jobs_dir / f"job-{uuid.uuid4().hex[:8]}.sbatch"
+        path.write_text(script_text)
+        path.chmod(0o700)
+        extra = list(args)
+        if not any(a in ("-o", "--output") or a.startswith("--output=") for a in extra):
+            extra.append(f"--output={self.jobs_dir}/%j.out")
+        return self.client.submit(path, extra)
+
+    def output(self, job_id: str) -> str:
+        path = self.jobs_dir / f"{job_id}.out"
+        return path.read_text(errors="replace") if path.exists() else ""
+
+    def job(self, job_id: str):
+        return self.client.job_info(job_id)
+
+    def job_state(self, job_id: str):
+        """The job's JobState, or None when Slurm no longer knows it."""
+        info = self.client.job_info(job_id)
+        return info.state if info else None
+
+    @staticmethod
+    def wait_for(predicate: Callable[[], Any], timeout: float, interval: float = 0.2, what: str = "") -> Any:
+        """Poll `predicate` until it returns something truthy (returned); fail the test after
+        `timeout` seconds naming `what`."""
+        deadline = time.monotonic() + timeout
+        while True:
+            value = predicate()
+            if value:
+                return value
+            if time.monotonic() > deadline:
+                pytest.fail(f"timed out after {timeout:g}s waiting for {what or predicate}")
+            time.sleep(interval)
+
+    def cancel_all(self, timeout: float = 30.0) -> None:
+        """Cancel every job and wait until every node is usable again."""
+        from ckptsup.slurm.parsers import JobState
+
+        result = self.client.run(["squeue", "-h", "-o", "%i"])
+        for job_id in result.stdout.split():
+            self.client.cancel(job_id)
+
+        def settled() -> bool:
+            out = self.client.run(["squeue", "-h", "-o", "%i %T"]).stdout.split("\n")
+            live = [line for line in out if line.strip() and not JobState(line.split()[1]).finished]
+            return not live and all(i.healthy for i in self.client.node_info().values())
+
+        self.wait_for(settled, timeout, what="all jobs gone and all nodes usable")
+
+
+def _acquire_cluster_slot() -> tuple[Path, int, Any]:
+    if os.environ.get("CKPTSUP_TEST_CLUSTER_DIR"):
+        directory = Path(os.environ["CKPTSUP_TEST_CLUSTER_DIR"])
+        base = int(os.environ.get("CKPTSUP_TEST_CLUSTER_PORT_BASE", TEST_PORT_BASE))
+        lock = open(f"{directory}.lock", "w")
+        fcntl.flock(lock, fcntl.LOCK_EX)
+        return directory, base, lock
+    for k in range(9):
+        directory = TEST_CLUSTER_DIR if k == 0 else Path(f"{TEST_CLUSTER_DIR}-{k}")
+        lock = open(f"{directory}.lock", "w")
+        try:
+            fcntl.flock(lock, fcntl.LOCK_EX | fcntl.LOCK_NB)
+        except BlockingIOError:
+            lock.close()
+            continue
+        return directory, TEST_PORT_BASE + 10 * k, lock
+    pytest.fail("nine pytest sessions already hold a dev cluster; wait for one to finish")
+
+
+@pytest.fixture(scope="session")
+def dev_cluster() -> Iterator[DevClusterFixture]:
+    from ckptsup.slurm.devcluster import DevCluster
+    from ckptsup.slurm.devconf import ClusterSpec
+
+    directory, base, lock = _acquire_cluster_slot()
+    cluster = DevCluster(ClusterSpec(dir=directory, port_base=base))
+    cluster.down()  # a fresh cluster: whatever an earlier session left here is stopped first
+    cluster.up()
+    saved = {k: os.environ.get(k) for k in ("SLURM_CONF", "PATH")}
+    os.environ["SLURM_CONF"] = str(cluster.conf)
+    os.environ["PATH"] = f"{Path(sys.executable).parent}{os.pathsep}{os.environ.get('PATH', '')}"
+    handle = DevClusterFixture(cluster=cluster, client=cluster.client(), _lock=lock)
+    try:
+        yield handle
+    finally:
+        for key, value in saved.items():
+            if value is None:
+                os.environ.pop(key, None)
+            else:
+                os.environ[key] = value
+        cluster.down()
+        left = cluster.running_pids()
+        lock.close()
+        if left:
+            pytest.fail(f"dev cluster left processes behind: {left}")

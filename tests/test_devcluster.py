@@ -1,0 +1,88 @@
+"""The dev cluster itself: up, kill-node, revive-node, down (real daemons)."""
+
+from __future__ import annotations
+
+import os
+import subprocess
+import sys
+from pathlib import Path
+
+import psutil
+import pytest
+
+from ckptsup.slurm.devcluster import DevCluster
+from ckptsup.slurm.devconf import ClusterSpec
+from ckptsup.slurm.parsers import JobState, NodeState
+
+pytestmark = pytest.mark.slurm
+
+
+def test_every_node_is_idle_after_up_and_has_its_own_hostname_and_local_dir(dev_cluster):
+    info = dev_cluster.client.node_info()
+    assert sorted(info) == dev_cluster.nodes == ["n1", "n2", "n3", "n4", "n5"]
+    assert all(i.healthy for i in info.values()), info
+    job = dev_cluster.submit("#!/bin/bash\nsrun hostname\n", "-p", "mainspare", "-N", "5")
+    dev_cluster.wait_for(lambda: dev_cluster.job_state(job) == JobState.COMPLETED, 30, what="5-node job")
+    assert sorted(dev_cluster.output(job).split()) == dev_cluster.nodes
+    for node in dev_cluster.nodes:
+        assert dev_cluster.node_local_dir(node).is_dir()
+
+
+def test_up_is_idempotent_and_starts_nothing_new_when_running(dev_cluster):
+    before = dev_cluster.cluster.status().daemons
+    dev_cluster.cluster.up()
+    assert dev_cluster.cluster.status().daemons == before
+
+
+def test_kill_node_kills_every_process_of_the_node_at_once_and_revive_returns_it(dev_cluster):
+    job = dev_cluster.submit("#!/bin/bash\nsrun sleep 300\n", "-w", "n3", "--no-requeue")
+    dev_cluster.wait_for(lambda: len(dev_cluster.node_pids("n3")) >= 4, 20, what="step running on n3")
+    pids = dev_cluster.node_pids("n3")
+    with dev_cluster.revived("n3"):
+        seconds = dev_cluster.kill_node("n3")
+        assert seconds < 1.0
+        assert not [p for p in pids if psutil.pid_exists(p) and psutil.Process(p).status() != psutil.STATUS_ZOMBIE]
+        assert dev_cluster.node_pids("n3") == []
+        dev_cluster.wait_for(lambda: not dev_cluster.client.node_info(["n3"])["n3"].responding, 30,
+                             what="Slurm to see n3 not responding")
+    assert dev_cluster.client.node_info(["n3"])["n3"].healthy
+    dev_cluster.client.cancel(job)
+
+
+def test_unknown_node_is_refused_with_one_line(dev_cluster):
+    from ckptsup.errors import DevClusterError
+
+    with pytest.raises(DevClusterError, match="unknown node 'n9'; nodes: n1, n2"):
+        dev_cluster.kill_node("n9")
+
+
+def test_second_cluster_on_other_ports_coexists_and_down_leaves_no_process(dev_cluster, tmp_path):
+    spec = ClusterSpec(dir=tmp_path / "second", port_base=dev_cluster.cluster.spec.port_base + 500, nodes=2, spares=1)
+    second = DevCluster(spec)
+    try:
+        second.up()
+        assert set(second.client().node_info()) == {"n1", "n2"}
+        pids = second.running_pids()
+        assert len(pids) >= 2 + 2 * 2  # munged, slurmctld, and per node: unshare + tini + slurmd
+    finally:
+        second.down()
+    alive = [p for p in pids if psutil.pid_exists(p) and psutil.Process(p).status() != psutil.STATUS_ZOMBIE]
+    assert alive == []
+    assert second.running_pids() == []
+    # the session's cluster is untouched
+    assert all(i.healthy for i in dev_cluster.client.node_info().values())
+
+
+def test_cli_up_prints_export_line_and_status_reports_nodes(dev_cluster):
+    env = dict(os.environ)
+    cmd = [sys.executable, "-m", "ckptsup.cli", "dev-cluster"]
+    args = ["--dir", str(dev_cluster.dir), "--port-base", str(dev_cluster.cluster.spec.port_base)]
+    out = subprocess.run(cmd + ["up", *args], capture_output=True, text=True, env=env, timeout=60)
+    assert out.returncode == 0, out.stderr
+    assert out.stdout.strip() == f"export SLURM_CONF={dev_cluster.conf}"
+    st = subprocess.run(cmd + ["status", "--json", *args], capture_output=True, text=True, env=env, timeout=60)
+    import json
+
+    nodes = json.loads(st.stdout)["nodes"]
+    assert sorted(nodes) == dev_cluster.nodes
+    assert all(v["responding"] and NodeState(v["state"]).usable for v in nodes.values()), nodes
