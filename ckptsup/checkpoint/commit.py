@@ -247,17 +247,20 @@ def find_step_dirs(checkpoint_dir: Path, step: int) -> list[Path]:
 
 
 def commit(tmp_dir: str | os.PathLike[str], manifest: Manifest, *,
-           checkpoint_dir: str | os.PathLike[str], run_dir: str | os.PathLike[str] | None = None) -> Path:
+           checkpoint_dir: str | os.PathLike[str], run_dir: str | os.PathLike[str] | None = None,
+           fence: bool = True) -> Path:
     """Publish tmp_dir as checkpoint_dir/step_<N>. Returns the committed path.
 
     Refuses (FencedError) when manifest.epoch is older than the run's epoch or the writer lock's;
     refuses (CheckpointError) when step_<N> exists from another checkpoint_id. Idempotent when
-    the same checkpoint was already committed."""
+    the same checkpoint was already committed. fence=False is for copying an already committed
+    checkpoint between tiers (its epoch is history, not a claim to write)."""
     tmp_dir = Path(tmp_dir)
     checkpoint_dir = check_dir_trusted(Path(checkpoint_dir))
     if tmp_dir.parent.resolve() != checkpoint_dir.resolve() or not tmp_dir.name.startswith(TMP_PREFIX):
         raise CheckpointError(f"{tmp_dir} is not a temporary directory of {checkpoint_dir}; create it with make_tmp_dir()")
-    _check_fencing(manifest, checkpoint_dir=checkpoint_dir, run_dir=run_dir)
+    if fence:
+        _check_fencing(manifest, checkpoint_dir=checkpoint_dir, run_dir=run_dir)
     target = checkpoint_dir / step_dir_name(manifest.step)
     existing = _existing_same_step(checkpoint_dir, manifest)
     if existing is not None:

@@ -1,0 +1,203 @@
+"""The S3 tier and background promotion against a real moto_server on 127.0.0.1 (started here, on
+a free port, with dummy credentials): round trip, commit marker last, a stopped object store
+(retries; the shared copy stays) and its restart (promoted)."""
+
+from __future__ import annotations
+
+import os
+import shutil
+import socket
+import subprocess
+import sys
+import threading
+import time
+from pathlib import Path
+
+import pytest
+
+from ckptsup.checkpoint.catalog import latest_durable
+from ckptsup.checkpoint.manifest import MANIFEST_NAME, load_manifest
+from ckptsup.checkpoint.promote import Promoter, PromotionResult
+from ckptsup.checkpoint.synthetic import write_synthetic
+from ckptsup.checkpoint.tiers import LocalTier, TierKind, restore_source
+from ckptsup.checkpoint.validate import validate
+from ckptsup.errors import CheckpointError
+
+pytestmark = pytest.mark.s3
+
+BUCKET = "ckpts"
+
+
+def _free_port() -> int:
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        return s.getsockname()[1]
+
+
+class MotoServer:
+    """A real moto_server process on loopback that a test can stop and restart on the same port."""
+
+    def __init__(self) -> None:
+        self.port = _free_port()
+        self.url = f"http://127.0.0.1:{self.port}"
+        self.proc: subprocess.Popen | None = None
+        exe = Path(sys.executable).with_name("moto_server")
+        self.exe = str(exe) if exe.exists() else shutil.which("moto_server")
+
+    def start(self) -> None:
+        self.proc = subprocess.Popen([self.exe, "-H", "127.0.0.1", "-p", str(self.port)],
+                                     stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
+        deadline = time.monotonic() + 30
+        while time.monotonic() < deadline:
+            try:
+                socket.create_connection(("127.0.0.1", self.port), timeout=0.2).close()
+                return
+            except OSError:
+                time.sleep(0.1)
+        raise RuntimeError("moto_server did not start")
+
+    def stop(self) -> None:
+        if self.proc is not None:
+            self.proc.terminate()
+            self.proc.wait(timeout=10)
+            self.proc = None
+
+
+@pytest.fixture(scope="module")
+def moto(tmp_path_factory):
+    saved = {k: os.environ.get(k) for k in ("AWS_ACCESS_KEY_ID", "AWS_SECRET_ACCESS_KEY", "AWS_DEFAULT_REGION")}
+    os.environ.update(AWS_ACCESS_KEY_ID="testing", AWS_SECRET_ACCESS_KEY="testing", AWS_DEFAULT_REGION="us-east-1")
+    server = MotoServer()
+    server.start()
+    yield server
+    server.stop()
+    for k, v in saved.items():
+        if v is None:
+            os.environ.pop(k, None)
+        else:
+            os.environ[k] = v
+
+
+def _make_bucket(server: MotoServer) -> None:
+    import boto3
+
+    client = boto3.client("s3", endpoint_url=server.url, region_name="us-east-1")
+    try:
+        client.create_bucket(Bucket=BUCKET)
+    except client.exceptions.BucketAlreadyOwnedByYou:
+        pass
+
+
+@pytest.fixture
+def s3tier(moto, request):
+    from ckptsup.checkpoint.s3tier import S3Tier
+
+    _make_bucket(moto)
+    return S3Tier(url=f"s3://{BUCKET}/{request.node.name[:40]}/{{job_id}}", endpoint_url=moto.url, job_id="j1")
+
+
+def test_s3_round_trip_writes_the_manifest_last_and_restores_a_verified_copy(tmp_path: Path, s3tier) -> None:
+    shared = tmp_path / "shared"
+    step_dir = write_synthetic(shared, step=5, item_bytes=70_000)
+    manifest = load_manifest(step_dir)
+    calls: list[str] = []
+    original_put_object = s3tier.client.put_object
+
+    def spy(**kw):
+        calls.append(kw["Key"])
+        return original_put_object(**kw)
+
+    s3tier.client.put_object = spy
+    s3tier.put(step_dir)
+    assert calls[-1].endswith(f"step_5/{MANIFEST_NAME}") and s3tier.prefix.endswith("/j1")
+    assert s3tier.has_copy(5, manifest) and s3tier.list_steps() == [5]
+    restored = s3tier.fetch(5, tmp_path / "restore")
+    assert restored == tmp_path / "restore" / "step_5"
+    assert validate(restored, level=2).ok
+    for f in manifest.files:
+        assert (restored / f.path).read_bytes() == (step_dir / f.path).read_bytes()
+
+
+def test_s3_listing_ignores_a_step_without_its_commit_marker_and_delete_uncommits_first(tmp_path: Path, s3tier) -> None:
+    for step in (1, 2):
+        s3tier.put(write_synthetic(tmp_path / "shared", step=step))
+    s3tier.client.delete_object(Bucket=s3tier.bucket, Key=s3tier.key(2, MANIFEST_NAME))  # an interrupted upload
+    assert s3tier.list_steps() == [1]
+    with pytest.raises(CheckpointError, match="no manifest"):
+        s3tier.fetch(2, tmp_path / "restore")
+    s3tier.delete(1)
+    assert s3tier.list_steps() == []
+    left = s3tier.client.list_objects_v2(Bucket=s3tier.bucket, Prefix=s3tier.key(1)).get("KeyCount", 0)
+    assert left == 0
+
+
+def test_a_damaged_source_is_never_published_to_s3(tmp_path: Path, s3tier) -> None:
+    step_dir = write_synthetic(tmp_path / "shared", step=3)
+    shard = step_dir / "__0_0.distcp"
+    data = bytearray(shard.read_bytes())
+    data[100] ^= 1
+    shard.write_bytes(bytes(data))
+    with pytest.raises(CheckpointError, match="damaged"):
+        s3tier.put(step_dir)
+    assert s3tier.list_steps() == []
+
+
+def test_restore_reads_the_fastest_tier_holding_a_matching_copy(tmp_path: Path, s3tier) -> None:
+    shared = LocalTier(name="shared", root=tmp_path / "shared")
+    local = LocalTier(name="node_local", root=tmp_path / "local-{node}", kind=TierKind.NODE_LOCAL, node="n1")
+    step_dir = write_synthetic(shared.root, step=7)
+    manifest = load_manifest(step_dir)
+    s3tier.put(step_dir)
+    tiers = [local, shared, s3tier]
+    assert restore_source(7, tiers, manifest) is shared         # not cached locally yet
+    local.put(step_dir)
+    assert local.root == tmp_path / "local-n1"
+    assert restore_source(7, tiers, manifest) is local
+    (local.path(7) / "__1_0.distcp").write_bytes(b"short")      # a stale/damaged cache
+    assert restore_source(7, tiers, manifest) is shared
+    shutil.rmtree(shared.path(7))
+    assert restore_source(7, tiers, manifest) is s3tier
+    assert latest_durable(tmp_path / "shared", [local, shared, s3tier]) is None   # gone from shared
+
+
+def test_promotion_survives_a_stopped_object_store_and_completes_after_restart(tmp_path: Path, moto) -> None:
+    from ckptsup.checkpoint.s3tier import S3Tier
+
+    _make_bucket(moto)
+    tier = S3Tier(url=f"s3://{BUCKET}/outage", endpoint_url=moto.url, connect_timeout_s=1, read_timeout_s=5)
+    shared = tmp_path / "shared"
+    step_dir = write_synthetic(shared, step=11, item_bytes=50_000)
+    manifest = load_manifest(step_dir)
+    results: list[PromotionResult] = []
+    promoter = Promoter(destinations=[tier], queue_size=2, retries=60, on_result=results.append,
+                        wait_initial_s=0.1, wait_max_s=0.5).start()
+    moto.stop()
+    try:
+        promoter.submit(step_dir)
+        time.sleep(2.0)                       # several failed attempts while the store is down
+        assert promoter.in_flight() == {11} and results == []
+        assert (step_dir / "__0_0.distcp").exists()     # the shared copy stays
+    finally:
+        moto.start()
+        _make_bucket(moto)                    # moto keeps state in memory: a restarted store is empty
+    assert promoter.drain(timeout_s=60)
+    promoter.close()
+    assert len(results) == 1 and results[0].ok and results[0].attempts > 1, results
+    assert results[0].bytes == manifest.total_bytes
+    assert tier.has_copy(11, manifest)
+    assert latest_durable(shared, [tier]).step == 11
+    assert validate(step_dir, level=2).ok
+
+
+def test_promotion_gives_up_after_its_retries_and_keeps_the_source(tmp_path: Path) -> None:
+    from ckptsup.checkpoint.s3tier import S3Tier
+
+    dead = S3Tier(url=f"s3://{BUCKET}/dead", endpoint_url=f"http://127.0.0.1:{_free_port()}", connect_timeout_s=0.5)
+    step_dir = write_synthetic(tmp_path / "shared", step=4)
+    sleeps: list[float] = []
+    promoter = Promoter(destinations=[dead], retries=3, sleep=sleeps.append, wait_initial_s=1.0)
+    result = promoter.promote_one(step_dir, dead)
+    assert not result.ok and result.attempts == 3 and len(sleeps) == 2
+    assert sleeps[1] >= sleeps[0]  # exponential backoff, injected sleep
+    assert "EndpointConnectionError" in result.error or "Connect" in result.error
+    assert validate(step_dir, level=2).ok
