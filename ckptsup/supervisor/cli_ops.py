@@ -1,0 +1,131 @@
+"""Operational commands: `ckptsup log`, `ckptsup watchdog`, `ckptsup requeue` (thin: parse,
+call, render)."""
+
+from __future__ import annotations
+
+import json
+import os
+import signal
+import sys
+from pathlib import Path
+
+import click
+
+from ..errors import ConfigError
+
+TERMINAL_EXIT = {"run_complete", "give_up"}
+
+
+def _run_dir(path: str) -> Path:
+    run_dir = Path(path)
+    if not run_dir.is_dir():
+        raise ConfigError(f"run directory {run_dir} does not exist; pass the directory `ckptsup launch` used")
+    return run_dir
+
+
+def _job_id(job_id: str | None) -> str:
+    job_id = job_id or os.environ.get("SLURM_JOB_ID")
+    if not job_id:
+        raise ConfigError("no Slurm job id: pass --job-id or run inside the job (SLURM_JOB_ID)")
+    return job_id
+
+
+class _StopFlag:
+    """SIGTERM only sets a flag: a requeue's own SIGTERM must not cut the event and the
+    finisher short (Slurm sends SIGKILL KillWait later anyway)."""
+
+    def __init__(self) -> None:
+        self.set = False
+
+    def __call__(self, signum, frame) -> None:  # noqa: ARG002
+        self.set = True
+
+    def install(self) -> "_StopFlag":
+        signal.signal(signal.SIGTERM, self)
+        return self
+
+
+@click.command("log")
+@click.argument("run_dir", type=click.Path(file_okay=False))
+@click.option("--json", "as_json", is_flag=True, help="machine-readable: a JSON array (JSON lines with --follow)")
+@click.option("--follow", "-f", is_flag=True, help="keep printing events as they are appended (until run_complete/give_up)")
+@click.option("--all", "show_all", is_flag=True, help="also show step_progress samples")
+def log(run_dir: str, as_json: bool, follow: bool, show_all: bool) -> None:
+    """The restart log of RUN_DIR as a timeline: detection latency, each restart phase,
+    exclusions, requeues."""
+    from rich.console import Console
+
+    from ..events import follow_events, read_events
+    from . import timeline
+
+    path = _run_dir(run_dir)
+    if not follow:
+        events = read_events(path)
+        if as_json:
+            click.echo(json.dumps(events, indent=1))
+            return
+        timeline.render(events, Console(), show_all=show_all)
+        return
+    console = Console(soft_wrap=True)  # one line per event, even in a narrow terminal or a pipe
+    start = None
+    for event in follow_events(path, poll_s=0.25):
+        if as_json:
+            click.echo(json.dumps(event, separators=(",", ":")))
+            sys.stdout.flush()
+        else:
+            row_list = timeline.rows([event], show_all=show_all, start=start)
+            if start is None:
+                start = timeline.parse_ts(event.get("ts"))
+            for row in row_list:
+                console.print(timeline.row_text(row))
+        if event.get("event") in TERMINAL_EXIT:
+            return
+
+
+@click.command("watchdog")
+@click.option("--run-dir", required=True, type=click.Path(file_okay=False), help="the run directory to watch")
+@click.option("--job-id", default=None, help="Slurm job id (default: $SLURM_JOB_ID)")
+@click.option("--poll-s", type=float, default=None, help="poll period (default: min(1, lease_stale_s/4))")
+def watchdog(run_dir: str, job_id: str | None, poll_s: float | None) -> None:
+    """Internal (started by the batch script on another node): requeue the job when the
+    supervisor's lease goes stale (the batch host died)."""
+    from ..slurm.client import SlurmClient
+    from .health import effective_config
+    from .watchdog import WatchOutcome, watch
+
+    path = _run_dir(run_dir)
+    job = _job_id(job_id)
+    config = effective_config(path)
+    stop = _StopFlag().install()
+    client = SlurmClient.from_config(config.slurm)
+    result = watch(run_dir=path, job_id=job, config=config, client=client, poll_s=poll_s, stop=lambda: stop.set)
+    click.echo(f"ckptsup watchdog: {result.outcome.value}: {result.detail}")
+    if result.outcome is WatchOutcome.REFUSED:
+        sys.exit(3)
+
+
+@click.command("requeue")
+@click.option("--run-dir", required=True, type=click.Path(file_okay=False), help="the run directory")
+@click.option("--reason", required=True, help="why (recorded in the requeue event), e.g. supervisor_died")
+@click.option("--exclude", "exclude", multiple=True, help="node to exclude (repeatable)")
+@click.option("--job-id", default=None, help="Slurm job id (default: $SLURM_JOB_ID)")
+@click.option("--by", default="batch_script", show_default=True, help="who requeues (recorded)")
+def requeue(run_dir: str, reason: str, exclude: tuple[str, ...], job_id: str | None, by: str) -> None:
+    """Requeue the job in the supervisor's absence: one fenced `requeue` event, then ExcNodeList,
+    the spare partition and StartTime=now once the job is pending."""
+    from ..slurm.client import SlurmClient
+    from .health import effective_config
+    from .requeue import requeue_job
+
+    path = _run_dir(run_dir)
+    job = _job_id(job_id)
+    config = effective_config(path)
+    _StopFlag().install()
+    client = SlurmClient.from_config(config.slurm)
+    result = requeue_job(client, path, job, reason, list(exclude), partition=config.slurm.spare_partition or None,
+                         by=by)
+    if result.requeued:
+        click.echo(f"ckptsup requeue: job {job} requeued (epoch {result.epoch}, excluded "
+                   f"{','.join(result.excluded) or 'none'})")
+    else:
+        click.echo(f"ckptsup requeue: nothing to do: {result.why_skipped}")

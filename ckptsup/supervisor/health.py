@@ -1,0 +1,312 @@
+"""Node health checks: before launch on every node, and after a failure on the suspects.
+
+Checks on one node (`run_local_checks`), each a `CheckResult`:
+  site:<cmd>       every [health].commands entry (argv string, shlex-split, no shell), with
+                   [health].timeout_s; non-zero exit, a timeout or a missing program = unhealthy
+  free_space:<t>   free space of each checkpoint tier path >= storage.min_free_gb
+  shared_fs        the run dir is writable: create + write + fsync + remove a probe file
+                   (in a thread, so a hung NFS mount fails the check instead of hanging us)
+  gpus             `nvidia-smi -L` lists GPUs (check_gpus = auto: only when nvidia-smi exists;
+                   require: missing nvidia-smi fails), at least sbatch.gpus_per_node of them
+
+On many nodes: `node_checks_argv` builds one `srun --overlap` step that runs
+`python -m ckptsup.supervisor.health` on each node; every task prints one JSON line, which
+`parse_node_results` turns into {node: NodeHealth}; a node that printed nothing is unhealthy.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import os
+import shlex
+import shutil
+import socket
+import subprocess
+import sys
+import threading
+import time
+import uuid
+from dataclasses import asdict, dataclass, field
+from pathlib import Path
+from typing import Any, Callable, Iterable, Mapping, Sequence
+
+from ..config import Config, load_config, read_config_json
+from ..errors import CkptsupError
+from ..rundir import CONFIG_JSON
+
+DETAIL_MAX = 300
+
+
+@dataclass(frozen=True, kw_only=True)
+class CheckResult:
+    name: str
+    ok: bool
+    detail: str = ""
+    duration_s: float = 0.0
+
+
+@dataclass(frozen=True, kw_only=True)
+class NodeHealth:
+    node: str
+    results: tuple[CheckResult, ...] = ()
+    error: str = ""   # the node produced no result at all (srun failed, timed out, node dead)
+
+    @property
+    def ok(self) -> bool:
+        return not self.error and all(r.ok for r in self.results)
+
+    @property
+    def failed(self) -> list[CheckResult]:
+        return [r for r in self.results if not r.ok]
+
+    def summary(self) -> str:
+        if self.error:
+            return self.error
+        bad = self.failed
+        return "healthy" if not bad else "; ".join(f"{r.name}: {r.detail}" for r in bad)
+
+    def to_dict(self) -> dict[str, Any]:
+        return {"node": self.node, "ok": self.ok, "error": self.error,
+                "results": [asdict(r) for r in self.results]}
+
+    @classmethod
+    def from_dict(cls, data: Mapping[str, Any]) -> "NodeHealth":
+        results = tuple(CheckResult(name=str(r["name"]), ok=bool(r["ok"]), detail=str(r.get("detail", "")),
+                                    duration_s=float(r.get("duration_s", 0.0))) for r in data.get("results", []))
+        return cls(node=str(data["node"]), results=results, error=str(data.get("error", "")))
+
+
+@dataclass(frozen=True, kw_only=True)
+class CheckPaths:
+    run_dir: Path
+    tiers: Mapping[str, Path] = field(default_factory=dict)   # tier name -> directory
+
+
+def check_paths(config: Config, run_dir: str | os.PathLike[str], *, node: str, job_id: str) -> CheckPaths:
+    """The directories to check on `node`: the run dir, the shared checkpoint tier and, when
+    configured, the node-local tier ({node} and {job_id} expanded). The object tier has no
+    local free space to check."""
+    run_dir = Path(run_dir)
+    tiers: dict[str, Path] = {"shared": Path(config.checkpoint.dir) if config.checkpoint.dir else run_dir / "checkpoints"}
+    local = config.storage.node_local
+    if local:
+        local = local.removeprefix("file://").replace("{node}", node).replace("{job_id}", job_id)
+        tiers["node_local"] = Path(local)
+    return CheckPaths(run_dir=run_dir, tiers=tiers)
+
+
+def _clip(text: str) -> str:
+    text = " ".join(text.split())
+    return text if len(text) <= DETAIL_MAX else text[: DETAIL_MAX - 3] + "..."
+
+
+def _existing_ancestor(path: Path) -> Path:
+    path = path.absolute()
+    while not path.exists() and path != path.parent:
+        path = path.parent
+    return path
+
+
+def check_free_space(name: str, path: Path, min_free_gb: float,
+                     disk_usage: Callable[[Path], Any] = shutil.disk_usage) -> CheckResult:
+    t0 = time.monotonic()
+    where = _existing_ancestor(path)
+    try:
+        free_gb = disk_usage(where).free / 1e9
+    except OSError as err:
+        return CheckResult(name=f"free_space:{name}", ok=False, detail=f"{where}: {err.strerror}",
+                           duration_s=time.monotonic() - t0)
+    ok = free_gb >= min_free_gb
+    detail = f"{free_gb:.1f} GB free at {where} (minimum {min_free_gb:g} GB)"
+    return CheckResult(name=f"free_space:{name}", ok=ok, detail=detail, duration_s=time.monotonic() - t0)
+
+
+def _probe(run_dir: Path, node: str) -> None:
+    probe = run_dir / f".health-{node}-{os.getpid()}-{uuid.uuid4().hex[:8]}"
+    fd = os.open(probe, os.O_WRONLY | os.O_CREAT | os.O_EXCL, 0o600)
+    try:
+        os.write(fd, b"ckptsup health probe\n")
+        os.fsync(fd)
+    finally:
+        os.close(fd)
+    os.unlink(probe)
+
+
+def check_shared_fs(run_dir: Path, node: str, timeout_s: float) -> CheckResult:
+    t0 = time.monotonic()
+    outcome: list[BaseException | None] = []
+
+    def target() -> None:
+        try:
+            _probe(run_dir, node)
+            outcome.append(None)
+        except OSError as err:
+            outcome.append(err)
+
+    thread = threading.Thread(target=target, name="health-shared-fs", daemon=True)
+    thread.start()
+    thread.join(timeout_s)
+    took = time.monotonic() - t0
+    if not outcome:
+        return CheckResult(name="shared_fs", ok=False, detail=f"write+fsync in {run_dir} hung > {timeout_s:g}s",
+                           duration_s=took)
+    err = outcome[0]
+    if err is not None:
+        return CheckResult(name="shared_fs", ok=False, detail=f"cannot write+fsync in {run_dir}: {err}",
+                           duration_s=took)
+    return CheckResult(name="shared_fs", ok=True, detail=f"write+fsync+remove in {took * 1000:.0f} ms",
+                       duration_s=took)
+
+
+def run_command(name: str, argv: Sequence[str], timeout_s: float, env: Mapping[str, str] | None = None) -> CheckResult:
+    t0 = time.monotonic()
+    try:
+        proc = subprocess.run(list(argv), capture_output=True, text=True, timeout=timeout_s,
+                              stdin=subprocess.DEVNULL, env=None if env is None else dict(env), check=False)
+    except subprocess.TimeoutExpired:
+        return CheckResult(name=name, ok=False, detail=f"timed out after {timeout_s:g}s",
+                           duration_s=time.monotonic() - t0)
+    except (FileNotFoundError, PermissionError) as err:
+        return CheckResult(name=name, ok=False, detail=f"cannot run {argv[0]}: {err.strerror}",
+                           duration_s=time.monotonic() - t0)
+    took = time.monotonic() - t0
+    out = _clip(proc.stderr or proc.stdout)
+    if proc.returncode != 0:
+        return CheckResult(name=name, ok=False, detail=f"exit {proc.returncode}: {out}", duration_s=took)
+    return CheckResult(name=name, ok=True, detail=_clip(proc.stdout), duration_s=took)
+
+
+def check_gpus(mode: str, expected: int, timeout_s: float,
+               which: Callable[[str], str | None] = shutil.which) -> CheckResult | None:
+    if mode == "off":
+        return None
+    smi = which("nvidia-smi")
+    if smi is None:
+        if mode == "require":
+            return CheckResult(name="gpus", ok=False, detail="nvidia-smi not found but [health].check_gpus = require")
+        return None
+    t0 = time.monotonic()
+    try:
+        proc = subprocess.run([smi, "-L"], capture_output=True, text=True, timeout=timeout_s,
+                              stdin=subprocess.DEVNULL, check=False)
+    except subprocess.TimeoutExpired:
+        return CheckResult(name="gpus", ok=False, detail=f"nvidia-smi -L timed out after {timeout_s:g}s",
+                           duration_s=time.monotonic() - t0)
+    took = time.monotonic() - t0
+    if proc.returncode != 0:
+        return CheckResult(name="gpus", ok=False, detail=f"nvidia-smi -L exit {proc.returncode}: "
+                           f"{_clip(proc.stderr or proc.stdout)}", duration_s=took)
+    count = sum(1 for line in proc.stdout.splitlines() if line.startswith("GPU "))
+    want = max(1, expected)
+    return CheckResult(name="gpus", ok=count >= want, detail=f"{count} GPU(s) visible (need {want})",
+                       duration_s=took)
+
+
+def run_local_checks(config: Config, paths: CheckPaths, *, node: str | None = None,
+                     which: Callable[[str], str | None] = shutil.which) -> list[CheckResult]:
+    """Every check on this node; never raises for an unhealthy node (that is data)."""
+    node = node or os.environ.get("SLURMD_NODENAME") or socket.gethostname()
+    health = config.health
+    results: list[CheckResult] = []
+    env = {**os.environ, "CKPTSUP_NODE": node}
+    for command in health.commands:
+        try:
+            argv = shlex.split(command)
+        except ValueError as err:
+            results.append(CheckResult(name=f"site:{command}", ok=False, detail=f"unparsable command: {err}"))
+            continue
+        if not argv:
+            continue
+        results.append(run_command(f"site:{command}", argv, health.timeout_s, env))
+    for tier, path in paths.tiers.items():
+        results.append(check_free_space(tier, Path(path), config.storage.min_free_gb))
+    results.append(check_shared_fs(paths.run_dir, node, health.timeout_s))
+    gpu = check_gpus(health.check_gpus, config.sbatch.gpus_per_node, health.timeout_s, which=which)
+    if gpu is not None:
+        results.append(gpu)
+    return results
+
+
+# ---- many nodes through one srun step ---------------------------------------------------------
+
+def node_checks_argv(nodes: Sequence[str], run_dir: str | os.PathLike[str], *, job_id: str | None = None,
+                     python: str = sys.executable) -> list[str]:
+    """argv of one `srun --overlap` step running the checks once on each of `nodes`."""
+    from ..slurm.client import SlurmClient
+
+    return SlurmClient.srun_argv(nodes=list(nodes), command=[python, "-m", "ckptsup.supervisor.health",
+                                                             "--run-dir", str(run_dir)],
+                                 input_all=False, job_id=job_id, extra=["--kill-on-bad-exit=0"])
+
+
+def step_timeout_s(config: Config) -> float:
+    """Upper bound of one node's checks, plus srun's own start-up."""
+    per = config.health.timeout_s
+    return per * (len(config.health.commands) + 2) + 15.0
+
+
+def parse_node_results(stdout: str, nodes: Iterable[str], *, failure: str = "") -> dict[str, NodeHealth]:
+    """One JSON line per node → {node: NodeHealth}; nodes without a line are unhealthy."""
+    found: dict[str, NodeHealth] = {}
+    for line in stdout.splitlines():
+        line = line.strip()
+        if not line.startswith("{"):
+            continue
+        try:
+            health = NodeHealth.from_dict(json.loads(line))
+        except (ValueError, KeyError, TypeError):
+            continue
+        found[health.node] = health
+    out = {}
+    for node in nodes:
+        out[node] = found.get(node) or NodeHealth(
+            node=node, error=f"no health result from {node}" + (f" ({_clip(failure)})" if failure else ""))
+    return out
+
+
+def run_node_checks(nodes: Sequence[str], run_dir: str | os.PathLike[str], config: Config, *,
+                    job_id: str | None = None, env: Mapping[str, str] | None = None) -> dict[str, NodeHealth]:
+    """Run the checks on `nodes` in one srun step and wait for them (bounded)."""
+    argv = node_checks_argv(nodes, run_dir, job_id=job_id)
+    timeout = step_timeout_s(config)
+    try:
+        proc = subprocess.run(argv, capture_output=True, text=True, timeout=timeout, stdin=subprocess.DEVNULL,
+                              env=None if env is None else dict(env), check=False)
+    except subprocess.TimeoutExpired as err:
+        out = err.stdout.decode() if isinstance(err.stdout, bytes) else (err.stdout or "")
+        return parse_node_results(out, nodes, failure=f"health step timed out after {timeout:g}s")
+    failure = "" if proc.returncode == 0 else f"srun exit {proc.returncode}: {proc.stderr.strip()}"
+    return parse_node_results(proc.stdout, nodes, failure=failure)
+
+
+def effective_config(run_dir: str | os.PathLike[str]) -> Config:
+    """The config the supervisor resolved (run_dir/config.json), else the layered default."""
+    path = Path(run_dir) / CONFIG_JSON
+    if path.exists():
+        return read_config_json(path).config
+    return load_config().config
+
+
+def _main(argv: Sequence[str] | None = None) -> int:
+    parser = argparse.ArgumentParser(prog="python -m ckptsup.supervisor.health",
+                                     description="run ckptsup's node health checks here; print one JSON line")
+    parser.add_argument("--run-dir", required=True)
+    parser.add_argument("--node", default=None)
+    parser.add_argument("--job-id", default=None)
+    args = parser.parse_args(argv)
+    node = args.node or os.environ.get("SLURMD_NODENAME") or socket.gethostname()
+    job_id = args.job_id or os.environ.get("SLURM_JOB_ID", "local")
+    try:
+        config = effective_config(args.run_dir)
+    except CkptsupError as err:  # reported as this node's result, one line
+        print(json.dumps(NodeHealth(node=node, error=f"config unreadable: {err}").to_dict()), flush=True)
+        return 1
+    paths = check_paths(config, args.run_dir, node=node, job_id=job_id)
+    health = NodeHealth(node=node, results=tuple(run_local_checks(config, paths, node=node)))
+    print(json.dumps(health.to_dict()), flush=True)
+    return 0 if health.ok else 1
+
+
+if __name__ == "__main__":
+    sys.exit(_main())

@@ -1,0 +1,296 @@
+"""The requeue path (DESIGN §5, §7): give the allocation back and come back without bad nodes.
+
+    check   squeue --json: the job must be requeueable (not submitted with --no-requeue)
+    claim   one requeuer per epoch: O_EXCL file `requeue.claim-<epoch>` in the run dir, so the
+            supervisor, the batch script and the watchdog never requeue twice
+    fence   state.json: epoch + 1, excluded nodes recorded, status "requeued" — a zombie
+            attempt of the old epoch can no longer commit a checkpoint
+    requeue `scontrol requeue` — Slurm kills the job (SIGTERM, SIGKILL after KillWait) and sets
+            BeginTime = now + 121 s
+    event   one fenced `requeue` event (reason, excluded, by, phases)
+    finish  once the job is PENDING: one `scontrol update` with ExcNodeList, Partition (the
+            site's spanning partition) and StartTime=now; a `requeue_updated` event.
+
+Slurm refuses ExcNodeList/Partition on a job that is still running or completing, and the job
+only becomes pending after every process of it is gone — including whoever called requeue. So the
+finish runs in a detached process (`setsid -f`, reparented away from slurmstepd) when called from
+inside the job. Under proctrack/linuxproc (the dev cluster) it escapes the job's kill; under
+proctrack/cgroup it is killed with the job, and then the job still comes back (after Slurm's
+121 s BeginTime, possibly on the excluded nodes) and the next supervisor refuses to use any node
+excluded in state.json. docs/timeouts.md records this limitation.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import os
+import shutil
+import socket
+import subprocess
+import sys
+import time
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any, Callable, Protocol, Sequence
+
+from ..errors import CkptsupError
+from ..events import Event, EventWriter
+from ..env import ExitStatus
+from ..rundir import RunDir
+
+CLAIM_PREFIX = "requeue.claim-"
+FINISH_LOG = "requeue-finish.log"
+FINISH_DEADLINE_S = 300.0   # KillWait (30 s default) + epilog, with room to spare
+POLL_S = 0.2
+
+
+class RequeueRefused(CkptsupError):
+    """Requeue is impossible (job submitted with --no-requeue, or no Slurm job): give up."""
+
+    exit_code = int(ExitStatus.GIVE_UP)
+
+
+class JobInfoLike(Protocol):
+    state: Any
+    requeue: bool
+    restart_count: int
+    excluded_nodes: list[str]
+    partition: str
+    batch_host: str
+
+
+class RequeueClient(Protocol):
+    def job_info(self, job_id: str) -> JobInfoLike | None: ...
+    def requeue(self, job_id: str) -> None: ...
+    def update_job(self, job_id: str, *, exc_nodes: Sequence[str] | None = None,
+                   partition: str | None = None, start_time_now: bool = False) -> None: ...
+
+
+@dataclass(frozen=True, kw_only=True)
+class RequeueResult:
+    job_id: str
+    requeued: bool                 # False: skipped (another requeuer got there first, or run over)
+    why_skipped: str = ""
+    epoch: int = 0
+    excluded: tuple[str, ...] = ()
+    partition: str | None = None
+    phases: dict[str, float] = field(default_factory=dict)
+    finisher_pid: int | None = None
+    finish: "FinishResult | None" = None
+
+
+@dataclass(frozen=True, kw_only=True)
+class FinishResult:
+    ok: bool
+    wait_pending_s: float
+    update_s: float
+    total_s: float                 # from the `scontrol requeue` call to the updates done
+    error: str = ""
+
+
+def _state_name(info: JobInfoLike | None) -> str:
+    if info is None:
+        return "GONE"
+    state = info.state
+    return str(getattr(state, "value", state)).upper()
+
+
+def check_requeueable(info: JobInfoLike | None, job_id: str) -> None:
+    if info is None:
+        raise RequeueRefused(f"job {job_id} is unknown to Slurm; it cannot be requeued (resubmit it)")
+    if not info.requeue:
+        raise RequeueRefused(f"job {job_id} was submitted with --no-requeue, so it cannot be requeued; "
+                             "giving up (resubmit without --no-requeue to let ckptsup requeue it)")
+
+
+def _claim(run_dir: RunDir, epoch: int, who: str) -> bool:
+    path = run_dir.path / f"{CLAIM_PREFIX}{epoch}"
+    try:
+        fd = os.open(path, os.O_WRONLY | os.O_CREAT | os.O_EXCL, 0o600)
+    except FileExistsError:
+        return False
+    try:
+        os.write(fd, json.dumps({"by": who, "pid": os.getpid(), "host": socket.gethostname(),
+                                 "ts": time.time()}).encode())
+        os.fsync(fd)
+    finally:
+        os.close(fd)
+    return True
+
+
+def requeue_job(client: RequeueClient, run_dir: str | os.PathLike[str] | RunDir, job_id: str,
+                reason: str, exclude: Sequence[str] = (), clock: Callable[[], float] = time.monotonic,
+                *, partition: str | None = None, by: str = "supervisor", detach: bool | None = None,
+                sleep: Callable[[float], None] = time.sleep, spawn: Callable[[list[str], Path], int] | None = None,
+                finish_deadline_s: float = FINISH_DEADLINE_S) -> RequeueResult:
+    """Requeue `job_id` excluding `exclude` (plus every node already excluded in state.json).
+
+    Raises RequeueRefused when the job cannot be requeued (the caller gives up with
+    ExitStatus.GIVE_UP). Returns requeued=False when the run is already requeued in this epoch
+    or finished. `detach=None` detaches the finish step when running inside the job itself."""
+    rd = run_dir if isinstance(run_dir, RunDir) else RunDir(path=Path(run_dir))
+    job_id = str(job_id)
+    t0 = clock()
+    info = client.job_info(job_id)
+    check_requeueable(info, job_id)
+    t_check = clock()
+
+    state = rd.load_state()
+    if state.status in ("done", "gave_up", "requeued"):
+        return RequeueResult(job_id=job_id, requeued=False, epoch=state.epoch,
+                             why_skipped=f"run status is {state.status!r} in epoch {state.epoch}")
+    if not _claim(rd, state.epoch, by):
+        return RequeueResult(job_id=job_id, requeued=False, epoch=state.epoch,
+                             why_skipped=f"another requeuer claimed epoch {state.epoch}")
+    for node in exclude:
+        state.excluded_nodes.setdefault(node, reason)
+    state.epoch += 1
+    state.status = "requeued"
+    rd.save_state(state)
+    excluded = tuple(sorted(set(state.excluded_nodes) | set(info.excluded_nodes or ())))
+    t_fence = clock()
+
+    client.requeue(job_id)
+    t_requeue = clock()
+    phases = {"check_s": t_check - t0, "fence_s": t_fence - t_check, "requeue_s": t_requeue - t_fence}
+    writer = EventWriter(run_dir=rd.path, job_id=job_id, attempt=state.attempt, epoch=state.epoch, fsync=True)
+    try:
+        writer.emit(Event.REQUEUE, reason=reason, by=by, excluded=list(excluded),
+                    new_excluded=sorted(set(exclude)), partition=partition or "",
+                    restart_count=info.restart_count, phases={k: round(v, 4) for k, v in phases.items()},
+                    requeued_mono=t_requeue)
+    finally:
+        writer.close()
+
+    if detach is None:
+        detach = os.environ.get("SLURM_JOB_ID") == job_id
+    base = dict(job_id=job_id, requeued=True, epoch=state.epoch, excluded=excluded,
+                partition=partition, phases=phases)
+    if detach:
+        argv = finisher_argv(run_dir=rd.path, job_id=job_id, exclude=excluded, partition=partition,
+                             restart_count=info.restart_count, requeued_mono=t_requeue,
+                             deadline_s=finish_deadline_s)
+        pid = (spawn or spawn_detached)(argv, rd.path)
+        return RequeueResult(**base, finisher_pid=pid)
+    result = finish_requeue(client, rd, job_id, exclude=excluded, partition=partition,
+                            restart_count=info.restart_count, requeued_mono=t_requeue,
+                            clock=clock, sleep=sleep, deadline_s=finish_deadline_s)
+    return RequeueResult(**base, finish=result)
+
+
+def finish_requeue(client: RequeueClient, run_dir: RunDir, job_id: str, *, exclude: Sequence[str],
+                   partition: str | None, restart_count: int, requeued_mono: float,
+                   clock: Callable[[], float] = time.monotonic, sleep: Callable[[float], None] = time.sleep,
+                   deadline_s: float = FINISH_DEADLINE_S, poll_s: float = POLL_S) -> FinishResult:
+    """Wait until the requeued job is PENDING, then one `scontrol update` with ExcNodeList,
+    Partition and StartTime=now (StartTime lifts the 121 s BeginTime hold). Records a
+    `requeue_updated` event. Never raises for Slurm refusals: they are recorded."""
+    t0 = clock()
+    error = ""
+    while True:
+        info = client.job_info(job_id)
+        state = _state_name(info)
+        if state == "PENDING":
+            break
+        if info is None or (state == "RUNNING" and info.restart_count > restart_count):
+            error = f"job {job_id} is {state.lower()} before the updates could be applied"
+            break
+        if clock() - t0 > deadline_s:
+            error = f"job {job_id} still {state.lower()} after {deadline_s:g}s; updates not applied"
+            break
+        sleep(poll_s)
+    t_pending = clock()
+    if not error:
+        error = _apply_updates(client, job_id, exclude, partition)
+    t_done = clock()
+    result = FinishResult(ok=not error, wait_pending_s=t_pending - t0, update_s=t_done - t_pending,
+                          total_s=t_done - requeued_mono, error=error)
+    rs = run_dir.load_state()
+    writer = EventWriter(run_dir=run_dir.path, job_id=job_id, attempt=rs.attempt, epoch=rs.epoch, fsync=True)
+    try:
+        writer.emit(Event.REQUEUE_UPDATED, ok=result.ok, excluded=list(exclude), partition=partition or "",
+                    wait_pending_s=round(result.wait_pending_s, 4), update_s=round(result.update_s, 4),
+                    total_s=round(result.total_s, 4), error=error)
+    finally:
+        writer.close()
+    return result
+
+
+def _apply_updates(client: RequeueClient, job_id: str, exclude: Sequence[str], partition: str | None) -> str:
+    """All three in one update; if Slurm refuses (e.g. the partition), keep what it accepts:
+    the exclusion and StartTime matter most. Returns the error text, '' when all applied."""
+    attempts: list[dict[str, Any]] = [
+        {"exc_nodes": list(exclude), "partition": partition, "start_time_now": True},
+        {"exc_nodes": list(exclude), "start_time_now": True},
+        {"start_time_now": True},
+    ]
+    if not partition:
+        attempts.pop(0)
+    errors = []
+    for kwargs in attempts:
+        try:
+            client.update_job(job_id, **kwargs)
+        except CkptsupError as err:
+            errors.append(f"update {sorted(k for k, v in kwargs.items() if v)} refused: {err}")
+            continue
+        return "; ".join(errors)
+    return "; ".join(errors)
+
+
+def finisher_argv(*, run_dir: Path, job_id: str, exclude: Sequence[str], partition: str | None,
+                  restart_count: int, requeued_mono: float, deadline_s: float) -> list[str]:
+    argv = [sys.executable, "-m", "ckptsup.supervisor.requeue", "--finish", "--run-dir", str(run_dir),
+            "--job-id", job_id, "--restart-count", str(restart_count),
+            "--requeued-mono", repr(requeued_mono), "--deadline-s", repr(deadline_s)]
+    for node in exclude:
+        argv += ["--exclude", node]
+    if partition:
+        argv += ["--partition", partition]
+    return argv
+
+
+def spawn_detached(argv: list[str], run_dir: Path) -> int:
+    """Start `argv` in a new session, reparented away from us (`setsid -f`: the process that
+    Slurm's linuxproc tracking follows exits at once). Output goes to the run dir's log."""
+    log = os.open(run_dir / FINISH_LOG, os.O_WRONLY | os.O_APPEND | os.O_CREAT, 0o600)
+    try:
+        setsid = shutil.which("setsid")
+        cmd = [setsid, "-f", *argv] if setsid else argv
+        proc = subprocess.Popen(cmd, stdin=subprocess.DEVNULL, stdout=log, stderr=log,
+                                close_fds=True, start_new_session=True)
+        if setsid:
+            proc.wait(timeout=10)
+    finally:
+        os.close(log)
+    return proc.pid
+
+
+def _main(argv: Sequence[str] | None = None) -> int:
+    parser = argparse.ArgumentParser(prog="python -m ckptsup.supervisor.requeue",
+                                     description="internal: finish a requeue once the job is pending")
+    parser.add_argument("--finish", action="store_true", required=True)
+    parser.add_argument("--run-dir", required=True)
+    parser.add_argument("--job-id", required=True)
+    parser.add_argument("--exclude", action="append", default=[])
+    parser.add_argument("--partition", default=None)
+    parser.add_argument("--restart-count", type=int, default=0)
+    parser.add_argument("--requeued-mono", type=float, required=True)
+    parser.add_argument("--deadline-s", type=float, default=FINISH_DEADLINE_S)
+    args = parser.parse_args(argv)
+    from ..slurm.client import SlurmClient
+    from .health import effective_config
+
+    rd = RunDir(path=Path(args.run_dir))
+    client = SlurmClient.from_config(effective_config(rd.path).slurm)
+    result = finish_requeue(client, rd, args.job_id, exclude=args.exclude, partition=args.partition,
+                            restart_count=args.restart_count, requeued_mono=args.requeued_mono,
+                            deadline_s=args.deadline_s)
+    print(json.dumps({"ok": result.ok, "wait_pending_s": result.wait_pending_s,
+                      "update_s": result.update_s, "total_s": result.total_s, "error": result.error}),
+          flush=True)
+    return 0 if result.ok else 1
+
+
+if __name__ == "__main__":
+    sys.exit(_main())

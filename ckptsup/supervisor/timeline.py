@@ -1,0 +1,238 @@
+"""`ckptsup log`: the restart log (events.jsonl) as a readable timeline.
+
+Pure functions turn events into rows (`describe`, `rows`) and a summary (`summarize`: detection
+latency per failure, every restart's phases, exclusions, requeues); `render` prints them with
+rich. Time is shown relative to the first event, from the wall-clock `ts` (every host writes the
+same file across requeues, and `mono` is only comparable on one host).
+"""
+
+from __future__ import annotations
+
+import datetime as _dt
+import statistics
+from dataclasses import dataclass, field
+from typing import Any, Iterable, Mapping
+
+from rich.console import Console
+from rich.table import Table
+from rich.text import Text
+
+BASE_FIELDS = {"event", "ts", "mono", "job_id", "attempt", "epoch"}
+HIDDEN_BY_DEFAULT = {"step_progress"}
+TERMINAL = {"run_complete", "give_up"}
+PHASES = ("kill_s", "health_s", "launch_s", "rendezvous_s", "load_s", "first_step_s")
+STYLE = {"failure_detected": "bold red", "give_up": "bold red", "checkpoint_rejected": "red",
+         "checkpoint_failed": "red", "node_excluded": "yellow", "requeue": "bold yellow",
+         "requeue_updated": "yellow", "preemption": "yellow", "restart_done": "green",
+         "run_complete": "bold green", "first_step": "green", "launch": "cyan",
+         "supervisor_start": "cyan", "allocation": "cyan"}
+
+
+def parse_ts(ts: Any) -> _dt.datetime | None:
+    try:
+        return _dt.datetime.fromisoformat(str(ts))
+    except ValueError:
+        return None
+
+
+def _s(value: Any) -> str:
+    if isinstance(value, bool) or value is None:
+        return str(value)
+    if isinstance(value, float):
+        return f"{value:.2f}s" if abs(value) < 100 else f"{value:.0f}s"
+    return str(value)
+
+
+def _nodes(value: Any) -> str:
+    if isinstance(value, (list, tuple)):
+        return ",".join(map(str, value)) or "none"
+    return str(value) if value not in (None, "") else "none"
+
+
+def _extras(event: Mapping[str, Any], used: Iterable[str] = ()) -> str:
+    skip = BASE_FIELDS | set(used)
+    parts = [f"{k}={v}" for k, v in event.items() if k not in skip and v not in (None, "", [], {})]
+    return " ".join(parts)
+
+
+def phases_text(phases: Mapping[str, Any]) -> str:
+    ordered = [p for p in PHASES if p in phases] + sorted(p for p in phases if p not in PHASES)
+    return ", ".join(f"{p.removesuffix('_s')} {float(phases[p]):.2f}s" for p in ordered
+                     if isinstance(phases[p], (int, float)))
+
+
+def describe(event: Mapping[str, Any]) -> str:
+    """One human line for one event."""
+    e = event
+    name = e.get("event")
+    g = e.get
+    if name == "failure_detected":
+        where = " ".join(x for x in (f"node {g('node')}" if g("node") else "",
+                                      f"rank {g('rank')}" if g("rank") is not None else "") if x)
+        latency = f", detected in {float(g('detect_s')):.2f}s" if isinstance(g("detect_s"), (int, float)) else ""
+        extra = _extras(e, ("kind", "node", "rank", "detect_s"))
+        return f"{g('kind', '?')} {where}{latency}".replace("  ", " ") + (f" ({extra})" if extra else "")
+    if name == "node_excluded":
+        return f"{g('node')} excluded: {g('reason', '')}"
+    if name == "restart_done":
+        text = f"restarted in {_s(g('restart_s'))}, resume step {g('resume_step')}"
+        if isinstance(g("phases"), Mapping):
+            text += f" ({phases_text(g('phases'))})"
+        if g("path"):
+            text += f" [{g('path')} path]"
+        return text
+    if name == "requeue":
+        text = f"requeued by {g('by', '?')}: {g('reason', '')}; excluded {_nodes(g('excluded'))}"
+        if g("partition"):
+            text += f"; partition {g('partition')}"
+        return text
+    if name == "requeue_updated":
+        if g("ok"):
+            return (f"pending job updated: waited {_s(g('wait_pending_s'))} for PENDING, update "
+                    f"{_s(g('update_s'))}; {_s(g('total_s'))} after the requeue; excluded {_nodes(g('excluded'))}")
+        return f"pending job NOT updated: {g('error', '')}"
+    if name == "give_up":
+        return f"gave up: {g('reason', '')}"
+    if name == "launch":
+        return f"launch on {_nodes(g('nodes'))}" + (f" [{g('path')}]" if g("path") else "") + \
+            (f" ({_extras(e, ('nodes', 'path'))})" if _extras(e, ("nodes", "path")) else "")
+    if name == "allocation":
+        return (f"allocation {_nodes(g('nodes'))}, {g('gpus_per_node', 0)} GPU(s)/node, "
+                f"spares {_nodes(g('spares'))}")
+    if name == "checkpoint_committed":
+        size = g("bytes")
+        mb = f", {size / 1e6:.1f} MB" if isinstance(size, (int, float)) else ""
+        return f"checkpoint step {g('step')} committed (stall {_s(g('stall_s'))}, write {_s(g('write_s'))}{mb})"
+    if name in ("checkpoint_validated", "checkpoint_rejected"):
+        verdict = "validated" if name == "checkpoint_validated" else "REJECTED"
+        why = f": {g('reason')}" if g("reason") else ""
+        return f"checkpoint step {g('step')} {verdict} (level {g('level', '?')}){why}"
+    if name == "first_step":
+        return "first step" + (f" {g('step')}" if g("step") is not None else "") + \
+            (f" ({_extras(e, ('step',))})" if _extras(e, ("step",)) else "")
+    if name == "step_progress":
+        return f"step {g('step')} ({_s(g('step_time_s'))}/step)"
+    if name == "interval_changed":
+        return f"checkpoint interval {_s(g('interval_s'))}: {g('why', '')}"
+    if name == "preemption":
+        save = "emergency save" if g("emergency_save") else "no emergency save"
+        return f"{g('signal', '?')}: budget {_s(g('budget_s'))}, {save}" + (f" ({g('why')})" if g("why") else "")
+    if name == "health_check":
+        return f"health {g('node')}: {g('name')} {'ok' if g('ok') else 'FAILED'} {g('detail', '')}".rstrip()
+    if name == "run_complete":
+        return "run complete" + (f" ({_extras(e)})" if _extras(e) else "")
+    return _extras(e)
+
+
+@dataclass(frozen=True, kw_only=True)
+class Row:
+    t_s: float | None       # seconds since the first event (wall clock)
+    ts: str
+    attempt: Any
+    event: str
+    text: str
+
+
+def rows(events: Iterable[Mapping[str, Any]], *, show_all: bool = False,
+         start: _dt.datetime | None = None) -> list[Row]:
+    out = []
+    for e in events:
+        when = parse_ts(e.get("ts"))
+        if start is None and when is not None:
+            start = when
+        if not show_all and e.get("event") in HIDDEN_BY_DEFAULT:
+            continue
+        rel = (when - start).total_seconds() if (when is not None and start is not None) else None
+        out.append(Row(t_s=rel, ts=str(e.get("ts", "")), attempt=e.get("attempt"),
+                       event=str(e.get("event")), text=describe(e)))
+    return out
+
+
+@dataclass(frozen=True, kw_only=True)
+class Summary:
+    failures: list[dict[str, Any]] = field(default_factory=list)   # kind, node, detect_s
+    restarts: list[dict[str, Any]] = field(default_factory=list)   # restart_s, resume_step, phases
+    excluded: list[tuple[str, str]] = field(default_factory=list)
+    requeues: list[dict[str, Any]] = field(default_factory=list)   # reason, by, total_s (when updated)
+    outcome: str = "running"
+
+    def detect_stats(self) -> dict[str, float]:
+        vals = [f["detect_s"] for f in self.failures if isinstance(f.get("detect_s"), (int, float))]
+        if not vals:
+            return {}
+        return {"min_s": min(vals), "median_s": statistics.median(vals), "max_s": max(vals)}
+
+
+def summarize(events: Iterable[Mapping[str, Any]]) -> Summary:
+    failures, restarts, excluded, requeues = [], [], [], []
+    outcome = "running"
+    for e in events:
+        name = e.get("event")
+        if name == "failure_detected":
+            failures.append({k: e.get(k) for k in ("kind", "node", "rank", "detect_s")})
+        elif name == "restart_done":
+            restarts.append({"restart_s": e.get("restart_s"), "resume_step": e.get("resume_step"),
+                             "phases": dict(e.get("phases") or {})})
+        elif name == "node_excluded":
+            excluded.append((str(e.get("node")), str(e.get("reason", ""))))
+        elif name == "requeue":
+            requeues.append({"reason": e.get("reason"), "by": e.get("by"), "excluded": e.get("excluded")})
+            outcome = "requeued"
+        elif name == "requeue_updated" and requeues:
+            requeues[-1]["total_s"] = e.get("total_s")
+            requeues[-1]["updated"] = bool(e.get("ok"))
+        elif name == "give_up":
+            outcome = f"gave up: {e.get('reason', '')}"
+        elif name == "run_complete":
+            outcome = "complete"
+        elif name in ("launch", "supervisor_start") and outcome == "requeued":
+            outcome = "running"
+    return Summary(failures=failures, restarts=restarts, excluded=excluded, requeues=requeues, outcome=outcome)
+
+
+def _fmt_t(t: float | None) -> str:
+    if t is None:
+        return "?"
+    minutes, seconds = divmod(t, 60)
+    return f"+{int(minutes)}:{seconds:06.3f}" if minutes else f"+{seconds:.3f}s"
+
+
+def row_text(row: Row) -> Text:
+    line = Text(f"{_fmt_t(row.t_s):>12}  a{row.attempt!s:<3} ")
+    line.append(f"{row.event:<21}", style=STYLE.get(row.event, ""))
+    line.append(f" {row.text}")
+    return line
+
+
+def render(events: list[Mapping[str, Any]], console: Console, *, show_all: bool = False) -> None:
+    table = Table(title="ckptsup restart log", show_lines=False, expand=False)
+    table.add_column("t", justify="right", no_wrap=True)
+    table.add_column("attempt", justify="right")
+    table.add_column("event", no_wrap=True)
+    table.add_column("what")
+    for row in rows(events, show_all=show_all):
+        table.add_row(_fmt_t(row.t_s), str(row.attempt), Text(row.event, style=STYLE.get(row.event, "")), row.text)
+    hidden = sum(1 for e in events if e.get("event") in HIDDEN_BY_DEFAULT) if not show_all else 0
+    console.print(table)
+    if hidden:
+        console.print(f"({hidden} step_progress events hidden; --all shows them)")
+    summary = summarize(events)
+    console.print(Text(f"outcome: {summary.outcome}", style="bold"))
+    stats = summary.detect_stats()
+    if summary.failures:
+        kinds: dict[str, int] = {}
+        for f in summary.failures:
+            kinds[str(f.get("kind"))] = kinds.get(str(f.get("kind")), 0) + 1
+        text = ", ".join(f"{k} x{n}" for k, n in kinds.items())
+        if stats:
+            text += (f"; detection min {stats['min_s']:.2f}s, median {stats['median_s']:.2f}s, "
+                     f"max {stats['max_s']:.2f}s")
+        console.print(f"failures: {text}")
+    for i, r in enumerate(summary.restarts, 1):
+        console.print(f"restart {i}: {_s(r['restart_s'])} to resume step {r['resume_step']}"
+                      + (f" ({phases_text(r['phases'])})" if r["phases"] else ""))
+    if summary.excluded:
+        console.print("excluded: " + ", ".join(f"{n} ({why})" for n, why in summary.excluded))
+    for r in summary.requeues:
+        tail = f", pending updates done {_s(r['total_s'])} after the requeue" if r.get("total_s") is not None else ""
+        console.print(f"requeue by {r['by']}: {r['reason']}{tail}")
