@@ -117,7 +117,7 @@ class LockHolder:
     token: str = ""
 
 
-def _pid_alive(pid: int) -> bool:
+def pid_alive(pid: int) -> bool:
     try:
         os.kill(pid, 0)
     except ProcessLookupError:
@@ -158,7 +158,7 @@ class WriterLock:
                 if holder is None:
                     continue  # released between our create and read
                 if not may_take_over(holder, self.me, host=self.me.host,
-                                     pid_alive=holder.host == self.me.host and _pid_alive(holder.pid)):
+                                     pid_alive=holder.host == self.me.host and pid_alive(holder.pid)):
                     raise WriterLockedError(
                         f"{self.path.parent} is being written by pid {holder.pid} on {holder.host} (job {holder.job_id or '?'}, epoch {holder.epoch}); "
                         f"two writers would mix checkpoints. Use another checkpoint dir, or if that writer is dead remove {self.path}") from None
