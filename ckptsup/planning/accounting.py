@@ -259,6 +259,8 @@ def _timeline(attempts: list[Attempt]) -> dict[str, list[Any]]:
     out: dict[str, list[Any]] = {"progress": [], "checkpoints": [], "failures": [], "restarts": [],
                                  "attempts": [], "intervals": []}
     for attempt in attempts:
+        if out["progress"]:
+            out["progress"].append([attempt.start - t0, None])  # no line across the queue
         out["attempts"].append([attempt.start - t0, attempt.end - t0, attempt.attempt, attempt.end_reason])
         for t, ev in attempt.events:
             name, rel = ev.get("event"), t - t0
@@ -269,8 +271,11 @@ def _timeline(attempts: list[Attempt]) -> dict[str, list[Any]]:
                 out["checkpoints"].append([rel, step])
             elif name == "failure_detected":
                 out["failures"].append([rel, str(ev.get("kind") or "unknown")])
+                out["progress"].append([rel, None])  # break the progress line at a failure
             elif name == "restart_done":
                 out["restarts"].append([rel, num(ev, "resume_step")])
+                if num(ev, "resume_step") is not None:
+                    out["progress"].append([rel, num(ev, "resume_step")])
             elif name == "interval_changed":
                 out["intervals"].append([rel, num(ev, "interval_s"), str(ev.get("why") or "")])
     return out

@@ -20,6 +20,7 @@ from .adaptive import posterior
 from .interval import daly_interval, young_interval
 from .units import format_duration, format_pct, format_size, format_usd
 
+BAR_COLOURS = (0, 1, 2, 3, 6, 7, 8, 9, 10, 11, 12, 13, 14, 15, 16, 17, 18, 19)  # tab20 without its greens
 LABELS = {
     "useful": "useful", "checkpoint_stall": "checkpoint stall", "lost_progress": "lost progress",
     "detection": "detection", "restart_kill": "restart: kill", "restart_health": "restart: health check",
@@ -48,6 +49,9 @@ def build_report(events: Iterable[dict[str, Any]], *, price_per_gpu_hour: float,
         daly = daly_interval(stall, job_mtbf)
         rec.update(interval_young_s=young_interval(stall, job_mtbf), interval_daly_s=daly.interval_s,
                    daly_capped=daly.capped)
+        observed = out["observed_job_mtbf_s"]
+        if observed:  # what the run alone says (few failures: noisy; the posterior is the default)
+            rec["interval_daly_observed_s"] = daly_interval(stall, observed).interval_s
     out["recommended"] = rec
     out["intervals_changed"] = acc.timeline.get("intervals", [])
     return out
@@ -115,8 +119,11 @@ def _summary_pairs(rep: dict[str, Any]) -> list[tuple[str, str]]:
         ("measured detection + restart R", f"{format_duration(rep['measured_detect_s'])} + {format_duration(rep['measured_restart_s'])}"),
     ]
     if "interval_daly_s" in rec:
-        pairs.append(("interval plan recommends now", f"Daly {format_duration(rec['interval_daly_s'])} "
-                                                      f"(Young {format_duration(rec['interval_young_s'])})"))
+        text = (f"Daly {format_duration(rec['interval_daly_s'])} (Young {format_duration(rec['interval_young_s'])})"
+                f" at the posterior MTBF")
+        if "interval_daly_observed_s" in rec:
+            text += f"; {format_duration(rec['interval_daly_observed_s'])} at the observed MTBF"
+        pairs.append(("interval plan recommends now", text))
     return pairs
 
 
@@ -143,7 +150,8 @@ def png_bytes(rep: dict[str, Any]) -> bytes:
                                label="queued (not paid)" if i == 1 else None)
         prog = tl.get("progress", [])
         if prog:
-            ax.plot([hours(t) for t, _ in prog], [s for _, s in prog], ".-", ms=3, lw=1, label="training step")
+            ax.plot([hours(t) for t, _ in prog], [math.nan if s is None else s for _, s in prog], ".-", ms=3, lw=1,
+                    label="training step (restarts resume from the checkpoint)")
         ck = [(t, s) for t, s in tl.get("checkpoints", []) if s is not None]
         if ck:
             ax.plot([hours(t) for t, _ in ck], [s for _, s in ck], "g^", ms=6, label="checkpoint committed")
@@ -159,7 +167,8 @@ def png_bytes(rep: dict[str, Any]) -> bytes:
         left = 0.0
         cmap = plt.get_cmap("tab20")
         for i, (label, device_hours, share, _) in enumerate(breakdown_rows(rep)):
-            bar.barh([0], [share * 100], left=left, color="tab:green" if label == "useful" else cmap(i % 20),
+            color = "tab:green" if label == "useful" else cmap(BAR_COLOURS[i % len(BAR_COLOURS)])
+            bar.barh([0], [share * 100], left=left, color=color,
                      label=f"{label} {share:.1%}")
             left += share * 100
         bar.set_xlim(0, 100)

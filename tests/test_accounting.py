@@ -1,0 +1,167 @@
+"""Goodput accounting on hand-written event logs with known answers.
+
+The main log (see `faulted_run`): 2 active nodes x 4 GPUs + 1 hot spare node; a crash, an
+in-allocation restart, a preemption with an emergency checkpoint, a requeue (written by a
+requeuer on another host, whose monotonic clock is unrelated), 300 s in the queue, and a second
+attempt on another host that resumes and completes. Times below are seconds after T0.
+"""
+
+import datetime as dt
+import json
+
+import pytest
+
+from ckptsup.events import EVENTS_FILE, read_events
+from ckptsup.planning.accounting import CATEGORIES, account
+
+T0 = dt.datetime(2026, 1, 1, tzinfo=dt.timezone.utc)
+
+
+def ev(t, name, *, attempt, mono_base, job="J1", **fields):
+    return {"event": name, "ts": (T0 + dt.timedelta(seconds=t)).isoformat(), "mono": mono_base + t,
+            "job_id": job, "attempt": attempt, **fields}
+
+
+def faulted_run():
+    a1 = dict(attempt=1, mono_base=1000.0)
+    a2 = dict(attempt=2, mono_base=50_000.0 - 1230)  # another host: its own monotonic clock
+    return [
+        ev(0, "supervisor_start", **a1),
+        ev(0, "allocation", nodes=2, gpus_per_node=4, spares=1, **a1),
+        ev(0, "launch", nodes=2, path="initial", **a1),
+        ev(60, "first_step", step=0, **a1),                       # startup 60 s
+        ev(160, "step_progress", step=10, step_time_s=10.0, **a1),
+        ev(260, "step_progress", step=20, step_time_s=10.0, **a1),
+        ev(265, "checkpoint_committed", step=20, stall_s=5.0, write_s=4.0, bytes=1_000_000, **a1),
+        ev(365, "step_progress", step=30, step_time_s=10.0, **a1),
+        ev(465, "step_progress", step=40, step_time_s=10.0, **a1),
+        # crash at 500, detected at 520; work after step 20 (t=260) is lost
+        ev(520, "failure_detected", kind="crash", node="n2", rank=5, detect_s=20.0, **a1),
+        ev(600, "restart_done", restart_s=80.0, resume_step=20,
+           phases={"kill_s": 10.0, "health_s": 15.0, "launch_s": 20.0, "rendezvous_s": 5.0, "load_s": 20.0,
+                   "first_step_s": 10.0}, **a1),
+        ev(700, "step_progress", step=30, step_time_s=10.0, **a1),
+        ev(705, "checkpoint_committed", step=30, stall_s=5.0, write_s=4.0, bytes=1_000_000, **a1),
+        ev(805, "step_progress", step=40, step_time_s=10.0, **a1),
+        # preempted at 900; emergency checkpoint of step 49 (reached at 895), requeue at 930
+        ev(900, "failure_detected", kind="preempted", node="n1", rank=0, detect_s=0.0, **a1),
+        ev(910, "checkpoint_committed", step=49, stall_s=10.0, write_s=8.0, bytes=1_000_000, **a1),
+        {**ev(930, "requeue", reason="preempted", **a1), "mono": 7.0},  # the requeuer's own clock
+        # 300 s in the queue, then attempt 2 on another host, without the spare
+        ev(1230, "supervisor_start", **a2),
+        ev(1230, "allocation", nodes=2, gpus_per_node=4, spares=0, **a2),
+        ev(1320, "restart_done", restart_s=90.0, resume_step=49,
+           phases={"launch_s": 30.0, "rendezvous_s": 10.0, "load_s": 40.0, "first_step_s": 10.0}, **a2),
+        ev(1420, "step_progress", step=59, step_time_s=10.0, **a2),
+        ev(1425, "checkpoint_committed", step=59, stall_s=5.0, write_s=4.0, bytes=1_000_000, **a2),
+        ev(1525, "step_progress", step=69, step_time_s=10.0, **a2),
+        ev(1530, "run_complete", **a2),
+    ]
+
+
+# device-seconds, worked by hand (8 active devices; 4 spare devices during attempt 1)
+EXPECTED = {
+    "useful": (200 + 290 + 205) * 8,        # steps 0-20, 20-49 (minus stall), 49-69 (minus stall)
+    "checkpoint_stall": (5 + 5 + 10 + 5) * 8,
+    "lost_progress": (235 + 5) * 8,         # 260->500 minus the 5 s stall; 895->900
+    "detection": 20 * 8,
+    "restart_kill": 10 * 8, "restart_health": 15 * 8, "restart_launch": (20 + 30) * 8,
+    "restart_rendezvous": (5 + 10) * 8, "restart_load": (20 + 40) * 8, "restart_first_step": (10 + 10) * 8,
+    "startup": 60 * 8,
+    "teardown": 20 * 8,                     # 900->930 minus the 10 s emergency stall
+    "idle_spares": 4 * 930,
+    "other": 0,
+}
+PAID = (8 + 4) * 930 + 8 * 300
+
+
+def test_known_log_splits_paid_time_exactly_by_category():
+    acc = account(faulted_run())
+    assert acc.paid_device_s == pytest.approx(PAID)
+    assert acc.useful_device_s == pytest.approx(EXPECTED["useful"])
+    for category in CATEGORIES:
+        assert acc.badput_device_s[category] == pytest.approx(EXPECTED[category]), category
+    assert acc.useful_device_s + sum(acc.badput_device_s.values()) == pytest.approx(acc.paid_device_s, rel=1e-12)
+
+
+def test_queue_time_after_a_requeue_is_reported_and_not_paid():
+    acc = account(faulted_run())
+    assert acc.queue_s == pytest.approx(300)
+    assert acc.wall_s == pytest.approx(930 + 300)
+    assert acc.requeues == 1 and acc.attempts == 2 and acc.end_reason == "run_complete"
+
+
+def test_observed_mtbf_and_measured_costs():
+    data = account(faulted_run()).to_dict(price_per_gpu_hour=3.6)
+    assert data["failures"] == {"crash": 1, "preempted": 1}
+    assert data["observed_job_mtbf_s"] == pytest.approx(1230 / 2)
+    assert data["measured_stall_s"] == pytest.approx(25 / 4)
+    assert data["measured_restart_s"] == pytest.approx(85)
+    assert data["measured_detect_s"] == pytest.approx(10)
+    assert data["paid_usd"] == pytest.approx(PAID / 3600 * 3.6)
+    assert data["goodput_fraction"] == pytest.approx(EXPECTED["useful"] / PAID)
+
+
+def test_event_order_in_the_file_does_not_matter():
+    events = faulted_run()
+    shuffled = events[::2] + events[1::2]
+    assert account(shuffled).useful_device_s == pytest.approx(EXPECTED["useful"])
+
+
+def test_torn_and_foreign_lines_in_a_real_file_are_skipped(tmp_path):
+    lines = [json.dumps(e) for e in faulted_run()]
+    lines.insert(5, "not json at all")
+    lines.insert(7, json.dumps({"event": "step_progress"}))  # missing required fields
+    text = "\n".join(lines) + "\n" + '{"event": "step_progress", "ts": "2026-01-01T00:30'  # torn tail
+    (tmp_path / EVENTS_FILE).write_text(text)
+    acc = account(read_events(tmp_path))
+    assert acc.paid_device_s == pytest.approx(PAID)
+    assert acc.useful_device_s == pytest.approx(EXPECTED["useful"])
+
+
+def test_gpu_less_nodes_count_their_ranks_as_devices():
+    a = dict(attempt=1, mono_base=0.0)
+    events = [ev(0, "allocation", nodes=3, gpus_per_node=0, ranks_per_node=2, spares=1, **a),
+              ev(10, "first_step", step=0, **a),
+              ev(110, "step_progress", step=10, step_time_s=10.0, **a),
+              ev(110, "run_complete", **a)]
+    acc = account(events)
+    assert acc.paid_device_s == pytest.approx((6 + 2) * 110)
+    assert acc.badput_device_s["idle_spares"] == pytest.approx(2 * 110)
+    assert acc.badput_device_s["startup"] == pytest.approx(6 * 10)
+    assert acc.useful_device_s == pytest.approx(6 * 100)
+
+
+def test_missing_fields_still_sum_to_paid():
+    a = dict(attempt=1, mono_base=0.0)
+    events = [ev(0, "allocation", nodes=2, gpus_per_node=8, **a),
+              ev(30, "first_step", **a),
+              ev(100, "checkpoint_committed", step=5, **a),          # no stall_s
+              ev(200, "failure_detected", kind="hang", **a),          # no detect_s
+              ev(260, "restart_done", **a),                           # no phases, no resume_step
+              ev(300, "step_progress", step="junk", **a),
+              ev(400, "give_up", reason="crash loop", **a)]
+    acc = account(events)
+    total = acc.useful_device_s + sum(acc.badput_device_s.values())
+    assert total == pytest.approx(acc.paid_device_s) and acc.paid_device_s == pytest.approx(16 * 400)
+    assert acc.badput_device_s["other"] == pytest.approx(16 * 60)  # a restart no phase explains
+    assert all(v >= 0 for v in acc.badput_device_s.values())
+
+
+def test_a_run_without_checkpoints_loses_everything_before_the_failure():
+    a = dict(attempt=1, mono_base=0.0)
+    events = [ev(0, "allocation", nodes=1, gpus_per_node=4, **a),
+              ev(0, "first_step", step=0, **a),
+              ev(50, "step_progress", step=5, step_time_s=10.0, **a),
+              ev(100, "failure_detected", kind="crash", detect_s=0.0, **a),
+              ev(110, "restart_done", resume_step=0, restart_s=10.0, phases={"launch_s": 10.0}, **a),
+              ev(160, "step_progress", step=5, step_time_s=10.0, **a),
+              ev(160, "run_complete", **a)]
+    acc = account(events)
+    assert acc.badput_device_s["lost_progress"] == pytest.approx(4 * 100)
+    assert acc.useful_device_s == pytest.approx(4 * 50)
+
+
+def test_an_empty_log_accounts_nothing():
+    acc = account([])
+    assert acc.paid_device_s == 0 and acc.notes

@@ -1,0 +1,105 @@
+"""`ckptsup report RUN_DIR`: terminal, --json, --png, --html and --prom on a hand-written run."""
+
+import base64
+import json
+import re
+
+import pytest
+
+from ckptsup.cli import main
+from ckptsup.events import EVENTS_FILE
+from test_accounting import EXPECTED, PAID, faulted_run
+
+
+@pytest.fixture()
+def run_dir(tmp_path, monkeypatch):
+    site = tmp_path / "site.toml"
+    site.write_text("[cost]\nprice_per_gpu_hour = 4.0\ngpu_mtbf_hours = 20000.0\n")
+    monkeypatch.setenv("CKPTSUP_SITE_CONFIG", str(site))
+    rd = tmp_path / "run"
+    rd.mkdir(mode=0o700)
+    (rd / EVENTS_FILE).write_text("".join(json.dumps(e) + "\n" for e in faulted_run()))
+    return rd
+
+
+def run_cli(capsys, *args):
+    code = 0
+    try:
+        main(list(args))
+    except SystemExit as exit_:
+        code = exit_.code
+    out, err = capsys.readouterr()
+    return code, out, err
+
+
+def test_json_report_has_goodput_badput_and_the_recommended_interval(capsys, run_dir):
+    code, out, err = run_cli(capsys, "report", str(run_dir), "--json")
+    assert code == 0, err
+    rep = json.loads(out)
+    assert rep["paid_device_hours"] == pytest.approx(PAID / 3600)
+    assert rep["useful_device_hours"] == pytest.approx(EXPECTED["useful"] / 3600)
+    total = rep["useful_device_hours"] + sum(rep["badput_device_hours"].values())
+    assert total == pytest.approx(rep["paid_device_hours"])
+    assert rep["price_per_gpu_hour"] == 4.0
+    assert rep["paid_usd"] == pytest.approx(PAID / 3600 * 4.0)
+    assert rep["queue_s"] == pytest.approx(300)
+    assert rep["observed_job_mtbf_s"] == pytest.approx(615)
+    assert rep["recommended"]["interval_daly_s"] > 0
+    assert rep["job_id"] == "J1"
+
+
+def test_terminal_summary_lists_categories_and_measurements(capsys, run_dir):
+    code, out, _ = run_cli(capsys, "report", str(run_dir))
+    assert code == 0
+    for text in ("goodput", "lost progress", "checkpoint stall", "idle spares", "restart: load",
+                 "observed job MTBF", "interval plan recommends now", "queue"):
+        assert text in out
+
+
+def test_png_is_a_real_png_with_a_timeline(capsys, run_dir, tmp_path):
+    target = tmp_path / "report.png"
+    code, _, err = run_cli(capsys, "report", str(run_dir), "--png", str(target))
+    assert code == 0, err
+    data = target.read_bytes()
+    assert data[:8] == b"\x89PNG\r\n\x1a\n" and len(data) > 10_000
+
+
+def test_html_is_one_self_contained_page(capsys, run_dir, tmp_path):
+    target = tmp_path / "report.html"
+    code, _, err = run_cli(capsys, "report", str(run_dir), "--html", str(target))
+    assert code == 0, err
+    page = target.read_text()
+    match = re.search(r'src="data:image/png;base64,([A-Za-z0-9+/=]+)"', page)
+    assert match and base64.b64decode(match.group(1))[:4] == b"\x89PNG"
+    assert "lost progress" in page and "<table>" in page
+    assert "http://" not in page and "https://" not in page  # nothing fetched from elsewhere
+
+
+def test_prom_textfile_is_valid_exposition_format(capsys, run_dir, tmp_path):
+    target = tmp_path / "ckptsup.prom"
+    code, _, err = run_cli(capsys, "report", str(run_dir), "--prom", str(target))
+    assert code == 0, err
+    text = target.read_text()
+    sample = re.compile(r'^ckptsup_[a-z_]+\{job_id="J1"(,[a-z]+="[^"]*")*\} -?[0-9.e+-]+$')
+    for line in text.splitlines():
+        assert line.startswith("# HELP ") or line.startswith("# TYPE ") or sample.match(line), line
+    assert 'ckptsup_badput_device_hours{job_id="J1",category="lost_progress"}' in text
+    value = float(re.search(r"^ckptsup_goodput_ratio\{[^}]*\} (\S+)$", text, re.M).group(1))
+    assert value == pytest.approx(EXPECTED["useful"] / PAID)
+
+
+def test_missing_run_dir_is_one_line(capsys, tmp_path):
+    code, _, err = run_cli(capsys, "report", str(tmp_path / "nope"))
+    assert code == 2
+    lines = err.strip().splitlines()
+    assert len(lines) == 1 and "does not exist" in lines[0]
+
+
+def test_dir_without_events_is_one_line(capsys, tmp_path):
+    code, _, err = run_cli(capsys, "report", str(tmp_path))
+    assert code == 2 and "events.jsonl" in err and len(err.strip().splitlines()) == 1
+
+
+def test_unwritable_output_is_one_line(capsys, run_dir, tmp_path):
+    code, _, err = run_cli(capsys, "report", str(run_dir), "--png", str(tmp_path / "missing-dir" / "x.png"))
+    assert code == 2 and "cannot write" in err and len(err.strip().splitlines()) == 1
