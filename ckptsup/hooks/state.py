@@ -44,6 +44,20 @@ def check_dataloader(dataloader: Any, *, allow_stateless: bool) -> None:
             "attach(allow_stateless_dataloader=True) / [checkpoint] allow_stateless_dataloader = true")
 
 
+def isolate_loader_rng(dataloader: Any) -> None:
+    """A DataLoader without a generator draws its base seed from the global torch RNG every time
+    an iterator is created; a resumed run creates one more iterator than the uninterrupted run
+    did at that point, which shifts the global stream (dropout, ...) and breaks bit-exact resume.
+    Give such a loader its own generator, seeded from the script's seed."""
+    if dataloader is None or getattr(dataloader, "generator", False) is not None:
+        return
+    import torch
+
+    dataloader.generator = torch.Generator().manual_seed(torch.initial_seed())
+    log.info("ckptsup: gave the dataloader its own torch.Generator so creating an iterator does not "
+             "consume the global RNG (pass generator= yourself to choose it)")
+
+
 def _state_of(obj: Any) -> Any:
     if hasattr(obj, "state_dict") and callable(obj.state_dict):
         return obj.state_dict()

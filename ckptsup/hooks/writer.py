@@ -16,6 +16,7 @@ import concurrent.futures
 import logging
 import os
 import time
+import warnings
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any, Callable
@@ -273,7 +274,9 @@ class CheckpointWriter:
         cfg = self.config
         try:
             writer = FileSystemWriter(tmp, sync_files=True, thread_count=cfg.thread_count, overwrite=False)
-            metadata = dcp.save(staged, storage_writer=writer, process_group=self.pg, no_dist=self.pg is None)
+            with warnings.catch_warnings():
+                warnings.filterwarnings("ignore", message=".*assuming the intent is to save in a single process.*")
+                metadata = dcp.save(staged, storage_writer=writer, process_group=self.pg, no_dist=self.pg is None)
             delay = float(os.environ.get(TEST_DELAY_ENV, "0") or 0)
             if delay > 0:
                 time.sleep(delay)

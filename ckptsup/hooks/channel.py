@@ -1,0 +1,161 @@
+"""Rank side of the rank → agent channel (ckptsup/wire.py): a node-local Unix stream socket.
+
+Up: hello, step, phase, nan, event, bye frames (HMAC'd with the per-job secret read from
+CKPTSUP_SECRET_FILE). Down: stop_at, save_now, set_interval, dump_fr, read by a daemon thread.
+The thread only records commands; the main thread acts on them at the next step_done. dump_fr is
+the exception: the main thread may be blocked inside a collective (that is why the supervisor asks),
+so the thread dumps torch's flight recorder itself. Without CKPTSUP_RANK_SOCKET every call is a
+cheap no-op.
+"""
+
+from __future__ import annotations
+
+import logging
+import os
+import socket
+import threading
+import time
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any, Callable
+
+from .. import wire
+from ..rundir import read_secret
+
+log = logging.getLogger("ckptsup.hooks")
+
+
+@dataclass
+class Commands:
+    """What the agent asked for; written by the reader thread, consumed by the main thread."""
+
+    stop_at: dict[str, Any] | None = None
+    save_now: str | None = None
+    interval: dict[str, Any] | None = None
+    lock: threading.Lock = field(default_factory=threading.Lock)
+
+    def take_save_now(self) -> str | None:
+        with self.lock:
+            reason, self.save_now = self.save_now, None
+            return reason
+
+    def take_interval(self) -> dict[str, Any] | None:
+        with self.lock:
+            interval, self.interval = self.interval, None
+            return interval
+
+
+def dump_flight_recorder(directory: str | os.PathLike[str], rank: int) -> Path | None:
+    """Write torch's flight-recorder trace (JSON where available) to <directory>/rank_<r>.json.
+    Runs on the reader thread, so it works while the main thread waits in a collective."""
+    try:
+        import torch._C._distributed_c10d as c10d
+    except ImportError:
+        return None
+    dump = getattr(c10d, "_dump_fr_trace_json", None) or getattr(c10d, "_dump_nccl_trace_json", None)
+    suffix = "json"
+    if dump is None:
+        dump, suffix = getattr(c10d, "_dump_fr_trace", None) or getattr(c10d, "_dump_nccl_trace", None), "pkl"
+    if dump is None:
+        return None
+    data = dump()
+    target = Path(directory)
+    target.mkdir(parents=True, exist_ok=True, mode=0o700)
+    path = target / f"rank_{rank}.{suffix}"
+    fd = os.open(path, os.O_WRONLY | os.O_CREAT | os.O_TRUNC, 0o600)
+    with os.fdopen(fd, "wb") as fh:
+        fh.write(data if isinstance(data, bytes) else str(data).encode())
+    return path
+
+
+class RankChannel:
+    def __init__(self, *, socket_path: str | None, secret_file: str | None, rank: int,
+                 fr_dump_dir: str | None = None, clock: Callable[[], float] = time.time) -> None:
+        self.rank = rank
+        self.commands = Commands()
+        self.fr_dump_dir = fr_dump_dir
+        self._sock: socket.socket | None = None
+        self._secret = b""
+        self._seq = int(clock() * 1_000_000)  # a restarted rank continues above its predecessor
+        self._send_lock = threading.Lock()
+        self._guard = wire.ReplayGuard()
+        self.dropped = 0
+        if socket_path:
+            self._secret = read_secret(secret_file) if secret_file else b""
+            sock = socket.socket(socket.AF_UNIX, socket.SOCK_STREAM)
+            sock.connect(socket_path)
+            self._sock = sock
+            threading.Thread(target=self._read_loop, name="ckptsup-channel", daemon=True).start()
+
+    @property
+    def connected(self) -> bool:
+        return self._sock is not None
+
+    def send(self, m: str, body: dict[str, Any]) -> None:
+        if self._sock is None:
+            return
+        with self._send_lock:
+            self._seq += 1
+            frame = wire.encode(m, body, seq=self._seq, secret=self._secret)
+            try:
+                self._sock.sendall(frame)
+            except OSError as err:
+                log.warning("ckptsup: lost the agent channel (%s); continuing without it", err)
+                self._close()
+
+    def _close(self) -> None:
+        sock, self._sock = self._sock, None
+        if sock is not None:
+            try:
+                sock.close()
+            except OSError:
+                pass
+
+    def close(self) -> None:
+        self._close()
+
+    # ---- commands -----------------------------------------------------------------------------
+    def _read_loop(self) -> None:
+        buf = b""
+        sock = self._sock
+        while sock is not None:
+            try:
+                data = sock.recv(65536)
+            except OSError:
+                return
+            if not data:
+                return
+            buf += data
+            *lines, buf = buf.split(b"\n")
+            for line in lines:
+                if line.strip():
+                    self.handle_frame(line)
+
+    def handle_frame(self, line: bytes) -> None:
+        try:
+            m, seq, body = wire.decode(line, secret=self._secret)
+        except wire.FrameError:
+            self.dropped += 1
+            return
+        if not self._guard.accept("agent", seq):
+            self.dropped += 1
+            return
+        self.handle(m, body)
+
+    def handle(self, m: str, body: dict[str, Any]) -> None:
+        cmds = self.commands
+        with cmds.lock:
+            if m == "stop_at":
+                cmds.stop_at = dict(body)
+            elif m == "save_now":
+                cmds.save_now = str(body.get("reason", "requested"))
+            elif m == "set_interval":
+                cmds.interval = dict(body)
+        if m == "dump_fr":
+            directory = body.get("path") or self.fr_dump_dir
+            if directory:
+                try:
+                    path = dump_flight_recorder(directory, self.rank)
+                    self.send("event", {"record": {"event": "fr_dumped", "rank": self.rank, "path": str(path)}})
+                except (OSError, RuntimeError) as err:
+                    log.warning("ckptsup: flight recorder dump failed: %s", err)

@@ -1,0 +1,358 @@
+"""attach() → Run: the whole training-side integration (DESIGN §3).
+
+    run = ckptsup.attach(model=model, optimizer=opt, lr_scheduler=sched, dataloader=loader)
+    step = run.resume()            # next step to run; 0 when nothing usable exists
+    while step < total:
+        loss = train_step(...)
+        run.step_done(step, loss=loss)
+        step += 1
+    run.close()
+
+A checkpoint named step_<N> holds the state after N completed steps, so resume() returns N.
+Decisions that must agree across ranks (save now? stop? did a rank see a NaN?) travel in one small
+all-reduce per step on a gloo group of the session's own; saves use another gloo group on the
+background thread (settings.py, writer.py).
+"""
+
+from __future__ import annotations
+
+import logging
+import math
+import random
+import time
+from pathlib import Path
+from typing import Any, Callable
+
+from ..checkpoint.catalog import Status, list_checkpoints
+from ..checkpoint.commit import WriterLock
+from ..checkpoint.validate import quarantine
+from ..env import ExitStatus, read_rank_env
+from ..errors import CheckpointError, CkptsupError, ManifestError, ValidationError
+from ..events import Event
+from .channel import RankChannel
+from .process_group import new_gloo_group, set_steady_timeout
+from .report import Reporter
+from .settings import Settings, resolve_settings
+from .signals import StopFlag, emergency_save_fits
+from .state import TrainingState, check_dataloader, isolate_loader_rng
+from .writer import CheckpointWriter, SaveResult, WriterConfig
+
+log = logging.getLogger("ckptsup.hooks")
+
+PROGRESS_EVERY_S = 30.0
+NO_STOP = 1 << 62
+
+
+class NonFiniteLossError(CkptsupError):
+    """A rank saw a non-finite loss (NaN/inf)."""
+
+    exit_code = int(ExitStatus.RANK_NAN)
+
+
+def attach(*, model: Any, optimizer: Any = None, lr_scheduler: Any = None, dataloader: Any = None,
+           extra: dict[str, Any] | None = None, checkpoint_dir: str | None = None,
+           save_every_steps: int | None = None, save_every_s: float | None = None, **overrides: Any) -> "Run":
+    """Attach ckptsup to a training loop. Keyword overrides win over the supervisor's environment,
+    which wins over the config files; any other [checkpoint] key may be passed too."""
+    env = read_rank_env()
+    settings = resolve_settings(env=env, checkpoint_dir=checkpoint_dir, save_every_steps=save_every_steps,
+                                save_every_s=save_every_s, overrides=overrides)
+    check_dataloader(dataloader, allow_stateless=settings.allow_stateless_dataloader)
+    isolate_loader_rng(dataloader)
+    return Run(model=model, optimizer=optimizer, lr_scheduler=lr_scheduler, dataloader=dataloader,
+               extra=dict(extra or {}), settings=settings, env=env)
+
+
+class Run:
+    def __init__(self, *, model: Any, optimizer: Any, lr_scheduler: Any, dataloader: Any,
+                 extra: dict[str, Any], settings: Settings, env: Any,
+                 clock: Callable[[], float] = time.monotonic) -> None:
+        import torch.distributed as dist
+
+        self.settings = settings
+        self.env = env
+        self.clock = clock
+        self.distributed = dist.is_available() and dist.is_initialized()
+        self.rank = dist.get_rank() if self.distributed else 0
+        self.world_size = dist.get_world_size() if self.distributed else 1
+        self.state = TrainingState(model=model, optimizer=optimizer, lr_scheduler=lr_scheduler,
+                                   dataloader=dataloader, extra=extra, rank=self.rank, world_size=self.world_size)
+        self.channel = RankChannel(socket_path=env.rank_socket, secret_file=env.secret_file, rank=self.rank,
+                                   fr_dump_dir=env.fr_dump_dir)
+        self.reporter = Reporter(env=env, rank=self.rank, channel=self.channel)
+        self.channel.send("hello", {"rank": self.rank, "local_rank": _local_rank(), "world_size": self.world_size,
+                                    "node": env.node, "pid": _pid()})
+        self.channel.send("phase", {"rank": self.rank, "phase": "init", "step": 0})
+        multi = self.distributed and self.world_size > 1
+        self.control_pg = new_gloo_group(settings.save_timeout_s) if multi else None
+        save_pg = new_gloo_group(settings.save_timeout_s) if multi else None
+        self.lock = WriterLock(settings.checkpoint_dir, epoch=env.epoch, job_id=env.job_id) if self.rank == 0 else None
+        if self.lock is not None:
+            from ..checkpoint.trust import private_mkdir
+
+            private_mkdir(settings.checkpoint_dir)
+            self.lock.acquire()
+        self.writer = CheckpointWriter(
+            WriterConfig(checkpoint_dir=settings.checkpoint_dir, rank=self.rank, world_size=self.world_size,
+                         job_id=env.job_id, attempt=env.attempt, epoch=env.epoch, run_dir=env.run_dir,
+                         algorithm=settings.hash_algorithm, mesh={"dp": self.world_size}),
+            process_group=save_pg, on_result=self._on_save_result, clock=clock)
+        self.stop = StopFlag()
+        self.stop.install()
+        self.next_step = 0          # steps completed = the N of the next checkpoint
+        self.last_saved_step: int | None = None
+        self.last_save_time = clock()
+        self.jitter_s = random.uniform(0, settings.jitter_s)
+        self.agreed_stop: int | None = None
+        self.last_step_time: float | None = None
+        self.last_progress = clock()
+        self.first_step_seen = False
+        self.closed = False
+
+    # ---- resume -------------------------------------------------------------------------------
+    def resume(self) -> int:
+        """Load the newest usable checkpoint (the supervisor's CKPTSUP_RESUME_FROM first); on a
+        corrupt one, quarantine it and fall back to the previous. Returns the next step."""
+        from .loader import load_checkpoint
+
+        self.channel.send("phase", {"rank": self.rank, "phase": "load", "step": 0})
+        start = self.clock()
+        candidates = self._broadcast(self._candidates() if self.rank == 0 else None)
+        for path in candidates:
+            error = load_checkpoint(self, Path(path))
+            if error is None:
+                self.next_step = self.last_saved_step = self._loaded_step
+                self.last_save_time = self.clock()
+                self.reporter.emit("checkpoint_loaded", step=self.next_step, path=str(path),
+                                   load_s=round(self.clock() - start, 3))
+                self.channel.send("phase", {"rank": self.rank, "phase": "train", "step": self.next_step})
+                return self.next_step
+            log.error("ckptsup: cannot resume from %s: %s", path, error)
+            if self.rank == 0:
+                self._reject(Path(path), error)
+        self.channel.send("phase", {"rank": self.rank, "phase": "train", "step": 0})
+        return 0
+
+    def _candidates(self) -> list[str]:
+        paths: list[str] = []
+        if self.env.resume_from:
+            paths.append(self.env.resume_from)
+        infos = [i for i in list_checkpoints(self.settings.checkpoint_dir)
+                 if i.status in (Status.COMMITTED, Status.VALIDATED)]
+        paths.extend(str(i.path) for i in reversed(infos) if str(i.path) not in paths)
+        return paths
+
+    def _reject(self, path: Path, error: Exception) -> None:
+        from ..checkpoint.commit import parse_step
+
+        step = parse_step(path.name)
+        if isinstance(error, (ValidationError, ManifestError)) and path.is_dir():
+            try:
+                dest = quarantine(path, str(error))
+                log.error("ckptsup: quarantined %s as %s", path, dest)
+            except (CheckpointError, OSError) as err:
+                log.error("ckptsup: could not quarantine %s: %s", path, err)
+        self.reporter.emit(Event.CHECKPOINT_REJECTED, step=step, level=2, reason=str(error)[:300])
+
+    # ---- collectives on the control group -----------------------------------------------------
+    def _broadcast(self, value: Any) -> Any:
+        if self.control_pg is None:
+            return value
+        import torch.distributed as dist
+
+        box = [value]
+        dist.broadcast_object_list(box, src=0, group=self.control_pg)
+        return box[0]
+
+    def all_ok(self, ok: bool) -> bool:
+        return self._reduce_max([0 if ok else 1])[0] == 0
+
+    def _reduce_max(self, values: list[int]) -> list[int]:
+        if self.control_pg is None:
+            return values
+        import torch
+        import torch.distributed as dist
+
+        tensor = torch.tensor(values, dtype=torch.int64)
+        dist.all_reduce(tensor, op=dist.ReduceOp.MAX, group=self.control_pg)
+        return tensor.tolist()
+
+    # ---- the step boundary --------------------------------------------------------------------
+    def step_done(self, step: int, *, loss: Any = None) -> None:
+        """Call once per completed optimizer step (step = its 0-based index)."""
+        now = self.clock()
+        self.next_step = step + 1
+        finite = _is_finite(loss)
+        step_time = None if self.last_step_time is None else now - self.last_step_time
+        self.last_step_time = now
+        self.channel.send("step", {"rank": self.rank, "step": step, "step_time_s": step_time, "loss_finite": finite})
+        save_flag = 1 if (self._save_due(step, now) or self.channel.commands.take_save_now()) else 0
+        proposal = self._stop_proposal(step)
+        save_any, nan_any, neg_stop = self._reduce_max([save_flag, 0 if finite else 1, -proposal])
+        if nan_any:
+            self._nan(step, loss, finite)
+        if -neg_stop != NO_STOP:
+            self.agreed_stop = min(self.agreed_stop or NO_STOP, -neg_stop)
+        if not self.first_step_seen:
+            self.first_step_seen = True
+            self.reporter.emit(Event.FIRST_STEP, step=step)
+            set_steady_timeout()
+        if self.rank == 0 and step_time is not None and now - self.last_progress >= PROGRESS_EVERY_S:
+            self.last_progress = now
+            self.reporter.emit(Event.STEP_PROGRESS, step=step, step_time_s=round(step_time, 6))
+        self._apply_interval()
+        if self.agreed_stop is not None and step >= self.agreed_stop:
+            self._stop(step)
+        if save_any:
+            self.save(reason="interval")
+
+    def _save_due(self, step: int, now: float) -> bool:
+        s = self.settings
+        if s.save_every_steps > 0 and (step + 1) % s.save_every_steps == 0:
+            return True
+        return s.save_every_s > 0 and now - self.last_save_time >= s.save_every_s + self.jitter_s
+
+    def _stop_proposal(self, step: int) -> int:
+        if self.stop.set:
+            return step
+        stop_at = self.channel.commands.stop_at
+        if stop_at is not None:
+            return int(stop_at.get("step", step))
+        return NO_STOP
+
+    def _apply_interval(self) -> None:
+        change = self.channel.commands.take_interval()
+        if change is None:
+            return
+        if change.get("interval_s") is not None:
+            self.settings.save_every_s = float(change["interval_s"])
+        if change.get("save_every_steps") is not None:
+            self.settings.save_every_steps = int(change["save_every_steps"])
+
+    def _nan(self, step: int, loss: Any, finite: bool) -> None:
+        self.writer.wait()
+        if not finite:
+            value = _loss_value(loss)
+            self.channel.send("nan", {"rank": self.rank, "step": step, "loss": str(value)})
+            message = f"rank {self.rank} saw a non-finite loss ({value}) at step {step}"
+        else:
+            message = f"another rank saw a non-finite loss at step {step}; stopping with it"
+        if self.channel.connected:
+            self._exit(ExitStatus.RANK_NAN if not finite else ExitStatus.RANK_STOPPED, message)
+        self._shutdown(status=int(ExitStatus.RANK_NAN))
+        raise NonFiniteLossError(message + "; no checkpoint of this state was written")
+
+    # ---- saving -------------------------------------------------------------------------------
+    def save(self, *, reason: str = "explicit", blocking: bool | None = None) -> SaveResult | None:
+        """Checkpoint the state after `next_step` completed steps. Collective: every rank calls it
+        at the same step (step_done does). Async unless blocking or async_save is off."""
+        if self.last_saved_step == self.next_step:
+            return self.writer.last
+        blocking = (not self.settings.async_save) if blocking is None else blocking
+        step = self.next_step
+        self.last_saved_step = step
+        self.last_save_time = self.clock()
+        self.jitter_s = random.uniform(0, self.settings.jitter_s)
+        if blocking:
+            self.channel.send("phase", {"rank": self.rank, "phase": "save", "step": step})
+        result = self.writer.save(step=step, device_state=self.state.model_optim_state(),
+                                  side_state=self.state.side_state(step=step, meta={"reason": reason}),
+                                  blocking=blocking, extra_meta={"reason": reason})
+        if blocking:
+            self.channel.send("phase", {"rank": self.rank, "phase": "train", "step": step})
+        return result
+
+    def _on_save_result(self, result: SaveResult) -> None:
+        if result.ok:
+            log.info("ckptsup: committed step %d (stall %.3fs, write %.3fs, %d bytes)",
+                     result.step, result.stall_s, result.write_s, result.bytes)
+            self.reporter.emit(Event.CHECKPOINT_COMMITTED, step=result.step, stall_s=round(result.stall_s, 6),
+                               write_s=round(result.write_s, 6), bytes=result.bytes, path=result.path)
+        else:
+            log.error("ckptsup: checkpoint of step %d FAILED on every rank: %s (training continues; "
+                      "the previous checkpoint is intact)", result.step, result.reason)
+            self.reporter.emit(Event.CHECKPOINT_FAILED, step=result.step, reason=result.reason)
+
+    # ---- stopping -----------------------------------------------------------------------------
+    def _stop(self, step: int) -> None:
+        preempted = self.stop.set
+        command = self.channel.commands.stop_at or {}
+        self.channel.send("phase", {"rank": self.rank, "phase": "stopping", "step": step})
+        self.writer.wait()
+        want = preempted or bool(command.get("save", True))
+        budget = command.get("budget_s", self.env.preempt_budget_s)
+        last = self.writer.last
+        measured = last.total_s if last is not None and last.ok else None
+        fits = want and emergency_save_fits(measured_save_s=measured, margin=self.settings.emergency_margin,
+                                            budget_s=None if budget is None else float(budget),
+                                            elapsed_s=self.stop.elapsed_s())
+        saved = False
+        if self.all_ok(fits) and self.last_saved_step != self.next_step:
+            result = self.save(reason="preemption" if preempted else "stop", blocking=True)
+            saved = bool(result and result.ok)
+        log.warning("ckptsup: stopping after step %d (%s); emergency save %s", step,
+                    "signal" if preempted else "stop_at", "written" if saved else "skipped")
+        self._exit(ExitStatus.PREEMPTED if preempted else ExitStatus.RANK_STOPPED,
+                   f"stopped after step {step}")
+
+    def _exit(self, status: ExitStatus, message: str) -> None:
+        log.warning("ckptsup: rank %d exits with %s: %s", self.rank, status.name, message)
+        self._shutdown(status=int(status))
+        raise SystemExit(int(status))
+
+    def _shutdown(self, *, status: int) -> None:
+        if self.closed:
+            return
+        self.closed = True
+        self.writer.close()
+        self.channel.send("bye", {"rank": self.rank, "status": status})
+        self.channel.close()
+        self.stop.uninstall()
+        if self.lock is not None:
+            self.lock.release()
+        self.reporter.close()
+
+    def close(self, *, final_save: bool = True) -> None:
+        """Drain the in-flight save and write a final checkpoint (blocking)."""
+        if self.closed:
+            return
+        self.writer.wait()
+        if final_save and self.next_step > 0:
+            self.save(reason="final", blocking=True)
+        if not self.channel.connected and self.rank == 0:
+            self.reporter.emit(Event.RUN_COMPLETE, step=self.next_step)
+        self._shutdown(status=int(ExitStatus.DONE))
+
+    def __enter__(self) -> "Run":
+        return self
+
+    def __exit__(self, exc_type: Any, *_: Any) -> None:
+        if exc_type is None:
+            self.close()
+        else:
+            self._shutdown(status=int(ExitStatus.FAILURE))
+
+
+def _loss_value(loss: Any) -> float | None:
+    if loss is None:
+        return None
+    if hasattr(loss, "detach"):
+        return float(loss.detach().float().cpu())
+    return float(loss)
+
+
+def _is_finite(loss: Any) -> bool:
+    value = _loss_value(loss)
+    return value is None or math.isfinite(value)
+
+
+def _local_rank() -> int:
+    import os
+
+    return int(os.environ.get("LOCAL_RANK", "0"))
+
+
+def _pid() -> int:
+    import os
+
+    return os.getpid()

@@ -1,0 +1,179 @@
+"""A small, real training script with ckptsup: an MLP with dropout on synthetic regression data,
+AdamW with a warmup schedule, torchdata's StatefulDataLoader fed by ckptsup's
+ResumableDistributedSampler, DDP under torchrun (gloo on CPU, NCCL on GPU), or one plain process.
+
+    python examples/train.py --steps 50
+    torchrun --nproc-per-node 2 examples/train.py --steps 200 --save-every-steps 20
+    ckptsup launch examples/train.py --steps 200          # under the supervisor
+
+The ckptsup part is the ten lines marked `# ckptsup`.
+
+Flags (the supervisor's and the checkpoint tests use them):
+  --steps N               total optimizer steps (the run ends at step N, resumed or not)
+  --save-every-steps K    checkpoint every K steps (else the config / supervisor interval)
+  --checkpoint-dir DIR    checkpoint_dir (else CKPTSUP_CHECKPOINT_DIR / config)
+  --step-sleep-s S        sleep S seconds inside each step, to make steps ~50-200 ms
+  --batch-size B          per-rank batch size (default 4); --dataset-size N (default 512)
+  --seed S                model/data seed (default 0)
+  --nan-at-step S         rank --nan-rank (default 0) reports a NaN loss at step S
+  --crash-at-step S       rank --crash-rank (default 0) raises at step S (exit 1)
+  --hang-at-step S        rank --hang-rank (default 0) sleeps forever at step S
+  --fault-mode once|always  `once` (default) fires each injected fault only the first time:
+                          a marker file in --checkpoint-dir/.. (or --out) records that it fired
+  --out DIR               write DIR/samples_rank<r>.jsonl (sample ids of every step, appended as
+                          the run goes) and, at the end, DIR/final_rank<r>.pt (model + optimizer
+                          state) and DIR/final.json (sha256 of the parameters, final step)
+"""
+
+from __future__ import annotations
+
+import argparse
+import hashlib
+import json
+import os
+import sys
+import time
+from pathlib import Path
+
+import torch
+import torch.distributed as dist
+from torch import nn
+from torchdata.stateful_dataloader import StatefulDataLoader
+
+import ckptsup
+from ckptsup.hooks.sampler import ResumableDistributedSampler
+
+
+class Synthetic(torch.utils.data.Dataset):
+    """y = x @ w + noise; each sample carries its id so tests can check the data order."""
+
+    def __init__(self, size: int, dim: int, seed: int) -> None:
+        gen = torch.Generator().manual_seed(seed + 1000)
+        self.x = torch.randn(size, dim, generator=gen)
+        self.y = self.x @ torch.randn(dim, 1, generator=gen) + 0.1 * torch.randn(size, 1, generator=gen)
+
+    def __len__(self) -> int:
+        return len(self.x)
+
+    def __getitem__(self, i: int):
+        return i, self.x[i], self.y[i]
+
+
+def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
+    p = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+    p.add_argument("--steps", type=int, default=100)
+    p.add_argument("--save-every-steps", type=int, default=None)
+    p.add_argument("--checkpoint-dir", default=None)
+    p.add_argument("--step-sleep-s", type=float, default=0.0)
+    p.add_argument("--batch-size", type=int, default=4)
+    p.add_argument("--dataset-size", type=int, default=512)
+    p.add_argument("--dim", type=int, default=16)
+    p.add_argument("--hidden", type=int, default=64)
+    p.add_argument("--seed", type=int, default=0)
+    p.add_argument("--lr", type=float, default=1e-2)
+    p.add_argument("--warmup-steps", type=int, default=10)
+    for fault in ("nan", "crash", "hang"):
+        p.add_argument(f"--{fault}-at-step", type=int, default=None)
+        p.add_argument(f"--{fault}-rank", type=int, default=0)
+    p.add_argument("--fault-mode", choices=("once", "always"), default="once")
+    p.add_argument("--out", default=None)
+    return p.parse_args(argv)
+
+
+def fault_fires(args: argparse.Namespace, kind: str, step: int, rank: int) -> bool:
+    if getattr(args, f"{kind}_at_step") != step or getattr(args, f"{kind}_rank") != rank:
+        return False
+    if args.fault_mode == "always":
+        return True
+    base = Path(args.out or (Path(args.checkpoint_dir).parent if args.checkpoint_dir else "."))
+    base.mkdir(parents=True, exist_ok=True)
+    marker = base / f".fault-{kind}-{step}-rank{rank}"
+    try:
+        os.close(os.open(marker, os.O_CREAT | os.O_EXCL | os.O_WRONLY, 0o600))
+    except FileExistsError:
+        return False
+    return True
+
+
+def main(argv: list[str] | None = None) -> int:
+    args = parse_args(argv)
+    distributed = int(os.environ.get("WORLD_SIZE", "1")) > 1
+    if distributed:
+        ckptsup.init_process_group()                                   # ckptsup
+    rank = dist.get_rank() if distributed else 0
+    device = torch.device(f"cuda:{int(os.environ.get('LOCAL_RANK', 0))}" if torch.cuda.is_available() else "cpu")
+    torch.manual_seed(args.seed)
+
+    model: nn.Module = nn.Sequential(nn.Linear(args.dim, args.hidden), nn.ReLU(), nn.Dropout(0.1),
+                                     nn.Linear(args.hidden, 1)).to(device)
+    if distributed:
+        model = nn.parallel.DistributedDataParallel(model, device_ids=[device] if device.type == "cuda" else None)
+    dataset = Synthetic(args.dataset_size, args.dim, args.seed)
+    sampler = ResumableDistributedSampler(dataset, seed=args.seed)
+    loader = StatefulDataLoader(dataset, batch_size=args.batch_size, sampler=sampler, drop_last=True)
+    opt = torch.optim.AdamW(model.parameters(), lr=args.lr)
+    sched = torch.optim.lr_scheduler.LambdaLR(opt, lambda s: min(1.0, (s + 1) / args.warmup_steps))
+    progress = {"samples_seen": 0}
+
+    run = ckptsup.attach(model=model, optimizer=opt, lr_scheduler=sched, dataloader=loader,   # ckptsup
+                         extra={"progress": progress}, checkpoint_dir=args.checkpoint_dir,     # ckptsup
+                         save_every_steps=args.save_every_steps)                               # ckptsup
+    step = run.resume()                                                                        # ckptsup
+
+    samples_log = None
+    if args.out:
+        Path(args.out).mkdir(parents=True, exist_ok=True)
+        samples_log = os.open(Path(args.out) / f"samples_rank{rank}.jsonl", os.O_WRONLY | os.O_APPEND | os.O_CREAT, 0o600)
+    batches = iter(loader)
+    while step < args.steps:
+        try:
+            ids, x, y = next(batches)
+        except StopIteration:                 # end of an epoch: the sampler moves to the next one
+            batches = iter(loader)
+            ids, x, y = next(batches)
+        x, y = x.to(device), y.to(device)
+        loss = nn.functional.mse_loss(model(x), y)
+        opt.zero_grad(set_to_none=True)
+        loss.backward()
+        opt.step()
+        sched.step()
+        progress["samples_seen"] += len(ids)
+        if samples_log is not None:
+            os.write(samples_log, (json.dumps({"step": step, "ids": ids.tolist()}) + "\n").encode())
+        if args.step_sleep_s:
+            time.sleep(args.step_sleep_s)
+        if fault_fires(args, "crash", step, rank):
+            raise RuntimeError(f"injected crash at step {step} on rank {rank}")
+        if fault_fires(args, "hang", step, rank):
+            print(f"rank {rank}: injected hang at step {step}", flush=True)
+            while True:
+                time.sleep(3600)
+        reported = loss.detach()
+        if fault_fires(args, "nan", step, rank):
+            reported = torch.tensor(float("nan"))
+        print(f"step {step} rank {rank} loss {float(reported):.6f}", flush=True)
+        run.step_done(step, loss=reported)                                                     # ckptsup
+        step += 1
+    run.close()                                                                                # ckptsup
+
+    if args.out:
+        write_final(args.out, model, opt, rank, step)
+    if distributed:
+        dist.destroy_process_group()
+    return 0
+
+
+def write_final(out: str, model: nn.Module, opt: torch.optim.Optimizer, rank: int, step: int) -> None:
+    plain = model.module if isinstance(model, nn.parallel.DistributedDataParallel) else model
+    state = {"model": {k: v.detach().cpu() for k, v in plain.state_dict().items()}, "optim": opt.state_dict()}
+    torch.save(state, Path(out) / f"final_rank{rank}.pt")
+    if rank == 0:
+        digest = hashlib.sha256()
+        for name, tensor in sorted(state["model"].items()):
+            digest.update(name.encode())
+            digest.update(tensor.numpy().tobytes())
+        (Path(out) / "final.json").write_text(json.dumps({"params_sha256": digest.hexdigest(), "step": step}))
+
+
+if __name__ == "__main__":
+    sys.exit(main())
