@@ -1,0 +1,411 @@
+"""The agent: one per active node (an srun task, or a child process in local mode).
+
+It runs torchrun for its node, serves a node-local Unix socket (0700 directory) where the ranks
+send HMAC'd frames, relays them up as frames on stdout (with `node` added) plus a heartbeat, and
+reads the supervisor's commands as frames on stdin. One thread, one selector: the rank sockets,
+stdin and a short tick for heartbeats and process checks.
+
+Crash detection happens here: a rank whose connection drops without `bye` is reported at once
+(no waiting for torchrun's monitor), and a stopped rank process (state T) is flagged in the
+heartbeat so the supervisor can blame it when the hang timeout fires.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import selectors
+import shutil
+import signal
+import socket
+import subprocess
+import sys
+import tempfile
+import time
+import uuid
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any, BinaryIO
+
+import psutil
+
+from .. import wire
+from ..env import ExitStatus
+from ..rundir import read_secret
+from .processes import terminate
+
+TICK_S = 0.1
+EXIT_CONFIRM_S = 0.3  # a dropped rank connection becomes a crash report unless torchrun exits 0 by then
+
+
+@dataclass(kw_only=True)
+class LaunchSpec:
+    """What the supervisor tells every agent of an attempt (a 0600 JSON file in the attempt dir;
+    srun gives every task the same argv, so per-node values are looked up by node name)."""
+
+    script: str
+    script_args: list[str]
+    nproc_per_node: int
+    nnodes: int
+    rdzv_endpoint: str                  # ADDR:PORT on the first active node
+    rdzv_id: str
+    node_addrs: dict[str, str]          # node -> address torchrun binds (--local-addr)
+    env: dict[str, str]                 # CKPTSUP_* and NCCL variables for the ranks
+    log_dir: str                        # per-attempt directory for torchrun/rank logs
+    heartbeat_interval_s: float = 1.0
+    shutdown_timeout_s: float = 60.0    # torchrun --shutdown-timeout (>= GraceTime)
+    kill_grace_s: float = 10.0
+    cwd: str = "."
+
+    def to_json(self) -> dict[str, Any]:
+        return dict(self.__dict__)
+
+    @classmethod
+    def read(cls, path: str | os.PathLike[str]) -> "LaunchSpec":
+        return cls(**json.loads(Path(path).read_text()))
+
+    def write(self, path: Path) -> None:
+        from ..rundir import atomic_write_json
+
+        atomic_write_json(path, self.to_json())
+
+
+@dataclass(kw_only=True)
+class RankConn:
+    sock: socket.socket
+    buf: bytes = b""
+    rank: int | None = None
+    pid: int | None = None
+    said_bye: bool = False
+    guard: wire.ReplayGuard = field(default_factory=wire.ReplayGuard)
+
+
+class Standby:
+    """A launcher process that has already imported torch.distributed.run (standby.py)."""
+
+    def __init__(self) -> None:
+        self.proc = subprocess.Popen([sys.executable, "-m", "ckptsup.supervisor.standby"],
+                                     stdin=subprocess.PIPE, stdout=subprocess.DEVNULL,
+                                     stderr=subprocess.DEVNULL, start_new_session=True)
+
+    def launch(self, *, argv: list[str], env: dict[str, str], cwd: str, log: str) -> subprocess.Popen:
+        assert self.proc.stdin is not None
+        request = {"argv": argv, "env": env, "cwd": cwd, "log": log}
+        self.proc.stdin.write((json.dumps(request) + "\n").encode())
+        self.proc.stdin.close()
+        return self.proc
+
+    def discard(self) -> None:
+        terminate(self.proc, 0)
+
+
+class Agent:
+    def __init__(self, *, spec: LaunchSpec, node: str, secret: bytes, out: BinaryIO, inp: BinaryIO,
+                 attempt: int) -> None:
+        self.spec = spec
+        self.node = node
+        self.secret = secret
+        self.out = out
+        self.inp = inp
+        self.attempt = attempt
+        self.instance = uuid.uuid4().hex[:12]
+        self.seq = 0
+        self.sup_guard = wire.ReplayGuard()
+        self.sel = selectors.DefaultSelector()
+        self.sock_dir = Path(tempfile.mkdtemp(prefix="ckptsup-agent-"))  # 0700
+        self.sock_path = self.sock_dir / "ranks.sock"
+        self.server = socket.socket(socket.AF_UNIX, socket.SOCK_STREAM)
+        self.server.bind(str(self.sock_path))
+        os.chmod(self.sock_path, 0o600)
+        self.server.listen(256)
+        self.server.setblocking(False)
+        self.sel.register(self.server, selectors.EVENT_READ, "accept")
+        os.set_blocking(inp.fileno(), False)
+        self.sel.register(inp, selectors.EVENT_READ, "stdin")
+        self.stdin_buf = b""
+        self.conns: dict[socket.socket, RankConn] = {}
+        self.torchrun: subprocess.Popen | None = None
+        self.torchrun_reported = True
+        self.standby: Standby | None = None
+        self.last_step: int | None = None
+        self.phase = "init"
+        self.dropped = 0
+        self.term_signal: int | None = None
+        self.exit_requested = False
+        self.last_hb = 0.0
+        self.stopped_ranks: set[int] = set()
+        self.pending_exits: list[tuple[float, int | None, int | None]] = []
+
+    # ---- output -------------------------------------------------------------------------------
+    def send(self, m: str, body: dict[str, Any]) -> None:
+        self.seq += 1
+        body = {**body, "node": self.node, "agent": self.instance}
+        try:
+            self.out.write(wire.encode(m, body, seq=self.seq, secret=self.secret))
+            self.out.flush()
+        except BrokenPipeError:
+            self.exit_requested = True  # the supervisor is gone
+
+    def to_ranks(self, m: str, body: dict[str, Any]) -> None:
+        for conn in list(self.conns.values()):
+            self.seq += 1
+            try:
+                conn.sock.sendall(wire.encode(m, body, seq=self.seq, secret=self.secret))
+            except OSError:
+                pass  # that rank is going away; its EOF is handled by the reader
+
+    # ---- torchrun -----------------------------------------------------------------------------
+    def torchrun_argv(self) -> list[str]:
+        spec = self.spec
+        addr = spec.node_addrs.get(self.node, "127.0.0.1")
+        return ["--nnodes", str(spec.nnodes), "--nproc-per-node", str(spec.nproc_per_node),
+                "--rdzv-backend", "c10d", "--rdzv-endpoint", spec.rdzv_endpoint,
+                "--rdzv-id", spec.rdzv_id, "--local-addr", addr, "--max-restarts", "0",
+                "--monitor-interval", "0.1", "--shutdown-timeout", str(int(spec.shutdown_timeout_s)),
+                spec.script, *spec.script_args]
+
+    def rank_env(self, extra: dict[str, str]) -> dict[str, str]:
+        env = dict(os.environ)
+        env.update(self.spec.env)
+        env.update(extra)
+        env["CKPTSUP_RANK_SOCKET"] = str(self.sock_path)
+        env["CKPTSUP_NODE"] = self.node
+        env["PYTHONUNBUFFERED"] = "1"
+        return env
+
+    def start_torchrun(self, extra_env: dict[str, str]) -> None:
+        standby = self.standby or Standby()
+        self.standby = None
+        log = os.path.join(self.spec.log_dir, f"ranks-{self.node}.log")
+        self.torchrun = standby.launch(argv=self.torchrun_argv(), env=self.rank_env(extra_env),
+                                       cwd=self.spec.cwd, log=log)
+        self.torchrun_reported = False
+        self.phase = "init"
+        self.last_step = None
+        self.stopped_ranks = set()
+        self.send("launched", {"attempt": self.attempt, "pid": self.torchrun.pid})
+        self.standby = Standby()  # warm the next one while this attempt runs
+
+    def kill_torchrun(self, grace: float) -> float:
+        t0 = time.monotonic()
+        if self.torchrun is not None:
+            terminate(self.torchrun, grace)
+            self.torchrun = None
+        for conn in list(self.conns.values()):
+            if conn.pid is not None:
+                terminate(conn.pid, 0)  # a rank that escaped the tree
+            self._close(conn, report=False)
+        self.torchrun_reported = True
+        self.pending_exits = []
+        return time.monotonic() - t0
+
+    # ---- rank sockets -------------------------------------------------------------------------
+    def _accept(self) -> None:
+        try:
+            sock, _ = self.server.accept()
+        except BlockingIOError:
+            return
+        sock.setblocking(False)
+        self.conns[sock] = RankConn(sock=sock)
+        self.sel.register(sock, selectors.EVENT_READ, "rank")
+
+    def _close(self, conn: RankConn, *, report: bool) -> None:
+        self.sel.unregister(conn.sock)
+        conn.sock.close()
+        self.conns.pop(conn.sock, None)
+        if report and not conn.said_bye and self.torchrun is not None:
+            # A rank that finished without `bye` looks the same for a moment: confirm unless
+            # torchrun exits cleanly within EXIT_CONFIRM_S.
+            self.pending_exits.append((time.monotonic(), conn.rank, conn.pid))
+
+    def _read_rank(self, conn: RankConn) -> None:
+        try:
+            data = conn.sock.recv(65536)
+        except (BlockingIOError, InterruptedError):
+            return
+        except OSError:
+            data = b""
+        if not data:
+            self._close(conn, report=True)
+            return
+        conn.buf += data
+        if len(conn.buf) > 4 * wire.MAX_FRAME_BYTES:
+            self.dropped += 1
+            self._close(conn, report=True)  # a flood is not a rank of ours
+            return
+        *lines, conn.buf = conn.buf.split(b"\n")
+        for line in lines:
+            if line.strip():
+                self._rank_frame(conn, line)
+
+    def _rank_frame(self, conn: RankConn, line: bytes) -> None:
+        try:
+            m, seq, body = wire.decode(line, secret=self.secret)
+        except wire.FrameError:
+            self.dropped += 1
+            return
+        if not conn.guard.accept("rank", seq):
+            self.dropped += 1
+            return
+        if m == "hello":
+            conn.rank, conn.pid = body.get("rank"), body.get("pid")
+        elif m == "step":
+            step = body.get("step")
+            if isinstance(step, int) and (self.last_step is None or step > self.last_step):
+                self.last_step = step
+            self.phase = "train"
+        elif m == "phase":
+            self.phase = str(body.get("phase", self.phase))
+        elif m == "bye":
+            conn.said_bye = True
+        self.send(m, body)
+
+    # ---- supervisor commands ------------------------------------------------------------------
+    def _read_stdin(self) -> None:
+        try:
+            data = os.read(self.inp.fileno(), 65536)
+        except BlockingIOError:
+            return
+        if not data:
+            # The supervisor (or the srun client) is gone: leave no rank behind.
+            self.sel.unregister(self.inp)
+            self.exit_requested = True
+            return
+        self.stdin_buf += data
+        *lines, self.stdin_buf = self.stdin_buf.split(b"\n")
+        for line in lines:
+            if line.strip():
+                self._command(line)
+
+    def _command(self, line: bytes) -> None:
+        try:
+            m, seq, body = wire.decode(line, secret=self.secret)
+        except wire.FrameError:
+            self.dropped += 1
+            return
+        if not self.sup_guard.accept("supervisor", seq):
+            self.dropped += 1
+            return
+        targets = body.get("nodes")
+        if targets is not None and self.node not in targets:
+            return
+        if m == "kill":
+            kill_s = self.kill_torchrun(float(body.get("grace", 0)))
+            self.send("killed", {"kill_s": kill_s})
+        elif m == "restart":
+            kill_s = self.kill_torchrun(0) if self.torchrun is not None else 0.0
+            self.attempt = int(body["attempt"])
+            if body.get("spec"):
+                self.spec = LaunchSpec(**body["spec"]) if isinstance(body["spec"], dict) else LaunchSpec.read(body["spec"])
+            self.start_torchrun(dict(body.get("env", {})))
+            self.send("restarted", {"attempt": self.attempt, "kill_s": kill_s})
+        elif m == "exit":
+            self.exit_requested = True
+        elif m in ("stop_at", "save_now", "set_interval", "dump_fr"):
+            self.to_ranks(m, {k: v for k, v in body.items() if k != "nodes"})
+
+    # ---- periodic -----------------------------------------------------------------------------
+    def _check_processes(self) -> None:
+        rc = self.torchrun.poll() if self.torchrun is not None else None
+        now = time.monotonic()
+        if rc == 0:
+            self.pending_exits = []
+        for seen, rank, pid in [p for p in self.pending_exits if now - p[0] >= EXIT_CONFIRM_S or rc is not None]:
+            self.send("rank_exit", {"rank": rank, "rc": None, "pid": pid, "step": self.last_step,
+                                    "age_s": now - seen,
+                                    "detail": f"rank {rank} (pid {pid}) died without saying goodbye"})
+        self.pending_exits = [p for p in self.pending_exits if now - p[0] < EXIT_CONFIRM_S and rc is None]
+        if self.torchrun is not None and not self.torchrun_reported and rc is not None:
+            self.torchrun_reported = True
+            self.send("torchrun_exit", {"rc": rc, "step": self.last_step})
+        stopped = set()
+        for conn in self.conns.values():
+            if conn.pid is None or conn.rank is None:
+                continue
+            try:
+                if psutil.Process(conn.pid).status() == psutil.STATUS_STOPPED:
+                    stopped.add(conn.rank)
+            except psutil.NoSuchProcess:
+                pass
+        self.stopped_ranks = stopped
+
+    def heartbeat(self) -> None:
+        ranks = sorted(c.rank for c in self.conns.values() if c.rank is not None)
+        running = self.torchrun is not None and self.torchrun.poll() is None
+        self.send("hb", {"ranks_alive": ranks, "last_step": self.last_step, "phase": self.phase,
+                         "stopped_ranks": sorted(self.stopped_ranks), "torchrun": running,
+                         "dropped": self.dropped, "attempt": self.attempt})
+
+    def on_signal(self, signum: int, _frame: Any) -> None:
+        self.term_signal = signum  # handled in the loop
+
+    def _preempted(self) -> int:
+        """SIGTERM: Slurm preempts (every step process got it). Ask ranks to stop and save if
+        the budget allows, wait for torchrun up to its shutdown timeout, report, exit."""
+        budget = float(self.spec.env.get("CKPTSUP_PREEMPT_BUDGET_S", "0") or 0)
+        self.send("preempt", {"signal": self.term_signal, "budget_s": budget})
+        self.to_ranks("stop_at", {"step": None, "reason": "preempted", "save": True, "budget_s": budget})
+        deadline = time.monotonic() + max(budget, 1.0)
+        while self.torchrun is not None and self.torchrun.poll() is None and time.monotonic() < deadline:
+            self._pump(0.1)
+        rc = self.torchrun.poll() if self.torchrun is not None else None
+        self.kill_torchrun(0)
+        self.send("torchrun_exit", {"rc": rc, "step": self.last_step, "preempted": True})
+        return ExitStatus.PREEMPTED
+
+    def _pump(self, timeout: float) -> None:
+        for key, _ in self.sel.select(timeout):
+            if key.data == "accept":
+                self._accept()
+            elif key.data == "stdin":
+                self._read_stdin()
+            else:
+                conn = self.conns.get(key.fileobj)  # type: ignore[arg-type]
+                if conn is not None:
+                    self._read_rank(conn)
+
+    def run(self, *, launch: bool = True) -> int:
+        signal.signal(signal.SIGTERM, self.on_signal)
+        signal.signal(signal.SIGINT, self.on_signal)
+        try:
+            self.heartbeat()
+            if launch:
+                self.start_torchrun({})
+            else:
+                self.standby = Standby()
+            while not self.exit_requested:
+                if self.term_signal is not None:
+                    return self._preempted()
+                self._pump(TICK_S)
+                self._check_processes()
+                now = time.monotonic()
+                if now - self.last_hb >= self.spec.heartbeat_interval_s:
+                    self.last_hb = now
+                    self.heartbeat()
+            return ExitStatus.DONE
+        finally:
+            self.shutdown()
+
+    def shutdown(self) -> None:
+        self.kill_torchrun(0)
+        if self.standby is not None:
+            self.standby.discard()
+            self.standby = None
+        self.server.close()
+        shutil.rmtree(self.sock_dir, ignore_errors=True)
+
+
+def node_name() -> str:
+    return os.environ.get("CKPTSUP_NODE") or os.environ.get("SLURMD_NODENAME") or socket.gethostname()
+
+
+def run_agent(*, spec_path: str, attempt: int, launch: bool = True) -> int:
+    spec = LaunchSpec.read(spec_path)
+    secret_file = spec.env.get("CKPTSUP_SECRET_FILE") or os.environ.get("CKPTSUP_SECRET_FILE")
+    if not secret_file:
+        from ..errors import ConfigError
+
+        raise ConfigError("the agent needs CKPTSUP_SECRET_FILE; it is started by `ckptsup launch`, not by hand")
+    agent = Agent(spec=spec, node=node_name(), secret=read_secret(secret_file), out=sys.stdout.buffer,
+                  inp=sys.stdin.buffer, attempt=attempt)
+    return agent.run(launch=launch)

@@ -1,0 +1,200 @@
+"""What the supervisor knows about the running attempt, built from agent messages.
+
+`AttemptTracker.on_message` folds one message in and returns a Failure when the message itself is
+one (a crash report, a NaN, a preemption); `check(now)` runs the time-based detectors (hang, node
+down). Timestamps are the supervisor's monotonic clock at receipt; the restart phases come from
+the marks set here (launch → every rank said hello → rendezvous done → load done → first step).
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, field, replace
+from typing import Any
+
+from ..config import SupervisorConfig
+from ..env import ExitStatus
+from .channel import Message
+from .detection import (NodeView, Phase, RankView, StepWindow, classify_rank_exit, detect_hang,
+                        detect_node_down, hang_timeout, nan_failure)
+from .observations import Failure, FailureKind
+
+
+@dataclass(kw_only=True)
+class Marks:
+    """Supervisor-mono timestamps of one (re)launch, for the restart phase breakdown."""
+
+    detect: float | None = None
+    killed: float | None = None
+    health_done: float | None = None
+    launch_sent: float | None = None
+    all_hello: float | None = None
+    rendezvous_done: float | None = None   # first rank past init (load or train phase)
+    train_start: float | None = None       # first rank in train phase (load finished)
+    first_step: float | None = None
+
+    def phases(self) -> dict[str, float]:
+        """Consecutive differences; a phase whose mark is missing takes no time (its successor
+        absorbs it), so the phases always add up to detect → first step."""
+        order = [("kill_s", self.killed), ("health_s", self.health_done), ("launch_s", self.all_hello),
+                 ("rendezvous_s", self.rendezvous_done), ("load_s", self.train_start),
+                 ("first_step_s", self.first_step)]
+        out: dict[str, float] = {}
+        prev = self.detect if self.detect is not None else self.launch_sent
+        for name, mark in order:
+            if mark is None or prev is None or mark < prev:
+                out[name] = 0.0
+                continue
+            out[name] = round(mark - prev, 4)
+            prev = mark
+        return out
+
+
+@dataclass(kw_only=True)
+class AttemptTracker:
+    attempt: int
+    nodes: tuple[str, ...]
+    nproc_per_node: int
+    config: SupervisorConfig
+    started: float
+    resume_step: int = 0
+    step_window: StepWindow = field(default_factory=StepWindow)
+    marks: Marks = field(default_factory=Marks)
+    node_views: dict[str, NodeView] = field(default_factory=dict)
+    ranks: dict[int, RankView] = field(default_factory=dict)
+    done_nodes: set[str] = field(default_factory=set)
+    first_step: int | None = None
+    last_step: int | None = None
+    hellos: int = 0
+    preempted: bool = False
+
+    def __post_init__(self) -> None:
+        for node in self.nodes:
+            self.node_views[node] = NodeView(node=node, last_heard=self.started)
+
+    @property
+    def world_size(self) -> int:
+        return len(self.nodes) * self.nproc_per_node
+
+    @property
+    def complete(self) -> bool:
+        return set(self.nodes) <= self.done_nodes
+
+    def current_step(self) -> int:
+        """The step the job is working on: the slowest rank's next step (a rank that has not
+        stepped yet, or not even said hello, is at the resume step)."""
+        positions = [v.last_step + 1 if v.last_step is not None else self.resume_step
+                     for v in self.ranks.values()]
+        if len(self.ranks) < self.world_size or not positions:
+            positions.append(self.resume_step)
+        return min(positions)
+
+    def hang_timeout_s(self) -> float:
+        return hang_timeout(self.config, self.step_window.p99())
+
+    # ---- messages -----------------------------------------------------------------------------
+    def on_message(self, msg: Message) -> Failure | None:
+        body, node, now = msg.body, msg.node, msg.recv
+        view = self.node_views.get(node)
+        if view is None:
+            return None  # an agent of a node not in this attempt (a late frame of an old step)
+        view.last_heard = now
+        m = msg.m
+        if m == "hb":
+            stopped = set(body.get("stopped_ranks") or ())
+            for rank in self.ranks.values():
+                if rank.node == node:
+                    rank.stopped = rank.rank in stopped
+        elif m == "hello":
+            rank = int(body.get("rank", -1))
+            self.ranks[rank] = RankView(rank=rank, node=node, phase=Phase.INIT, phase_since=now,
+                                        last_progress=now)
+            self.hellos += 1
+            if self.hellos >= self.world_size and self.marks.all_hello is None:
+                self.marks.all_hello = now
+        elif m == "phase":
+            rv = self._rank(body, node, now)
+            rv.phase, rv.phase_since = Phase.parse(body.get("phase")), now
+            if rv.phase in (Phase.LOAD, Phase.TRAIN) and self.marks.rendezvous_done is None:
+                self.marks.rendezvous_done = now
+            if rv.phase is Phase.TRAIN and self.marks.train_start is None:
+                self.marks.train_start = now
+        elif m == "step":
+            return self._on_step(body, node, now)
+        elif m == "nan":
+            return nan_failure(node=node, rank=int(body.get("rank", -1)), step=int(body.get("step", -1)),
+                               loss=body.get("loss"))
+        elif m == "rank_exit":
+            failure = classify_rank_exit(node=node, rank=body.get("rank"), rc=body.get("rc"),
+                                         step=self.current_step(), age_s=float(body.get("age_s") or 0.0),
+                                         detail=str(body.get("detail", "")))
+            return failure
+        elif m == "torchrun_exit":
+            rc = body.get("rc")
+            if body.get("preempted"):
+                self.done_nodes.add(node)
+                return None
+            if rc == 0:
+                self.done_nodes.add(node)
+                return None
+            if rc == ExitStatus.RANK_NAN:
+                return Failure(kind=FailureKind.NAN, node=node, step=self.current_step(),
+                               suspects=(node,), detail="torchrun reported a NaN exit")
+            return classify_rank_exit(node=node, rank=None, rc=rc, step=self.current_step(),
+                                      detail=f"torchrun on {node} exited rc={rc}")
+        elif m == "preempt":
+            self.preempted = True
+            return Failure(kind=FailureKind.PREEMPTED, node=node, step=self.current_step(),
+                           detail=f"agent on {node} got signal {body.get('signal')}")
+        return None
+
+    def _rank(self, body: dict[str, Any], node: str, now: float) -> RankView:
+        rank = int(body.get("rank", -1))
+        rv = self.ranks.get(rank)
+        if rv is None:
+            rv = self.ranks[rank] = RankView(rank=rank, node=node, phase_since=now, last_progress=now)
+        return rv
+
+    def _on_step(self, body: dict[str, Any], node: str, now: float) -> Failure | None:
+        rv = self._rank(body, node, now)
+        step = int(body.get("step", -1))
+        rv.last_step, rv.last_progress = step, now
+        if rv.phase is not Phase.TRAIN:
+            rv.phase, rv.phase_since = Phase.TRAIN, now
+            if self.marks.rendezvous_done is None:
+                self.marks.rendezvous_done = now
+            if self.marks.train_start is None:
+                self.marks.train_start = now
+        st = body.get("step_time_s")
+        if isinstance(st, (int, float)) and step > self.resume_step:
+            self.step_window.add(float(st))  # the first step after a (re)start is warm-up
+        if self.first_step is None:
+            self.first_step = step
+            self.marks.first_step = now
+        if self.last_step is None or step > self.last_step:
+            self.last_step = step
+        if body.get("loss_finite") is False:
+            return nan_failure(node=node, rank=rv.rank, step=step, loss=body.get("loss"))
+        return None
+
+    # ---- time-based detection -----------------------------------------------------------------
+    def check(self, now: float) -> Failure | None:
+        live = [v for n, v in self.node_views.items() if n not in self.done_nodes]
+        down = detect_node_down(live, now=now, silence_s=self.config.node_silence_s,
+                                step=self.current_step())
+        if down is not None:
+            return down
+        ranks = list(self.ranks.values())
+        if len(ranks) < self.world_size:
+            # not every rank has said hello yet: the init allowance runs from launch
+            pending = RankView(rank=-1, node=self.nodes[0], phase=Phase.INIT, phase_since=self.started,
+                               last_progress=self.started)
+            if now - self.started > self.config.init_timeout_s:
+                return replace(detect_hang([pending], now=now, config=self.config, train_timeout_s=0.0)
+                               or Failure(kind=FailureKind.HANG), step=self.current_step(),
+                               detail=f"only {len(ranks)} of {self.world_size} ranks started within "
+                                      f"supervisor.init_timeout_s={self.config.init_timeout_s:g}s")
+            return None
+        hang = detect_hang(ranks, now=now, config=self.config, train_timeout_s=self.hang_timeout_s())
+        if hang is not None:
+            return replace(hang, step=self.current_step())
+        return None

@@ -1,0 +1,130 @@
+"""Supervisor side of the agent channel: one `AgentStep` per srun step (or per local agent child).
+
+Agents write frames on stdout (srun -u merges every task's stdout into one pipe); one reader
+thread per step decodes them, drops forged or replayed ones, and queues (recv_mono, m, body).
+Commands go down as frames on the step's stdin (srun --input=all hands them to every task; a
+`nodes` list in the body addresses a subset).
+"""
+
+from __future__ import annotations
+
+import os
+import queue
+import subprocess
+import threading
+import time
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any, Sequence
+
+from .. import wire
+from .processes import terminate
+
+
+@dataclass(frozen=True, kw_only=True)
+class Message:
+    recv: float          # supervisor monotonic time of receipt
+    m: str
+    body: dict[str, Any]
+    step_id: int         # which AgentStep it came from (messages of a replaced step are stale)
+
+    @property
+    def node(self) -> str:
+        return str(self.body.get("node", "?"))
+
+
+class CommandSender:
+    """Monotonic sequence numbers for every command this supervisor sends, across steps."""
+
+    def __init__(self, secret: bytes) -> None:
+        self.secret = secret
+        self.seq = int(time.time() * 1000)  # a later supervisor of the same run starts higher
+        self.lock = threading.Lock()
+
+    def frame(self, m: str, body: dict[str, Any]) -> bytes:
+        with self.lock:
+            self.seq += 1
+            return wire.encode(m, body, seq=self.seq, secret=self.secret)
+
+
+class AgentStep:
+    """A running set of agents behind one process (srun, or a local `ckptsup agent`)."""
+
+    _ids = 0
+
+    def __init__(self, *, argv: Sequence[str], env: dict[str, str], nodes: Sequence[str], secret: bytes,
+                 sender: CommandSender, inbox: "queue.Queue[Message]", log_path: Path) -> None:
+        AgentStep._ids += 1
+        self.step_id = AgentStep._ids
+        self.nodes = tuple(nodes)
+        self.secret = secret
+        self.sender = sender
+        self.inbox = inbox
+        self.dropped = 0
+        self.started = time.monotonic()
+        fd = os.open(log_path, os.O_WRONLY | os.O_CREAT | os.O_APPEND, 0o600)
+        try:
+            self.proc = subprocess.Popen(list(argv), stdin=subprocess.PIPE, stdout=subprocess.PIPE,
+                                         stderr=fd, env=env, start_new_session=True)
+        finally:
+            os.close(fd)
+        self.guard = wire.ReplayGuard()
+        self.reader = threading.Thread(target=self._read, name=f"agent-step-{self.step_id}", daemon=True)
+        self.reader.start()
+
+    def _read(self) -> None:
+        assert self.proc.stdout is not None
+        for line in self.proc.stdout:
+            recv = time.monotonic()
+            if not line.strip():
+                continue
+            try:
+                m, seq, body = wire.decode(line, secret=self.secret)
+            except wire.FrameError:
+                self.dropped += 1  # stray output or a forgery: never acted on
+                continue
+            if not self.guard.accept(f"{body.get('node')}/{body.get('agent')}", seq):
+                self.dropped += 1
+                continue
+            self.inbox.put(Message(recv=recv, m=m, body=body, step_id=self.step_id))
+        self.inbox.put(Message(recv=time.monotonic(), m="step_eof", body={"rc": self.proc.wait()},
+                               step_id=self.step_id))
+
+    def send(self, m: str, body: dict[str, Any] | None = None, *, nodes: Sequence[str] | None = None) -> bool:
+        body = dict(body or {})
+        if nodes is not None:
+            body["nodes"] = list(nodes)
+        data = self.sender.frame(m, body)
+        try:
+            assert self.proc.stdin is not None
+            self.proc.stdin.write(data)
+            self.proc.stdin.flush()
+            return True
+        except (BrokenPipeError, ValueError, OSError):
+            return False
+
+    def alive(self) -> bool:
+        return self.proc.poll() is None
+
+    def close(self, grace: float) -> int | None:
+        """Ask the agents to exit (they kill their ranks), then terminate the step."""
+        self.send("exit")
+        try:
+            if self.proc.stdin is not None:
+                self.proc.stdin.close()
+        except OSError:
+            pass
+        try:
+            return self.proc.wait(timeout=grace)
+        except subprocess.TimeoutExpired:
+            return terminate(self.proc, 1.0)
+
+    def abandon(self) -> None:
+        """Stop caring about a step on a dead node: close its pipes, kill the local srun client
+        without waiting for Slurm (the new step starts with --overlap meanwhile)."""
+        try:
+            if self.proc.stdin is not None:
+                self.proc.stdin.close()
+        except OSError:
+            pass
+        terminate(self.proc, 0)

@@ -1,0 +1,188 @@
+"""Pure failure detectors. They read what the supervisor has heard (timestamps on its own monotonic
+clock) and return a `Failure` or None; they never sleep, signal or log.
+
+Hang timeout (documented reasoning): NCCL's own watchdog waits minutes (10 min collective timeout,
+8 min heartbeat). A training step is regular, so "no progress for ten times the slowest normal
+step" (p99 over the recent window) is far outside normal jitter yet seconds, not minutes; the
+floor `hang_min_s` (30 s) keeps a fast model from being killed by one GC pause or a slow batch.
+Init, checkpoint load and blocking save are not steps: each phase has its own, longer allowance.
+"""
+
+from __future__ import annotations
+
+import enum
+import math
+from dataclasses import dataclass, field
+from typing import Iterable, Mapping, Sequence
+
+from ..config import AUTO, SupervisorConfig
+from ..env import ExitStatus
+from .observations import Failure, FailureKind
+
+
+class Phase(str, enum.Enum):
+    """What a rank is doing (wire `phase` frames). Transitions: INIT → LOAD? → TRAIN ⇄ SAVE →
+    STOPPING | DONE."""
+
+    INIT = "init"
+    LOAD = "load"
+    TRAIN = "train"
+    SAVE = "save"
+    STOPPING = "stopping"
+    DONE = "done"
+
+    @classmethod
+    def parse(cls, value: str | None) -> "Phase":
+        try:
+            return cls(value)
+        except ValueError:
+            return cls.TRAIN
+
+
+@dataclass(kw_only=True)
+class RankView:
+    rank: int
+    node: str
+    phase: Phase = Phase.INIT
+    phase_since: float = 0.0          # supervisor mono when the phase began
+    last_step: int | None = None
+    last_progress: float = 0.0        # supervisor mono of the last step or phase change
+    stopped: bool = False             # the agent saw its process stopped (state T)
+
+    @property
+    def last_sign_of_life(self) -> float:
+        return max(self.last_progress, self.phase_since)
+
+
+@dataclass(kw_only=True)
+class NodeView:
+    node: str
+    last_heard: float                 # supervisor mono of the last frame from its agent
+
+
+@dataclass(kw_only=True)
+class StepWindow:
+    """Recent step times for the automatic hang timeout (bounded)."""
+
+    size: int = 512
+    samples: list[float] = field(default_factory=list)
+
+    def add(self, step_time_s: float) -> None:
+        if step_time_s >= 0 and math.isfinite(step_time_s):
+            self.samples.append(step_time_s)
+            if len(self.samples) > self.size:
+                del self.samples[: len(self.samples) - self.size]
+
+    def p99(self) -> float | None:
+        return percentile(self.samples, 0.99)
+
+
+def percentile(values: Sequence[float], q: float) -> float | None:
+    if not values:
+        return None
+    ordered = sorted(values)
+    index = min(len(ordered) - 1, max(0, math.ceil(q * len(ordered)) - 1))
+    return ordered[index]
+
+
+def hang_timeout(config: SupervisorConfig, step_p99_s: float | None) -> float:
+    """The hang timeout in the train phase: the configured number, or
+    max(hang_min_s, hang_step_factor × p99 step) when it is "auto"."""
+    if config.hang_timeout_s != AUTO:
+        return float(config.hang_timeout_s)
+    if step_p99_s is None:
+        return config.hang_min_s
+    return max(config.hang_min_s, config.hang_step_factor * step_p99_s)
+
+
+def allowance(phase: Phase, config: SupervisorConfig, train_timeout_s: float) -> float:
+    """How long a rank may show no progress in `phase`."""
+    if phase is Phase.INIT:
+        return config.init_timeout_s
+    if phase is Phase.LOAD:
+        return config.load_timeout_s
+    if phase is Phase.SAVE:
+        return config.save_timeout_s + train_timeout_s
+    if phase is Phase.STOPPING:
+        return config.save_timeout_s + config.kill_grace_s
+    if phase is Phase.DONE:
+        return math.inf
+    return train_timeout_s
+
+
+def detect_hang(ranks: Iterable[RankView], *, now: float, config: SupervisorConfig,
+                train_timeout_s: float) -> Failure | None:
+    """A rank with no progress beyond its phase's allowance. Blame: a process seen stopped first,
+    then the rank furthest behind (a hung rank holds the others in their collective)."""
+    overdue = []
+    for view in ranks:
+        silent = now - view.last_sign_of_life
+        if silent > allowance(view.phase, config, train_timeout_s):
+            overdue.append((view, silent))
+    if not overdue:
+        return None
+    every = list(ranks)
+    stopped = [v for v in every if v.stopped]
+    if stopped:
+        culprit = min(stopped, key=lambda v: v.rank)
+    else:
+        culprit = min(every, key=lambda v: (v.last_step if v.last_step is not None else -1,
+                                           v.last_sign_of_life, v.rank))
+    silent = max(s for _, s in overdue)
+    return Failure(kind=FailureKind.HANG, node=culprit.node, rank=culprit.rank, step=_job_step(every),
+                   detect_s=silent, suspects=(culprit.node,),
+                   detail=f"no progress for {silent:.1f}s in phase {culprit.phase.value}"
+                          f"{' (process stopped)' if culprit.stopped else ''}")
+
+
+def detect_node_down(nodes: Iterable[NodeView], *, now: float, silence_s: float,
+                     step: int | None = None) -> Failure | None:
+    """An agent silent for `silence_s` while another agent still talks. When every agent is
+    silent, the cause may be the supervisor's side: wait twice as long, then blame them all."""
+    views = list(nodes)
+    if not views:
+        return None
+    silent = [v for v in views if now - v.last_heard > silence_s]
+    if not silent:
+        return None
+    talking = len(silent) < len(views)
+    worst = min(silent, key=lambda v: v.last_heard)
+    if talking:
+        return Failure(kind=FailureKind.NODE_DOWN, node=worst.node, step=step,
+                       detect_s=now - worst.last_heard, suspects=(worst.node,),
+                       detail=f"agent silent for {now - worst.last_heard:.1f}s while others talk")
+    if now - worst.last_heard > 2 * silence_s:
+        return Failure(kind=FailureKind.NODE_DOWN, node=worst.node, step=step,
+                       detect_s=now - worst.last_heard, suspects=tuple(v.node for v in views),
+                       detail=f"every agent silent for {now - worst.last_heard:.1f}s")
+    return None
+
+
+def classify_rank_exit(*, node: str, rank: int | None, rc: int | None, step: int | None,
+                       age_s: float = 0.0, detail: str = "") -> Failure | None:
+    """A rank (or its torchrun) ended. rc None = vanished without a status (connection lost)."""
+    if rc == ExitStatus.DONE:
+        return None
+    if rc == ExitStatus.RANK_NAN:
+        return Failure(kind=FailureKind.NAN, node=node, rank=rank, step=step, detect_s=age_s,
+                       detail=detail or "rank exited on a non-finite loss")
+    if rc == ExitStatus.RANK_STOPPED:
+        return None
+    what = "lost its connection" if rc is None else (f"killed by signal {-rc}" if rc < 0 else f"exited rc={rc}")
+    return Failure(kind=FailureKind.CRASH, node=node, rank=rank, step=step, detect_s=age_s,
+                   suspects=(node,), detail=detail or f"rank {rank} {what}")
+
+
+def nan_failure(*, node: str, rank: int, step: int, loss: object, age_s: float = 0.0) -> Failure:
+    return Failure(kind=FailureKind.NAN, node=node, rank=rank, step=step, detect_s=age_s,
+                   suspects=(node,), detail=f"non-finite loss {loss} on rank {rank} at step {step}")
+
+
+def _job_step(ranks: Sequence[RankView]) -> int | None:
+    steps = [v.last_step for v in ranks if v.last_step is not None]
+    return min(steps) if steps else None
+
+
+def job_step(ranks: Mapping[int, RankView]) -> int | None:
+    """The step every rank has finished (the minimum over ranks)."""
+    return _job_step(list(ranks.values()))

@@ -1,0 +1,113 @@
+"""What the supervisor observes and what an attempt ended with: plain data for the pure policy.
+
+A failed attempt is data (`AttemptResult`), never an exception: the loop records it in the run's
+history and asks the policy what to do next.
+"""
+
+from __future__ import annotations
+
+import enum
+from dataclasses import dataclass, field
+
+from ..events import FailureKind
+
+__all__ = ["FailureKind", "Failure", "Outcome", "AttemptResult", "Observation", "RecoveryPath"]
+
+
+class RecoveryPath(str, enum.Enum):
+    """How a restart inside the allocation happens (DESIGN §1)."""
+
+    FAST = "fast"   # same nodes: restart torchrun inside the running agents
+    NODE = "node"   # node set changes: a new agent step (srun --overlap) on healthy nodes + spares
+
+
+class Outcome(str, enum.Enum):
+    """How an attempt ended. Transitions: RUNNING → COMPLETED | FAILED | PREEMPTED."""
+
+    RUNNING = "running"
+    COMPLETED = "completed"
+    FAILED = "failed"
+    PREEMPTED = "preempted"
+
+
+@dataclass(frozen=True, kw_only=True)
+class Failure:
+    """One detected failure. `node`/`rank` are None when it cannot be pinned on one."""
+
+    kind: FailureKind
+    node: str | None = None
+    rank: int | None = None
+    step: int | None = None       # last step the job had reached when it failed
+    detect_s: float = 0.0         # fault (or last sign of life) → detection, seconds
+    detail: str = ""
+    suspects: tuple[str, ...] = ()  # nodes to health-check (and exclude if they fail)
+
+    @property
+    def blamed_node(self) -> str | None:
+        """The node a failure of this kind is pinned on without a health check."""
+        if self.kind in (FailureKind.NODE_DOWN, FailureKind.NAN):
+            return self.node
+        return None
+
+    def to_record(self) -> dict:
+        return {"kind": self.kind.value, "node": self.node, "rank": self.rank, "step": self.step,
+                "detect_s": round(self.detect_s, 4), "detail": self.detail}
+
+    @classmethod
+    def from_record(cls, record: dict) -> "Failure":
+        return cls(kind=FailureKind(record["kind"]), node=record.get("node"), rank=record.get("rank"),
+                   step=record.get("step"), detect_s=float(record.get("detect_s") or 0.0),
+                   detail=record.get("detail", ""))
+
+
+@dataclass(frozen=True, kw_only=True)
+class AttemptResult:
+    """The history entry for one attempt (persisted in state.json `failures`)."""
+
+    attempt: int
+    outcome: Outcome
+    start_step: int               # step the attempt resumed at
+    last_step: int | None         # highest step it reported done (None: never stepped)
+    failure: Failure | None = None
+
+    @property
+    def progressed(self) -> bool:
+        return self.last_step is not None and self.last_step >= self.start_step
+
+    def to_record(self) -> dict:
+        out = {"attempt": self.attempt, "outcome": self.outcome.value, "start_step": self.start_step,
+               "last_step": self.last_step}
+        if self.failure is not None:
+            out.update(self.failure.to_record())
+        return out
+
+    @classmethod
+    def from_record(cls, record: dict) -> "AttemptResult":
+        failure = Failure.from_record(record) if record.get("kind") else None
+        return cls(attempt=int(record.get("attempt", 0)), outcome=Outcome(record.get("outcome", "failed")),
+                   start_step=int(record.get("start_step", 0)), last_step=record.get("last_step"),
+                   failure=failure)
+
+
+@dataclass(frozen=True, kw_only=True)
+class Observation:
+    """The world as the policy sees it after a failure (or at a tick, with failure=None)."""
+
+    failure: Failure | None
+    active: tuple[str, ...]               # nodes of the current attempt, in rank order
+    spares: tuple[str, ...] = ()          # healthy allocated nodes not in use
+    excluded: frozenset[str] = frozenset()  # every node the job must never use again
+    unhealthy: frozenset[str] = frozenset()  # suspects that failed their health check now
+    nodes_needed: int = 1
+    can_requeue: bool = False              # inside Slurm with requeue allowed
+    restarts_used: int = 0
+
+
+@dataclass(frozen=True, kw_only=True)
+class History:
+    """Every finished attempt of the run, oldest first."""
+
+    attempts: tuple[AttemptResult, ...] = field(default_factory=tuple)
+
+    def failures(self) -> list[AttemptResult]:
+        return [a for a in self.attempts if a.outcome is Outcome.FAILED]

@@ -1,0 +1,81 @@
+"""Where agents run: the local machine (one agent child) or a Slurm allocation (one srun step of
+agents per attempt). Everything placement-specific lives here so the loop is the same in both."""
+
+from __future__ import annotations
+
+import os
+import shutil
+import socket
+import sys
+from dataclasses import dataclass, field
+from typing import Any, Mapping, Sequence
+
+from ..errors import CkptsupError, ConfigError
+
+
+def free_port(host: str = "127.0.0.1") -> int:
+    with socket.socket(socket.AF_INET, socket.SOCK_STREAM) as sock:
+        sock.bind((host, 0))
+        return int(sock.getsockname()[1])
+
+
+def agent_command(spec_path: str, attempt: int) -> list[str]:
+    """`ckptsup agent` by the same interpreter (works without the console script on PATH)."""
+    return [sys.executable, "-m", "ckptsup.cli", "agent", "--spec", spec_path, "--attempt", str(attempt)]
+
+
+@dataclass(kw_only=True)
+class Placement:
+    job_id: str
+    nodes: tuple[str, ...]                  # every usable node of the allocation, in order
+    addrs: dict[str, str] = field(default_factory=dict)
+    in_slurm: bool = False
+    slurm: Any = None                       # SlurmClient inside an allocation
+
+    @classmethod
+    def local(cls) -> "Placement":
+        node = os.environ.get("CKPTSUP_NODE") or socket.gethostname()
+        return cls(job_id=os.environ.get("CKPTSUP_JOB_ID", "local"), nodes=(node,), addrs={node: "127.0.0.1"})
+
+    @classmethod
+    def from_slurm(cls, env: Mapping[str, str], slurm_config: Any) -> "Placement":
+        from ..slurm.allocation import allocation_from_env
+        from ..slurm.client import SlurmClient
+
+        alloc = allocation_from_env(env)
+        client = SlurmClient.from_config(slurm_config)
+        addrs = {}
+        for node in alloc.nodes:
+            try:
+                addrs[node] = client.node_addr(node)
+            except CkptsupError as err:  # names resolve on real clusters; the address is a refinement
+                print(f"ckptsup: NodeAddr of {node} unavailable ({err}); using its name", file=sys.stderr)
+                addrs[node] = node
+        return cls(job_id=alloc.job_id, nodes=tuple(alloc.nodes), addrs=addrs, in_slurm=True, slurm=client)
+
+    def rdzv_endpoint(self, first_node: str, base_port: int, attempt: int) -> str:
+        addr = self.addrs.get(first_node, "127.0.0.1")
+        if not self.in_slurm:
+            return f"{addr}:{free_port(addr)}"
+        # a fresh port per attempt: the old store may still hold the previous one
+        return f"{addr}:{base_port + attempt % 500}"
+
+    def agent_argv(self, nodes: Sequence[str], spec_path: str, attempt: int) -> list[str]:
+        command = agent_command(spec_path, attempt)
+        if not self.in_slurm:
+            if len(nodes) != 1:
+                raise ConfigError(f"local mode runs one node, asked for {len(nodes)}; use --nodes 1 or run inside Slurm")
+            return command
+        from ..slurm.client import SlurmClient
+
+        exe = shutil.which("ckptsup")
+        if exe:
+            command = [exe, *command[3:]]
+        return SlurmClient.srun_argv(nodes=list(nodes), command=command, job_id=self.job_id,
+                                     extra=["--kill-on-bad-exit=0"])
+
+    def agent_env(self, node_hint: str | None) -> dict[str, str]:
+        env = dict(os.environ)
+        if not self.in_slurm and node_hint:
+            env["CKPTSUP_NODE"] = node_hint
+        return env

@@ -1,0 +1,92 @@
+"""Stopping processes: the one `terminate(proc, grace)` of the supervisor and the agent.
+
+A stopped process (SIGSTOP, a debugger) never handles SIGTERM, so it gets SIGKILL at once instead
+of costing the whole grace period. Children started in their own sessions (torchrun starts every
+worker with start_new_session=True) are found through the process tree, not the process group.
+"""
+
+from __future__ import annotations
+
+import os
+import signal
+import subprocess
+import time
+from typing import Callable
+
+import psutil
+
+
+def _is_stopped(proc: psutil.Process) -> bool:
+    try:
+        return proc.status() in (psutil.STATUS_STOPPED, psutil.STATUS_TRACING_STOP)
+    except (psutil.NoSuchProcess, psutil.ZombieProcess):
+        return False
+
+
+def tree(pid: int) -> list[psutil.Process]:
+    """`pid` and all its descendants (those alive now), parent first."""
+    try:
+        root = psutil.Process(pid)
+        return [root] + root.children(recursive=True)
+    except psutil.NoSuchProcess:
+        return []
+
+
+def signal_tree(pid: int, sig: int) -> None:
+    for proc in tree(pid):
+        try:
+            proc.send_signal(sig)
+        except psutil.NoSuchProcess:
+            pass
+
+
+def terminate(proc: subprocess.Popen | int, grace: float, *, sleep: Callable[[float], None] = time.sleep,
+              clock: Callable[[], float] = time.monotonic) -> int | None:
+    """Stop `proc` and every descendant: SIGTERM, wait up to `grace` seconds, then SIGKILL.
+    Stopped processes and grace <= 0 go straight to SIGKILL. Returns proc's exit status when it
+    is our child (Popen), else None."""
+    pid = proc.pid if isinstance(proc, subprocess.Popen) else int(proc)
+    members = tree(pid)
+    if grace > 0:
+        for member in members:
+            try:
+                member.send_signal(signal.SIGKILL if _is_stopped(member) else signal.SIGTERM)
+            except psutil.NoSuchProcess:
+                pass
+        deadline = clock() + grace
+        while clock() < deadline and any(_alive(m) for m in members):
+            if isinstance(proc, subprocess.Popen):
+                proc.poll()
+            sleep(0.02)
+    for member in members:
+        if _alive(member):
+            try:
+                member.kill()
+            except psutil.NoSuchProcess:
+                pass
+    if isinstance(proc, subprocess.Popen):
+        try:
+            return proc.wait(timeout=max(grace, 5.0))
+        except subprocess.TimeoutExpired:
+            return None
+    deadline = clock() + 5.0  # not our children: gone or a zombie (its parent reaps it) is enough
+    while clock() < deadline and any(_alive(m) for m in members):
+        sleep(0.01)
+    return None
+
+
+def _alive(proc: psutil.Process) -> bool:
+    try:
+        return proc.is_running() and proc.status() != psutil.STATUS_ZOMBIE
+    except psutil.NoSuchProcess:
+        return False
+
+
+def pid_alive(pid: int) -> bool:
+    try:
+        os.kill(pid, 0)
+    except ProcessLookupError:
+        return False
+    except PermissionError:
+        return True
+    return True

@@ -1,0 +1,43 @@
+"""A pre-imported torchrun: started by the agent ahead of need, it imports torch's launcher
+(~1.7 s here) and then waits for one JSON request on stdin: {"argv": [...], "env": {...},
+"cwd": "...", "log": "path"}. On it, it redirects its output to the log and becomes torchrun.
+The agent keeps one ready, so a fast-path restart skips the import.
+
+Run as `python -m ckptsup.supervisor.standby`. Torch is imported here, in the launcher process,
+never in the agent or the supervisor.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import signal
+import sys
+
+
+def main() -> int:
+    # Until a request arrives this process is idle; the agent kills it with SIGKILL if unused.
+    import torch.distributed.run as torchrun  # the expensive import, done ahead of need
+
+    line = sys.stdin.readline()
+    if not line.strip():
+        return 0  # the agent went away or closed us: nothing to launch
+    request = json.loads(line)
+    log = os.open(request["log"], os.O_WRONLY | os.O_CREAT | os.O_APPEND, 0o600)
+    os.dup2(log, 1)
+    os.dup2(log, 2)
+    os.close(log)
+    devnull = os.open(os.devnull, os.O_RDONLY)
+    os.dup2(devnull, 0)
+    os.close(devnull)
+    os.environ.clear()
+    os.environ.update(request["env"])
+    os.chdir(request["cwd"])
+    signal.signal(signal.SIGTERM, signal.SIG_DFL)
+    sys.argv = ["torchrun", *request["argv"]]
+    torchrun.main(request["argv"])
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())

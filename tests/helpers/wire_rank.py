@@ -1,0 +1,73 @@
+"""A torch-free stand-in for a training rank, for supervisor/agent tests: it speaks the wire
+protocol over CKPTSUP_RANK_SOCKET (hello, phase, step, nan, bye) the way the hooks do, and can
+crash, hang or report NaN on command. Progress persists in <out>/rank<R>.step so a restart resumes.
+
+usage: wire_rank.py --steps N [--step-s S] [--crash-at K] [--hang-at K] [--nan-at K] [--once] --out DIR
+"""
+import argparse
+import json
+import os
+import signal
+import socket
+import sys
+import time
+from pathlib import Path
+
+sys.path.insert(0, str(Path(__file__).resolve().parents[2]))
+from ckptsup import wire  # noqa: E402
+from ckptsup.rundir import read_secret  # noqa: E402
+
+
+def main() -> int:
+    p = argparse.ArgumentParser()
+    p.add_argument("--steps", type=int, default=20)
+    p.add_argument("--step-s", type=float, default=0.05)
+    p.add_argument("--crash-at", type=int, default=-1)
+    p.add_argument("--hang-at", type=int, default=-1)
+    p.add_argument("--nan-at", type=int, default=-1)
+    p.add_argument("--once", action="store_true", help="inject the fault only on the first attempt")
+    p.add_argument("--fault-rank", type=int, default=1)
+    p.add_argument("--out", required=True)
+    a = p.parse_args()
+    rank = int(os.environ.get("RANK", "0"))
+    attempt = int(os.environ.get("CKPTSUP_ATTEMPT", "0"))
+    secret = read_secret(os.environ["CKPTSUP_SECRET_FILE"])
+    sock = socket.socket(socket.AF_UNIX, socket.SOCK_STREAM)
+    sock.connect(os.environ["CKPTSUP_RANK_SOCKET"])
+    seq = [0]
+
+    def send(m, body):
+        seq[0] += 1
+        sock.sendall(wire.encode(m, body, seq=seq[0], secret=secret))
+
+    out = Path(a.out)
+    out.mkdir(parents=True, exist_ok=True)
+    marker = out / f"rank{rank}.step"
+    start = int(marker.read_text()) if marker.exists() else 0
+    send("hello", {"rank": rank, "local_rank": rank, "world_size": int(os.environ.get("WORLD_SIZE", "1")),
+                   "node": os.environ.get("CKPTSUP_NODE"), "pid": os.getpid()})
+    send("phase", {"rank": rank, "phase": "load" if start else "train", "step": start})
+    if start:
+        send("phase", {"rank": rank, "phase": "train", "step": start})
+    faulty = rank == a.fault_rank and (not a.once or attempt == 0)
+    for step in range(start, a.steps):
+        t0 = time.monotonic()
+        if faulty and step == a.crash_at:
+            os.kill(os.getpid(), signal.SIGKILL)
+        if faulty and step == a.hang_at:
+            os.kill(os.getpid(), signal.SIGSTOP)
+        time.sleep(a.step_s)
+        finite = not (faulty and step == a.nan_at) and not (a.nan_at == step and not a.once and rank == a.fault_rank)
+        if not finite:
+            send("nan", {"rank": rank, "step": step, "loss": "nan"})
+            time.sleep(30)
+            return 6
+        marker.write_text(str(step + 1))
+        send("step", {"rank": rank, "step": step, "step_time_s": time.monotonic() - t0, "loss_finite": True})
+    send("bye", {"rank": rank, "status": 0})
+    (out / f"rank{rank}.done").write_text(json.dumps({"attempt": attempt}))
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())

@@ -1,0 +1,87 @@
+"""Pure detectors: hang (per-phase allowances, automatic timeout), node down, exits, NaN."""
+import math
+
+from ckptsup.config import SupervisorConfig
+from ckptsup.env import ExitStatus
+from ckptsup.supervisor.detection import (NodeView, Phase, RankView, StepWindow, allowance, classify_rank_exit,
+                                          detect_hang, detect_node_down, hang_timeout, percentile)
+from ckptsup.supervisor.observations import FailureKind
+
+CFG = SupervisorConfig(hang_min_s=30.0, hang_step_factor=10.0, init_timeout_s=300.0, load_timeout_s=600.0,
+                       save_timeout_s=600.0)
+
+
+def test_automatic_hang_timeout_is_ten_times_p99_step_with_a_30s_floor():
+    assert hang_timeout(CFG, None) == 30.0
+    assert hang_timeout(CFG, 0.5) == 30.0
+    assert hang_timeout(CFG, 7.0) == 70.0
+
+
+def test_configured_hang_timeout_wins_over_auto():
+    assert hang_timeout(SupervisorConfig(hang_timeout_s=12), 100.0) == 12.0
+
+
+def test_step_window_p99_ignores_bad_samples_and_stays_bounded():
+    w = StepWindow(size=100)
+    for i in range(1000):
+        w.add(float(i % 100))
+    w.add(math.nan)
+    w.add(-1.0)
+    assert len(w.samples) == 100 and w.p99() == 98.0
+    assert percentile([], 0.99) is None
+
+
+def test_phases_have_their_own_allowances():
+    assert allowance(Phase.INIT, CFG, 30.0) == 300.0
+    assert allowance(Phase.LOAD, CFG, 30.0) == 600.0
+    assert allowance(Phase.SAVE, CFG, 30.0) == 630.0
+    assert allowance(Phase.TRAIN, CFG, 30.0) == 30.0
+
+
+def rank(r, *, step, last, phase=Phase.TRAIN, stopped=False, node="n1"):
+    return RankView(rank=r, node=node, phase=phase, phase_since=0.0, last_step=step, last_progress=last,
+                    stopped=stopped)
+
+
+def test_no_hang_within_the_timeout():
+    assert detect_hang([rank(0, step=9, last=100.0)], now=129.0, config=CFG, train_timeout_s=30.0) is None
+
+
+def test_hang_blames_the_stopped_process():
+    ranks = [rank(0, step=9, last=100.0), rank(1, step=9, last=100.0, stopped=True, node="n2")]
+    f = detect_hang(ranks, now=131.0, config=CFG, train_timeout_s=30.0)
+    assert f.kind is FailureKind.HANG and f.rank == 1 and f.node == "n2" and f.detect_s == 31.0
+    assert "stopped" in f.detail
+
+
+def test_hang_blames_the_rank_furthest_behind_when_none_is_stopped():
+    ranks = [rank(0, step=9, last=100.0), rank(1, step=8, last=95.0, node="n2")]
+    f = detect_hang(ranks, now=131.0, config=CFG, train_timeout_s=30.0)
+    assert f.rank == 1 and f.suspects == ("n2",)
+
+
+def test_a_long_save_is_not_a_hang():
+    ranks = [rank(0, step=9, last=100.0, phase=Phase.SAVE)]
+    assert detect_hang(ranks, now=400.0, config=CFG, train_timeout_s=30.0) is None
+
+
+def test_node_down_when_one_agent_is_silent_while_others_talk():
+    views = [NodeView(node="n1", last_heard=100.0), NodeView(node="n2", last_heard=94.0)]
+    f = detect_node_down(views, now=100.5, silence_s=5.0, step=12)
+    assert f.kind is FailureKind.NODE_DOWN and f.node == "n2" and f.step == 12 and f.detect_s == 6.5
+
+
+def test_everyone_silent_waits_twice_as_long_before_blaming():
+    views = [NodeView(node="n1", last_heard=94.0), NodeView(node="n2", last_heard=94.0)]
+    assert detect_node_down(views, now=100.0, silence_s=5.0) is None
+    f = detect_node_down(views, now=104.5, silence_s=5.0)
+    assert f is not None and set(f.suspects) == {"n1", "n2"}
+
+
+def test_exit_codes_classify_into_crash_nan_or_nothing():
+    assert classify_rank_exit(node="n1", rank=0, rc=0, step=3) is None
+    assert classify_rank_exit(node="n1", rank=0, rc=int(ExitStatus.RANK_STOPPED), step=3) is None
+    assert classify_rank_exit(node="n1", rank=0, rc=int(ExitStatus.RANK_NAN), step=3).kind is FailureKind.NAN
+    crash = classify_rank_exit(node="n1", rank=1, rc=-9, step=3)
+    assert crash.kind is FailureKind.CRASH and "signal 9" in crash.detail
+    assert "lost its connection" in classify_rank_exit(node="n1", rank=1, rc=None, step=3).detail

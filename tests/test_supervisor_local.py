@@ -1,0 +1,140 @@
+"""`ckptsup launch` in local mode (no Slurm): the real CLI, agent, torchrun and a wire-speaking
+rank stand-in (tests/helpers/wire_rank.py). Each fault ends as the policy says, with events."""
+import json
+import os
+import subprocess
+import sys
+from pathlib import Path
+
+import psutil
+import pytest
+
+from ckptsup.events import read_events
+
+ROOT = Path(__file__).resolve().parents[1]
+RANK = ROOT / "tests" / "helpers" / "wire_rank.py"
+CKPTSUP = [sys.executable, "-m", "ckptsup.cli"]
+
+
+@pytest.fixture
+def cfg(tmp_path):
+    path = tmp_path / "job.toml"
+    path.write_text("[supervisor]\nhang_min_s = 3.0\nheartbeat_interval_s = 0.5\n"
+                    "[checkpoint]\nadaptive_interval = false\n")
+    return path
+
+
+def launch(tmp_path, cfg, *rank_args, nproc=2, extra=(), timeout=120):
+    run = tmp_path / "run"
+    argv = [*CKPTSUP, "launch", "--nproc-per-node", str(nproc), "--config", str(cfg), "--run-dir", str(run),
+            *extra, str(RANK), *rank_args, "--out", str(tmp_path / "out")]
+    proc = subprocess.run(argv, capture_output=True, text=True, timeout=timeout, cwd=tmp_path)
+    return proc, read_events(run) if run.exists() else []
+
+
+def named(events, name):
+    return [e for e in events if e["event"] == name]
+
+
+def no_rank_left(tmp_path):
+    for p in psutil.process_iter(["cmdline"]):
+        cmd = " ".join(p.info["cmdline"] or [])
+        if str(RANK) in cmd and str(tmp_path) in cmd:
+            return False
+    return True
+
+
+def test_rank_sigkill_is_detected_within_a_second_and_the_fast_path_finishes_the_run(tmp_path, cfg):
+    proc, events = launch(tmp_path, cfg, "--steps", "15", "--crash-at", "5", "--once")
+    assert proc.returncode == 0, proc.stderr
+    [failure] = named(events, "failure_detected")
+    assert failure["kind"] == "crash" and failure["rank"] == 1 and failure["detect_s"] <= 1.0
+    [restart] = named(events, "restart_done")
+    assert restart["path"] == "fast" and restart["resume_step"] >= 5
+    assert set(restart["phases"]) == {"kill_s", "health_s", "launch_s", "rendezvous_s", "load_s", "first_step_s"}
+    assert abs(sum(restart["phases"].values()) - restart["restart_s"]) < 0.05
+    assert named(events, "run_complete")
+    assert (tmp_path / "out" / "rank0.done").exists() and (tmp_path / "out" / "rank1.done").exists()
+    assert [e["attempt"] for e in named(events, "launch")] == [0, 1]
+    assert no_rank_left(tmp_path)
+
+
+def test_stopped_rank_is_detected_as_a_hang_within_timeout_plus_two_seconds(tmp_path, cfg):
+    proc, events = launch(tmp_path, cfg, "--steps", "12", "--hang-at", "4", "--once")
+    assert proc.returncode == 0, proc.stderr
+    [failure] = named(events, "failure_detected")
+    assert failure["kind"] == "hang" and failure["rank"] == 1 and "stopped" in failure["detail"]
+    assert 3.0 <= failure["detect_s"] <= 3.0 + 2.0
+    assert named(events, "run_complete") and no_rank_left(tmp_path)
+
+
+def test_nan_once_rolls_back_and_completes(tmp_path, cfg):
+    proc, events = launch(tmp_path, cfg, "--steps", "12", "--nan-at", "5", "--once")
+    assert proc.returncode == 0, proc.stderr
+    [failure] = named(events, "failure_detected")
+    assert failure["kind"] == "nan" and failure["rank"] == 1 and failure["step"] == 5
+    assert named(events, "restart_done") and named(events, "run_complete")
+
+
+def test_nan_at_the_same_step_every_time_gives_up_without_draining(tmp_path, cfg):
+    proc, events = launch(tmp_path, cfg, "--steps", "12", "--nan-at", "5")
+    assert proc.returncode == 3, proc.stderr  # ExitStatus.GIVE_UP
+    assert [e["kind"] for e in named(events, "failure_detected")] == ["nan"] * 3
+    [give_up] = named(events, "give_up")
+    assert "user error" in give_up["reason"] and "step 5" in give_up["reason"]
+    assert not named(events, "node_excluded")
+    state = json.loads((tmp_path / "run" / "state.json").read_text())
+    assert state["status"] == "gave_up" and state["excluded_nodes"] == {}
+    assert "giving up" in proc.stdout + proc.stderr
+
+
+def test_crash_at_step_zero_gives_up_after_k_attempts(tmp_path, cfg):
+    proc, events = launch(tmp_path, cfg, "--steps", "12", "--crash-at", "0")
+    assert proc.returncode == 3
+    assert len(named(events, "failure_detected")) == 3 and named(events, "give_up")
+    assert no_rank_left(tmp_path)
+
+
+def test_restart_budget_is_honoured(tmp_path, cfg):
+    proc, events = launch(tmp_path, cfg, "--steps", "12", "--crash-at", "3", "--once", extra=("--max-restarts", "0"))
+    assert proc.returncode == 3
+    assert "restart budget spent" in named(events, "give_up")[0]["reason"]
+
+
+ARGV_SCRIPT = "import json, sys; open(sys.argv[1], 'w').write(json.dumps(sys.argv[2:]))\n"
+
+
+def test_arguments_after_the_script_reach_it_untouched(tmp_path, cfg):
+    script = tmp_path / "argv.py"
+    script.write_text(ARGV_SCRIPT)
+    out = tmp_path / "argv.json"
+    args = ["--nodes", "7", "--config", "x.toml", "--max-restarts=3", "-h", "plain"]
+    proc = subprocess.run([*CKPTSUP, "launch", "--nproc-per-node", "1", "--config", str(cfg), "--run-dir",
+                           str(tmp_path / "run"), str(script), str(out), *args],
+                          capture_output=True, text=True, timeout=120, cwd=tmp_path)
+    assert proc.returncode == 0, proc.stderr
+    assert json.loads(out.read_text()) == args
+
+
+@pytest.mark.parametrize("argv, needle", [
+    (["launch", "missing.py"], "missing.py does not exist"),
+    (["launch", "--config", "nope.toml", "x.py"], "nope.toml does not exist"),
+    (["launch", "--nodes", "3", "{script}"], "--nodes 3 active nodes requested"),
+    (["launch", "--nproc-per-node", "0", "{script}"], "supervisor.nproc_per_node = 0 must be >= 1"),
+])
+def test_bad_launches_get_one_clear_line_and_usage_status(tmp_path, argv, needle):
+    script = tmp_path / "ok.py"
+    script.write_text("pass\n")
+    argv = [a.replace("{script}", str(script)) for a in argv]
+    proc = subprocess.run([*CKPTSUP, *argv], capture_output=True, text=True, timeout=60, cwd=tmp_path)
+    assert proc.returncode == 2
+    lines = proc.stderr.strip().splitlines()
+    assert len(lines) == 1 and needle in lines[0], proc.stderr
+    assert not (tmp_path / "ckptsup-runs").exists()
+
+
+def test_the_supervisor_imports_no_torch():
+    code = ("import sys; import ckptsup.supervisor.cli, ckptsup.supervisor.loop, ckptsup.supervisor.agent; "
+            "print('torch' in sys.modules)")
+    out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, timeout=60)
+    assert out.stdout.strip() == "False", out.stderr
