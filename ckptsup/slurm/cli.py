@@ -8,7 +8,6 @@ from pathlib import Path
 
 import click
 
-from ..errors import ConfigError
 from .devconf import DEFAULT_DIR, DEFAULT_PORT_BASE, ClusterSpec
 
 
@@ -95,3 +94,57 @@ def revive_node(node: str, directory: str, port_base: int) -> None:
     """Start NODE again and return it to service."""
     seconds = _cluster(directory, port_base).revive_node(node)
     click.echo(f"{node} back in service in {seconds:.1f}s")
+
+
+@click.command("sbatch", context_settings={"allow_interspersed_args": False})
+@click.option("--config", "job_config", type=click.Path(dir_okay=False), default=None,
+              help="job TOML (layered over the site config; also handed to `ckptsup launch`)")
+@click.option("--nodes", type=int, default=None, help="active nodes (sbatch.nodes)")
+@click.option("--spares", type=int, default=None, help="hot spare nodes in the allocation (sbatch.spares)")
+@click.option("--partition", default=None, help="partition (sbatch.partition)")
+@click.option("--account", default=None, help="account (sbatch.account)")
+@click.option("--time", "time_limit", default=None, help="time limit, Slurm format (sbatch.time)")
+@click.option("--gpus-per-node", type=int, default=None, help="GPUs per node (sbatch.gpus_per_node)")
+@click.option("--cpus-per-task", type=int, default=None, help="CPUs per agent task (sbatch.cpus_per_task)")
+@click.option("--job-name", default=None, help="job name (sbatch.job_name)")
+@click.option("--signal-lead-s", type=int, default=None, help="seconds of warning before the time limit (sbatch.signal_lead_s)")
+@click.option("--template", default=None, help="template name in sbatch_templates/ or a path (sbatch.template)")
+@click.option("--extra-directive", "extra", multiple=True, help="extra #SBATCH option, repeatable (sbatch.extra_directives)")
+@click.option("--run-dir", default=None, help="run directory; {job_id} expands (run.run_dir)")
+@click.option("--nproc-per-node", type=int, default=None, help="ranks per node, handed to `ckptsup launch`")
+@click.option("--output", "output", type=click.Path(dir_okay=False), default=None, help="write the script here instead of stdout")
+@click.option("--submit", is_flag=True, help="create the run directory (0700) and submit the script")
+@click.option("--json", "as_json", is_flag=True, help="machine-readable output")
+@click.argument("script")
+@click.argument("script_args", nargs=-1, type=click.UNPROCESSED)
+def sbatch(job_config, nodes, spares, partition, account, time_limit, gpus_per_node, cpus_per_task,
+           job_name, signal_lead_s, template, extra, run_dir, nproc_per_node, output, submit, as_json,
+           script, script_args) -> None:
+    """Render the sbatch template for SCRIPT [ARGS] with site defaults and these flags;
+    `--submit` submits it (after creating the run directory, which Slurm would not)."""
+    from .submit import prepare, submit_script
+
+    flags = {"sbatch.nodes": nodes, "sbatch.spares": spares, "sbatch.partition": partition,
+             "sbatch.account": account, "sbatch.time": time_limit, "sbatch.gpus_per_node": gpus_per_node,
+             "sbatch.cpus_per_task": cpus_per_task, "sbatch.job_name": job_name,
+             "sbatch.signal_lead_s": signal_lead_s, "sbatch.template": template,
+             "sbatch.extra_directives": list(extra) if extra else None, "run.run_dir": run_dir}
+    prepared = prepare(flags=flags, job_config=job_config, script=script, script_args=script_args,
+                       nproc_per_node=nproc_per_node)
+    if output:
+        Path(output).write_text(prepared.text)
+        os.chmod(output, 0o700)
+    if not submit:
+        if as_json:
+            click.echo(json.dumps({"run_dir": prepared.params.run_dir, "template": str(prepared.template),
+                                   "script": prepared.text}))
+        elif not output:
+            click.echo(prepared.text, nl=False)
+        return
+    result = submit_script(prepared)
+    if as_json:
+        click.echo(json.dumps({"job_id": result.job_id, "run_dir": str(result.run_dir),
+                               "script": str(result.script_path)}))
+        return
+    click.echo(f"Submitted batch job {result.job_id}; run directory {result.run_dir}")
+    click.echo(f"follow it with: ckptsup log --follow {result.run_dir}")

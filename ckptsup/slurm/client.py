@@ -185,6 +185,10 @@ class SlurmClient:
         update_job(start_time_now=True)."""
         self.run(["scontrol", "requeue", str(job_id)])
 
+    def release(self, job_id: str | int) -> None:
+        """Release a job submitted with --hold."""
+        self.run(["scontrol", "release", str(job_id)])
+
     def update_job(self, job_id: str | int, *, exc_nodes: Sequence[str] | None = None,
                    partition: str | None = None, start_time_now: bool = False) -> None:
         """One `scontrol update` with the given fields. ExcNodeList and Partition are refused

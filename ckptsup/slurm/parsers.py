@@ -144,6 +144,7 @@ class JobInfo:
     batch_host: str
     excluded_nodes: list[str]
     exit_code: int | None     # the batch script's exit status when finished
+    exit_signal: int | None   # the signal that killed it, when one did
     raw: dict[str, Any] = field(repr=False, compare=False)
 
 
@@ -161,13 +162,20 @@ def _job_state(value: Any) -> JobState:
         return JobState.OTHER
 
 
-def _exit_code(job: dict[str, Any]) -> int | None:
+def _exit(job: dict[str, Any]) -> tuple[int | None, int | None]:
+    """(exit status, signal). 22.05 prints the raw wait status (768 = exit 3, 9 = SIGKILL);
+    newer data parsers print {"status": [...], "return_code": N, "signal": {"id": S}}."""
     code = job.get("exit_code")
-    if isinstance(code, dict):  # newer data_parser: {"status": ..., "return_code": N}
-        code = code.get("return_code")
-        if isinstance(code, dict):
-            code = code.get("number")
-    return code if isinstance(code, int) else None
+    if isinstance(code, dict):
+        rc = code.get("return_code")
+        rc = rc.get("number") if isinstance(rc, dict) else rc
+        sig = code.get("signal", {})
+        sig = sig.get("id") if isinstance(sig, dict) else None
+        sig = sig.get("number") if isinstance(sig, dict) else sig
+        return (rc if isinstance(rc, int) else None), (sig if isinstance(sig, int) and sig else None)
+    if not isinstance(code, int):
+        return None, None
+    return (code >> 8) & 0xFF, (code & 0x7F) or None
 
 
 def parse_squeue_json(text: str) -> list[JobInfo]:
@@ -189,7 +197,8 @@ def parse_squeue_json(text: str) -> list[JobInfo]:
             restart_count=int(job.get("restart_cnt", 0) or 0),
             batch_host=str(job.get("batch_host", "") or ""),
             excluded_nodes=_expand(job.get("excluded_nodes")),
-            exit_code=_exit_code(job),
+            exit_code=_exit(job)[0],
+            exit_signal=_exit(job)[1],
             raw=job,
         ))
     return jobs
