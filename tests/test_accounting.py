@@ -4,6 +4,10 @@ The main log (see `faulted_run`): 2 active nodes x 4 GPUs + 1 hot spare node; a 
 in-allocation restart, a preemption with an emergency checkpoint, a requeue (written by a
 requeuer on another host, whose monotonic clock is unrelated), 300 s in the queue, and a second
 attempt on another host that resumes and completes. Times below are seconds after T0.
+
+As the hooks write them, `step_progress.step` / `first_step.step` are 0-based indices of the step
+just completed (index 19 done = 20 steps done) and a checkpoint's `step` / `resume_step` count
+steps done; step 19 completes at t=260, so a resume from checkpoint 20 loses everything after 260.
 """
 
 import datetime as dt
@@ -30,19 +34,19 @@ def faulted_run():
         ev(0, "allocation", nodes=2, gpus_per_node=4, spares=1, **a1),
         ev(0, "launch", nodes=2, path="initial", **a1),
         ev(60, "first_step", step=0, **a1),                       # startup 60 s
-        ev(160, "step_progress", step=10, step_time_s=10.0, **a1),
-        ev(260, "step_progress", step=20, step_time_s=10.0, **a1),
+        ev(160, "step_progress", step=9, step_time_s=10.0, **a1),
+        ev(260, "step_progress", step=19, step_time_s=10.0, **a1),
         ev(265, "checkpoint_committed", step=20, stall_s=5.0, write_s=4.0, bytes=1_000_000, **a1),
-        ev(365, "step_progress", step=30, step_time_s=10.0, **a1),
-        ev(465, "step_progress", step=40, step_time_s=10.0, **a1),
+        ev(365, "step_progress", step=29, step_time_s=10.0, **a1),
+        ev(465, "step_progress", step=39, step_time_s=10.0, **a1),
         # crash at 500, detected at 520; work after step 20 (t=260) is lost
         ev(520, "failure_detected", kind="crash", node="n2", rank=5, detect_s=20.0, **a1),
         ev(600, "restart_done", restart_s=80.0, resume_step=20,
            phases={"kill_s": 10.0, "health_s": 15.0, "launch_s": 20.0, "rendezvous_s": 5.0, "load_s": 20.0,
                    "first_step_s": 10.0}, **a1),
-        ev(700, "step_progress", step=30, step_time_s=10.0, **a1),
+        ev(700, "step_progress", step=29, step_time_s=10.0, **a1),
         ev(705, "checkpoint_committed", step=30, stall_s=5.0, write_s=4.0, bytes=1_000_000, **a1),
-        ev(805, "step_progress", step=40, step_time_s=10.0, **a1),
+        ev(805, "step_progress", step=39, step_time_s=10.0, **a1),
         # preempted at 900; emergency checkpoint of step 49 (reached at 895), requeue at 930
         ev(900, "failure_detected", kind="preempted", node="n1", rank=0, detect_s=0.0, **a1),
         ev(910, "checkpoint_committed", step=49, stall_s=10.0, write_s=8.0, bytes=1_000_000, **a1),
@@ -52,9 +56,9 @@ def faulted_run():
         ev(1230, "allocation", nodes=2, gpus_per_node=4, spares=0, **a2),
         ev(1320, "restart_done", restart_s=90.0, resume_step=49,
            phases={"launch_s": 30.0, "rendezvous_s": 10.0, "load_s": 40.0, "first_step_s": 10.0}, **a2),
-        ev(1420, "step_progress", step=59, step_time_s=10.0, **a2),
+        ev(1420, "step_progress", step=58, step_time_s=10.0, **a2),
         ev(1425, "checkpoint_committed", step=59, stall_s=5.0, write_s=4.0, bytes=1_000_000, **a2),
-        ev(1525, "step_progress", step=69, step_time_s=10.0, **a2),
+        ev(1525, "step_progress", step=68, step_time_s=10.0, **a2),
         ev(1530, "run_complete", **a2),
     ]
 
@@ -165,3 +169,42 @@ def test_a_run_without_checkpoints_loses_everything_before_the_failure():
 def test_an_empty_log_accounts_nothing():
     acc = account([])
     assert acc.paid_device_s == 0 and acc.notes
+
+
+def test_log_shaped_like_the_supervisors_writes():
+    """As ckptsup.supervisor writes it: `allocation` with the whole allocation in `nodes` and the
+    active count in `active`; first_step then restart_done at the same moment; hooks' events
+    forwarded (duplicates); a requeue with no failure event; attempt 2 with only first_step."""
+    a1, a2 = dict(attempt=0, mono_base=100.0), dict(attempt=1, mono_base=9.0)
+    events = [
+        ev(0, "supervisor_start", **a1),
+        ev(0, "allocation", nodes=3, active=2, spares=1, gpus_per_node=0, ranks_per_node=2, **a1),
+        ev(20, "first_step", step=0, since_launch_s=20.0, **a1),
+        ev(20.1, "first_step", step=0, rank_ts="x", **a1),                    # forwarded from the hooks
+        ev(110, "step_progress", step=9, step_time_s=10.0, **a1),
+        ev(210, "step_progress", step=19, step_time_s=10.0, **a1),
+        ev(212, "checkpoint_committed", step=20, stall_s=2.0, write_s=1.0, bytes=10, **a1),
+        ev(312, "step_progress", step=29, step_time_s=10.0, **a1),
+        ev(330, "failure_detected", kind="node_down", node="n2", rank=None, step=29, detect_s=5.0, **a1),
+        ev(400, "first_step", step=20, **a1),
+        ev(400, "restart_done", restart_s=70.0, resume_step=20, path="node", kind="node_down", nodes=["n1", "n3"],
+           phases={"kill_s": 10.0, "health_s": 20.0, "launch_s": 20.0, "rendezvous_s": 5.0, "load_s": 5.0,
+                   "first_step_s": 10.0}, **a1),
+        ev(500, "step_progress", step=39, step_time_s=10.0, **a1),
+        ev(520, "requeue", reason="too few nodes", **a1),
+        ev(620, "supervisor_start", **a2),
+        ev(620, "allocation", nodes=2, active=2, spares=0, gpus_per_node=0, ranks_per_node=2, **a2),
+        ev(680, "first_step", step=20, **a2),                                 # resumed from checkpoint 20
+        ev(770, "step_progress", step=29, step_time_s=10.0, **a2),
+        ev(780, "run_complete", step=30, **a2),
+    ]
+    acc = account(events)
+    expected = {"idle_spares": 2 * 520, "checkpoint_stall": 2 * 4, "lost_progress": (113 + 120) * 4,
+                "detection": 5 * 4, "restart_kill": 40, "restart_health": 80, "restart_launch": 80,
+                "restart_rendezvous": 20, "restart_load": 20, "restart_first_step": 40, "startup": (20 + 60) * 4,
+                "teardown": 0, "other": 0}
+    assert acc.paid_device_s == pytest.approx(6 * 520 + 4 * 160)
+    assert acc.useful_device_s == pytest.approx((190 + 100) * 4)
+    for category, value in expected.items():
+        assert acc.badput_device_s[category] == pytest.approx(value), category
+    assert acc.queue_s == pytest.approx(100)

@@ -101,3 +101,22 @@ def test_every_change_carries_a_reason():
     ai = make(FakeClock())
     interval, why = ai.observe(commit(30.0))
     assert "checkpoint_committed" in why and "Daly" in why and "C=" in why
+
+
+def test_allocation_sets_the_gang_to_its_active_devices():
+    ai = make(FakeClock(), devices=1)
+    ai.observe({"event": "allocation", "nodes": 5, "active": 4, "gpus_per_node": 8, "spares": 1})
+    assert ai.devices == 32
+
+
+def test_seed_carries_failures_and_costs_across_a_requeue():
+    from test_accounting import faulted_run
+
+    ai = make(FakeClock(), devices=8)
+    ai.seed(faulted_run())
+    assert ai.failures == 2
+    assert ai.device_hours == pytest.approx(1230 * 8 / 3600, rel=0.01)
+    assert list(ai.stalls) == [5.0, 5.0, 10.0, 5.0]
+    change = ai.observe({"event": "step_progress", "step": 1})
+    assert change is None  # nothing new; the next commit retargets with the seeded history
+    assert ai.observe(commit(5.0)) is not None

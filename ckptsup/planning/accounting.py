@@ -177,17 +177,23 @@ def _split_span(span: Span, attempt: Attempt, resumes: list[tuple[float, float |
 
 
 def _resume_points(attempts: list[Attempt]) -> list[tuple[float, float | None]]:
-    """(t, resume_step) for every event that says where work resumed."""
+    """(t, steps in the checkpoint resumed from) for every (re)start: restart_done.resume_step, or
+    the index of the first step run after a launch (first_step.step: it runs step N after
+    resuming from N steps done)."""
     points: list[tuple[float, float | None]] = []
     for attempt in attempts:
         for t, ev in attempt.events:
-            if ev.get("event") in ("restart_done", "launch", "first_step") and "resume_step" in ev:
-                points.append((t, num(ev, "resume_step", 0.0)))
+            name = ev.get("event")
+            if name == "restart_done" and "resume_step" in ev:
+                points.append((t, num(ev, "resume_step")))
+            elif name == "first_step" and num(ev, "step") is not None:
+                points.append((t, num(ev, "step")))
     points.sort(key=lambda p: p[0])
     return points
 
 
 def _resume_after(resumes: list[tuple[float, float | None]], t: float) -> float | None:
+    """Where the first (re)start after `t` resumed from."""
     for when, step in resumes:
         if when >= t:
             return step

@@ -30,7 +30,7 @@ from typing import Any, Callable
 
 from ..errors import ConfigError
 from .interval import daly_interval
-from .timeline import num
+from .timeline import devices_of, num
 from .units import format_duration
 
 
@@ -102,14 +102,23 @@ class AdaptiveInterval:
         elif name == "failure_detected" and event.get("kind") != "user_error":
             self.failures += 1
         elif name == "allocation":
-            gpus = num(event, "gpus_per_node", 0.0) or 0.0
-            per_node = gpus if gpus > 0 else (num(event, "ranks_per_node", 1.0) or 1.0)
-            nodes = num(event, "nodes")
-            if nodes:
-                self.devices = nodes * per_node
+            devices = devices_of(event)
+            if devices is not None and devices[0] > 0:
+                self.devices = devices[0]  # the active ones: the gang whose failures stop the job
         else:
             return None
         return self._retarget(str(name))
+
+    def seed(self, history: list[dict[str, Any]]) -> None:
+        """Start from what earlier attempts of this run saw (events.jsonl after a requeue): their
+        failures, exposure and checkpoint costs. Reports nothing; the next observe() may."""
+        from .accounting import account
+
+        acc = account(history)
+        self.failures += acc.failure_count
+        self.device_hours += acc.wall_s * acc.mean_active_devices / 3600.0
+        self.stalls.extend(s for s in acc.stalls_s[-self.window:] if s > 0)
+        self.writes.extend(acc.writes_s[-self.window:])
 
     def target(self) -> tuple[float, str] | None:
         """Daly's interval from the current estimates (no jitter), or None before any stall."""

@@ -39,11 +39,11 @@ class Span:
     kind: SpanKind
     start: float
     end: float = math.nan
-    start_step: float | None = None
+    start_step: float | None = None  # steps done at `start` (a checkpoint's `step` counts the same way)
     stalls: list[tuple[float, float]] = field(default_factory=list)  # (t of commit, stall_s)
     detect_s: float = 0.0
     phases: dict[str, float] = field(default_factory=dict)
-    samples: list[tuple[float, float, float | None]] = field(default_factory=list)  # (t, step, step_time_s)
+    samples: list[tuple[float, float, float | None]] = field(default_factory=list)  # (t, steps done, step_time_s)
     interrupted: bool = False     # RUNNING span cut by a failure / requeue / give-up
     ends_attempt: bool = False
 
@@ -118,19 +118,28 @@ def group_attempts(events: Iterable[dict[str, Any]]) -> list[list[dict[str, Any]
 
 
 def devices_of(ev: dict[str, Any]) -> tuple[float, float] | None:
-    """(active devices, spare devices) from an `allocation` event. `nodes` are the active nodes,
-    `spares` the hot spares on top; a node without GPUs counts its ranks (`ranks_per_node`)."""
+    """(active devices, idle devices) from an `allocation` event. With `active` (what the
+    supervisor writes) `nodes` is the whole allocation and every node not active — hot spares and
+    excluded nodes still held — is idle; without it `nodes` are the active nodes and `spares` the
+    hot spares on top (`allocated_nodes`, when given, is the whole allocation). A node without
+    GPUs counts its ranks (`ranks_per_node`) as devices."""
     gpus = num(ev, "gpus_per_node", 0.0) or 0.0
     per_node = gpus if gpus > 0 else (num(ev, "ranks_per_node", 0.0) or num(ev, "nproc_per_node", 0.0) or 1.0)
-    spares = num(ev, "spares", 0.0) or 0.0
     nodes = num(ev, "nodes")
     if nodes is None and isinstance(ev.get("nodes"), list):
         nodes = float(len(ev["nodes"]))
+    active = num(ev, "active")
     allocated = num(ev, "allocated_nodes")
+    if active is not None:
+        total = allocated if allocated is not None else (nodes if nodes is not None else active)
+        return active * per_node, max(0.0, total - active) * per_node
     if nodes is None and allocated is None:
         return None
+    spares = num(ev, "spares", 0.0) or 0.0
     if nodes is None:
         nodes = max(0.0, (allocated or 0.0) - spares)
+    elif allocated is not None:
+        spares = max(0.0, allocated - nodes)
     return nodes * per_node, spares * per_node
 
 
@@ -160,11 +169,13 @@ def build_attempt(events: list[dict[str, Any]], *, default_devices: tuple[float,
             if dev is not None:
                 devices.append((t, dev[0], dev[1]))
         elif name in ("first_step", "step_progress"):
-            step = num(ev, "step")
+            # `step` is the 0-based index of the step just completed: step + 1 steps are done
+            index = num(ev, "step")
+            done = None if index is None else index + 1
             if cur.kind is not SpanKind.RUNNING:
-                switch(SpanKind.RUNNING, t, step=num(ev, "resume_step", step))
-            if step is not None:
-                cur.samples.append((t, step, num(ev, "step_time_s")))
+                switch(SpanKind.RUNNING, t, step=done)
+            if done is not None:
+                cur.samples.append((t, done, num(ev, "step_time_s")))
         elif name == "restart_done":
             phases = ev.get("phases") if isinstance(ev.get("phases"), dict) else {}
             target = cur if cur.kind is not SpanKind.RUNNING else _last_recovery(spans)
@@ -175,10 +186,13 @@ def build_attempt(events: list[dict[str, Any]], *, default_devices: tuple[float,
                         value = num(ev, f"{phase}_s", None)
                     if value is not None and value > 0:
                         target.phases[phase] = target.phases.get(phase, 0.0) + value
+            # resume_step = steps in the checkpoint resumed from; the first step after it is done
+            resume = num(ev, "resume_step")
+            done = None if resume is None else resume + 1
             if cur.kind is not SpanKind.RUNNING:
-                switch(SpanKind.RUNNING, t, step=num(ev, "resume_step"))
+                switch(SpanKind.RUNNING, t, step=done)
             elif cur.start_step is None:
-                cur.start_step = num(ev, "resume_step")
+                cur.start_step = done
         elif name == "failure_detected":
             detect = max(0.0, num(ev, "detect_s", 0.0) or 0.0)
             if cur.kind is SpanKind.RUNNING:
