@@ -21,6 +21,7 @@ import shutil
 import socket
 import stat
 import uuid
+from concurrent.futures import ThreadPoolExecutor
 from dataclasses import asdict, dataclass
 from pathlib import Path
 
@@ -211,16 +212,16 @@ def describe_file(tmp_dir: Path, relpath: str, algorithm: str) -> FileEntry:
     return FileEntry(path=relpath, size=st.st_size, hash=hash_file(full, algorithm))
 
 
-def describe_files(tmp_dir: str | os.PathLike[str], algorithm: str = "xxh3-128") -> list[FileEntry]:
+def describe_files(tmp_dir: str | os.PathLike[str], algorithm: str = "xxh3-128", *, workers: int = 4) -> list[FileEntry]:
     """Size and hash of every file under tmp_dir (sorted by path), except the files ckptsup
-    itself writes (manifest.json, validation.json). Refuses symlinks and special files."""
+    itself writes (manifest.json, validation.json). Refuses symlinks and special files. A few
+    threads hash files at once (reads and hashes release the GIL)."""
     tmp_dir = Path(tmp_dir)
-    entries = []
-    for rel in sorted(_walk_files(tmp_dir)):
-        if rel in RESERVED_NAMES:
-            continue
-        entries.append(describe_file(tmp_dir, rel, algorithm))
-    return entries
+    names = [rel for rel in sorted(_walk_files(tmp_dir)) if rel not in RESERVED_NAMES]
+    if workers <= 1 or len(names) <= 1:
+        return [describe_file(tmp_dir, rel, algorithm) for rel in names]
+    with ThreadPoolExecutor(max_workers=min(workers, len(names)), thread_name_prefix="ckptsup-hash") as pool:
+        return list(pool.map(lambda rel: describe_file(tmp_dir, rel, algorithm), names))
 
 
 def _walk_files(top: Path, prefix: str = "") -> list[str]:

@@ -98,6 +98,8 @@ def hash_file(path: str | os.PathLike[str], algorithm: str = DEFAULT_ALGORITHM, 
     view = memoryview(buf)
     fd = os.open(path, os.O_RDONLY | os.O_NOFOLLOW | getattr(os, "O_CLOEXEC", 0))
     try:
+        if hasattr(os, "posix_fadvise"):
+            os.posix_fadvise(fd, offset, length or 0, os.POSIX_FADV_SEQUENTIAL)  # a larger readahead
         if offset:
             os.lseek(fd, offset, os.SEEK_SET)
         remaining = length
