@@ -12,6 +12,7 @@ from __future__ import annotations
 
 import logging
 import os
+import sys
 import time
 from pathlib import Path
 from typing import Any
@@ -51,6 +52,7 @@ def load_checkpoint(run: Any, path: Path) -> Exception | None:
         return error or CheckpointError(f"{path.name}: another rank could not read it")
     delay = float(os.environ.get(TEST_DELAY_ENV, "0") or 0)
     if delay > 0:
+        print(f"ckptsup-test: rank {run.rank} delaying the load of {path.name}", file=sys.stderr, flush=True)
         time.sleep(delay)
     try:
         dcp.load(targets, storage_reader=reader, planner=safe_load_planner(), process_group=run.control_pg,

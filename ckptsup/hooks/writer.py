@@ -15,6 +15,7 @@ from __future__ import annotations
 import concurrent.futures
 import logging
 import os
+import sys
 import time
 import warnings
 from dataclasses import dataclass, field
@@ -279,6 +280,7 @@ class CheckpointWriter:
                 metadata = dcp.save(staged, storage_writer=writer, process_group=self.pg, no_dist=self.pg is None)
             delay = float(os.environ.get(TEST_DELAY_ENV, "0") or 0)
             if delay > 0:
+                print(f"ckptsup-test: rank {cfg.rank} delaying the commit of step {step}", file=sys.stderr, flush=True)
                 time.sleep(delay)
             return {"ok": True, "error": "", **self._describe_own(tmp, metadata)}
         except (CheckpointError, OSError, RuntimeError, ValueError) as err:
@@ -297,6 +299,7 @@ class CheckpointWriter:
         for rel, entries in sorted(per_file.items()):
             if _file_owner(rel, cfg.world_size) != cfg.rank:
                 continue
+            os.chmod(tmp / rel, 0o600)  # DCP creates files with the umask's mode
             size, fhash, ihash = hash_file_and_items(tmp / rel, entries, cfg.algorithm)
             files.append({"path": rel, "size": size, "hash": fhash})
             items.extend({"key": key, "file": rel, "offset": off, "length": length, "hash": ihash[key]}
@@ -315,6 +318,7 @@ class CheckpointWriter:
             missing = sorted(set(reports[0]["storage_files"]) - described)
             if missing:
                 raise CheckpointError(f"no rank described {', '.join(missing[:3])}")
+            os.chmod(tmp / METADATA_NAME, 0o600)
             meta_hash = hash_file(tmp / METADATA_NAME, cfg.algorithm)
             files.append(FileEntry(path=METADATA_NAME, size=os.path.getsize(tmp / METADATA_NAME), hash=meta_hash))
             manifest = Manifest(step=step, job_id=cfg.job_id, attempt=cfg.attempt, epoch=cfg.epoch,

@@ -1,0 +1,131 @@
+"""Running examples/train.py for the hooks tests: real torch, real torchrun (gloo), real files."""
+
+from __future__ import annotations
+
+import json
+import os
+import signal
+import socket
+import subprocess
+import sys
+import threading
+import time
+from pathlib import Path
+from typing import Any, Callable
+
+import psutil
+
+ROOT = Path(__file__).resolve().parent.parent
+TRAIN = ROOT / "examples" / "train.py"
+PY = sys.executable
+
+
+def free_port() -> int:
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        return s.getsockname()[1]
+
+
+def base_env(extra: dict[str, str] | None = None) -> dict[str, str]:
+    env = {k: v for k, v in os.environ.items() if not k.startswith("CKPTSUP_")}
+    env.update({"OMP_NUM_THREADS": "1", "PYTHONUNBUFFERED": "1", "CKPTSUP_SAVE_EVERY_S": "3600"})
+    env.update(extra or {})
+    return env
+
+
+def train_argv(nproc: int, args: list[str]) -> list[str]:
+    if nproc == 1:
+        return [PY, str(TRAIN), *args]
+    return [PY, "-m", "torch.distributed.run", "--nproc-per-node", str(nproc), "--master-addr", "127.0.0.1",
+            "--master-port", str(free_port()), str(TRAIN), *args]
+
+
+def run_train(nproc: int, args: list[str], *, env: dict[str, str] | None = None, timeout: float = 120) -> subprocess.CompletedProcess:
+    return subprocess.run(train_argv(nproc, args), env=base_env(env), capture_output=True, text=True, timeout=timeout)
+
+
+class Running:
+    """A training run in the background whose output lines are collected as they come."""
+
+    def __init__(self, nproc: int, args: list[str], *, env: dict[str, str] | None = None) -> None:
+        self.proc = subprocess.Popen(train_argv(nproc, args), env=base_env(env), stdout=subprocess.PIPE,
+                                     stderr=subprocess.STDOUT, text=True, start_new_session=True)
+        self.lines: list[str] = []
+        self._reader = threading.Thread(target=self._read, daemon=True)
+        self._reader.start()
+
+    def _read(self) -> None:
+        assert self.proc.stdout is not None
+        for line in self.proc.stdout:
+            self.lines.append(line.rstrip("\n"))
+
+    def wait_for(self, predicate: Callable[[], bool], timeout: float = 90) -> None:
+        deadline = time.monotonic() + timeout
+        while time.monotonic() < deadline:
+            if predicate():
+                return
+            if self.proc.poll() is not None and not predicate():
+                raise AssertionError(f"run ended (rc={self.proc.returncode}) first:\n" + "\n".join(self.lines[-30:]))
+            time.sleep(0.02)
+        raise AssertionError("timed out waiting; output:\n" + "\n".join(self.lines[-30:]))
+
+    def saw(self, text: str) -> bool:
+        return any(text in line for line in list(self.lines))
+
+    def sigkill_all(self) -> None:
+        """SIGKILL torchrun and every rank at once (ranks run in their own sessions)."""
+        try:
+            procs = [psutil.Process(self.proc.pid)]
+            procs += procs[0].children(recursive=True)
+        except psutil.NoSuchProcess:
+            procs = []
+        for p in procs:
+            try:
+                p.send_signal(signal.SIGKILL)
+            except psutil.NoSuchProcess:
+                pass
+        self.proc.wait(timeout=30)
+        self._reader.join(timeout=5)
+
+    def finish(self, timeout: float = 120) -> int:
+        rc = self.proc.wait(timeout=timeout)
+        self._reader.join(timeout=5)
+        return rc
+
+
+def read_samples(out: Path, rank: int) -> dict[int, list[int]]:
+    """step -> sample ids of that step on `rank`; a step logged twice (replayed after a resume) must
+    have logged the same ids both times."""
+    steps: dict[int, list[int]] = {}
+    for line in (out / f"samples_rank{rank}.jsonl").read_text().splitlines():
+        rec = json.loads(line)
+        if rec["step"] in steps:
+            assert steps[rec["step"]] == rec["ids"], f"step {rec['step']} replayed with other samples"
+        steps[rec["step"]] = rec["ids"]
+    return steps
+
+
+def load_final(out: Path, rank: int) -> dict[str, Any]:
+    import torch
+
+    return torch.load(out / f"final_rank{rank}.pt", weights_only=True)
+
+
+def assert_states_equal(a: dict[str, Any], b: dict[str, Any]) -> None:
+    import torch
+
+    assert a["model"].keys() == b["model"].keys()
+    for key in a["model"]:
+        assert torch.equal(a["model"][key], b["model"][key]), f"parameter {key} differs"
+    sa, sb = a["optim"]["state"], b["optim"]["state"]
+    assert sa.keys() == sb.keys()
+    for pid in sa:
+        for name in sa[pid]:
+            assert torch.equal(torch.as_tensor(sa[pid][name]), torch.as_tensor(sb[pid][name])), f"optim {pid}.{name} differs"
+    assert a["optim"]["param_groups"] == b["optim"]["param_groups"]
+
+
+def private_dir(path: Path) -> Path:
+    path.mkdir(parents=True, exist_ok=True)
+    os.chmod(path, 0o700)
+    return path
