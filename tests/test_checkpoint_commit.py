@@ -230,3 +230,25 @@ def test_a_checkpoint_owned_by_another_user_is_refused(tmp_path: Path) -> None:
         os.chown(step_dir / "__0_0.distcp", 65534, 65534)
         with pytest.raises(TrustError, match="owned by uid 65534"):
             check_dir_trusted(step_dir, recursive=True)
+
+
+def test_interrupted_saves_are_cleaned_only_by_the_writer_and_never_a_save_in_progress(tmp_path: Path) -> None:
+    from ckptsup.checkpoint.commit import remove_interrupted
+
+    ckdir = tmp_path / "ck"
+    write_synthetic(ckdir, step=1)
+    stale, _ = _tmp_with_shard(ckdir, step=2, payload=b"dead writer")
+    mine, _ = _tmp_with_shard(ckdir, step=3, payload=b"in progress")
+    child = subprocess.Popen([sys.executable, "-c", "import time; time.sleep(30)"])
+    try:   # another live writer holds the dir: not ours to clean
+        (ckdir / LOCK_NAME).write_text(json.dumps({"pid": child.pid, "host": os.uname().nodename, "epoch": 0}))
+        assert remove_interrupted(ckdir) == [] and stale.exists()
+    finally:
+        child.kill()
+        child.wait()
+    (ckdir / LOCK_NAME).unlink()
+    with WriterLock(ckdir, epoch=0) as lock:
+        assert remove_interrupted(ckdir, lock=lock, min_age_s=3600) == []   # too young
+        assert remove_interrupted(ckdir, lock=lock, keep={mine}) == [stale]
+    assert mine.exists() and not stale.exists()
+    assert [i.step for i in list_checkpoints(ckdir)] == [1]

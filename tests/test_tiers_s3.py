@@ -201,3 +201,16 @@ def test_promotion_gives_up_after_its_retries_and_keeps_the_source(tmp_path: Pat
     assert sleeps[1] >= sleeps[0]  # exponential backoff, injected sleep
     assert "EndpointConnectionError" in result.error or "Connect" in result.error
     assert validate(step_dir, level=2).ok
+
+
+def test_retention_runs_per_tier_on_s3_with_an_injected_clock(tmp_path: Path, s3tier) -> None:
+    from datetime import datetime, timedelta, timezone
+
+    from ckptsup.checkpoint.retention import apply_tier_retention
+
+    now = datetime(2026, 5, 1, tzinfo=timezone.utc)
+    for step in range(1, 7):
+        s3tier.put(write_synthetic(tmp_path / "shared", step=step, created_at=now - timedelta(days=30 - step)))
+    result = apply_tier_retention(s3tier, keep_last=2, keep_daily_days=0, clock=lambda: now,
+                                  validated={2}, protected={3})
+    assert result.deleted == [1, 4] and s3tier.list_steps() == [2, 3, 5, 6]

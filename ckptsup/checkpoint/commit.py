@@ -20,6 +20,7 @@ import re
 import shutil
 import socket
 import stat
+import time
 import uuid
 from concurrent.futures import ThreadPoolExecutor
 from dataclasses import asdict, dataclass
@@ -320,3 +321,36 @@ def abort(tmp_dir: str | os.PathLike[str]) -> None:
         return
     if tmp_dir.exists():
         shutil.rmtree(tmp_dir)
+
+
+def remove_interrupted(checkpoint_dir: str | os.PathLike[str], *, lock: WriterLock | None = None,
+                       min_age_s: float = 0.0, now: float | None = None, keep: set[Path] | frozenset[Path] = frozenset()) -> list[Path]:
+    """Remove `.tmp-*` (interrupted saves) and `.del-*` (interrupted deletes) left in
+    checkpoint_dir. Only the directory's writer may do this while a writer exists: pass the
+    WriterLock you hold; without one, a live lock holder makes this a no-op. Entries younger
+    than min_age_s (mtime) and those in `keep` (your own save in progress) are left alone."""
+    checkpoint_dir = check_dir_trusted(Path(checkpoint_dir))
+    holder = read_lock(checkpoint_dir / LOCK_NAME)
+    if holder is not None and not (lock is not None and lock.still_ours()):
+        same_host = holder.host == socket.gethostname()
+        if not same_host or pid_alive(holder.pid):
+            return []
+    now = time.time() if now is None else now
+    removed = []
+    for name in sorted(os.listdir(checkpoint_dir)):
+        if not name.startswith((TMP_PREFIX, ".del-")):
+            continue
+        path = checkpoint_dir / name
+        if path in keep:
+            continue
+        st = os.lstat(path)
+        if now - st.st_mtime < min_age_s:
+            continue
+        if stat.S_ISDIR(st.st_mode):
+            shutil.rmtree(path)
+        else:
+            path.unlink()
+        removed.append(path)
+    if removed:
+        fsync_dir(checkpoint_dir)
+    return removed

@@ -122,3 +122,29 @@ def delete_step_dir(step_dir: Path) -> None:
     os.rename(step_dir, doomed)
     fsync_dir(step_dir.parent)
     shutil.rmtree(doomed)
+
+
+def apply_tier_retention(tier, *, keep_last: int, keep_daily_days: int,
+                         clock: Callable[[], datetime] = lambda: datetime.now(timezone.utc),
+                         protected: Iterable[int] = (), validated: Iterable[int] = (),
+                         dry_run: bool = False) -> RetentionResult:
+    """Retention on any Tier (e.g. the S3 tier): same plan, using the tier's own manifests for
+    creation times. `validated` are the steps whose validation passed (recorded on the shared
+    tier), so the newest validated one survives on every tier."""
+    validated = set(validated)
+    cands = []
+    skipped = []
+    for step in tier.list_steps():
+        manifest = tier.get_manifest(step)
+        if manifest is None:
+            skipped.append(step)
+            continue
+        cands.append(Candidate(step=step, created_at=manifest.created_datetime,
+                               flags=frozenset({VALIDATED} if step in validated else set())))
+    keep, delete = plan_retention(cands, keep_last=keep_last, keep_daily_days=keep_daily_days, now=clock(), protected=protected)
+    deleted = []
+    if not dry_run:
+        for step in delete:
+            tier.delete(step)
+            deleted.append(step)
+    return RetentionResult(keep=keep, delete=delete, deleted=deleted, skipped=sorted(skipped))
