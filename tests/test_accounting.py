@@ -106,9 +106,17 @@ def test_observed_mtbf_and_measured_costs():
     assert data["goodput_fraction"] == pytest.approx(EXPECTED["useful"] / PAID)
 
 
-def test_event_order_in_the_file_does_not_matter():
+def test_event_order_within_an_allocation_does_not_matter():
+    """Writers interleave (forwarded rank events arrive late); each supervisor_start still opens
+    its allocation, as the append-only file guarantees."""
+    import random
+
     events = faulted_run()
-    shuffled = events[::2] + events[1::2]
+    cut = next(i for i, e in enumerate(events) if e["event"] == "supervisor_start" and i > 0)
+    first, second = events[1:cut], events[cut + 1:]
+    random.Random(7).shuffle(first)
+    random.Random(8).shuffle(second)
+    shuffled = [events[0], *first, events[cut], *second]
     assert account(shuffled).useful_device_s == pytest.approx(EXPECTED["useful"])
 
 
@@ -185,7 +193,7 @@ def test_log_shaped_like_the_supervisors_writes():
         ev(210, "step_progress", step=19, step_time_s=10.0, **a1),
         ev(212, "checkpoint_committed", step=20, stall_s=2.0, write_s=1.0, bytes=10, **a1),
         ev(312, "step_progress", step=29, step_time_s=10.0, **a1),
-        ev(330, "failure_detected", kind="node_down", node="n2", rank=None, step=29, detect_s=5.0, **a1),
+        ev(330, "failure_detected", kind="node_down", node="n2", rank=None, step=30, detect_s=5.0, **a1),
         ev(400, "first_step", step=20, **a1),
         ev(400, "restart_done", restart_s=70.0, resume_step=20, path="node", kind="node_down", nodes=["n1", "n3"],
            phases={"kill_s": 10.0, "health_s": 20.0, "launch_s": 20.0, "rendezvous_s": 5.0, "load_s": 5.0,

@@ -39,7 +39,8 @@ class Accounting:
     badput_device_s: dict[str, float] = field(default_factory=lambda: dict.fromkeys(CATEGORIES, 0.0))
     wall_s: float = 0.0          # allocated wall time, all attempts
     queue_s: float = 0.0         # wall time between attempts (not paid)
-    attempts: int = 0
+    allocations: int = 0         # supervisor instances (the first + one per requeue)
+    attempts: int = 0            # distinct attempt numbers (in-allocation restarts count)
     requeues: int = 0
     failures: dict[str, int] = field(default_factory=dict)
     stalls_s: list[float] = field(default_factory=list)
@@ -78,6 +79,7 @@ class Accounting:
             "badput_usd": {k: usd(v) for k, v in self.badput_device_s.items()},
             "wall_s": self.wall_s,
             "queue_s": self.queue_s,
+            "allocations": self.allocations,
             "attempts": self.attempts,
             "requeues": self.requeues,
             "failures": dict(self.failures),
@@ -100,7 +102,8 @@ class Accounting:
 def account(events: Iterable[dict[str, Any]]) -> Accounting:
     events = list(events)
     attempts = tl.build_attempts(events)
-    acc = Accounting(attempts=len(attempts))
+    acc = Accounting(allocations=len(attempts),
+                     attempts=len({n for a in attempts for n in a.attempt_numbers}))
     if not attempts:
         acc.notes.append("no datable events: nothing to account")
         return acc
@@ -206,15 +209,25 @@ def _lost_seconds(span: Span, resume_step: float | None) -> float:
     last step time); with no checkpoint at all, everything since the span's start is lost."""
     if resume_step is None:
         resume_step = span.start_step if span.start_step is not None else -math.inf
-    anchors = [(span.start, span.start_step)] if span.start_step is not None else []
-    anchors += [(t, step) for t, step, _ in span.samples]
-    t_resume = _time_at_step(anchors, span, resume_step)
+    t_resume = _time_at_step(_anchors(span), span, resume_step)
     stalls_after = sum(s for t, s in span.stalls if t >= t_resume)
     return max(0.0, span.end - t_resume - stalls_after)
 
 
-def _time_at_step(anchors: list[tuple[float, float | None]], span: Span, step: float) -> float:
-    points = [(t, s) for t, s in anchors if s is not None]
+def _anchors(span: Span) -> list[tuple[float, float]]:
+    """(t, steps done) known in a running span: its start, step samples, checkpoints taken and the
+    step at the failure; sorted by time, keeping steps non-decreasing (clock noise)."""
+    points = [(span.start, span.start_step)] if span.start_step is not None else []
+    points += [(t, step) for t, step, _ in span.samples]
+    points += [(t, step) for t, step in span.anchors if t <= span.end]
+    out: list[tuple[float, float]] = []
+    for t, step in sorted(points, key=lambda p: p[0]):
+        if step is not None and (not out or step >= out[-1][1]):
+            out.append((t, step))
+    return out
+
+
+def _time_at_step(points: list[tuple[float, float]], span: Span, step: float) -> float:
     if not points or step <= points[0][1]:
         return span.start
     for (t0, s0), (t1, s1) in zip(points, points[1:]):
@@ -253,7 +266,7 @@ def _collect(acc: Accounting, attempt: Attempt) -> None:
 
 
 def _attempt_row(attempt: Attempt) -> dict[str, Any]:
-    return {"attempt": attempt.attempt, "start": attempt.start, "wall_s": attempt.end - attempt.start,
+    return {"attempt": attempt.attempt, "attempts": attempt.attempt_numbers, "start": attempt.start, "wall_s": attempt.end - attempt.start,
             "end_reason": attempt.end_reason, "active_devices": attempt.devices[-1][1],
             "spare_devices": attempt.devices[-1][2],
             "failures": sum(1 for _, e in attempt.events if e.get("event") == "failure_detected")}

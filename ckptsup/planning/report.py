@@ -108,7 +108,7 @@ def _summary_pairs(rep: dict[str, Any]) -> list[tuple[str, str]]:
                    f"{format_usd(sum(rep['badput_usd'].values()))}"),
         ("wall (allocated)", format_duration(rep["wall_s"])),
         ("queue after requeues (not paid)", format_duration(rep["queue_s"])),
-        ("attempts / requeues", f"{rep['attempts']} / {rep['requeues']}"),
+        ("allocations / attempts / requeues", f"{rep['allocations']} / {rep['attempts']} / {rep['requeues']}"),
         ("ended", rep["end_reason"]),
         ("failures", failures),
         ("observed job MTBF", format_duration(rep["observed_job_mtbf_s"]) if rep["observed_job_mtbf_s"] else
@@ -189,7 +189,7 @@ def render_html(rep: dict[str, Any], path: str | os.PathLike[str]) -> None:
     summary = "".join(f"<tr><th>{esc(k)}</th><td>{esc(v)}</td></tr>" for k, v in _summary_pairs(rep))
     rows = "".join(f"<tr><td>{esc(label)}</td><td>{h:,.3f}</td><td>{share:.2%}</td><td>{esc(format_usd(usd))}</td></tr>"
                    for label, h, share, usd in breakdown_rows(rep))
-    attempts = "".join(f"<tr><td>{a['attempt']}</td><td>{esc(format_duration(a['wall_s']))}</td>"
+    attempts = "".join(f"<tr><td>{', '.join(str(n) for n in a['attempts'])}</td><td>{esc(format_duration(a['wall_s']))}</td>"
                        f"<td>{a['active_devices']:g} + {a['spare_devices']:g}</td><td>{a['failures']}</td>"
                        f"<td>{esc(a['end_reason'])}</td></tr>" for a in rep["attempt_rows"])
     notes = "".join(f"<li>{esc(n)}</li>" for n in rep["notes"])
@@ -204,8 +204,8 @@ td:nth-child(n+2){{text-align:right}}img{{max-width:100%}}</style></head><body>
 <h2>Where the paid time went</h2>
 <table><tr><th>category</th><th>device-hours</th><th>share</th><th>cost</th></tr>{rows}
 <tr><th>paid (total)</th><th>{rep['paid_device_hours']:,.3f}</th><th>100%</th><th>{esc(format_usd(rep['paid_usd']))}</th></tr></table>
-<h2>Attempts</h2>
-<table><tr><th>attempt</th><th>wall</th><th>devices (active + spare)</th><th>failures</th><th>ended</th></tr>{attempts}</table>
+<h2>Allocations</h2>
+<table><tr><th>attempts</th><th>wall</th><th>devices (active + spare)</th><th>failures</th><th>ended</th></tr>{attempts}</table>
 <p>Queue time after requeues (not paid): {esc(format_duration(rep['queue_s']))}.</p>
 {f'<h2>Notes</h2><ul>{notes}</ul>' if notes else ''}
 </body></html>
@@ -235,7 +235,8 @@ def prom_text(rep: dict[str, Any]) -> str:
     metric("badput_usd", "Badput cost by category at the site price.",
            [(f',category="{k}"', v) for k, v in rep["badput_usd"].items()])
     metric("queue_seconds", "Wall time queued after requeues (not paid).", [("", rep["queue_s"])])
-    metric("attempts", "Attempts of the run.", [("", float(rep["attempts"]))])
+    metric("attempts", "Attempts of the run (in-allocation restarts included).", [("", float(rep["attempts"]))])
+    metric("allocations", "Allocations of the run (the first plus one per requeue).", [("", float(rep["allocations"]))])
     metric("failures", "Failures detected, by kind.",
            [(f',kind="{_label(k)}"', float(v)) for k, v in rep["failures"].items()])
     metric("observed_job_mtbf_seconds", "Allocated wall time per failure.", [("", rep["observed_job_mtbf_s"])])

@@ -1,15 +1,17 @@
-"""events.jsonl → per-attempt timelines of spans (the raw material of goodput accounting).
+"""events.jsonl → per-allocation timelines of spans (the raw material of goodput accounting).
 
-Clocks: within one attempt the supervisor's `mono` gives precise durations; across attempts
-(other hosts, requeues) only the wall clock `ts` is comparable. Each attempt's events are put on
-one axis: t = mono + offset, where offset is the attempt's median (ts − mono); an event whose own
+An allocation is what one supervisor instance ran (group_allocations); it may hold several
+attempt numbers (in-allocation restarts). Clocks: within one allocation the supervisor's `mono`
+gives precise durations; across allocations (other hosts, requeues) only the wall clock `ts` is
+comparable. Each allocation's events are put on one axis: t = mono + offset, where offset is the
+allocation's median (ts − mono); an event whose own
 ts − mono is off that median by more than CLOCK_TOLERANCE_S came from another host or clock (a
 requeuer on another node) and is placed by its ts instead.
 
-Spans partition each attempt's wall time [first event, last event]:
-  STARTUP  from the attempt's start to its first step (first_step / step_progress / restart_done),
+Spans partition each allocation's wall time [first event, last event]:
+  STARTUP  from its start to its first step (first_step / step_progress / restart_done),
   RUNNING  from there to a failure (failure_detected.t − detect_s), a requeue/give-up, or the end,
-  FAILURE  from the failure to the next running start (or the end of the attempt).
+  FAILURE  from the failure to the next running start (or the end of the allocation).
 Claims (durations known from event fields: stall_s, detect_s, restart phases) are attached to the
 span they happened in; accounting.py turns spans and claims into categories.
 """
@@ -44,6 +46,7 @@ class Span:
     detect_s: float = 0.0
     phases: dict[str, float] = field(default_factory=dict)
     samples: list[tuple[float, float, float | None]] = field(default_factory=list)  # (t, steps done, step_time_s)
+    anchors: list[tuple[float, float]] = field(default_factory=list)  # (t, steps done) from commits and failures
     interrupted: bool = False     # RUNNING span cut by a failure / requeue / give-up
     ends_attempt: bool = False
 
@@ -54,7 +57,10 @@ class Span:
 
 @dataclass(kw_only=True)
 class Attempt:
-    attempt: int
+    """One allocation: the events of one supervisor instance (see group_allocations)."""
+
+    attempt: int                # the first attempt number seen in it
+    attempt_numbers: list[int]
     start: float
     end: float
     spans: list[Span]
@@ -104,17 +110,33 @@ def place_events(events: list[dict[str, Any]]) -> list[tuple[float, dict[str, An
     return placed
 
 
-def group_attempts(events: Iterable[dict[str, Any]]) -> list[list[dict[str, Any]]]:
-    """Events grouped by `attempt`, groups in order of first appearance. A `requeue` that opens a
-    group (a requeuer that numbered it after the attempt it ends) goes back to the group before."""
-    groups: dict[int, list[dict[str, Any]]] = {}
+def group_allocations(events: Iterable[dict[str, Any]]) -> list[list[dict[str, Any]]]:
+    """Events grouped by allocation, in file order. Each `supervisor_start` opens a group (a new
+    supervisor process: the first one, or the next after a requeue); an in-allocation restart
+    bumps the attempt number under the same supervisor and stays in its group, and a requeue
+    appended by a requeuer lands before the next supervisor_start, in the group it ends. Events
+    before any supervisor started (the hooks writing alone) are grouped by `attempt`; there a
+    `requeue` that would open a group goes back to the group before."""
+    groups: list[list[dict[str, Any]]] = []
+    by_attempt: dict[int, list[dict[str, Any]]] = {}
+    supervised = False
     for ev in events:
+        if ev.get("event") == "supervisor_start":
+            supervised = True
+            groups.append([ev])
+            continue
+        if supervised:
+            groups[-1].append(ev)
+            continue
         attempt = num(ev, "attempt")
         key = int(attempt) if attempt is not None else -1
-        if ev.get("event") == "requeue" and key not in groups and groups:
-            key = list(groups)[-1]
-        groups.setdefault(key, []).append(ev)
-    return list(groups.values())
+        if ev.get("event") == "requeue" and key not in by_attempt and by_attempt:
+            key = list(by_attempt)[-1]
+        if key not in by_attempt:
+            by_attempt[key] = []
+            groups.append(by_attempt[key])
+        by_attempt[key].append(ev)
+    return groups
 
 
 def devices_of(ev: dict[str, Any]) -> tuple[float, float] | None:
@@ -196,6 +218,9 @@ def build_attempt(events: list[dict[str, Any]], *, default_devices: tuple[float,
         elif name == "failure_detected":
             detect = max(0.0, num(ev, "detect_s", 0.0) or 0.0)
             if cur.kind is SpanKind.RUNNING:
+                at_failure = num(ev, "step")  # the step being worked on = steps done
+                if at_failure is not None:
+                    cur.anchors.append((max(cur.start, t - detect), at_failure))
                 cur.interrupted = True
                 switch(SpanKind.FAILURE, t - detect)
                 cur.detect_s += t - cur.start
@@ -205,6 +230,13 @@ def build_attempt(events: list[dict[str, Any]], *, default_devices: tuple[float,
             stall = num(ev, "stall_s", 0.0) or 0.0
             if stall > 0:
                 cur.stalls.append((t, stall))
+            saved = num(ev, "step")
+            if name == "checkpoint_committed" and saved is not None and cur.kind is SpanKind.RUNNING:
+                # the state was captured before the stall (sync) or before the background write
+                # (async): max(stall, write) before the commit, to within the stall
+                taken = t - max(stall, num(ev, "write_s", 0.0) or 0.0)
+                if taken >= cur.start:
+                    cur.anchors.append((taken, saved))
         elif name in TERMINAL:
             end_reason = str(name)
             if cur.kind is SpanKind.RUNNING and name != "run_complete":
@@ -217,7 +249,8 @@ def build_attempt(events: list[dict[str, Any]], *, default_devices: tuple[float,
         devices.append((start, *default_devices))
     elif devices:
         devices[0] = (start, devices[0][1], devices[0][2])  # the first allocation holds from the start
-    return Attempt(attempt=attempt_no, start=start, end=end, spans=spans, devices=devices,
+    numbers = sorted({int(a) for a in (num(e, "attempt") for _, e in placed) if a is not None})
+    return Attempt(attempt=attempt_no, attempt_numbers=numbers, start=start, end=end, spans=spans, devices=devices,
                    events=placed, end_reason=end_reason)
 
 
@@ -231,7 +264,7 @@ def _last_recovery(spans: list[Span]) -> Span | None:
 def build_attempts(events: Iterable[dict[str, Any]]) -> list[Attempt]:
     attempts: list[Attempt] = []
     default: tuple[float, float] | None = None
-    for group in group_attempts(events):
+    for group in group_allocations(events):
         attempt = build_attempt(group, default_devices=default)
         if attempt is None:
             continue

@@ -94,6 +94,8 @@ def format_duration(seconds: float | None) -> str:
         return "—" if seconds is None else ("∞" if seconds > 0 else "-∞")
     sign = "-" if seconds < 0 else ""
     s = abs(seconds)
+    if 0 < s < 1e-3:
+        return f"{sign}{s * 1e6:.0f}µs"
     if s < 1:
         return f"{sign}{s * 1000:.0f}ms"
     if s < 120:
