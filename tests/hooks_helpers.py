@@ -129,3 +129,52 @@ def private_dir(path: Path) -> Path:
     path.mkdir(parents=True, exist_ok=True)
     os.chmod(path, 0o700)
     return path
+
+
+# ---- in-process, single-rank training (fast tests of save/resume logic) -----------------------
+
+def make_parts(seed: int = 0, size: int = 64, batch: int = 4):
+    """model, optimizer, scheduler, StatefulDataLoader (ResumableDistributedSampler), dataset."""
+    import torch
+    from torchdata.stateful_dataloader import StatefulDataLoader
+
+    from ckptsup.hooks.sampler import ResumableDistributedSampler
+
+    torch.manual_seed(seed)
+    model = torch.nn.Sequential(torch.nn.Linear(8, 32), torch.nn.ReLU(), torch.nn.Dropout(0.1), torch.nn.Linear(32, 1))
+    opt = torch.optim.AdamW(model.parameters(), lr=1e-2)
+    sched = torch.optim.lr_scheduler.LambdaLR(opt, lambda s: min(1.0, (s + 1) / 5))
+    gen = torch.Generator().manual_seed(seed + 1)
+    data = [(i, torch.randn(8, generator=gen), torch.randn(1, generator=gen)) for i in range(size)]
+    loader = StatefulDataLoader(data, batch_size=batch, sampler=ResumableDistributedSampler(data, num_replicas=1, rank=0, seed=seed))
+    return model, opt, sched, loader
+
+
+def train_steps(run, model, opt, sched, loader, start: int, stop: int) -> list[list[int]]:
+    import torch
+
+    seen = []
+    batches = iter(loader)
+    for step in range(start, stop):
+        try:
+            ids, x, y = next(batches)
+        except StopIteration:
+            batches = iter(loader)
+            ids, x, y = next(batches)
+        loss = torch.nn.functional.mse_loss(model(x), y)
+        opt.zero_grad()
+        loss.backward()
+        opt.step()
+        sched.step()
+        seen.append(ids.tolist())
+        run.step_done(step, loss=loss.detach())
+    return seen
+
+
+def attach_parts(parts, ckdir: Path, **kw):
+    import ckptsup
+
+    model, opt, sched, loader = parts
+    kw.setdefault("save_every_s", 3600)
+    return ckptsup.attach(model=model, optimizer=opt, lr_scheduler=sched, dataloader=loader,
+                          checkpoint_dir=str(ckdir), **kw)

@@ -14,10 +14,12 @@ import logging
 import os
 import sys
 import time
+import warnings
 from pathlib import Path
 from typing import Any
 
-from ..errors import CheckpointError, CkptsupError, ValidationError
+from ..errors import CheckpointError, CkptsupError, ManifestError, ValidationError
+from .dcp_errors import failure_errors, one_line, root_cause
 
 log = logging.getLogger("ckptsup.hooks")
 
@@ -28,6 +30,35 @@ def _fresh_copy(targets: dict[str, Any]) -> dict[str, Any]:
     from torch.distributed._state_dict_utils import _create_cpu_state_dict
 
     return _create_cpu_state_dict(targets)
+
+
+def _classify(path: Path, err: BaseException) -> Exception:
+    """Corruption (the checkpoint is bad: quarantine, fall back) vs. anything else (storage,
+    trust, or a checkpoint that does not fit this model: the caller stops with the message)."""
+    cause = root_cause(err)
+    if isinstance(cause, (ValidationError, ManifestError)):
+        return type(cause)(f"{path.name}: {one_line(err)}")
+    if isinstance(cause, CkptsupError):
+        return cause if isinstance(cause, Exception) else CheckpointError(one_line(err))
+    return CheckpointError(f"{path.name} cannot be loaded into this model/optimizer: {one_line(err)}")
+
+
+def is_corruption(error: BaseException | None) -> bool:
+    return isinstance(error, (ValidationError, ManifestError))
+
+
+def _agree(run: Any, path: Path, error: Exception | None) -> Exception | None:
+    """Every rank takes the same decision: 0 all fine, 1 corrupt somewhere (fall back), 2 a
+    failure that is not corruption somewhere (stop)."""
+    code = 0 if error is None else (1 if is_corruption(error) else 2)
+    agreed = run.reduce_max([code])[0]
+    if agreed == 0:
+        return None
+    if agreed == 2 and (error is None or is_corruption(error)):
+        return CheckpointError(f"{path.name}: another rank could not load it (see that rank's log)")
+    if agreed == 1 and error is None:
+        return ValidationError(f"{path.name}: another rank found it corrupt (see that rank's log)")
+    return error
 
 
 def load_checkpoint(run: Any, path: Path) -> Exception | None:
@@ -44,29 +75,25 @@ def load_checkpoint(run: Any, path: Path) -> Exception | None:
         reader = VerifyingReader(path)
         metadata = reader.read_metadata()
         targets = _fresh_copy(run.state.load_targets(metadata))
-    except CkptsupError as err:
-        error = err
-    except (OSError, ValueError, RuntimeError) as err:
-        error = CheckpointError(f"{path.name}: {err}")
-    if not run.all_ok(error is None):
-        return error or CheckpointError(f"{path.name}: another rank could not read it")
+    except failure_errors() as err:
+        error = _classify(path, err)
+    error = _agree(run, path, error)
+    if error is not None:
+        return error
     delay = float(os.environ.get(TEST_DELAY_ENV, "0") or 0)
     if delay > 0:
         print(f"ckptsup-test: rank {run.rank} delaying the load of {path.name}", file=sys.stderr, flush=True)
         time.sleep(delay)
     try:
-        dcp.load(targets, storage_reader=reader, planner=safe_load_planner(), process_group=run.control_pg,
-                 no_dist=run.control_pg is None)
-    except CkptsupError as err:
-        error = err
-    except (RuntimeError, OSError, ValueError, KeyError) as err:
-        # DCP wraps every rank's failure in one CheckpointException (a RuntimeError)
-        text = str(err)
-        error = ValidationError(f"{path.name}: {text.strip().splitlines()[0][:300] if text.strip() else type(err).__name__}")
-        if "hash" in text and "!=" in text:
-            error = ValidationError(f"{path.name}: an item's hash does not match the manifest (corrupt)")
-    if not run.all_ok(error is None):
-        return error or ValidationError(f"{path.name}: another rank failed to load it")
+        with warnings.catch_warnings():
+            warnings.filterwarnings("ignore", message=".*assuming the intent is to load in a single process.*")
+            dcp.load(targets, storage_reader=reader, planner=safe_load_planner(), process_group=run.control_pg,
+                     no_dist=run.control_pg is None)
+    except failure_errors() as err:
+        error = _classify(path, err)  # DCP raised the same failure on every rank
+    error = _agree(run, path, error)
+    if error is not None:
+        return error
     meta = run.state.apply(targets)
     run._loaded_step = int(meta.get("step", 0))
     if not meta.get("same_world", True) and run.rank == 0:

@@ -27,7 +27,7 @@ from ..checkpoint.catalog import Status, list_checkpoints
 from ..checkpoint.commit import WriterLock
 from ..checkpoint.validate import quarantine
 from ..env import ExitStatus, read_rank_env
-from ..errors import CheckpointError, CkptsupError, ManifestError, ValidationError
+from ..errors import CheckpointError, CkptsupError
 from ..events import Event
 from .channel import RankChannel
 from .process_group import new_gloo_group, set_steady_timeout
@@ -113,7 +113,7 @@ class Run:
     def resume(self) -> int:
         """Load the newest usable checkpoint (the supervisor's CKPTSUP_RESUME_FROM first); on a
         corrupt one, quarantine it and fall back to the previous. Returns the next step."""
-        from .loader import load_checkpoint
+        from .loader import is_corruption, load_checkpoint
 
         self.channel.send("phase", {"rank": self.rank, "phase": "load", "step": 0})
         start = self.clock()
@@ -128,6 +128,8 @@ class Run:
                 self.channel.send("phase", {"rank": self.rank, "phase": "train", "step": self.next_step})
                 return self.next_step
             log.error("ckptsup: cannot resume from %s: %s", path, error)
+            if not is_corruption(error):
+                raise error
             if self.rank == 0:
                 self._reject(Path(path), error)
         self.channel.send("phase", {"rank": self.rank, "phase": "train", "step": 0})
@@ -146,7 +148,7 @@ class Run:
         from ..checkpoint.commit import parse_step
 
         step = parse_step(path.name)
-        if isinstance(error, (ValidationError, ManifestError)) and path.is_dir():
+        if path.is_dir():
             try:
                 dest = quarantine(path, str(error))
                 log.error("ckptsup: quarantined %s as %s", path, dest)
@@ -165,9 +167,9 @@ class Run:
         return box[0]
 
     def all_ok(self, ok: bool) -> bool:
-        return self._reduce_max([0 if ok else 1])[0] == 0
+        return self.reduce_max([0 if ok else 1])[0] == 0
 
-    def _reduce_max(self, values: list[int]) -> list[int]:
+    def reduce_max(self, values: list[int]) -> list[int]:
         if self.control_pg is None:
             return values
         import torch
@@ -188,7 +190,7 @@ class Run:
         self.channel.send("step", {"rank": self.rank, "step": step, "step_time_s": step_time, "loss_finite": finite})
         save_flag = 1 if (self._save_due(step, now) or self.channel.commands.take_save_now()) else 0
         proposal = self._stop_proposal(step)
-        save_any, nan_any, neg_stop = self._reduce_max([save_flag, 0 if finite else 1, -proposal])
+        save_any, nan_any, neg_stop = self.reduce_max([save_flag, 0 if finite else 1, -proposal])
         if nan_any:
             self._nan(step, loss, finite)
         if -neg_stop != NO_STOP:

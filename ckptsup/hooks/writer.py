@@ -26,6 +26,7 @@ from ..checkpoint.commit import abort, commit, make_tmp_dir
 from ..checkpoint.hashing import hash_file, new_hasher
 from ..checkpoint.manifest import METADATA_NAME, FileEntry, ItemEntry, Manifest
 from ..errors import CheckpointError
+from .dcp_errors import failure_errors, one_line
 
 log = logging.getLogger("ckptsup.hooks")
 
@@ -212,9 +213,9 @@ class CheckpointWriter:
             path, nbytes = self._write_and_commit(step, staged, extra_meta)
             result = SaveResult(step=step, ok=True, path=str(path), stall_s=stall_s,
                                 write_s=self.clock() - start, bytes=nbytes)
-        except (CheckpointError, OSError, RuntimeError, ValueError) as err:
-            # RuntimeError: gloo timeouts and DCP's CheckpointException; the save failed, training goes on
-            reason = str(err).strip().splitlines()[0][:300] if str(err).strip() else type(err).__name__
+        except failure_errors() as err:
+            # gloo timeouts, DCP's CheckpointException, storage errors: the save failed, training goes on
+            reason = one_line(err)
             result = SaveResult(step=step, ok=False, reason=reason, stall_s=stall_s, write_s=self.clock() - start)
         self.last = result
         self.on_result(result)
@@ -283,8 +284,8 @@ class CheckpointWriter:
                 print(f"ckptsup-test: rank {cfg.rank} delaying the commit of step {step}", file=sys.stderr, flush=True)
                 time.sleep(delay)
             return {"ok": True, "error": "", **self._describe_own(tmp, metadata)}
-        except (CheckpointError, OSError, RuntimeError, ValueError) as err:
-            text = str(err).strip().replace("\n", " ")[:300] or type(err).__name__
+        except failure_errors() as err:
+            text = one_line(err)
             log.error("ckptsup: rank %d failed writing step %d: %s", cfg.rank, step, text)
             return {"ok": False, "error": text}
 
