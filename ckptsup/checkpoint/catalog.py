@@ -18,7 +18,7 @@ import json
 import os
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Any, Iterable, Protocol, Sequence
+from typing import Any, Iterable, Iterator, Protocol, Sequence
 
 from ..errors import CkptsupError
 from .commit import parse_step
@@ -130,30 +130,45 @@ def _reason(path: Path) -> str:
         return ""
 
 
-def _usable(infos: Sequence[CheckpointInfo]) -> list[CheckpointInfo]:
-    return [i for i in infos if i.status in (Status.COMMITTED, Status.VALIDATED)]
+def _newest_first(checkpoint_dir: str | os.PathLike[str]) -> Iterator[Path]:
+    """step_<N> paths, highest step first, without reading anything: the latest_* lookups stop
+    at the first match instead of parsing every manifest (an item index can be megabytes)."""
+    try:
+        names = os.listdir(checkpoint_dir)
+    except FileNotFoundError:
+        return iter(())
+    steps = sorted(((parse_step(n), n) for n in names if parse_step(n) is not None), reverse=True)
+    return (Path(checkpoint_dir) / name for _, name in steps)
 
 
 def latest_committed(checkpoint_dir: str | os.PathLike[str]) -> CheckpointInfo | None:
     """Newest checkpoint with a valid manifest that no validation rejected."""
-    usable = _usable(list_checkpoints(checkpoint_dir))
-    return usable[-1] if usable else None
+    for path in _newest_first(checkpoint_dir):
+        info = inspect_step(path)
+        if info.status in (Status.COMMITTED, Status.VALIDATED):
+            return info
+    return None
 
 
 def latest_validated(checkpoint_dir: str | os.PathLike[str], min_level: int = 2) -> CheckpointInfo | None:
     """Newest checkpoint whose recorded validation passed at min_level or above."""
-    good = [i for i in list_checkpoints(checkpoint_dir) if i.validated_level >= min_level]
-    return good[-1] if good else None
+    for path in _newest_first(checkpoint_dir):
+        recorded = read_validation(path)   # cheap pre-filter before parsing the manifest
+        if not recorded or recorded.get("ok") is not True or int(recorded.get("level", 0)) < min_level:
+            continue
+        info = inspect_step(path)
+        if info.validated_level >= min_level:
+            return info
+    return None
 
 
 def latest_durable(checkpoint_dir: str | os.PathLike[str], tiers: Sequence[HasCopy] = ()) -> CheckpointInfo | None:
     """Newest usable checkpoint that is present, matching its manifest, on the slowest configured
     tier (the last of `tiers`). With no slower tier the shared checkpoint_dir is the durable one."""
-    usable = _usable(list_checkpoints(checkpoint_dir))
-    if not tiers:
-        return usable[-1] if usable else None
-    slowest = tiers[-1]
-    for info in reversed(usable):
-        if info.manifest is not None and slowest.has_copy(info.step, info.manifest):
+    for path in _newest_first(checkpoint_dir):
+        info = inspect_step(path)
+        if info.status not in (Status.COMMITTED, Status.VALIDATED) or info.manifest is None:
+            continue
+        if not tiers or tiers[-1].has_copy(info.step, info.manifest):
             return info
     return None

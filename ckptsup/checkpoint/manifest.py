@@ -13,6 +13,7 @@ import dataclasses
 import json
 import math
 import os
+import re
 import stat
 import uuid
 from dataclasses import dataclass, field
@@ -69,7 +70,12 @@ class Manifest:
     extra: dict[str, Any] = field(default_factory=dict)
 
     def to_json(self) -> str:
-        return json.dumps(dataclasses.asdict(self), indent=1, sort_keys=True, allow_nan=False) + "\n"
+        data = {f.name: getattr(self, f.name) for f in dataclasses.fields(self)}
+        # vars() instead of asdict(): the entries are flat, and asdict's deep copy dominates
+        # for a 100k-item index.
+        data["files"] = [vars(f) for f in self.files]
+        data["items"] = [vars(it) for it in self.items]
+        return json.dumps(data, sort_keys=True, allow_nan=False, separators=(",", ":")) + "\n"
 
     @classmethod
     def from_json(cls, text: str | bytes, *, source: str = "manifest") -> "Manifest":
@@ -146,9 +152,11 @@ def _non_negative(value: int, key: str, source: str) -> int:
     return value
 
 
+_HASH_RE = re.compile(r"^(?:%s):[0-9a-f]{1,128}\Z" % "|".join(re.escape(a) for a in HASH_ALGORITHMS))
+
+
 def _check_hash(value: str, key: str, source: str) -> str:
-    algorithm, sep, digest = value.partition(":")
-    if not sep or algorithm not in HASH_ALGORITHMS or not digest or not all(c in "0123456789abcdef" for c in digest):
+    if not _HASH_RE.match(value):
         raise ManifestError(f"{source}: {key} {value[:60]!r} is not '<algorithm>:<hex>' with algorithm in {', '.join(HASH_ALGORITHMS)}")
     return value
 
@@ -173,13 +181,34 @@ def _parse_file(raw: Any, i: int, source: str) -> FileEntry:
     return FileEntry(path=path, size=size, hash=_check_hash(_need(raw, "hash", str, source), f"files[{i}].hash", source))
 
 
-def _parse_item(raw: Any, i: int, source: str) -> ItemEntry:
+def _parse_items(raws: list[Any], source: str) -> list[ItemEntry]:
+    """Items with a fast path: an index can hold 100k+ entries, and the general checks below
+    (with their precise error messages) run only for an entry the fast path does not accept."""
+    checked: set[str] = set()
+    out = []
+    match = _HASH_RE.match
+    for i, raw in enumerate(raws):
+        if type(raw) is dict and raw.keys() == _ITEM_KEYS:
+            key, file, offset, length, value = raw["key"], raw["file"], raw["offset"], raw["length"], raw["hash"]
+            if (type(key) is str and type(file) is str and file in checked and type(offset) is int and offset >= 0
+                    and type(length) is int and length >= 0 and type(value) is str and match(value)):
+                out.append(ItemEntry(key=key, file=file, offset=offset, length=length, hash=value))
+                continue
+        out.append(_parse_item(raw, i, source, checked))
+    return out
+
+
+def _parse_item(raw: Any, i: int, source: str, checked_paths: set[str]) -> ItemEntry:
     if not isinstance(raw, dict):
         raise ManifestError(f"{source}: items[{i}] must be an object")
-    _check_keys(raw, _ITEM_KEYS, f"items[{i}]", source)
+    if raw.keys() != _ITEM_KEYS:
+        _check_keys(raw, _ITEM_KEYS, f"items[{i}]", source)
+    file = _need(raw, "file", str, source)
+    if file not in checked_paths:  # many items share a file: check each path once
+        checked_paths.add(check_relpath(file, what=f"items[{i}].file", source=source))
     return ItemEntry(
         key=_need(raw, "key", str, source),
-        file=check_relpath(_need(raw, "file", str, source), what=f"items[{i}].file", source=source),
+        file=file,
         offset=_non_negative(_need(raw, "offset", int, source), f"items[{i}].offset", source),
         length=_non_negative(_need(raw, "length", int, source), f"items[{i}].length", source),
         hash=_check_hash(_need(raw, "hash", str, source), f"items[{i}].hash", source),
@@ -230,7 +259,7 @@ def _parse_manifest(data: Any, source: str) -> Manifest:
         world_size=world_size,
         mesh=_need(data, "mesh", dict, source),
         files=files,
-        items=[_parse_item(raw, i, source) for i, raw in enumerate(_need(data, "items", list, source))],
+        items=_parse_items(_need(data, "items", list, source), source),
         metadata_file=metadata_file,
         metadata_hash=metadata_hash,
         hash_algorithm=hash_algorithm,

@@ -36,6 +36,11 @@ class PromotionResult:
     error: str = ""
     skipped: bool = False   # dropped from a full queue, never tried
 
+    def event_fields(self) -> dict[str, object]:
+        """Fields of the `checkpoint_promoted` event (events.Event.CHECKPOINT_PROMOTED)."""
+        return {"step": self.step, "tier": self.tier, "ok": self.ok, "attempts": self.attempts,
+                "duration_s": round(self.duration_s, 3), "bytes": self.bytes, "error": self.error, "skipped": self.skipped}
+
 
 class Promoter:
     def __init__(self, *, destinations: Sequence[Tier], queue_size: int = 4, retries: int = 5,
