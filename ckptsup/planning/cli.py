@@ -250,7 +250,7 @@ def _print_sim(r: dict[str, Any]) -> None:
                   f"Daly {format_duration(yd['interval_daly_s'])} ({format_pct(yd['daly_waste_fraction'])}); "
                   f"Young/Daly = {yd['young_over_daly']:.3f}")
     ext = Table(title="the same costs at other gang sizes")
-    for col in ("GPUs", "job MTBF", "Young", "Daly", "Young/Daly", "waste analytic", "sim @Daly", "sim @Young"):
+    for col in ("GPUs", "MTBF", "Young", "Daly", "Y/D", "analytic", "sim Daly", "sim Young"):
         ext.add_column(col, justify="right")
     for row in r["extrapolation"]:
         ext.add_row(f"{row['gpus']:,}", format_duration(row["job_mtbf_s"]), format_duration(row["interval_young_s"]),
