@@ -344,7 +344,7 @@ class Agent:
         the budget allows, wait for torchrun up to its shutdown timeout, report, exit."""
         budget = float(self.spec.env.get("CKPTSUP_PREEMPT_BUDGET_S", "0") or 0)
         self.send("preempt", {"signal": self.term_signal, "budget_s": budget})
-        self.to_ranks("stop_at", {"step": None, "reason": "preempted", "save": True, "budget_s": budget})
+        self.to_ranks("stop_at", {"reason": "preempted", "save": True, "budget_s": budget})
         deadline = time.monotonic() + max(budget, 1.0)
         while self.torchrun is not None and self.torchrun.poll() is None and time.monotonic() < deadline:
             self._pump(0.1)

@@ -35,6 +35,7 @@ from .policy import GiveUp, Requeue, RestartInAllocation, decide
 TICK_S = 0.05
 STEP_PROGRESS_EVERY_S = 5.0
 KILL_ACK_TIMEOUT_S = 5.0
+OWN_EVENTS = frozenset({Event.FIRST_STEP.value, Event.STEP_PROGRESS.value, Event.RUN_COMPLETE.value})
 
 
 @dataclass(kw_only=True)
@@ -213,7 +214,9 @@ class Supervisor:
                       hang_timeout_s=round(tracker.hang_timeout_s(), 3))
 
     def _forward_event(self, record: Any) -> None:
-        if not isinstance(record, dict) or "event" not in record:
+        """Append a rank's event (checkpoint_committed, …) to the restart log. The supervisor
+        writes first_step / step_progress / run_complete itself from what it saw."""
+        if not isinstance(record, dict) or "event" not in record or record["event"] in OWN_EVENTS:
             return
         fields = {k: v for k, v in record.items() if k not in ("event", "ts", "mono", "job_id", "attempt", "epoch")}
         fields["rank_ts"] = record.get("ts")

@@ -81,7 +81,7 @@ def resume_step(resume_from: str) -> int:
     if not resume_from:
         return 0
     step = parse_step(Path(resume_from).name)
-    return 0 if step is None else step + 1
+    return 0 if step is None else step  # step_<N> holds the state after N steps: resume at N
 
 
 def health(sv: "Supervisor", nodes: list[str]) -> dict[str, str]:
@@ -131,8 +131,9 @@ def dump_flight_recorder(sv: "Supervisor") -> None:
             msg = sv.inbox.get(timeout=0.05)
         except queue.Empty:
             continue
-        if msg.m == "fr_dumped":
-            waiting.discard(msg.body.get("rank"))
+        record = msg.body.get("record") if msg.m == "event" else None
+        if isinstance(record, dict) and record.get("event") == "fr_dumped":
+            waiting.discard(record.get("rank"))
 
 
 def stop_for_preemption(sv: "Supervisor", failure: Failure) -> ExitStatus:
@@ -144,7 +145,7 @@ def stop_for_preemption(sv: "Supervisor", failure: Failure) -> ExitStatus:
     sv.emit(Event.PREEMPTION, **plan.as_event())
     step = sv.step
     if step is not None and step.alive():
-        step.send("stop_at", {"step": None, "reason": kind.value, "save": plan.emergency_save,
+        step.send("stop_at", {"reason": kind.value, "save": plan.emergency_save,
                               "budget_s": plan.budget_s})
         deadline = sv.clock() + plan.budget_s + sv.sup.kill_grace_s
         waiting = set(sv.active)

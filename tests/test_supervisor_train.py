@@ -1,0 +1,142 @@
+"""`ckptsup launch examples/train.py` locally with 2 gloo ranks (DESIGN §4: with 2 data-parallel
+ranks an interrupted run can equal an uninterrupted one bit for bit). Faults are injected from
+outside (SIGKILL / SIGSTOP of a real rank) or by train.py's flags; every run must end with the
+reference parameters, or give up as the policy says."""
+import json
+import os
+import signal
+import subprocess
+import sys
+import time
+from pathlib import Path
+
+import psutil
+import pytest
+
+from ckptsup.events import read_events
+
+pytestmark = pytest.mark.torch
+
+ROOT = Path(__file__).resolve().parents[1]
+TRAIN = ROOT / "examples" / "train.py"
+STEPS = ["--steps", "40", "--save-every-steps", "5", "--step-sleep-s", "0.08"]
+
+
+def write_cfg(path: Path) -> Path:
+    path.write_text("[supervisor]\nhang_min_s = 4.0\nheartbeat_interval_s = 0.5\n"
+                    "[checkpoint]\nadaptive_interval = false\n")
+    return path
+
+
+def start(tmp: Path, *extra: str) -> tuple[subprocess.Popen, Path, Path]:
+    tmp.mkdir(parents=True, exist_ok=True)
+    run, out = tmp / "run", tmp / "out"
+    argv = [sys.executable, "-m", "ckptsup.cli", "launch", "--nproc-per-node", "2", "--config",
+            str(write_cfg(tmp / "job.toml")), "--run-dir", str(run), str(TRAIN), *STEPS, "--out", str(out), *extra]
+    proc = subprocess.Popen(argv, cwd=tmp, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True)
+    return proc, run, out
+
+
+def finish(proc: subprocess.Popen, timeout: float = 240) -> tuple[int, str]:
+    out, _ = proc.communicate(timeout=timeout)
+    return proc.returncode, out
+
+
+def params(out: Path) -> str:
+    return json.loads((out / "final.json").read_text())["params_sha256"]
+
+
+def named(events, name):
+    return [e for e in events if e["event"] == name]
+
+
+def wait_for_commit(run: Path, step: int, timeout: float = 120) -> None:
+    deadline = time.monotonic() + timeout
+    while time.monotonic() < deadline:
+        if any(e.get("step", -1) >= step for e in named(read_events(run), "checkpoint_committed")):
+            return
+        time.sleep(0.1)
+    raise AssertionError(f"no checkpoint at step >= {step} within {timeout}s")
+
+
+def rank_process(out: Path, rank: int) -> psutil.Process:
+    for proc in psutil.process_iter(["cmdline"]):
+        cmd = proc.info["cmdline"] or []
+        if str(TRAIN) in cmd and str(out) in cmd:
+            try:
+                if proc.environ().get("RANK") == str(rank):
+                    return proc
+            except psutil.Error:
+                continue
+    raise AssertionError(f"rank {rank} of {out} not found")
+
+
+def no_rank_left(out: Path) -> bool:
+    return not [p for p in psutil.process_iter(["cmdline"]) if str(out) in " ".join(p.info["cmdline"] or [])
+                and str(TRAIN) in " ".join(p.info["cmdline"] or [])]
+
+
+@pytest.fixture(scope="module")
+def reference(tmp_path_factory) -> str:
+    """The uninterrupted run's final parameters (computed once for the module)."""
+    proc, run, out = start(tmp_path_factory.mktemp("reference"))
+    rc, log = finish(proc)
+    assert rc == 0, log
+    return params(out)
+
+
+def test_rank_sigkill_restarts_fast_and_ends_bit_identical(tmp_path, reference):
+    proc, run, out = start(tmp_path)
+    wait_for_commit(run, 10)
+    killed_at = time.monotonic()
+    rank_process(out, 1).send_signal(signal.SIGKILL)
+    rc, log = finish(proc)
+    assert rc == 0, log
+    events = read_events(run)
+    [failure] = named(events, "failure_detected")
+    assert failure["kind"] == "crash" and failure["detect_s"] <= 1.0
+    detected = failure["mono"] - killed_at  # the same host's monotonic clock
+    assert detected <= 1.0, f"crash noticed {detected:.2f}s after the SIGKILL"
+    [restart] = named(events, "restart_done")
+    assert restart["path"] == "fast" and restart["resume_step"] >= 10
+    assert params(out) == reference
+    assert no_rank_left(out)
+
+
+def test_rank_sigstop_is_a_hang_detected_within_timeout_plus_2s_and_ends_bit_identical(tmp_path, reference):
+    proc, run, out = start(tmp_path)
+    wait_for_commit(run, 10)
+    stopped_at = time.monotonic()
+    rank_process(out, 1).send_signal(signal.SIGSTOP)
+    rc, log = finish(proc)
+    assert rc == 0, log
+    events = read_events(run)
+    [failure] = named(events, "failure_detected")
+    assert failure["kind"] == "hang" and failure["rank"] == 1 and "stopped" in failure["detail"]
+    hang_timeout = 4.0  # the floor: steps of ~0.1 s give 10 x p99 < 4 s
+    assert failure["mono"] - stopped_at <= hang_timeout + 2.0
+    assert params(out) == reference
+    assert no_rank_left(out)
+
+
+def test_nan_once_rolls_back_to_the_last_checkpoint_and_ends_bit_identical(tmp_path, reference):
+    proc, run, out = start(tmp_path, "--nan-at-step", "17", "--nan-rank", "1")
+    rc, log = finish(proc)
+    assert rc == 0, log
+    events = read_events(run)
+    [failure] = named(events, "failure_detected")
+    assert failure["kind"] == "nan" and failure["rank"] == 1 and failure["step"] == 17
+    [restart] = named(events, "restart_done")
+    assert restart["resume_step"] == 15
+    assert params(out) == reference
+
+
+def test_nan_at_the_same_step_every_time_gives_up_and_drains_nothing(tmp_path):
+    proc, run, out = start(tmp_path, "--nan-at-step", "7", "--nan-rank", "1", "--fault-mode", "always")
+    rc, log = finish(proc)
+    assert rc == 3, log
+    events = read_events(run)
+    assert [f["kind"] for f in named(events, "failure_detected")] == ["nan"] * 3
+    assert "user error" in named(events, "give_up")[0]["reason"]
+    assert not named(events, "node_excluded")
+    assert no_rank_left(out)
