@@ -143,3 +143,16 @@ def test_cli_refusals_are_one_line_with_exit_status_2(capsys, args, fragment):
     lines = [line for line in err.splitlines() if line.strip()]
     assert len(lines) == 1 and fragment in lines[0] and lines[0].startswith("ckptsup: error:")
     assert out == ""
+
+
+@pytest.mark.parametrize("args, fragment", [
+    (["plan", "--gpus", "abc", "--stall", "1s", "--restart", "1s"], "not a valid integer"),
+    (["plan", "--gpus", "8", "--mtbf", "1h", "--restart", "1s"], "Missing option '--stall'"),
+    (["plan", "--gpus", "8", "--mtbf", "1h", "--stall", "1s", "--restart", "1s", "--bogus", "3"], "No such option"),
+    (["simulate", "--stall", "1s"], "Missing option '--restart'"),
+    (["report"], "Missing argument 'RUN_DIR'"),
+])
+def test_usage_errors_are_one_line_too(capsys, args, fragment):
+    code, out, err = run_cli(capsys, *args)
+    lines = err.strip().splitlines()
+    assert code == 2 and len(lines) == 1 and fragment in lines[0] and "--help" in lines[0]

@@ -19,6 +19,17 @@ from .units import format_duration, format_pct, format_size, format_usd, parse_d
 _DUR = "DURATION"
 
 
+class OneLineCommand(click.Command):
+    """Usage errors (a missing flag, a non-number) become one ConfigError line, like every other
+    refused input, instead of click's usage block."""
+
+    def parse_args(self, ctx: click.Context, args: list[str]) -> list[str]:
+        try:
+            return super().parse_args(ctx, args)
+        except click.UsageError as err:
+            raise ConfigError(f"{err.format_message()} (see `ckptsup {self.name} --help`)") from None
+
+
 def _dur(value: str | None, flag: str, *, allow_zero: bool = False) -> float | None:
     return None if value is None else parse_duration(value, what=flag, allow_zero=allow_zero)
 
@@ -54,7 +65,7 @@ def _dump(data: Any) -> str:
 
 # ---- plan -----------------------------------------------------------------------------------
 
-@click.command(context_settings={"help_option_names": ["-h", "--help"]})
+@click.command(cls=OneLineCommand, context_settings={"help_option_names": ["-h", "--help"]})
 @click.option("--gpus", type=int, required=True, help="GPUs in the gang (the job)")
 @click.option("--gpus-per-node", type=int, default=8, show_default=True)
 @click.option("--mtbf", metavar=_DUR, help="the job's MTBF, e.g. 3h")
@@ -157,7 +168,7 @@ def _print_plan(r: dict[str, Any]) -> None:
 
 # ---- simulate -------------------------------------------------------------------------------
 
-@click.command(context_settings={"help_option_names": ["-h", "--help"]})
+@click.command(cls=OneLineCommand, context_settings={"help_option_names": ["-h", "--help"]})
 @click.option("--gpus", type=int, default=1024, show_default=True, help="GPUs in the gang")
 @click.option("--mtbf", metavar=_DUR, help="the job's MTBF [site prior cost.gpu_mtbf_hours / gpus]")
 @click.option("--failures", type=float, help="reference record: N failures ...")
@@ -263,7 +274,7 @@ def _print_sim(r: dict[str, Any]) -> None:
 
 # ---- report ---------------------------------------------------------------------------------
 
-@click.command(context_settings={"help_option_names": ["-h", "--help"]})
+@click.command(cls=OneLineCommand, context_settings={"help_option_names": ["-h", "--help"]})
 @click.argument("run_dir", type=click.Path(file_okay=False))
 @click.option("--json", "as_json", is_flag=True, help="print the report as one JSON object")
 @click.option("--png", "png", type=click.Path(dir_okay=False), help="write a timeline + badput PNG here")
