@@ -216,3 +216,27 @@ def test_log_shaped_like_the_supervisors_writes():
     for category, value in expected.items():
         assert acc.badput_device_s[category] == pytest.approx(value), category
     assert acc.queue_s == pytest.approx(100)
+
+
+def test_a_dead_node_leaves_the_allocation_and_the_spare_takes_its_place():
+    """Hot-spare path: 3 active nodes + 1 spare (8 GPUs each); n2 dies; the relaunch on n1,n3,n4
+    makes the spare active, and the dead node stops being paid (Slurm drops it under --no-kill)."""
+    a = dict(attempt=0, mono_base=0.0)
+    names = ["n1", "n2", "n3", "n4"]
+    events = [
+        ev(0, "supervisor_start", **a),
+        ev(0, "allocation", nodes=4, active=3, spares=1, gpus_per_node=8, node_names=names, **a),
+        ev(0, "launch", nodes=["n1", "n2", "n3"], spares=["n4"], path="initial", **a),
+        ev(10, "first_step", step=0, **a),
+        ev(100, "failure_detected", kind="node_down", node="n2", step=10, detect_s=4.0, **a),
+        ev(110, "launch", nodes=["n1", "n3", "n4"], spares=[], path="node", **a),
+        ev(130, "first_step", step=5, **a),
+        ev(130, "restart_done", resume_step=5, restart_s=30.0,
+           phases={"kill_s": 5.0, "launch_s": 10.0, "load_s": 15.0}, **a),
+        ev(230, "run_complete", **a),
+    ]
+    acc = account(events)
+    assert acc.badput_device_s["idle_spares"] == pytest.approx(8 * 110)        # n4 idle until the relaunch
+    assert acc.paid_device_s == pytest.approx(32 * 110 + 24 * 120)             # n2 no longer paid after 110
+    total = acc.useful_device_s + sum(acc.badput_device_s.values())
+    assert total == pytest.approx(acc.paid_device_s)

@@ -145,8 +145,7 @@ def devices_of(ev: dict[str, Any]) -> tuple[float, float] | None:
     excluded nodes still held — is idle; without it `nodes` are the active nodes and `spares` the
     hot spares on top (`allocated_nodes`, when given, is the whole allocation). A node without
     GPUs counts its ranks (`ranks_per_node`) as devices."""
-    gpus = num(ev, "gpus_per_node", 0.0) or 0.0
-    per_node = gpus if gpus > 0 else (num(ev, "ranks_per_node", 0.0) or num(ev, "nproc_per_node", 0.0) or 1.0)
+    per_node = _per_node(ev)
     nodes = num(ev, "nodes")
     if nodes is None and isinstance(ev.get("nodes"), list):
         nodes = float(len(ev["nodes"]))
@@ -165,6 +164,11 @@ def devices_of(ev: dict[str, Any]) -> tuple[float, float] | None:
     return nodes * per_node, spares * per_node
 
 
+def _per_node(ev: dict[str, Any]) -> float:
+    gpus = num(ev, "gpus_per_node", 0.0) or 0.0
+    return gpus if gpus > 0 else (num(ev, "ranks_per_node", 0.0) or num(ev, "nproc_per_node", 0.0) or 1.0)
+
+
 def build_attempt(events: list[dict[str, Any]], *, default_devices: tuple[float, float] | None) -> Attempt | None:
     placed = place_events(events)
     if not placed:
@@ -172,6 +176,7 @@ def build_attempt(events: list[dict[str, Any]], *, default_devices: tuple[float,
     start, end = placed[0][0], placed[-1][0]
     attempt_no = int(num(placed[0][1], "attempt", -1) or 0)
     devices: list[tuple[float, float, float]] = []
+    per_node, held_nodes, down = 1.0, None, set()  # from the newest allocation event
     spans: list[Span] = []
     cur = Span(kind=SpanKind.STARTUP, start=start)
     end_reason = "open"
@@ -190,6 +195,14 @@ def build_attempt(events: list[dict[str, Any]], *, default_devices: tuple[float,
             dev = devices_of(ev)
             if dev is not None:
                 devices.append((t, dev[0], dev[1]))
+                per_node, held_nodes = _per_node(ev), (dev[0] + dev[1]) / _per_node(ev)
+                down.clear()
+        elif name == "launch" and isinstance(ev.get("nodes"), list) and held_nodes is not None:
+            # a (re)launch on other nodes: a dead node has left the allocation (Slurm removes
+            # it under --no-kill); every other node held but not launched on is idle
+            active_nodes = float(len(ev["nodes"]))
+            held = max(active_nodes, held_nodes - len(down))
+            devices.append((t, active_nodes * per_node, (held - active_nodes) * per_node))
         elif name in ("first_step", "step_progress"):
             # `step` is the 0-based index of the step just completed: step + 1 steps are done
             index = num(ev, "step")
@@ -217,6 +230,8 @@ def build_attempt(events: list[dict[str, Any]], *, default_devices: tuple[float,
                 cur.start_step = done
         elif name == "failure_detected":
             detect = max(0.0, num(ev, "detect_s", 0.0) or 0.0)
+            if ev.get("kind") == "node_down" and isinstance(ev.get("node"), str):
+                down.add(ev["node"])
             if cur.kind is SpanKind.RUNNING:
                 at_failure = num(ev, "step")  # the step being worked on = steps done
                 if at_failure is not None:
