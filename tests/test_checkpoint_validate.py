@@ -219,3 +219,33 @@ def test_level3_passes_when_the_test_load_exits_0_and_a_hung_one_times_out(ckdir
     hang.write_text("import time\ntime.sleep(60)\n")
     result = validate(ckdir / "step_20", level=3, testload_command=[sys.executable, str(hang)], testload_timeout_s=1)
     assert not result.ok and "within 1 s" in result.problems[0]
+
+
+def test_levels_1_and_2_and_the_catalog_never_unpickle_metadata(tmp_path: Path) -> None:
+    """A .metadata pickle that would create a canary file when unpickled, with a manifest that
+    vouches for it: levels 1-2, the catalog and retention read JSON only, so it never runs."""
+    import pickle
+
+    from ckptsup.checkpoint.commit import commit, describe_files, make_tmp_dir
+    from ckptsup.checkpoint.hashing import hash_file
+    from ckptsup.checkpoint.manifest import Manifest
+    from ckptsup.checkpoint.retention import apply_retention
+
+    canary = tmp_path / "canary"
+
+    class Evil:
+        def __reduce__(self):
+            return (open, (str(canary), "w"))
+
+    payload = pickle.dumps(Evil())
+    ckdir = tmp_path / "ck"
+    tmp = make_tmp_dir(ckdir, step=1, attempt=0)
+    (tmp / ".metadata").write_bytes(payload)
+    (tmp / "__0_0.distcp").write_bytes(b"\0" * 64)
+    commit(tmp, Manifest(step=1, files=describe_files(tmp), metadata_hash=hash_file(tmp / ".metadata")), checkpoint_dir=ckdir)
+    assert validate(ckdir / "step_1", level=2).ok
+    assert latest_validated(ckdir).step == 1 and list_checkpoints(ckdir)[0].manifest is not None
+    apply_retention(ckdir, keep_last=1, keep_daily_days=0)
+    assert not canary.exists()
+    pickle.loads(payload)      # the payload is live: this is what a blind unpickle would do
+    assert canary.exists()
