@@ -57,3 +57,11 @@ def test_real_run_report_json_and_prom(faulted_run_dir, tmp_path):
     assert rep["measured_stall_s"] is not None and rep["measured_restart_s"] > 0
     assert rep["recommended"]["interval_daly_s"] > 0
     assert "ckptsup_goodput_ratio" in prom.read_text()
+
+
+def test_real_run_retunes_the_interval_from_measured_costs(faulted_run_dir):
+    changes = [e for e in read_events(faulted_run_dir) if e["event"] == "interval_changed"]
+    assert changes, "the supervisor never applied the adaptive interval"
+    assert all(e["interval_s"] > 0 and "Daly" in e["why"] for e in changes)
+    # the failure moved the posterior MTBF, and with it the interval
+    assert any(e["why"].startswith("failure_detected") for e in changes)
