@@ -271,8 +271,8 @@ class Run:
             self.reporter.emit(Event.CHECKPOINT_COMMITTED, step=result.step, stall_s=round(result.stall_s, 6),
                                write_s=round(result.write_s, 6), bytes=result.bytes, path=result.path)
         else:
-            log.error("ckptsup: checkpoint of step %d FAILED on every rank: %s (training continues; "
-                      "the previous checkpoint is intact)", result.step, result.reason)
+            log.error("ckptsup: rank %d: checkpoint of step %d FAILED on every rank: %s (training continues; "
+                      "the previous checkpoint is intact)", self.rank, result.step, result.reason)
             self.reporter.emit(Event.CHECKPOINT_FAILED, step=result.step, reason=result.reason)
 
     # ---- stopping -----------------------------------------------------------------------------
