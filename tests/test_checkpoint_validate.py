@@ -249,3 +249,15 @@ def test_levels_1_and_2_and_the_catalog_never_unpickle_metadata(tmp_path: Path) 
     assert not canary.exists()
     pickle.loads(payload)      # the payload is live: this is what a blind unpickle would do
     assert canary.exists()
+
+
+def test_level2_rejects_entries_hashed_with_another_algorithm_than_the_manifest_says(tmp_path: Path) -> None:
+    step_dir = write_synthetic(tmp_path / "ck", step=1, algorithm="crc32")
+    def mutate(data):
+        data["hash_algorithm"] = "sha256"   # claims sha256, but every entry is crc32
+    _rewrite_manifest(step_dir, mutate)
+    assert validate(step_dir, level=1).ok
+    result = validate(step_dir, level=2)
+    assert not result.ok and "not hashed with the manifest's sha256" in result.problems[0]
+    result = validate(step_dir, level=1, algorithm="crc32")
+    assert not result.ok and "sha256, but crc32 was required" in result.problems[0]

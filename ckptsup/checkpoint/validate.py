@@ -137,6 +137,11 @@ def check_level2(step_dir: Path, manifest: Manifest) -> list[str]:
             problems.append(f"metadata file {manifest.metadata_file!r} is not listed in the manifest")
         elif meta.hash != manifest.metadata_hash:
             problems.append(f"metadata file {manifest.metadata_file!r} hash {meta.hash} != metadata_hash {manifest.metadata_hash}")
+    prefix = manifest.hash_algorithm + ":"
+    mixed = [f.path for f in manifest.files if not f.hash.startswith(prefix)]
+    mixed += [it.key for it in manifest.items if not it.hash.startswith(prefix)]
+    if mixed:   # e.g. a "sha256" manifest whose entries are crc32: the weaker one would decide
+        problems.append(f"{len(mixed)} entries (first: {mixed[0]!r}) are not hashed with the manifest's {manifest.hash_algorithm}")
     seen_keys: set[str] = set()
     by_file: dict[str, list[ItemEntry]] = {}
     for item in manifest.items:
@@ -171,7 +176,7 @@ def check_level3(step_dir: Path, *, timeout_s: float, command: Sequence[str] | N
     touches torch and DCP's pickle, and runs only after levels 1-2 passed."""
     argv = testload_argv(step_dir, command)
     try:
-        proc = subprocess.run(argv, capture_output=True, text=True, timeout=timeout_s, check=False)
+        proc = subprocess.run(argv, capture_output=True, text=True, errors="replace", timeout=timeout_s, check=False)
     except subprocess.TimeoutExpired:
         return [f"test load did not finish within {timeout_s:.0f} s"]
     if proc.returncode == 0:
