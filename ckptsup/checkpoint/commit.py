@@ -129,12 +129,12 @@ def pid_alive(pid: int) -> bool:
     return True
 
 
-def may_take_over(holder: LockHolder, me: LockHolder, *, host: str, pid_alive: bool) -> bool:
+def may_take_over(holder: LockHolder, me: LockHolder, *, host: str, holder_alive: bool) -> bool:
     """Pure rule: a newer fencing epoch always takes over (the older attempt is a zombie); the
     same host may take a lock whose process is gone; otherwise the lock stands."""
     if me.epoch > holder.epoch:
         return True
-    if holder.host == host and not pid_alive:
+    if holder.host == host and not holder_alive:
         return True
     return False
 
@@ -150,6 +150,11 @@ class WriterLock:
         self.held = False
 
     def acquire(self) -> "WriterLock":
+        """Take the lock or raise WriterLockedError. Taking over a stale lock is unlink + O_EXCL
+        create, which two racing takers could both pass; that window is narrowed by re-reading
+        the holder before the unlink, and closed where it matters by commit(): whole-directory
+        no-replace renames and the checkpoint_id check never let two writers' shards mix."""
+        private_mkdir(self.path.parent)
         for _ in range(3):
             try:
                 write_file_durable(self.path, json.dumps(asdict(self.me)).encode())
@@ -160,11 +165,12 @@ class WriterLock:
                 if holder is None:
                     continue  # released between our create and read
                 if not may_take_over(holder, self.me, host=self.me.host,
-                                     pid_alive=holder.host == self.me.host and pid_alive(holder.pid)):
+                                     holder_alive=holder.host == self.me.host and pid_alive(holder.pid)):
                     raise WriterLockedError(
                         f"{self.path.parent} is being written by pid {holder.pid} on {holder.host} (job {holder.job_id or '?'}, epoch {holder.epoch}); "
                         f"two writers would mix checkpoints. Use another checkpoint dir, or if that writer is dead remove {self.path}") from None
-                self.path.unlink(missing_ok=True)
+                if read_lock(self.path) == holder:   # still the stale holder we judged
+                    self.path.unlink(missing_ok=True)
         raise WriterLockedError(f"could not take {self.path}: it keeps changing; another writer is racing for this directory")
 
     def still_ours(self) -> bool:
