@@ -150,17 +150,23 @@ def make_parts(seed: int = 0, size: int = 64, batch: int = 4):
     return model, opt, sched, loader
 
 
+_ITERATORS: dict[int, Any] = {}
+
+
 def train_steps(run, model, opt, sched, loader, start: int, stop: int) -> list[list[int]]:
+    """Train steps [start, stop); the loader's iterator is kept across calls, as a real loop does."""
     import torch
 
     seen = []
-    batches = iter(loader)
+    key = id(loader)
+    if key not in _ITERATORS or _ITERATORS[key][0] is not loader:
+        _ITERATORS[key] = (loader, iter(loader))
     for step in range(start, stop):
         try:
-            ids, x, y = next(batches)
+            ids, x, y = next(_ITERATORS[key][1])
         except StopIteration:
-            batches = iter(loader)
-            ids, x, y = next(batches)
+            _ITERATORS[key] = (loader, iter(loader))
+            ids, x, y = next(_ITERATORS[key][1])
         loss = torch.nn.functional.mse_loss(model(x), y)
         opt.zero_grad()
         loss.backward()

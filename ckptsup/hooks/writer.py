@@ -260,7 +260,7 @@ class CheckpointWriter:
         tmp = Path(tmp_name)
         report = self._write_shards(step, tmp, staged)
         reports = self._all_gather(report)
-        failed = [f"rank {r}: {rep['error']}" for r, rep in enumerate(reports) if not rep["ok"]]
+        failed = list(dict.fromkeys(rep["error"] for rep in reports if not rep["ok"]))  # DCP repeats one cause on every rank
         outcome: tuple[bool, str, int] = (False, "", 0)
         if cfg.rank == 0:
             outcome = self._commit_or_abort(step, tmp, reports, failed, extra_meta)
@@ -285,7 +285,7 @@ class CheckpointWriter:
                 time.sleep(delay)
             return {"ok": True, "error": "", **self._describe_own(tmp, metadata)}
         except failure_errors() as err:
-            text = one_line(err)
+            text = one_line(err) + _space_hint(tmp)
             log.error("ckptsup: rank %d failed writing step %d: %s", cfg.rank, step, text)
             return {"ok": False, "error": text}
 
@@ -334,6 +334,18 @@ class CheckpointWriter:
             except (CheckpointError, OSError) as abort_err:
                 log.error("ckptsup: could not remove %s: %s", tmp, abort_err)
             return False, str(err).splitlines()[0][:300] if str(err) else type(err).__name__, 0
+
+
+def _space_hint(directory: Path) -> str:
+    """torch.save hides ENOSPC behind 'unexpected pos'; say what the file system says."""
+    try:
+        st = os.statvfs(directory.parent)
+    except OSError:
+        return ""
+    free = st.f_bavail * st.f_frsize
+    if free < 16 << 20 or free < 0.01 * st.f_blocks * st.f_frsize:
+        return f" (only {free / 1e6:.1f} MB free on {directory.parent}: storage full?)"
+    return ""
 
 
 def _versions() -> dict[str, str]:
