@@ -285,14 +285,21 @@ class Supervisor:
             return recovery.stop_for_preemption(self, failure)
         if failure.kind is FailureKind.HANG:
             recovery.dump_flight_recorder(self)
-        self._kill_attempt(failure)
+        silent = self._kill_attempt(failure)
         t_killed = self.clock()
+        if silent and self.tracker is not None:
+            node = silent[0]
+            last = self.tracker.node_views[node].last_heard
+            failure = Failure(kind=FailureKind.NODE_DOWN, node=node, step=failure.step, detect_s=t_killed - last,
+                              suspects=tuple(silent), detail=f"agent did not answer the kill ({failure.kind.value} "
+                                                              f"on {failure.node} was the first symptom)")
+            self.emit(Event.FAILURE_DETECTED, kind=failure.kind, node=node, rank=None, step=failure.step,
+                      detect_s=round(failure.detect_s, 4), detail=failure.detail)
         result = AttemptResult(attempt=self.state.attempt, outcome=Outcome.FAILED, start_step=tracker.resume_step,
                                last_step=tracker.last_step, failure=failure)
         self.history.append(result)
         self.state.failures.append(result.to_record())
-        suspects = [n for n in failure.suspects if n != failure.blamed_node and n in self.active]
-        unhealthy = recovery.health(self, suspects) if failure.kind in (FailureKind.CRASH, FailureKind.HANG) else {}
+        unhealthy = recovery.health(self, recovery.suspects(failure, self.history[:-1], self.active))
         t_health = self.clock()
         spares = tuple(n for n in self.placement.nodes
                        if n not in self.active and n not in self.state.excluded_nodes)
@@ -332,15 +339,18 @@ class Supervisor:
         self._launch(action.nodes, path=path.value, marks_from=marks)
         return None
 
-    def _kill_attempt(self, failure: Failure) -> None:
-        """SIGKILL every rank of the attempt and wait (bounded) for each live agent's ack."""
+    def _kill_attempt(self, failure: Failure) -> list[str]:
+        """SIGKILL every rank of the attempt and wait (bounded) for each live agent's ack. The ack
+        doubles as a liveness probe: returns the nodes whose agent neither acked nor spoke (a
+        rank's crash is often the first symptom of a dead peer node)."""
         step = self.step
-        if step is None or not step.alive():
-            return
+        if step is None:
+            return []
         dead = {failure.node} if failure.kind is FailureKind.NODE_DOWN else set()
         waiting = {n for n in self.active if n not in dead}
-        step.send("kill", {"grace": 0})
-        deadline = self.clock() + KILL_ACK_TIMEOUT_S
+        if not step.alive() or not step.send("kill", {"grace": 0}):
+            return []
+        deadline = self.clock() + min(self.sup.node_silence_s, max(2.0, 3 * self.sup.heartbeat_interval_s))
         while waiting and self.clock() < deadline:
             try:
                 msg = self.inbox.get(timeout=TICK_S)
@@ -352,6 +362,7 @@ class Supervisor:
                 waiting.discard(msg.node)
             elif msg.m == "event":
                 self._forward_event(msg.body.get("record"))
+        return sorted(waiting) if len(waiting) < len(self.active) else []
 
     def _exclude(self, node: str, reason: str) -> None:
         if node in self.state.excluded_nodes:

@@ -18,7 +18,7 @@ from ..env import ExitStatus
 from ..errors import CkptsupError
 from ..events import Event
 from .nccl import nccl_env
-from .observations import Failure
+from .observations import AttemptResult, Failure, FailureKind
 from .policy import Requeue
 from .preemption import StopKind, plan_stop, stop_kind
 
@@ -102,6 +102,21 @@ def health(sv: "Supervisor", nodes: list[str]) -> dict[str, str]:
         if not result.ok:
             bad[node] = result.summary()
     return bad
+
+
+def suspects(failure: Failure, earlier: list[AttemptResult], active: tuple[str, ...]) -> list[str]:
+    """Nodes to health-check after a failure. A first crash is the software's until shown
+    otherwise (fast path, no check); a hang, or a crash on a node that also failed the attempt
+    before, makes the node suspect. Blamed nodes (dead, NaN) are excluded without a check."""
+    if failure.kind is FailureKind.HANG:
+        nodes = list(failure.suspects)
+    elif failure.kind is FailureKind.CRASH:
+        before = earlier[-1].failure if earlier else None
+        repeat = before is not None and before.node is not None and before.node == failure.node
+        nodes = list(failure.suspects) if repeat else []
+    else:
+        nodes = []
+    return [n for n in nodes if n in active]
 
 
 def drain(sv: "Supervisor", node: str, reason: str) -> bool:
