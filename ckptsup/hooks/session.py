@@ -104,6 +104,7 @@ class Run:
         self.last_save_time = clock()
         self.jitter_s = random.uniform(0, settings.jitter_s)
         self.agreed_stop: int | None = None
+        self.preempted = False
         self.last_step_time: float | None = None
         self.last_progress = clock()
         self.first_step_seen = False
@@ -190,7 +191,9 @@ class Run:
         self.channel.send("step", {"rank": self.rank, "step": step, "step_time_s": step_time, "loss_finite": finite})
         save_flag = 1 if (self._save_due(step, now) or self.channel.commands.take_save_now()) else 0
         proposal = self._stop_proposal(step)
-        save_any, nan_any, neg_stop = self.reduce_max([save_flag, 0 if finite else 1, -proposal])
+        save_any, nan_any, neg_stop, signal_any = self.reduce_max(
+            [save_flag, 0 if finite else 1, -proposal, 1 if self.stop.set else 0])
+        self.preempted = self.preempted or bool(signal_any)  # a signal on any rank is a preemption for all
         if nan_any:
             self._nan(step, loss, finite)
         if -neg_stop != NO_STOP:
@@ -277,7 +280,7 @@ class Run:
 
     # ---- stopping -----------------------------------------------------------------------------
     def _stop(self, step: int) -> None:
-        preempted = self.stop.set
+        preempted = self.preempted
         command = self.channel.commands.stop_at or {}
         self.channel.send("phase", {"rank": self.rank, "phase": "stopping", "step": step})
         self.writer.wait()

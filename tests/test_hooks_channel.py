@@ -1,0 +1,182 @@
+"""The rank → agent channel against a real Unix socket standing in for the agent (same frames,
+same HMAC): heartbeats and events go up; save_now, stop_at and dump_fr come down; a NaN is
+reported and ends the rank with RANK_NAN. Forged and replayed commands are dropped."""
+
+from __future__ import annotations
+
+import os
+import secrets
+import socket
+import subprocess
+import threading
+import time
+from pathlib import Path
+from typing import Any
+
+import pytest
+
+from hooks_helpers import base_env, private_dir, train_argv
+
+from ckptsup import wire
+from ckptsup.env import ExitStatus
+from ckptsup.hooks.channel import RankChannel
+
+pytestmark = pytest.mark.torch
+
+
+class FakeAgent:
+    """Listens where the agent would, decodes every rank frame, sends commands."""
+
+    def __init__(self, base: Path) -> None:
+        self.dir = private_dir(base / "sock")
+        self.path = self.dir / "ranks.sock"
+        self.secret_file = base / "secret"
+        fd = os.open(self.secret_file, os.O_WRONLY | os.O_CREAT | os.O_EXCL, 0o600)
+        os.write(fd, secrets.token_hex(32).encode())
+        os.close(fd)
+        self.secret = self.secret_file.read_bytes().strip()
+        self.server = socket.socket(socket.AF_UNIX, socket.SOCK_STREAM)
+        self.server.bind(str(self.path))
+        self.server.listen(8)
+        self.frames: list[tuple[str, dict[str, Any]]] = []
+        self.conns: list[socket.socket] = []
+        self.seq = 0
+        threading.Thread(target=self._accept, daemon=True).start()
+
+    def _accept(self) -> None:
+        while True:
+            try:
+                conn, _ = self.server.accept()
+            except OSError:
+                return
+            self.conns.append(conn)
+            threading.Thread(target=self._read, args=(conn,), daemon=True).start()
+
+    def _read(self, conn: socket.socket) -> None:
+        buf = b""
+        while True:
+            data = conn.recv(65536)
+            if not data:
+                return
+            buf += data
+            *lines, buf = buf.split(b"\n")
+            for line in lines:
+                m, _, body = wire.decode(line, secret=self.secret)
+                self.frames.append((m, body))
+
+    def send(self, m: str, body: dict[str, Any], *, secret: bytes | None = None, seq: int | None = None) -> None:
+        self.seq += 1
+        frame = wire.encode(m, body, seq=self.seq if seq is None else seq, secret=secret or self.secret)
+        for conn in self.conns:
+            conn.sendall(frame)
+
+    def env(self) -> dict[str, str]:
+        return {"CKPTSUP_RANK_SOCKET": str(self.path), "CKPTSUP_SECRET_FILE": str(self.secret_file),
+                "CKPTSUP_JOB_ID": "4242", "CKPTSUP_ATTEMPT": "1"}
+
+    def of(self, m: str) -> list[dict[str, Any]]:
+        return [body for name, body in list(self.frames) if name == m]
+
+    def events(self, name: str) -> list[dict[str, Any]]:
+        return [b["record"] for b in self.of("event") if b["record"]["event"] == name]
+
+    def wait_for(self, predicate, proc: subprocess.Popen, timeout: float = 60) -> None:
+        deadline = time.monotonic() + timeout
+        while time.monotonic() < deadline:
+            if predicate():
+                return
+            if proc.poll() is not None:
+                break
+            time.sleep(0.02)
+        assert predicate(), f"rc={proc.poll()} frames={[m for m, _ in self.frames][-20:]}"
+
+    def last_step(self) -> int:
+        steps = [b["step"] for b in self.of("step")]
+        return max(steps) if steps else -1
+
+    def close(self) -> None:
+        self.server.close()
+        for conn in self.conns:
+            conn.close()
+
+
+@pytest.fixture
+def agent(tmp_path: Path):
+    fake = FakeAgent(private_dir(tmp_path / "agent"))
+    yield fake
+    fake.close()
+
+
+def start(agent: FakeAgent, tmp_path: Path, *args: str, env: dict[str, str] | None = None) -> subprocess.Popen:
+    argv = train_argv(1, ["--steps", "200", "--step-sleep-s", "0.05", "--save-every-steps", "1000",
+                          "--checkpoint-dir", str(private_dir(tmp_path / "run") / "ck"), *args])
+    return subprocess.Popen(argv, env=base_env({**agent.env(), **(env or {})}), stdout=subprocess.DEVNULL,
+                            stderr=subprocess.PIPE, text=True)
+
+
+def test_heartbeats_events_save_now_and_stop_at_travel_over_the_channel(agent: FakeAgent, tmp_path: Path) -> None:
+    proc = start(agent, tmp_path)
+    try:
+        agent.wait_for(lambda: agent.last_step() >= 3, proc)
+        hello = agent.of("hello")[0]
+        assert hello["rank"] == 0 and hello["pid"] == proc.pid and hello["world_size"] == 1
+        assert [b["phase"] for b in agent.of("phase")][:3] == ["init", "load", "train"]
+        assert agent.events("first_step")[0]["job_id"] == "4242"
+        agent.send("save_now", {"reason": "test"})
+        agent.wait_for(lambda: agent.events("checkpoint_committed"), proc)
+        saved = agent.events("checkpoint_committed")[0]
+        assert saved["attempt"] == 1 and saved["bytes"] > 0 and saved["step"] % 1000 != 0
+        stop_step = agent.last_step() + 3
+        agent.send("stop_at", {"step": stop_step, "reason": "test", "save": True, "budget_s": 60})
+        rc = proc.wait(timeout=60)
+    finally:
+        proc.kill()
+    assert rc == ExitStatus.RANK_STOPPED, proc.stderr.read()[-2000:]
+    assert agent.last_step() == stop_step
+    committed = [e["step"] for e in agent.events("checkpoint_committed")]
+    assert committed[-1] == stop_step + 1  # the emergency save holds the state after the stop step
+    assert agent.of("bye")[-1]["status"] == ExitStatus.RANK_STOPPED
+    steps = [b["step"] for b in agent.of("step")]
+    assert steps == sorted(steps) and all(b["loss_finite"] for b in agent.of("step"))
+
+
+def test_a_nan_is_reported_up_and_ends_the_rank_with_rank_nan(agent: FakeAgent, tmp_path: Path) -> None:
+    proc = start(agent, tmp_path, "--nan-at-step", "4")
+    rc = proc.wait(timeout=60)
+    assert rc == ExitStatus.RANK_NAN, proc.stderr.read()[-2000:]
+    nan = agent.of("nan")
+    assert nan and nan[0]["rank"] == 0 and nan[0]["step"] == 4 and nan[0]["loss"] == "nan"
+    assert agent.of("bye")[-1]["status"] == ExitStatus.RANK_NAN
+
+
+def test_dump_fr_is_served_while_the_main_thread_is_stuck(agent: FakeAgent, tmp_path: Path) -> None:
+    proc = start(agent, tmp_path, "--hang-at-step", "2")
+    try:
+        agent.wait_for(lambda: agent.last_step() >= 1, proc)
+        time.sleep(0.5)  # the main thread is now asleep inside step 2
+        dump_dir = tmp_path / "fr"
+        agent.send("dump_fr", {"path": str(dump_dir)})
+        agent.wait_for(lambda: (dump_dir / "rank_0.json").exists(), proc, timeout=20)
+        assert agent.last_step() == 1
+        assert any(b["record"]["event"] == "fr_dumped" for b in agent.of("event"))
+    finally:
+        proc.kill()
+        proc.wait()
+
+
+def test_forged_and_replayed_commands_are_dropped() -> None:
+    channel = RankChannel(socket_path=None, secret_file=None, rank=0)
+    channel._secret = b"s3cret"
+    good = wire.encode("save_now", {"reason": "a"}, seq=5, secret=b"s3cret")
+    channel.handle_frame(wire.encode("save_now", {"reason": "forged"}, seq=9, secret=b"wrong"))
+    assert channel.commands.take_save_now() is None and channel.dropped == 1
+    channel.handle_frame(good)
+    assert channel.commands.take_save_now() == "a"
+    channel.handle_frame(good)  # replayed
+    assert channel.commands.take_save_now() is None and channel.dropped == 2
+
+
+def test_without_a_socket_the_channel_is_a_no_op() -> None:
+    channel = RankChannel(socket_path=None, secret_file=None, rank=3)
+    channel.send("step", {"step": 1})
+    assert not channel.connected
