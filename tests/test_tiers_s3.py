@@ -241,3 +241,16 @@ def test_a_large_file_goes_up_in_parts_and_comes_back_verified(tmp_path: Path, s
     assert "-" in head["ETag"]      # a multipart ETag: "<md5>-<parts>"
     assert s3tier.has_copy(12, manifest)
     assert validate(s3tier.fetch(12, tmp_path / "back"), level=2).ok
+
+
+def test_an_unreachable_object_store_is_one_tier_error_and_restore_skips_it(tmp_path: Path) -> None:
+    from ckptsup.checkpoint.s3tier import S3Tier
+    from ckptsup.checkpoint.tiers import TierError
+
+    dead = S3Tier(url=f"s3://{BUCKET}/x", endpoint_url=f"http://127.0.0.1:{_free_port()}", connect_timeout_s=0.5)
+    shared = LocalTier(name="shared", root=tmp_path / "shared")
+    manifest = load_manifest(write_synthetic(shared.root, step=2))
+    with pytest.raises(TierError, match=r"s3://ckpts/x: EndpointConnectionError") as err:
+        dead.list_steps()
+    assert "\n" not in str(err.value)
+    assert restore_source(2, [dead, shared], manifest) is shared

@@ -18,11 +18,11 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Callable, Sequence
 
-from tenacity import RetryError, Retrying, retry_if_not_exception_type, stop_after_attempt, wait_exponential
+from tenacity import RetryError, Retrying, retry_if_exception, stop_after_attempt, wait_exponential
 
 from ..errors import CheckpointError, CkptsupError
 from .manifest import load_manifest
-from .tiers import Tier
+from .tiers import Tier, TierError
 
 
 @dataclass(kw_only=True)
@@ -148,7 +148,7 @@ class Promoter:
             return PromotionResult(step=-1, tier=tier.name, ok=False, error=str(err))
         retrying = Retrying(stop=stop_after_attempt(self.retries),
                             wait=wait_exponential(multiplier=self.wait_initial_s, max=self.wait_max_s),
-                            retry=retry_if_not_exception_type(CkptsupError),  # a damaged source will not heal
+                            retry=retry_if_exception(_worth_retrying),
                             sleep=self.sleep, reraise=False)
         try:
             for attempt in retrying:
@@ -172,6 +172,11 @@ class Promoter:
             self.results.append(result)
         if self.on_result is not None:
             self.on_result(result)
+
+
+def _worth_retrying(err: BaseException) -> bool:
+    """A tier that is down or flaky may come back; a damaged source or a refusal will not."""
+    return isinstance(err, TierError) or not isinstance(err, CkptsupError)
 
 
 def _one_line(err: BaseException | None) -> str:

@@ -9,6 +9,7 @@ the upload streams the file (one read), and compared with the manifest before pu
 
 from __future__ import annotations
 
+import functools
 import io
 import os
 import re
@@ -20,11 +21,26 @@ from ..errors import CheckpointError, ManifestError
 from .commit import abort, commit, make_tmp_dir, parse_step, step_dir_name
 from .hashing import CHUNK, algorithm_of, new_hasher
 from .manifest import MANIFEST_NAME, Manifest, load_manifest
-from .tiers import TierKind, expand_tier_path
+from .tiers import TierError, TierKind, expand_tier_path
 
 HASH_META = "ckptsup-hash"
 MULTIPART_THRESHOLD = 64 << 20
 MULTIPART_CHUNK = 64 << 20
+
+
+def _translated(method):
+    """botocore's errors -> TierError (one line, names the store), so callers handle one
+    hierarchy and the promoter knows what is worth retrying."""
+    @functools.wraps(method)
+    def wrapper(self: "S3Tier", *args: Any, **kwargs: Any) -> Any:
+        from botocore.exceptions import BotoCoreError, ClientError
+
+        try:
+            return method(self, *args, **kwargs)
+        except (BotoCoreError, ClientError) as err:
+            first = str(err).strip().splitlines()[0] if str(err).strip() else type(err).__name__
+            raise TierError(f"s3://{self.bucket}/{self.prefix}: {type(err).__name__}: {first[:300]}") from err
+    return wrapper
 
 
 class _HashingReader(io.RawIOBase):
@@ -104,6 +120,7 @@ class S3Tier:
 
     # ---- reading ------------------------------------------------------------------------
 
+    @_translated
     def get_manifest(self, step: int) -> Manifest | None:
         from botocore.exceptions import ClientError
 
@@ -129,12 +146,14 @@ class S3Tier:
             raise
         return head["ContentLength"] == size and head.get("Metadata", {}).get(HASH_META) == hash_value
 
+    @_translated
     def has_copy(self, step: int, manifest: Manifest) -> bool:
         mine = self.get_manifest(step)
         if mine is None or mine.checkpoint_id != manifest.checkpoint_id:
             return False
         return all(self._object_matches(self.key(step, f.path), f.size, f.hash) for f in manifest.files)
 
+    @_translated
     def list_steps(self) -> list[int]:
         steps = []
         paginator = self.client.get_paginator("list_objects_v2")
@@ -148,6 +167,7 @@ class S3Tier:
 
     # ---- writing ------------------------------------------------------------------------
 
+    @_translated
     def put(self, step_dir: Path) -> None:
         step_dir = Path(step_dir)
         manifest = load_manifest(step_dir)
@@ -180,6 +200,7 @@ class S3Tier:
             raise CheckpointError(f"{path}: uploaded {reader.count} bytes hashing {actual}, manifest says {size} bytes {expected_hash}; "
                                   f"the source is damaged, not promoting it")
 
+    @_translated
     def fetch(self, step: int, dest_dir: Path) -> Path:
         manifest = self.get_manifest(step)
         if manifest is None:
@@ -214,6 +235,7 @@ class S3Tier:
         if count != size or actual != expected_hash:
             raise CheckpointError(f"s3://{self.bucket}/{key}: {count} bytes hashing {actual}, manifest says {size} bytes {expected_hash}")
 
+    @_translated
     def delete(self, step: int) -> None:
         # Uncommit first: once the manifest is gone no reader will pick the half-deleted rest.
         self.client.delete_object(Bucket=self.bucket, Key=self.key(step, MANIFEST_NAME))
@@ -223,6 +245,7 @@ class S3Tier:
             if keys:
                 self.client.delete_objects(Bucket=self.bucket, Delete={"Objects": keys, "Quiet": True})
 
+    @_translated
     def abort_incomplete_uploads(self, *, older_than_s: float = 3600.0, now: datetime | None = None) -> int:
         """Abort multipart uploads under our prefix started more than older_than_s ago (left by a
         killed promotion; a live one is younger); returns how many."""

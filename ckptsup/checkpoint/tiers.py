@@ -23,6 +23,11 @@ from .manifest import Manifest, load_manifest
 from .retention import delete_step_dir
 
 
+class TierError(CheckpointError):
+    """A tier could not be reached or answered with an error (network, credentials, server).
+    Transient by nature: the promoter retries it; restore skips to the next tier."""
+
+
 class TierKind(enum.Enum):
     NODE_LOCAL = "node_local"
     SHARED = "shared"
