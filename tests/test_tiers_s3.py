@@ -254,3 +254,12 @@ def test_an_unreachable_object_store_is_one_tier_error_and_restore_skips_it(tmp_
         dead.list_steps()
     assert "\n" not in str(err.value)
     assert restore_source(2, [dead, shared], manifest) is shared
+
+
+@pytest.mark.parametrize("url", ["s3://AKIAXXXX:s3cr3t@bucket/p", "s3://B/p", "https://bucket/p", "s3://"])
+def test_bad_object_store_urls_are_refused_without_echoing_credentials(url: str) -> None:
+    from ckptsup.checkpoint.s3tier import parse_s3_url
+
+    with pytest.raises(CheckpointError, match="is not s3://bucket") as err:
+        parse_s3_url(url)
+    assert "s3cr3t" not in str(err.value) and "AKIA" not in str(err.value)

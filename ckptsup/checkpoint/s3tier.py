@@ -70,7 +70,9 @@ class _HashingReader(io.RawIOBase):
 def parse_s3_url(url: str) -> tuple[str, str]:
     match = re.match(r"^s3://([a-z0-9][a-z0-9.\-]{1,61}[a-z0-9])(?:/(.*))?$", url)
     if not match:
-        raise CheckpointError(f"object store {url!r} is not s3://bucket[/prefix] (bucket: 3-63 lowercase letters, digits, '.', '-')")
+        shown = re.sub(r"^(s3://)[^/@]*@", r"\1***@", url)   # never echo credentials put in a URL
+        hint = "; put credentials in AWS_ACCESS_KEY_ID/AWS_SECRET_ACCESS_KEY, never in the URL" if shown != url else ""
+        raise CheckpointError(f"object store {shown!r} is not s3://bucket[/prefix] (bucket: 3-63 lowercase letters, digits, '.', '-'){hint}")
     return match.group(1), (match.group(2) or "").strip("/")
 
 
@@ -82,8 +84,12 @@ class S3Tier:
                  connect_timeout_s: float = 5.0, read_timeout_s: float = 60.0) -> None:
         self.name = name
         self.bucket, self.prefix = parse_s3_url(expand_tier_path(url, node=node, job_id=job_id))
-        if client is None:
+        try:
             import boto3
+            from boto3.s3.transfer import TransferConfig
+        except ImportError:
+            raise CheckpointError("the object tier needs boto3: pip install 'ckptsup[s3]'") from None
+        if client is None:
             from botocore.config import Config
 
             # Short timeouts and few botocore retries: the promoter's tenacity loop owns retrying,
@@ -92,8 +98,6 @@ class S3Tier:
                                   config=Config(connect_timeout=connect_timeout_s, read_timeout=read_timeout_s,
                                                 retries={"max_attempts": 2, "mode": "standard"}))
         self.client = client
-        from boto3.s3.transfer import TransferConfig
-
         self.transfer = TransferConfig(multipart_threshold=MULTIPART_THRESHOLD, multipart_chunksize=MULTIPART_CHUNK,
                                        max_concurrency=4, use_threads=True)
 
