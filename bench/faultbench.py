@@ -1,0 +1,174 @@
+"""Shared harness of bench_detect.py and bench_restart.py: run the same workload (examples/train.py,
+2 gloo ranks) under a launcher, inject a fault into rank 1 from outside, and time what follows the
+same way for every launcher, from this host's monotonic clock:
+
+  acted      the launcher did something about it: a rank process of the old group is gone
+             (SIGKILLed victims excluded: their death is the fault, not the reaction)
+  running    every rank of a new group exists (new PIDs) — "ranks running again"
+  stepping   a new group finished its first step (samples file grew after `running`)
+
+ckptsup also records its own `failure_detected` (detect) and `restart_done` (phases) events.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import shutil
+import signal
+import subprocess
+import sys
+import time
+from dataclasses import dataclass, field
+from pathlib import Path
+
+import psutil
+
+ROOT = Path(__file__).resolve().parents[1]
+TRAIN = ROOT / "examples" / "train.py"
+NVRX_TRAIN = ROOT / "bench" / "nvrx_train.py"
+BIN = Path(sys.executable).parent
+WORKLOAD = ["--steps", "100000", "--save-every-steps", "10", "--step-sleep-s", "0.1"]
+
+
+@dataclass(kw_only=True)
+class Result:
+    tool: str
+    fault: str
+    acted_s: float | None = None
+    running_s: float | None = None
+    stepping_s: float | None = None
+    detect_s: float | None = None          # the tool's own detection, where it reports one
+    phases: dict[str, float] = field(default_factory=dict)
+    note: str = ""
+
+    def cell(self, value: float | None, cap: float) -> str:
+        return f"> {cap:g}" if value is None else f"{value:.2f}"
+
+
+def have_ft_launcher() -> bool:
+    return (BIN / "ft_launcher").exists()
+
+
+def command(tool: str, work: Path, *, hang_timeout_s: float) -> list[str]:
+    out = ["--out", str(work / "out"), "--checkpoint-dir", str(work / "ckpt")]
+    if tool == "ckptsup":
+        cfg = work / "job.toml"
+        cfg.write_text(f"[supervisor]\nhang_timeout_s = {hang_timeout_s}\n[checkpoint]\nadaptive_interval = false\n"
+                       "[health]\nenabled = false\n")
+        return [sys.executable, "-m", "ckptsup.cli", "launch", "--nproc-per-node", "2", "--config", str(cfg),
+                "--run-dir", str(work / "run"), str(TRAIN), *WORKLOAD, *out]
+    if tool == "torchrun":  # PyTorch defaults: no hang detection, gloo collective timeout 30 min
+        return [str(BIN / "torchrun"), "--nproc-per-node", "2", "--max-restarts", "3", str(TRAIN), *WORKLOAD, *out]
+    if tool == "ft_launcher":
+        return [str(BIN / "ft_launcher"), "--nproc-per-node", "2", "--max-restarts", "3",
+                f"--ft-rank-heartbeat-timeout={hang_timeout_s}", "--ft-initial-rank-heartbeat-timeout=120",
+                "--ft-workload-check-interval=0.5", str(NVRX_TRAIN), *WORKLOAD, *out]
+    raise ValueError(tool)
+
+
+def ranks(work: Path) -> dict[int, int]:
+    """{pid: rank} of the workload's rank processes (matched by the unique --out path)."""
+    found = {}
+    needle = str(work / "out")
+    for proc in psutil.process_iter(["cmdline"]):
+        cmd = proc.info["cmdline"] or []
+        if needle in cmd and any(str(TRAIN) in c or str(NVRX_TRAIN) in c for c in cmd):
+            try:
+                rank = proc.environ().get("RANK")
+                if rank is not None and proc.status() != psutil.STATUS_ZOMBIE:
+                    found[proc.pid] = int(rank)
+            except psutil.Error:
+                continue
+    return found
+
+
+def samples(work: Path) -> int:
+    path = work / "out" / "samples_rank0.jsonl"
+    try:
+        return path.stat().st_size
+    except FileNotFoundError:
+        return 0
+
+
+def events(work: Path) -> list[dict]:
+    path = work / "run" / "events.jsonl"
+    if not path.exists():
+        return []
+    return [json.loads(line) for line in path.read_text().splitlines() if line.strip()]
+
+
+def run_one(tool: str, fault: str, base: Path, *, cap_s: float, hang_timeout_s: float,
+            warm_steps_bytes: int = 2000) -> Result:
+    work = base / f"{tool}-{fault}"
+    shutil.rmtree(work, ignore_errors=True)
+    work.mkdir(parents=True)
+    log = open(work / "launcher.log", "w")
+    proc = subprocess.Popen(command(tool, work, hang_timeout_s=hang_timeout_s), cwd=work, stdout=log,
+                            stderr=subprocess.STDOUT, start_new_session=True)
+    result = Result(tool=tool, fault=fault)
+    try:
+        deadline = time.monotonic() + 240
+        while samples(work) < warm_steps_bytes or len(ranks(work)) < 2:
+            if proc.poll() is not None or time.monotonic() > deadline:
+                result.note = f"workload did not start (rc={proc.poll()}); see {work / 'launcher.log'}"
+                return result
+            time.sleep(0.2)
+        old = ranks(work)
+        victim = next(pid for pid, rank in old.items() if rank == 1)
+        t0 = time.monotonic()
+        os.kill(victim, signal.SIGKILL if fault == "crash" else signal.SIGSTOP)
+        size_at_running = None
+        while time.monotonic() - t0 < cap_s:
+            now = time.monotonic()
+            current = ranks(work)
+            if result.acted_s is None and any(p not in current for p in old if not (fault == "crash" and p == victim)):
+                result.acted_s = now - t0
+            new = [p for p in current if p not in old]
+            if result.running_s is None and len(new) >= 2:
+                result.running_s = now - t0
+                size_at_running = samples(work)
+            if size_at_running is not None and samples(work) > size_at_running:
+                result.stepping_s = time.monotonic() - t0
+                break
+            time.sleep(0.02)
+        if tool == "ckptsup":
+            evts = events(work)
+            failure = next((e for e in evts if e["event"] == "failure_detected"), None)
+            if failure is not None:
+                result.detect_s = failure["mono"] - t0
+            restart = next((e for e in evts if e["event"] == "restart_done"), None)
+            if restart is not None:
+                result.phases = restart["phases"]
+        elif result.acted_s is not None:
+            result.detect_s = result.acted_s
+        return result
+    finally:
+        try:
+            family = psutil.Process(proc.pid).children(recursive=True)
+        except psutil.Error:
+            family = []
+        for member in family:
+            try:
+                member.kill()
+            except psutil.Error:
+                pass
+        for pid in ranks(work):
+            try:
+                os.kill(pid, signal.SIGCONT)
+            except ProcessLookupError:
+                pass
+        try:
+            os.killpg(proc.pid, signal.SIGKILL)
+        except ProcessLookupError:
+            pass
+        for pid in ranks(work):  # ranks in their own sessions (torchrun starts them so)
+            try:
+                os.kill(pid, signal.SIGKILL)
+            except ProcessLookupError:
+                pass
+        proc.wait()
+        log.close()
+        time.sleep(1.0)
+        for pid in ranks(work):
+            os.kill(pid, signal.SIGKILL)

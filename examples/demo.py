@@ -1,0 +1,141 @@
+"""`make demo`: a node dies in the middle of a training run and ckptsup recovers on a hot spare.
+
+1. start the local Slurm dev cluster (real slurmctld + slurmd per node, one machine);
+2. submit examples/train.py through the sbatch template: 3 active nodes + 1 hot spare;
+3. once the run has checkpointed, kill one active node (its whole PID namespace at once);
+4. wait for the run to complete and print the restart log (`ckptsup log`): detection,
+   exclusion, the spare taken, the resume step, completion.
+
+Everything here is what a user types: `ckptsup dev-cluster`, `ckptsup sbatch --submit`,
+`ckptsup log`. Usage: python examples/demo.py [--cluster-dir DIR] [--keep-cluster]
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import os
+import subprocess
+import sys
+import time
+from pathlib import Path
+
+ROOT = Path(__file__).resolve().parents[1]
+TRAIN = ROOT / "examples" / "train.py"
+CKPTSUP = [sys.executable, "-m", "ckptsup.cli"]
+JOB_TOML = """\
+[supervisor]
+heartbeat_interval_s = 0.5
+node_silence_s = 4.0
+hang_min_s = 15.0
+[checkpoint]
+adaptive_interval = false
+[slurm]
+spare_partition = "mainspare"
+"""
+
+
+def say(text: str) -> None:
+    print(f"\n== {text}", flush=True)
+
+
+def ckptsup(*args: str, capture: bool = False, env: dict | None = None) -> subprocess.CompletedProcess:
+    return subprocess.run([*CKPTSUP, *args], check=True, text=True, env=env,
+                          stdout=subprocess.PIPE if capture else None)
+
+
+def events(run_dir: Path) -> list[dict]:
+    path = run_dir / "events.jsonl"
+    if not path.exists():
+        return []
+    out = []
+    for line in path.read_text().splitlines():
+        try:
+            out.append(json.loads(line))
+        except json.JSONDecodeError:
+            continue  # a line being written right now
+    return out
+
+
+def wait(what: str, predicate, timeout: float) -> None:
+    deadline = time.monotonic() + timeout
+    while not predicate():
+        if time.monotonic() > deadline:
+            sys.exit(f"demo: timed out after {timeout:g}s waiting for {what}")
+        time.sleep(0.3)
+
+
+def main() -> int:
+    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    parser.add_argument("--cluster-dir", default="/tmp/ckptsup-dev-cluster")
+    parser.add_argument("--port-base", default="17000")
+    parser.add_argument("--steps", type=int, default=150)
+    parser.add_argument("--keep-cluster", action="store_true", help="leave the dev cluster running")
+    args = parser.parse_args()
+    cluster = Path(args.cluster_dir)
+
+    say(f"starting the local Slurm dev cluster in {cluster}")
+    ckptsup("dev-cluster", "up", "--dir", str(cluster), "--port-base", args.port_base)
+    env = {**os.environ, "SLURM_CONF": str(cluster / "slurm.conf"),
+           "PATH": f"{Path(sys.executable).parent}{os.pathsep}{os.environ.get('PATH', '')}"}
+    os.environ.update(env)
+    work = cluster / "demo" / time.strftime("%Y%m%d-%H%M%S")
+    work.mkdir(parents=True, exist_ok=True)
+    (work / "job.toml").write_text(JOB_TOML)
+    run_dir = work / "run"
+    try:
+        say("submitting examples/train.py: 3 active nodes + 1 hot spare, 1 rank per node")
+        sub = ckptsup("sbatch", "--submit", "--json", "--nodes", "3", "--spares", "1", "--nproc-per-node", "1",
+                      "--config", str(work / "job.toml"), "--run-dir", str(run_dir), str(TRAIN),
+                      "--steps", str(args.steps), "--save-every-steps", "10", "--step-sleep-s", "0.1",
+                      "--out", str(work / "out"), capture=True)
+        job = json.loads(sub.stdout)["job_id"]
+        print(f"job {job}; run directory {run_dir}")
+
+        wait("the first checkpoint", lambda: any(e["event"] == "checkpoint_committed" and e.get("step", 0) >= 20
+                                                 for e in events(run_dir)), 240)
+        launch = [e for e in events(run_dir) if e["event"] == "launch"][0]
+        victim = launch["nodes"][1]
+        say(f"training on {', '.join(launch['nodes'])} (spare: {', '.join(launch['spares'])}); "
+            f"killing node {victim} now")
+        ckptsup("dev-cluster", "kill-node", victim, "--dir", str(cluster))
+
+        wait("the run to finish", lambda: any(e["event"] in ("run_complete", "give_up") for e in events(run_dir)), 600)
+        say("the restart log (ckptsup log)")
+        subprocess.run([*CKPTSUP, "log", str(run_dir)], check=False)
+        summary(events(run_dir), victim)
+        ckptsup("dev-cluster", "revive-node", victim, "--dir", str(cluster))
+    finally:
+        if not args.keep_cluster:
+            say("stopping the dev cluster")
+            subprocess.run([*CKPTSUP, "dev-cluster", "down", "--dir", str(cluster)], check=False)
+    return 0
+
+
+def summary(evts: list[dict], victim: str) -> None:
+    def first(name: str, **match) -> dict | None:
+        return next((e for e in evts if e["event"] == name and all(e.get(k) == v for k, v in match.items())), None)
+
+    down = first("failure_detected", kind="node_down")
+    excluded = first("node_excluded", node=victim)
+    launches = [e for e in evts if e["event"] == "launch"]
+    restart = first("restart_done")
+    done = first("run_complete")
+    say("summary")
+    if down:
+        print(f"detected   : {victim} down, {down['detect_s']:.1f}s after its agent's last heartbeat"
+              f" (Slurm had not marked it DOWN yet)")
+    if excluded:
+        print(f"excluded   : {excluded['node']} ({excluded['reason']}; drained: {excluded.get('drained')})")
+    if len(launches) > 1:
+        spare = sorted(set(launches[-1]["nodes"]) - set(launches[0]["nodes"]))
+        print(f"spare taken: {', '.join(spare) or '-'}; new node set {', '.join(launches[-1]['nodes'])}"
+              f" (path: {launches[-1]['path']})")
+    if restart:
+        phases = ", ".join(f"{k[:-2]} {v:.1f}s" for k, v in restart["phases"].items())
+        print(f"resumed    : at step {restart['resume_step']}, {restart['restart_s']:.1f}s after detection ({phases})")
+    print(f"completed  : {'yes, step ' + str(done.get('step')) if done else 'NO'}")
+
+
+if __name__ == "__main__":
+    sys.exit(main())

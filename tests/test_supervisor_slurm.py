@@ -1,0 +1,118 @@
+"""The supervisor on the real dev cluster, submitted through the sbatch template: node death with
+a hot spare (in-allocation node-path restart, detection never waits for Slurm's DOWN) and without
+one (requeue excluding the node). Each run ends with the parameters of an uninterrupted 2-rank
+reference run (DESIGN §4), and with the events that explain it."""
+from __future__ import annotations
+
+import datetime as dt
+import json
+import subprocess
+import sys
+import time
+from pathlib import Path
+
+import pytest
+
+from ckptsup.events import read_events
+from ckptsup.slurm.devconf import SPANNING
+from ckptsup.slurm.parsers import JobState
+
+pytestmark = [pytest.mark.slurm, pytest.mark.torch]
+
+ROOT = Path(__file__).resolve().parents[1]
+TRAIN = ROOT / "examples" / "train.py"
+TRAIN_ARGS = ["--steps", "70", "--save-every-steps", "5", "--step-sleep-s", "0.1"]
+CKPTSUP = [sys.executable, "-m", "ckptsup.cli"]
+
+
+def job_config(tmp: Path) -> Path:
+    path = tmp / "job.toml"
+    path.write_text("[supervisor]\nhang_min_s = 10.0\nheartbeat_interval_s = 0.5\nnode_silence_s = 4.0\n"
+                    f"[checkpoint]\nadaptive_interval = false\n[slurm]\nspare_partition = \"{SPANNING}\"\n")
+    return path
+
+
+@pytest.fixture(scope="module")
+def reference(tmp_path_factory) -> str:
+    """Final parameters of the uninterrupted run: 2 gloo ranks, local mode, computed once."""
+    tmp = tmp_path_factory.mktemp("slurm-reference")
+    proc = subprocess.run([*CKPTSUP, "launch", "--nproc-per-node", "2", "--config", str(job_config(tmp)),
+                           "--run-dir", str(tmp / "run"), str(TRAIN), *TRAIN_ARGS, "--out", str(tmp / "out")],
+                          capture_output=True, text=True, timeout=300, cwd=tmp)
+    assert proc.returncode == 0, proc.stdout + proc.stderr
+    return json.loads((tmp / "out" / "final.json").read_text())["params_sha256"]
+
+
+def submit(tmp: Path, *, nodes: int, spares: int) -> tuple[str, Path, Path]:
+    run, out = tmp / "run", tmp / "out"
+    proc = subprocess.run([*CKPTSUP, "sbatch", "--submit", "--json", "--nodes", str(nodes), "--spares", str(spares),
+                           "--nproc-per-node", "1", "--config", str(job_config(tmp)), "--run-dir", str(run),
+                           str(TRAIN), *TRAIN_ARGS, "--out", str(out)],
+                          capture_output=True, text=True, timeout=60, cwd=tmp)
+    assert proc.returncode == 0, proc.stderr
+    data = json.loads(proc.stdout)
+    return str(data["job_id"]), run, out
+
+
+def named(events, name):
+    return [e for e in events if e["event"] == name]
+
+
+def ts(event) -> float:
+    return dt.datetime.fromisoformat(event["ts"]).timestamp()
+
+
+def committed(run: Path, step: int) -> bool:
+    return any(e.get("step", -1) >= step for e in named(read_events(run), "checkpoint_committed"))
+
+
+def active_nodes(run: Path) -> list[str]:
+    return named(read_events(run), "launch")[-1]["nodes"]
+
+
+def finished(dev_cluster, job: str) -> bool:
+    state = dev_cluster.job_state(job)
+    return state is None or state.finished
+
+
+def test_node_death_with_a_spare_restarts_on_the_spare_within_the_allocation(dev_cluster, tmp_path, reference):
+    job, run, out = submit(tmp_path, nodes=2, spares=1)
+    dev_cluster.wait_for(lambda: committed(run, 15), 120, what="a checkpoint at step 15")
+    first = named(read_events(run), "launch")[0]
+    victim = first["nodes"][1]
+    with dev_cluster.revived(victim):
+        killed = time.time()
+        dev_cluster.kill_node(victim)
+        dev_cluster.wait_for(lambda: finished(dev_cluster, job), 180, what=f"job {job} to finish")
+    events = read_events(run)
+    assert dev_cluster.job(job) is None or dev_cluster.job(job).state == JobState.COMPLETED
+    down = [f for f in named(events, "failure_detected") if f["kind"] == "node_down"]
+    assert down and down[0]["node"] == victim
+    assert ts(down[0]) - killed <= 10.0, "node death must be seen in seconds, not at Slurm's DOWN"
+    assert [e["node"] for e in named(events, "node_excluded")] == [victim]
+    restart = named(events, "restart_done")[-1]
+    assert restart["path"] == "node" and restart["resume_step"] >= 15
+    relaunch = named(events, "launch")[-1]
+    assert victim not in relaunch["nodes"] and set(first["spares"]) <= set(relaunch["nodes"])
+    assert not named(events, "requeue") and named(events, "run_complete")
+    assert json.loads((run / "state.json").read_text())["excluded_nodes"].keys() == {victim}
+    assert json.loads((out / "final.json").read_text())["params_sha256"] == reference
+
+
+def test_node_death_without_a_spare_requeues_the_job_excluding_the_node(dev_cluster, tmp_path, reference):
+    job, run, out = submit(tmp_path, nodes=2, spares=0)
+    dev_cluster.wait_for(lambda: committed(run, 15), 120, what="a checkpoint at step 15")
+    victim = active_nodes(run)[1]
+    with dev_cluster.revived(victim):
+        killed = time.time()
+        dev_cluster.kill_node(victim)
+        dev_cluster.wait_for(lambda: named(read_events(run), "run_complete"), 300, what="the requeued run to complete")
+    events = read_events(run)
+    down = [f for f in named(events, "failure_detected") if f["kind"] == "node_down"]
+    assert down and down[0]["node"] == victim and ts(down[0]) - killed <= 10.0
+    [requeue] = named(events, "requeue")
+    assert victim in requeue["excluded"]
+    again = named(events, "supervisor_start")[-1]
+    assert again["resumed"] and victim in again["excluded"]
+    assert victim not in named(events, "launch")[-1]["nodes"]
+    assert json.loads((out / "final.json").read_text())["params_sha256"] == reference
