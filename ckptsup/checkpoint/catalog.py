@@ -13,16 +13,18 @@ Choice is by step number and manifest, never by mtime or wall clock (clock skew,
 
 from __future__ import annotations
 
+import collections
 import enum
 import json
 import os
+import threading
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any, Iterable, Iterator, Protocol, Sequence
 
 from ..errors import CkptsupError
 from .commit import parse_step
-from .manifest import Manifest, load_manifest
+from .manifest import MANIFEST_NAME, Manifest, check_no_symlink_components, load_manifest
 from .validate import QUARANTINE_DIR, REASON_NAME, read_validation
 
 
@@ -67,6 +69,37 @@ class HasCopy(Protocol):
     def has_copy(self, step: int, manifest: Manifest) -> bool: ...
 
 
+_CACHE_SIZE = 64
+_manifest_cache: "collections.OrderedDict[tuple, Manifest]" = collections.OrderedDict()
+_cache_lock = threading.Lock()
+
+
+def _cached_manifest(path: Path) -> Manifest:
+    """load_manifest, memoised on the manifest file's identity (device, inode, size, mtime): a
+    committed manifest never changes in place, and retention/catalog calls after every commit
+    would otherwise re-parse every (possibly multi-MB) item index. The symlink checks of
+    load_manifest run on every call; only the parse is cached. Treat the result as read-only."""
+    try:
+        st = os.lstat(path / MANIFEST_NAME)
+    except OSError:
+        return load_manifest(path)   # raises the precise one-line error
+    key = (str(path), st.st_dev, st.st_ino, st.st_size, st.st_mtime_ns)
+    with _cache_lock:
+        hit = _manifest_cache.get(key)
+        if hit is not None:
+            _manifest_cache.move_to_end(key)
+    if hit is not None:
+        for entry in hit.files:   # cheap, and a symlink could have been planted since
+            check_no_symlink_components(path, entry.path, source=str(path / MANIFEST_NAME))
+        return hit
+    manifest = load_manifest(path)
+    with _cache_lock:
+        _manifest_cache[key] = manifest
+        while len(_manifest_cache) > _CACHE_SIZE:
+            _manifest_cache.popitem(last=False)
+    return manifest
+
+
 def inspect_step(path: Path) -> CheckpointInfo:
     """Classify one step_<N> directory (reads the manifest and validation.json, nothing else)."""
     step = parse_step(path.name)
@@ -76,7 +109,7 @@ def inspect_step(path: Path) -> CheckpointInfo:
         return CheckpointInfo(step=step, path=path, manifest=None, validation=None, status=Status.INCOMPLETE,
                               problem="not a real directory")
     try:
-        manifest = load_manifest(path)
+        manifest = _cached_manifest(path)
     except CkptsupError as err:
         return CheckpointInfo(step=step, path=path, manifest=None, validation=None, status=Status.INCOMPLETE, problem=str(err))
     if manifest.step != step:
