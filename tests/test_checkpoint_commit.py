@@ -252,3 +252,26 @@ def test_interrupted_saves_are_cleaned_only_by_the_writer_and_never_a_save_in_pr
         assert remove_interrupted(ckdir, lock=lock, keep={mine}) == [stale]
     assert mine.exists() and not stale.exists()
     assert [i.step for i in list_checkpoints(ckdir)] == [1]
+
+
+def test_describe_and_hash_refuse_symlinks_in_a_save(tmp_path: Path) -> None:
+    ckdir = tmp_path / "ck"
+    tmp, _ = _tmp_with_shard(ckdir, step=1, payload=b"data")
+    (tmp / "sneaky.distcp").symlink_to("/etc/hostname")
+    with pytest.raises(CheckpointError, match="symlink"):
+        describe_files(tmp)
+    with pytest.raises(OSError):
+        hash_file(tmp / "sneaky.distcp")   # O_NOFOLLOW: never hashes what a link points at
+
+
+def test_nested_files_are_described_and_committed(tmp_path: Path) -> None:
+    ckdir = tmp_path / "ck"
+    tmp = make_tmp_dir(ckdir, step=2, attempt=1)
+    (tmp / "rank0").mkdir()
+    (tmp / "rank0" / "shard.bin").write_bytes(b"nested")
+    entries = describe_files(tmp, "sha256")
+    assert [(e.path, e.size) for e in entries] == [("rank0/shard.bin", 6)] and entries[0].hash.startswith("sha256:")
+    final = commit(tmp, Manifest(step=2, metadata_file="", files=entries, hash_algorithm="sha256"), checkpoint_dir=ckdir)
+    from ckptsup.checkpoint.validate import validate
+
+    assert validate(final, level=2).ok
