@@ -263,3 +263,19 @@ def test_bad_object_store_urls_are_refused_without_echoing_credentials(url: str)
     with pytest.raises(CheckpointError, match="is not s3://bucket") as err:
         parse_s3_url(url)
     assert "s3cr3t" not in str(err.value) and "AKIA" not in str(err.value)
+
+
+def test_housekeeper_promotes_each_commit_to_s3_and_prunes_it_there(tmp_path: Path, s3tier) -> None:
+    from ckptsup.checkpoint.housekeeping import Housekeeper
+    from ckptsup.events import Event
+
+    events: list[tuple[Event, dict]] = []
+    keeper = Housekeeper(checkpoint_dir=tmp_path / "shared", slower_tiers=[s3tier], keep_last=2, keep_daily_days=0,
+                         test_load_every=0, emit=lambda e, f: events.append((e, f)), promote_wait_initial_s=0.05)
+    for step in (1, 2, 3, 4):
+        keeper.after_commit(write_synthetic(tmp_path / "shared", step=step))
+    assert keeper.close(timeout_s=60)
+    promoted = [f for e, f in events if e is Event.CHECKPOINT_PROMOTED]
+    assert all(f["ok"] or f["skipped"] for f in promoted) and {f["step"] for f in promoted if f["ok"]} >= {4}
+    assert s3tier.list_steps() == [3, 4]
+    assert sorted(p.name for p in (tmp_path / "shared").glob("step_*")) == ["step_3", "step_4"]

@@ -51,6 +51,7 @@ class Housekeeper:
         self.testload_command = testload_command
         self.testload_timeout_s = testload_timeout_s
         self._lock = threading.Lock()
+        self._retention_lock = threading.Lock()   # the writer's and the promoter's threads both prune
         self._commits = 0
         self._testing: set[int] = set()
         self._tested: set[int] = set()
@@ -97,8 +98,9 @@ class Housekeeper:
     def run_retention(self) -> list[int]:
         """Retention on the shared tier; daily keepers without a level-3 pass get one queued.
         Returns the steps deleted."""
-        result = apply_retention(self.checkpoint_dir, keep_last=self.keep_last, keep_daily_days=self.keep_daily_days,
-                                 clock=self.clock, protected=self.protected())
+        with self._retention_lock:
+            result = apply_retention(self.checkpoint_dir, keep_last=self.keep_last, keep_daily_days=self.keep_daily_days,
+                                     clock=self.clock, protected=self.protected())
         for step in result.needs_test_load:
             self._queue_test(self.checkpoint_dir / f"step_{step}", step)
         return result.deleted
@@ -119,8 +121,10 @@ class Housekeeper:
             return
         validated = {i.step for i in list_checkpoints(self.checkpoint_dir) if i.validated_level >= 2}
         try:
-            apply_tier_retention(tier, keep_last=self.keep_last, keep_daily_days=self.keep_daily_days, clock=self.clock,
-                                 validated=validated, protected=self.protected())
+            with self._retention_lock:
+                apply_tier_retention(tier, keep_last=self.keep_last, keep_daily_days=self.keep_daily_days, clock=self.clock,
+                                     validated=validated, protected=self.protected())
+            self.run_retention()   # what waited for this promotion may go from the shared tier now
         except (CkptsupError, OSError) as err:
             # retention is housekeeping: a failure costs space, never data; say so and go on
             log.warning("ckptsup: retention on tier %s failed: %s", tier.name, str(err).splitlines()[0][:300])
@@ -178,4 +182,5 @@ class Housekeeper:
         drained = self.promoter.close(timeout_s) if self.promoter is not None else True
         self._tests.put(None)
         self._tester.join(timeout=timeout_s)
+        self.run_retention()
         return drained and not self._tester.is_alive()
