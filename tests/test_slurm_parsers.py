@@ -134,4 +134,5 @@ def test_refusals_are_permanent(stderr):
 def test_permission_denied_is_recognised():
     assert is_permission_denied("slurm_update error: Access/permission denied")
     assert is_permission_denied("scontrol: error: Invalid user for this operation")
+    assert is_permission_denied("slurm_update error: Invalid user id")  # 22.05, non-admin node update
     assert not is_permission_denied("slurm_update error: Invalid node name specified")

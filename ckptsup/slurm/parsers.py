@@ -220,7 +220,8 @@ _TRANSIENT = re.compile(
     r"temporarily unable to accept|communication connection failure|try again|"
     r"unable to (?:connect|establish)|connection reset by peer|transport endpoint",
     re.I)
-_PERMISSION = re.compile(r"access.?/?permission denied|invalid user for this operation|"
+# Slurm answers a non-admin's node update with "Invalid user id" (ESLURM_USER_ID_MISSING).
+_PERMISSION = re.compile(r"access.?/?permission denied|invalid user for this operation|invalid user id|"
                          r"permission denied|not authorized", re.I)
 
 
