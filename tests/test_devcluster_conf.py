@@ -1,0 +1,61 @@
+"""The dev cluster's slurm.conf (pure render): partitions, preemption, timers, paths."""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+from ckptsup.slurm.devconf import ClusterSpec, render_slurm_conf
+
+
+def conf(**kw) -> dict[str, str]:
+    text = render_slurm_conf(ClusterSpec(dir=Path("/x/c"), **kw), controller_host="host")
+    out = {}
+    for line in text.splitlines():
+        if line and not line.startswith("#"):
+            key, _, rest = line.partition("=")
+            name = rest.split()[0]
+            out[f"{key}={name}" if key in ("PartitionName", "NodeName") else key] = rest
+    return out
+
+
+def test_five_nodes_on_loopback_with_one_port_each():
+    c = conf(port_base=17100)
+    assert c["NodeName=n[1-5]"].startswith("n[1-5] NodeHostname=localhost NodeAddr=127.0.0.1 Port=[17101-17105]")
+    assert c["SlurmctldPort"] == "17100" and c["SlurmctldHost"] == "host(127.0.0.1)"
+
+
+def test_partitions_main_default_spares_reserved_spanning_and_preemption_pair():
+    c = conf()
+    assert "Nodes=n[1-4] Default=YES" in c["PartitionName=main"] and "PreemptMode=OFF" in c["PartitionName=main"]
+    assert "Nodes=n5 Default=NO" in c["PartitionName=spares"] and "PreemptMode=OFF" in c["PartitionName=spares"]
+    assert "Nodes=n[1-5] Default=NO" in c["PartitionName=mainspare"] and "PreemptMode=OFF" in c["PartitionName=mainspare"]
+    assert "PreemptMode=REQUEUE GraceTime=30" in c["PartitionName=lowprio"]
+    assert "PriorityTier=10" in c["PartitionName=highprio"] and "PriorityTier=1 " in c["PartitionName=lowprio"]
+    # partition_prio refuses a cluster-wide OFF: REQUEUE cluster-wide, OFF per partition
+    assert c["PreemptType"] == "preempt/partition_prio" and c["PreemptMode"] == "REQUEUE"
+
+
+def test_short_timers_and_requeue_enabled():
+    c = conf(slurmd_timeout_s=10, grace_time_s=20)
+    assert c["SlurmdTimeout"] == "10" and c["KillWait"] == "5" and c["MessageTimeout"] == "5"
+    assert "bf_interval=1" in c["SchedulerParameters"] and c["JobRequeue"] == "1" and c["ReturnToService"] == "2"
+    assert "GraceTime=20" in c["PartitionName=lowprio"]
+
+
+def test_every_path_lives_under_the_cluster_directory_and_uses_our_munge_socket():
+    text = render_slurm_conf(ClusterSpec(dir=Path("/x/c")), controller_host="host")
+    paths = [word.rsplit("=", 1)[1] for line in text.splitlines() if not line.startswith("#")
+             for word in line.split() if "=/" in word]
+    assert paths and all(p.startswith("/x/c/") or p == "/bin/true" for p in paths), paths
+    assert "AuthInfo=socket=/x/c/munge/munge.socket" in text
+
+
+def test_spare_count_and_node_count_shape_the_partitions():
+    c = conf(nodes=8, spares=2)
+    assert "Nodes=n[1-6] Default=YES" in c["PartitionName=main"]
+    assert "Nodes=n[7-8]" in c["PartitionName=spares"]
+
+
+def test_node_local_dir_is_per_node_under_the_cluster_dir():
+    spec = ClusterSpec(dir=Path("/x/c"))
+    assert spec.node_local_dir("n3") == Path("/x/c/nodes/n3/local")
