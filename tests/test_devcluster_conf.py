@@ -59,3 +59,16 @@ def test_spare_count_and_node_count_shape_the_partitions():
 def test_node_local_dir_is_per_node_under_the_cluster_dir():
     spec = ClusterSpec(dir=Path("/x/c"))
     assert spec.node_local_dir("n3") == Path("/x/c/nodes/n3/local")
+
+
+def test_missing_packages_are_one_line_naming_the_apt_command(monkeypatch, tmp_path):
+    import pytest
+
+    from ckptsup.errors import DevClusterError
+    from ckptsup.slurm import devcluster
+
+    monkeypatch.setattr(devcluster, "REQUIRED_COMMANDS", ("slurmctld", "slurmd-not-installed-here"))
+    with pytest.raises(DevClusterError) as err:
+        devcluster.DevCluster(ClusterSpec(dir=tmp_path / "c")).up()
+    assert str(err.value) == "missing slurmd-not-installed-here; install with: apt-get install slurm-wlm munge tini"
+    assert not (tmp_path / "c").exists()  # nothing started, nothing written

@@ -32,10 +32,12 @@ def test_submitted_job_is_queried_while_running_and_after_it_completes(dev_clust
     assert sorted(fx.output(job).split()) == sorted(info.nodes)
 
 
-def test_failed_job_reports_its_exit_status(dev_cluster):
+def test_failed_job_reports_its_exit_status_in_squeue_and_sacct(dev_cluster):
     job = dev_cluster.submit("#!/bin/bash\nexit 3\n")
     info = dev_cluster.wait_for(lambda: (i := dev_cluster.job(job)) and i.state.finished and i, 20, what="job failed")
     assert (info.state, info.exit_code) == (JobState.FAILED, 3)
+    rows = dev_cluster.wait_for(lambda: dev_cluster.client.accounting(job), 10, what="sacct record")
+    assert (rows[0]["JobID"], rows[0]["State"], rows[0]["ExitCode"]) == (job, "FAILED", "3:0")
 
 
 def test_requeue_then_exclude_and_start_now_runs_the_job_elsewhere_at_once(dev_cluster):

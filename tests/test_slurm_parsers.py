@@ -136,3 +136,11 @@ def test_permission_denied_is_recognised():
     assert is_permission_denied("scontrol: error: Invalid user for this operation")
     assert is_permission_denied("slurm_update error: Invalid user id")  # 22.05, non-admin node update
     assert not is_permission_denied("slurm_update error: Invalid node name specified")
+
+
+def test_sacct_parsable_rows_become_dicts():
+    from ckptsup.slurm.parsers import parse_sacct
+
+    rows = parse_sacct("2|COMPLETED|0:0|n[1-2]\n3|FAILED|3:0|n1\n", ["JobID", "State", "ExitCode", "NodeList"])
+    assert rows == [{"JobID": "2", "State": "COMPLETED", "ExitCode": "0:0", "NodeList": "n[1-2]"},
+                    {"JobID": "3", "State": "FAILED", "ExitCode": "3:0", "NodeList": "n1"}]

@@ -218,10 +218,19 @@ class SlurmClient:
         argv.append(str(job_id))
         self.run(argv)
 
-    def accounting(self, job_id: str | int) -> str:
-        """Raw `sacct -P` rows for a finished job (needs accounting or jobcomp storage)."""
-        return self.run(["sacct", "-n", "-P", "-j", str(job_id),
-                         "-o", "JobID,State,ExitCode,NodeList,Start,End"]).stdout
+    def accounting(self, job_id: str | int) -> list[dict[str, str]]:
+        """Finished-job records from `sacct` (JobID, State, ExitCode, NodeList, Start, End).
+        Clusters without accounting storage (the dev cluster) answer from the job-completion
+        log instead (`sacct -c`)."""
+        fields = ["JobID", "State", "ExitCode", "NodeList", "Start", "End"]
+        argv = ["sacct", "-n", "-P", "-j", str(job_id), "-o", ",".join(fields)]
+        try:
+            out = self.run(argv).stdout
+        except SlurmCommandError as err:
+            if "accounting storage is disabled" not in err.stderr.lower():
+                raise
+            out = self.run([argv[0], "-c", *argv[1:]]).stdout
+        return parsers.parse_sacct(out, fields)
 
     def ping(self) -> bool:
         try:

@@ -150,8 +150,9 @@ class DevCluster:
         for sub in ("run", "ctld", "munge", "logs"):
             (d / sub).mkdir(exist_ok=True)
             os.chmod(d / sub, 0o711 if sub == "munge" else 0o700)
-        if fresh:
+        if fresh:  # job ids restart at 1 on a fresh cluster: old records would collide
             shutil.rmtree(d / "ctld" / "state", ignore_errors=True)
+            (d / "ctld" / "jobcomp.txt").unlink(missing_ok=True)
         (d / "ctld" / "state").mkdir(mode=0o700, exist_ok=True)
         (d / "nodes").mkdir(mode=0o755, exist_ok=True)
         for node in self.spec.node_names:

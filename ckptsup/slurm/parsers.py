@@ -204,6 +204,16 @@ def parse_squeue_json(text: str) -> list[JobInfo]:
     return jobs
 
 
+def parse_sacct(text: str, fields: list[str]) -> list[dict[str, str]]:
+    """`sacct -n -P -o F1,F2,...` ('|'-separated rows) → one dict per row."""
+    rows = []
+    for line in text.splitlines():
+        if line.strip():
+            values = line.split("|")
+            rows.append(dict(zip(fields, values + [""] * (len(fields) - len(values)))))
+    return rows
+
+
 def parse_sbatch_parsable(text: str) -> str:
     """`sbatch --parsable` prints 'JOBID' or 'JOBID;CLUSTER'."""
     first = text.strip().splitlines()[-1] if text.strip() else ""
