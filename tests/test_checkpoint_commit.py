@@ -275,3 +275,25 @@ def test_nested_files_are_described_and_committed(tmp_path: Path) -> None:
     from ckptsup.checkpoint.validate import validate
 
     assert validate(final, level=2).ok
+
+
+def test_describe_files_and_items_hashes_files_and_chunks_in_one_pass(tmp_path: Path) -> None:
+    from ckptsup.checkpoint.commit import describe_files_and_items
+    from ckptsup.checkpoint.validate import validate
+
+    ckdir = tmp_path / "ck"
+    tmp = make_tmp_dir(ckdir, step=5, attempt=0)
+    a, b = os.urandom(3000), os.urandom(5000)
+    (tmp / "__0_0.distcp").write_bytes(a + b)
+    (tmp / ".metadata").write_bytes(b"meta")
+    files, items = describe_files_and_items(tmp, "xxh3-128", {"__0_0.distcp": [("w@0", 0, 3000), ("b@0", 3000, 5000)]})
+    assert [f.path for f in files] == [".metadata", "__0_0.distcp"]
+    assert [(i.key, i.hash) for i in items] == [("w@0", hash_bytes(a)), ("b@0", hash_bytes(b))]
+    commit(tmp, Manifest(step=5, files=files, items=items, metadata_hash=files[0].hash), checkpoint_dir=ckdir)
+    assert validate(ckdir / "step_5", level=2).ok
+    tmp2 = make_tmp_dir(ckdir, step=6, attempt=0)
+    (tmp2 / "x").write_bytes(b"12")
+    with pytest.raises(CheckpointError, match="runs past the end"):
+        describe_files_and_items(tmp2, "xxh3-128", {"x": [("k", 0, 3)]})
+    with pytest.raises(CheckpointError, match="not written"):
+        describe_files_and_items(tmp2, "xxh3-128", {"y": [("k", 0, 1)]})

@@ -261,3 +261,26 @@ def test_level2_rejects_entries_hashed_with_another_algorithm_than_the_manifest_
     assert not result.ok and "not hashed with the manifest's sha256" in result.problems[0]
     result = validate(step_dir, level=1, algorithm="crc32")
     assert not result.ok and "sha256, but crc32 was required" in result.problems[0]
+
+
+def test_item_hashes_are_checked_in_the_level1_read_and_reported_at_level2(tmp_path: Path) -> None:
+    step_dir = write_synthetic(tmp_path / "ck", step=1)
+    def mutate(data):
+        data["items"][3]["hash"] = hash_bytes(b"not these bytes")   # a writer bug in the index
+    _rewrite_manifest(step_dir, mutate)
+    assert validate(step_dir, level=1).ok          # the files are intact...
+    result = validate(step_dir, level=2)           # ...the index is not: structure, level 2
+    assert not result.ok and result.level_passed == 1
+    assert "item index is wrong" in result.problems[0] and "layer3" in result.problems[0]
+
+
+def test_hash_file_and_ranges_matches_separate_hashes(tmp_path: Path) -> None:
+    from ckptsup.checkpoint.hashing import CHUNK, hash_file_and_ranges
+
+    data = os.urandom(2 * CHUNK + 12345)
+    path = tmp_path / "f"
+    path.write_bytes(data)
+    ranges = [(CHUNK - 10, 20, "crc32"), (0, 100, "xxh3-128"), (2 * CHUNK, 12345, "sha256"), (500, 0, "xxh3-128"), (100, CHUNK, "xxh3-128")]
+    whole, size, parts = hash_file_and_ranges(path, "xxh3-128", ranges)
+    assert whole == hash_bytes(data) and size == len(data)
+    assert parts == [hash_bytes(data[o:o + n], a) for o, n, a in ranges]

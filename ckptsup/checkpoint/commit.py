@@ -27,8 +27,8 @@ from dataclasses import asdict, dataclass
 from pathlib import Path
 
 from ..errors import CheckpointError, FencedError, ManifestError
-from .hashing import hash_file
-from .manifest import MANIFEST_NAME, RESERVED_NAMES, FileEntry, Manifest, load_manifest
+from .hashing import hash_file, hash_file_and_ranges
+from .manifest import MANIFEST_NAME, RESERVED_NAMES, FileEntry, ItemEntry, Manifest, load_manifest
 from .trust import check_dir_trusted, private_mkdir
 
 TMP_PREFIX = ".tmp-"
@@ -243,6 +243,37 @@ def _walk_files(top: Path, prefix: str = "") -> list[str]:
             else:
                 out.append(rel)
     return out
+
+
+def describe_files_and_items(tmp_dir: str | os.PathLike[str], algorithm: str,
+                             chunks: dict[str, list[tuple[str, int, int]]], *, workers: int = 4) -> tuple[list[FileEntry], list[ItemEntry]]:
+    """Like describe_files, plus the item index: `chunks` maps a file's relative path to its
+    (key, offset, length) chunks (DCP's storage_data). Each file is read once; the file and all
+    its items are hashed in that read."""
+    tmp_dir = Path(tmp_dir)
+    names = [rel for rel in sorted(_walk_files(tmp_dir)) if rel not in RESERVED_NAMES]
+
+    def one(rel: str) -> tuple[FileEntry, list[ItemEntry]]:
+        full = tmp_dir / rel
+        if not stat.S_ISREG(os.lstat(full).st_mode):
+            raise CheckpointError(f"{full} is not a regular file; a checkpoint holds only regular files")
+        mine = chunks.get(rel, [])
+        whole, size, hashes = hash_file_and_ranges(full, algorithm, [(off, length, algorithm) for _, off, length in mine])
+        for (key, off, length), value in zip(mine, hashes):
+            if off + length > size:
+                raise CheckpointError(f"{rel}: chunk {key!r} [{off}, +{length}) runs past the end of the file ({size} bytes)")
+        items = [ItemEntry(key=key, file=rel, offset=off, length=length, hash=value) for (key, off, length), value in zip(mine, hashes)]
+        return FileEntry(path=rel, size=size, hash=whole), items
+
+    unknown = sorted(set(chunks) - set(names))
+    if unknown:
+        raise CheckpointError(f"chunks name files that were not written: {', '.join(unknown[:3])}")
+    if workers > 1 and len(names) > 1:
+        with ThreadPoolExecutor(max_workers=min(workers, len(names)), thread_name_prefix="ckptsup-hash") as pool:
+            described = list(pool.map(one, names))
+    else:
+        described = [one(rel) for rel in names]
+    return [f for f, _ in described], [it for _, items in described for it in items]
 
 
 def find_step_dirs(checkpoint_dir: Path, step: int) -> list[Path]:

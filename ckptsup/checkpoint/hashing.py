@@ -116,3 +116,44 @@ def hash_file(path: str | os.PathLike[str], algorithm: str = DEFAULT_ALGORITHM, 
     finally:
         os.close(fd)
     return hasher.hexdigest()
+
+
+def hash_file_and_ranges(path: str | os.PathLike[str], algorithm: str,
+                         ranges: list[tuple[int, int, str]]) -> tuple[str, int, list[str]]:
+    """One sequential read of a file: (file hash, size, [hash of each (offset, length, algorithm)
+    range]). Ranges may come in any order and may overlap; a range past the end of the file
+    hashes what exists (the caller compares lengths). Never follows a symlink."""
+    order = sorted(range(len(ranges)), key=lambda i: ranges[i][0])
+    file_h = new_hasher(algorithm)
+    range_h = [new_hasher(ranges[i][2]) for i in range(len(ranges))]
+    buf = bytearray(CHUNK)
+    view = memoryview(buf)
+    pos = 0
+    k = 0   # index into `order` of the first range not yet complete
+    fd = os.open(path, os.O_RDONLY | os.O_NOFOLLOW | getattr(os, "O_CLOEXEC", 0))
+    try:
+        if hasattr(os, "posix_fadvise"):
+            os.posix_fadvise(fd, 0, 0, os.POSIX_FADV_SEQUENTIAL)
+        while True:
+            got = os.readv(fd, [view])
+            if got == 0:
+                break
+            chunk = view[:got]
+            file_h.update(chunk)
+            end = pos + got
+            j = k
+            while j < len(order):
+                i = order[j]
+                off, length = ranges[i][0], ranges[i][1]
+                if off >= end:
+                    break
+                lo, hi = max(off, pos), min(off + length, end)
+                if hi > lo:
+                    range_h[i].update(chunk[lo - pos:hi - pos])
+                if off + length <= end and j == k:
+                    k += 1
+                j += 1
+            pos = end
+    finally:
+        os.close(fd)
+    return file_h.hexdigest(), pos, [h.hexdigest() for h in range_h]

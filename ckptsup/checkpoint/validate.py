@@ -1,9 +1,10 @@
 """Validation levels (DESIGN §4), recorded atomically in <step_dir>/validation.json.
 
 Level 1: every file of the manifest present, regular, right size and hash; no unlisted files.
-Level 2: structure, torch-free, JSON only: every item's file is listed, offset+length lies inside
-         it, items of one file do not overlap, item keys are unique, `.metadata` matches
-         metadata_hash, the manifest's step matches the directory name.
+Level 2: structure, torch-free, never unpickling: every item's file is listed, offset+length lies
+         inside it, items of one file do not overlap, item keys are unique, `.metadata` matches
+         metadata_hash, the manifest's step matches the directory name, and every item's hash
+         matches its bytes (hashed during level 1's read, so no second read).
 Level 3: a test load into fresh CPU state in a separate process
          (`python -m ckptsup.hooks.testload STEP_DIR`, exit 0 = ok) with a timeout.
 Each level runs only when the one below passed. Nothing here unpickles anything.
@@ -27,7 +28,7 @@ from typing import Any, Callable, Sequence
 from ..errors import CheckpointError, CkptsupError, ValidationError
 from ..rundir import atomic_write_json
 from .commit import parse_step, rename_noreplace
-from .hashing import algorithm_of, hash_bytes, hash_file
+from .hashing import algorithm_of, hash_bytes, hash_file_and_ranges
 from .manifest import RESERVED_NAMES, VALIDATION_NAME, FileEntry, ItemEntry, Manifest, load_manifest
 from .trust import check_dir_trusted, private_mkdir
 
@@ -86,41 +87,57 @@ def _is_validation_tmp(name: str) -> bool:
     return name.startswith(f".{VALIDATION_NAME}.") and name.endswith(".tmp")
 
 
-def _check_file(step_dir: Path, entry: FileEntry) -> tuple[str | None, int]:
-    """(problem or None, bytes hashed) for one listed file."""
+def _check_file(step_dir: Path, entry: FileEntry, items: list[ItemEntry]) -> tuple[list[str], list[str], int]:
+    """(file problems, item problems, bytes hashed) for one listed file; the items stored in it
+    are hashed in the same read (their mismatches belong to level 2: the index is structure)."""
     full = step_dir / entry.path
     try:
         st = os.lstat(full)
     except FileNotFoundError:
-        return f"{entry.path}: missing", 0
+        return [f"{entry.path}: missing"], [], 0
     if not stat.S_ISREG(st.st_mode):
-        return f"{entry.path}: not a regular file (symlink or special file refused)", 0
+        return [f"{entry.path}: not a regular file (symlink or special file refused)"], [], 0
     if st.st_size != entry.size:
-        return f"{entry.path}: size {st.st_size} != {entry.size} in the manifest (truncated or overwritten)", 0
-    actual = hash_file(full, algorithm_of(entry.hash))
+        return [f"{entry.path}: size {st.st_size} != {entry.size} in the manifest (truncated or overwritten)"], [], 0
+    actual, _, item_hashes = hash_file_and_ranges(full, algorithm_of(entry.hash),
+                                                  [(it.offset, it.length, algorithm_of(it.hash)) for it in items])
     if actual != entry.hash:
-        return f"{entry.path}: hash {actual} != {entry.hash} in the manifest (corrupted)", entry.size
-    return None, entry.size
+        return [f"{entry.path}: hash {actual} != {entry.hash} in the manifest (corrupted)"], [], entry.size
+    bad = [it for it, h in zip(items, item_hashes) if h != it.hash and it.offset + it.length <= entry.size]
+    if bad:   # the file matches its hash but an item does not: the index is wrong
+        return [], [f"{entry.path}: {len(bad)} item hash(es) do not match the bytes (first: {bad[0].key!r}); the item index is wrong"], entry.size
+    return [], [], entry.size
 
 
 def check_level1(step_dir: Path, manifest: Manifest, *, progress: Progress | None = None,
-                 workers: int = DEFAULT_WORKERS) -> tuple[list[str], int]:
+                 workers: int = DEFAULT_WORKERS, item_problems: list[str] | None = None) -> tuple[list[str], int]:
     """Sizes and hashes of every listed file, plus no unlisted files. Files are hashed by a few
-    threads so reading one overlaps hashing another (reads and the hashes release the GIL)."""
-    def one(entry: FileEntry) -> tuple[str | None, int]:
-        problem, nbytes = _check_file(step_dir, entry)
-        if progress is not None and nbytes:
-            progress(nbytes)
-        return problem, nbytes
+    threads so reading one overlaps hashing another (reads and the hashes release the GIL).
+    Item hashes are checked in the same read; their mismatches go to `item_problems` when given
+    (validate() reports them at level 2), else into the returned problems."""
+    items_by_file: dict[str, list[ItemEntry]] = {}
+    for item in manifest.items:
+        items_by_file.setdefault(item.file, []).append(item)
+
+    def one(entry: FileEntry) -> tuple[list[str], list[str], int]:
+        found = _check_file(step_dir, entry, items_by_file.get(entry.path, []))
+        if progress is not None and found[2]:
+            progress(found[2])
+        return found
 
     if workers > 1 and len(manifest.files) > 1:
         with ThreadPoolExecutor(max_workers=min(workers, len(manifest.files)), thread_name_prefix="ckptsup-verify") as pool:
             outcomes = list(pool.map(one, manifest.files))
     else:
         outcomes = [one(entry) for entry in manifest.files]
-    problems = [p for p, _ in outcomes if p is not None]
+    problems = [p for found, _, _ in outcomes for p in found]
+    item_found = [p for _, found, _ in outcomes for p in found]
+    if item_problems is None:
+        problems.extend(item_found)
+    else:
+        item_problems.extend(item_found)
     problems.extend(_listed_and_extra(step_dir, manifest))
-    return problems, sum(n for _, n in outcomes)
+    return problems, sum(n for _, _, n in outcomes)
 
 
 # ---- level 2 --------------------------------------------------------------------------------
@@ -215,11 +232,12 @@ def validate(step_dir: str | os.PathLike[str], *, level: int = 2, algorithm: str
     if algorithm is not None and manifest.hash_algorithm != algorithm:
         result.problems = [f"manifest uses {manifest.hash_algorithm}, but {algorithm} was required"]
     else:
-        result.problems, result.bytes_checked = check_level1(step_dir, manifest, progress=progress)
+        item_problems: list[str] = []
+        result.problems, result.bytes_checked = check_level1(step_dir, manifest, progress=progress, item_problems=item_problems)
         if not result.problems:
             result.level_passed = 1
             if level >= 2:
-                result.problems = check_level2(step_dir, manifest)
+                result.problems = check_level2(step_dir, manifest) + item_problems
                 result.level_passed = 2 if not result.problems else 1
             if level >= 3 and not result.problems:
                 result.problems = check_level3(step_dir, timeout_s=testload_timeout_s, command=testload_command)
