@@ -284,3 +284,18 @@ def test_hash_file_and_ranges_matches_separate_hashes(tmp_path: Path) -> None:
     whole, size, parts = hash_file_and_ranges(path, "xxh3-128", ranges)
     assert whole == hash_bytes(data) and size == len(data)
     assert parts == [hash_bytes(data[o:o + n], a) for o, n, a in ranges]
+
+
+def test_concurrent_validations_of_one_checkpoint_all_pass_and_record_cleanly(tmp_path: Path) -> None:
+    import threading
+
+    step_dir = write_synthetic(tmp_path / "ck", step=1, items_per_rank=64, item_bytes=8192)
+    results = []
+    threads = [threading.Thread(target=lambda: results.append(validate(step_dir, level=2))) for _ in range(6)]
+    for t in threads:
+        t.start()
+    for t in threads:
+        t.join()
+    assert len(results) == 6 and all(r.ok for r in results), [r.problems for r in results]
+    assert json.loads((step_dir / VALIDATION_NAME).read_text())["ok"] is True
+    assert not [p for p in step_dir.iterdir() if p.name.endswith(".tmp")]
