@@ -104,3 +104,17 @@ def test_a_full_queue_skips_the_oldest_waiting_and_never_blocks_the_caller(tmp_p
     assert skipped == [2]
     assert sorted(r.step for r in results if r.ok) == [1, 3, 4]
     assert dest.list_steps() == [1, 3, 4]
+
+
+def test_restore_source_without_a_manifest_trusts_the_shared_tiers_copy(tmp_path: Path) -> None:
+    from ckptsup.checkpoint.tiers import restore_source
+
+    shared = LocalTier(name="shared", root=tmp_path / "shared")
+    local = LocalTier(name="node_local", root=tmp_path / "local", kind=TierKind.NODE_LOCAL)
+    write_synthetic(local.root, step=3, seed=1)             # a stale cache of another checkpoint 3
+    write_synthetic(shared.root, step=3, seed=2)
+    assert restore_source(3, [local, shared]) is shared
+    local.delete(3)
+    local.put(shared.path(3))
+    assert restore_source(3, [local, shared]) is local
+    assert restore_source(4, [local, shared]) is None

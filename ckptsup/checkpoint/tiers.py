@@ -167,14 +167,31 @@ class LocalTier:
         return shutil.disk_usage(self.root).free
 
 
-def restore_source(step: int, tiers: Sequence[Tier], manifest: Manifest) -> Tier | None:
-    """The fastest tier (first in `tiers`) holding a copy that matches the manifest."""
+def restore_source(step: int, tiers: Sequence[Tier], manifest: Manifest | None = None) -> Tier | None:
+    """The fastest tier (first in `tiers`) holding a copy that matches the manifest. Without a
+    manifest, the commit tier's (SHARED) is authoritative, else the first tier that has one."""
+    if manifest is None:
+        manifest = _authoritative_manifest(step, tiers)
+        if manifest is None:
+            return None
     for tier in tiers:
         try:
             if tier.has_copy(step, manifest):
                 return tier
         except CheckpointError:
             continue  # a tier that cannot answer is not a source; the next one may be
+    return None
+
+
+def _authoritative_manifest(step: int, tiers: Sequence[Tier]) -> Manifest | None:
+    ordered = sorted(tiers, key=lambda t: t.kind is not TierKind.SHARED)   # stable: shared first
+    for tier in ordered:
+        try:
+            found = tier.get_manifest(step)
+        except CheckpointError:
+            continue
+        if found is not None:
+            return found
     return None
 
 
