@@ -86,3 +86,19 @@ def test_cli_up_prints_export_line_and_status_reports_nodes(dev_cluster):
     nodes = json.loads(st.stdout)["nodes"]
     assert sorted(nodes) == dev_cluster.nodes
     assert all(v["responding"] and NodeState(v["state"]).usable for v in nodes.values()), nodes
+
+
+def test_no_daemon_of_the_cluster_listens_on_every_interface(dev_cluster):
+    pids = set(dev_cluster.cluster.running_pids())
+    listeners = [c for c in psutil.net_connections(kind="inet")
+                 if c.status == psutil.CONN_LISTEN and c.pid in pids]
+    assert {c.laddr.port for c in listeners} >= set(dev_cluster.cluster.spec.ports())
+    assert all(c.laddr.ip == "127.0.0.1" for c in listeners), listeners
+
+
+def test_node_names_resolve_inside_the_nodes_and_the_hosts_file_of_this_machine_is_untouched(dev_cluster):
+    before = Path("/etc/hosts").read_text()
+    job = dev_cluster.submit("#!/bin/bash\nsrun getent hosts n2\n", "-w", "n1")
+    dev_cluster.wait_for(lambda: dev_cluster.job_state(job) == JobState.COMPLETED, 20, what="job done")
+    assert dev_cluster.output(job).split() == ["127.0.0.1", "n1", "n2", "n3", "n4", "n5"]
+    assert Path("/etc/hosts").read_text() == before

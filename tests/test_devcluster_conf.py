@@ -72,3 +72,8 @@ def test_missing_packages_are_one_line_naming_the_apt_command(monkeypatch, tmp_p
         devcluster.DevCluster(ClusterSpec(dir=tmp_path / "c")).up()
     assert str(err.value) == "missing slurmd-not-installed-here; install with: apt-get install slurm-wlm munge tini"
     assert not (tmp_path / "c").exists()  # nothing started, nothing written
+
+
+def test_daemons_bind_to_loopback_not_every_interface():
+    c = conf()
+    assert c["CommunicationParameters"] == "NoCtldInAddrAny,NoInAddrAny"

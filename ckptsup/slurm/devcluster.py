@@ -29,7 +29,7 @@ from .client import SlurmClient
 from .devconf import ClusterSpec, render_slurm_conf
 from .parsers import NodeInfo, NodeState
 
-REQUIRED_COMMANDS = ("slurmctld", "slurmd", "munged", "tini", "unshare", "scontrol", "sinfo", "sbatch", "squeue")
+REQUIRED_COMMANDS = ("slurmctld", "slurmd", "munged", "tini", "unshare", "mount", "scontrol", "sinfo", "sbatch", "squeue")
 INSTALL_HINT = "apt-get install slurm-wlm munge tini"
 
 
@@ -163,6 +163,8 @@ class DevCluster:
             self.spec.node_local_dir(node).mkdir(exist_ok=True)
             os.chmod(nd, 0o755)
             os.chmod(self.spec.node_local_dir(node), 0o1777)  # like a node's /tmp-style scratch
+        if fresh:
+            self._write_hosts()
         text = render_slurm_conf(self.spec)
         if self.conf.exists() and self.conf.read_text() != text and not fresh:
             raise DevClusterError(f"a cluster is running in {d} with another configuration; "
@@ -203,9 +205,28 @@ class DevCluster:
                 raise DevClusterError(f"munged did not create its socket; see {m / 'munged.log'}")
             self._sleep(0.02)
 
+    def _write_hosts(self) -> Path:
+        """/etc/hosts for the nodes' mount namespaces: the host's entries plus every node name
+        on loopback, so daemons and jobs resolve n1..nN (slurmd binds to what its name resolves
+        to: no listener on 0.0.0.0; torchrun's advertised hostname resolves too)."""
+        try:
+            base = Path("/etc/hosts").read_text()
+        except OSError:
+            base = "127.0.0.1 localhost\n"
+        hosts = self.spec.dir / "hosts"
+        hosts.write_text(base.rstrip("\n") + "\n# ckptsup dev cluster nodes\n127.0.0.1 "
+                         + " ".join(self.spec.node_names) + "\n")
+        os.chmod(hosts, 0o644)
+        return hosts
+
     def _start_node(self, node: str) -> None:
         nd = self.spec.node_dir(node)
-        script = f"hostname {node} && exec slurmd -D -f {self.conf} -N {node}"
+        hosts = self.spec.dir / "hosts"
+        if not hosts.exists():
+            self._write_hosts()
+        # the bind mount lives only in this node's private mount namespace
+        script = (f"mount --bind {hosts} /etc/hosts && hostname {node} && "
+                  f"exec slurmd -D -f {self.conf} -N {node}")
         self._start(f"node-{node}", ["unshare", "--pid", "--fork", "--mount-proc", "--uts",
                                      "--kill-child", "tini", "--", "sh", "-c", script], cwd=nd)
 

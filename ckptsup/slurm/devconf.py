@@ -123,6 +123,7 @@ def render_slurm_conf(spec: ClusterSpec, *, controller_host: str | None = None) 
         "SchedulerParameters=bf_interval=1,sched_interval=2",
         "MpiDefault=none",
         "MailProg=/bin/true",
+        "CommunicationParameters=NoCtldInAddrAny,NoInAddrAny",
         "AccountingStorageType=accounting_storage/none",
         "JobAcctGatherType=jobacct_gather/none",
         "JobCompType=jobcomp/filetxt",
