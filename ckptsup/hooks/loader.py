@@ -72,7 +72,7 @@ def load_checkpoint(run: Any, path: Path) -> Exception | None:
     reader = None
     targets: dict[str, Any] = {}
     try:
-        reader = VerifyingReader(path)
+        reader = VerifyingReader(path, adopt=True)
         metadata = reader.read_metadata()
         targets = _fresh_copy(run.state.load_targets(metadata))
     except failure_errors() as err:

@@ -91,8 +91,12 @@ def _file_reader_base():
 class VerifyingReader(_file_reader_base()):  # type: ignore[misc]
     """A DCP FileSystemReader that reads only what the manifest vouches for."""
 
-    def __init__(self, step_dir: str | os.PathLike[str], manifest: Manifest | None = None) -> None:
+    def __init__(self, step_dir: str | os.PathLike[str], manifest: Manifest | None = None, *,
+                 adopt: bool = False) -> None:
+        """adopt=True: the load targets are scratch buffers, so an item that fills a whole target
+        replaces it instead of being copied into it (one memory pass less)."""
         super().__init__(step_dir)
+        self.adopt = adopt
         self.step_dir = Path(step_dir)
         self.manifest = manifest if manifest is not None else preload_checks(self.step_dir)
         self.items = {item.key: item for item in self.manifest.items}
@@ -129,37 +133,72 @@ class VerifyingReader(_file_reader_base()):  # type: ignore[misc]
                 raise ValidationError(f"{self.step_dir.name}: DCP stream transforms are not supported")
 
     def read_data(self, plan: Any, planner: Any) -> Any:
-        import torch
-        from torch.distributed.checkpoint.planner import LoadItemType
-        from torch.distributed._shard._utils import narrow_tensor_by_index
+        """Items in file order; a helper thread reads and hashes the next item while this one is
+        deserialised, so the device read overlaps the CPU work. Each saved item is read once even
+        when several requests (a resharded load) need parts of it."""
+        import concurrent.futures
+
         from torch.futures import Future
 
-        per_file: dict[str, list[Any]] = {}
+        grouped: dict[str, tuple[Any, list[Any]]] = {}
         for req in plan.items:
             item = self.items[item_key(req.storage_index)]
-            per_file.setdefault(item.file, []).append((item, req))
-        for rel, reqs in per_file.items():
-            fd = os.open(self.step_dir / rel, os.O_RDONLY | os.O_NOFOLLOW | getattr(os, "O_CLOEXEC", 0))
-            try:
-                for item, req in sorted(reqs, key=lambda pair: pair[0].offset):
-                    data = os.pread(fd, item.length, item.offset)
-                    verify_item(data, item)
+            grouped.setdefault(item.key, (item, []))[1].append(req)
+        order = sorted(grouped.values(), key=lambda pair: (pair[0].file, pair[0].offset))
+        fds: dict[str, int] = {}
+
+        def fetch(item: Any) -> bytes:
+            if item.file not in fds:
+                fds[item.file] = os.open(self.step_dir / item.file, os.O_RDONLY | os.O_NOFOLLOW | getattr(os, "O_CLOEXEC", 0))
+            data = os.pread(fds[item.file], item.length, item.offset)
+            verify_item(data, item)
+            return data
+
+        try:
+            with concurrent.futures.ThreadPoolExecutor(max_workers=1, thread_name_prefix="ckptsup-read") as pool:
+                ahead = pool.submit(fetch, order[0][0]) if order else None
+                for i, (item, reqs) in enumerate(order):
+                    data = ahead.result()
+                    ahead = pool.submit(fetch, order[i + 1][0]) if i + 1 < len(order) else None
                     self.bytes_read += len(data)
-                    if req.type == LoadItemType.BYTE_IO:
-                        planner.load_bytes(req, io.BytesIO(data))
-                        continue
-                    tensor = torch.load(io.BytesIO(data), map_location="cpu", weights_only=True)
-                    tensor = narrow_tensor_by_index(tensor, req.storage_offsets, req.lengths)
-                    target = planner.resolve_tensor(req).detach()
-                    if target.size() != tensor.size():
-                        raise ValidationError(f"item {item.key}: stored size {tuple(tensor.size())} != expected {tuple(target.size())}")
-                    target.copy_(tensor)
-                    planner.commit_tensor(req, target)
-            finally:
+                    self._apply(data, item, reqs, planner)
+        finally:
+            for fd in fds.values():
                 os.close(fd)
         fut: Future = Future()
         fut.set_result(None)
         return fut
+
+    def _apply(self, data: bytes, item: Any, reqs: list[Any], planner: Any) -> None:
+        import torch
+        from torch.distributed._shard._utils import narrow_tensor_by_index
+        from torch.distributed.checkpoint.planner import LoadItemType
+
+        stored = None
+        for req in reqs:
+            if req.type == LoadItemType.BYTE_IO:
+                planner.load_bytes(req, io.BytesIO(data))
+                continue
+            if stored is None:
+                stored = torch.load(io.BytesIO(data), map_location="cpu", weights_only=True)
+            tensor = narrow_tensor_by_index(stored, req.storage_offsets, req.lengths)
+            target = planner.resolve_tensor(req).detach()
+            if target.size() != tensor.size():
+                raise ValidationError(f"item {item.key}: stored size {tuple(tensor.size())} != expected {tuple(target.size())}")
+            if self.adopt and len(reqs) == 1 and _fills(req, stored, target) and hasattr(planner, "adopt_tensor"):
+                planner.adopt_tensor(req, stored)
+            else:
+                target.copy_(tensor)
+                planner.commit_tensor(req, target)
+
+
+def _fills(req: Any, stored: Any, target: Any) -> bool:
+    """The stored item is exactly the whole (plain, CPU) target tensor."""
+    import torch
+
+    return (type(target) is torch.Tensor and target.device.type == "cpu" and stored.dtype == target.dtype
+            and tuple(stored.shape) == tuple(target.shape) == tuple(req.lengths)
+            and not any(req.storage_offsets) and not any(req.dest_offsets))
 
 
 def _safe_planner_class():
@@ -177,6 +216,15 @@ def _safe_planner_class():
                 set_element(self.original_state_dict, self.mappings[read_item.dest_index.fqn], obj)
             else:
                 self.state_dict[read_item.dest_index.fqn] = obj
+
+        def adopt_tensor(self, read_item: Any, tensor: Any) -> None:
+            """Use the freshly loaded tensor as the value (see VerifyingReader(adopt=True))."""
+            from torch.distributed.checkpoint._traverse import set_element
+
+            fqn = read_item.dest_index.fqn
+            self.state_dict[fqn] = tensor
+            if self.flatten_state_dict:
+                set_element(self.original_state_dict, self.mappings[fqn], tensor)
 
     return SafeLoadPlanner
 

@@ -9,9 +9,13 @@
     run.close()
 
 A checkpoint named step_<N> holds the state after N completed steps, so resume() returns N.
-Decisions that must agree across ranks (save now? stop? did a rank see a NaN?) travel in one small
-all-reduce per step on a gloo group of the session's own; saves use another gloo group on the
-background thread (settings.py, writer.py).
+Step-based saves need no agreement (every rank computes the same). What ranks learn at different
+times (a time-based save, save_now, a stop step, a preemption signal, a new interval) is agreed in
+one small all-reduce on a gloo group of the session's own, about once a second (every step costs
+~2 ms on a loaded 2-core box; see bench/bench_step_overhead.py), at steps all ranks know in
+advance; a stop_at therefore lands at most ~1 s of steps after the step asked for. A NaN is this
+rank's alone: it reports and exits, and its peers' next collective fails. Saves use another gloo
+group on the background thread (writer.py).
 """
 
 from __future__ import annotations
@@ -40,6 +44,8 @@ from .writer import CheckpointWriter, SaveResult, WriterConfig
 log = logging.getLogger("ckptsup.hooks")
 
 PROGRESS_EVERY_S = 30.0
+CONTROL_INTERVAL_S = 1.0   # how often the ranks agree on saves/stops (one tiny gloo all-reduce)
+MAX_SYNC_EVERY = 1000
 NO_STOP = 1 << 62
 
 
@@ -104,6 +110,8 @@ class Run:
         self.last_save_time = clock()
         self.jitter_s = random.uniform(0, settings.jitter_s)
         self.agreed_stop: int | None = None
+        self.next_sync = 0
+        self.step_time_ema: float | None = None
         self.preempted = False
         self.last_step_time: float | None = None
         self.last_progress = clock()
@@ -189,33 +197,46 @@ class Run:
         step_time = None if self.last_step_time is None else now - self.last_step_time
         self.last_step_time = now
         self.channel.send("step", {"rank": self.rank, "step": step, "step_time_s": step_time, "loss_finite": finite})
-        save_flag = 1 if (self._save_due(step, now) or self.channel.commands.take_save_now()) else 0
-        proposal = self._stop_proposal(step)
-        save_any, nan_any, neg_stop, signal_any = self.reduce_max(
-            [save_flag, 0 if finite else 1, -proposal, 1 if self.stop.set else 0])
-        self.preempted = self.preempted or bool(signal_any)  # a signal on any rank is a preemption for all
-        if nan_any:
-            self._nan(step, loss, finite)
-        if -neg_stop != NO_STOP:
-            self.agreed_stop = min(self.agreed_stop or NO_STOP, -neg_stop)
+        if not finite:
+            self._nan(step, loss)
         if not self.first_step_seen:
             self.first_step_seen = True
             self.reporter.emit(Event.FIRST_STEP, step=step)
             set_steady_timeout()
-        if self.rank == 0 and step_time is not None and now - self.last_progress >= PROGRESS_EVERY_S:
-            self.last_progress = now
-            self.reporter.emit(Event.STEP_PROGRESS, step=step, step_time_s=round(step_time, 6))
-        self._apply_interval()
+        if step_time is not None:
+            self.step_time_ema = step_time if self.step_time_ema is None else 0.9 * self.step_time_ema + 0.1 * step_time
+            if self.rank == 0 and now - self.last_progress >= PROGRESS_EVERY_S:
+                self.last_progress = now
+                self.reporter.emit(Event.STEP_PROGRESS, step=step, step_time_s=round(step_time, 6))
+        every = self.settings.save_every_steps
+        save = every > 0 and (step + 1) % every == 0  # the same decision on every rank, no collective
+        if step >= self.next_sync:
+            save = self._sync(step, now) or save
         if self.agreed_stop is not None and step >= self.agreed_stop:
             self._stop(step)
-        if save_any:
+        if save:
             self.save(reason="interval")
 
-    def _save_due(self, step: int, now: float) -> bool:
+    def _sync(self, step: int, now: float) -> bool:
+        """The ranks agree, in one small all-reduce, on what they may have learnt at different
+        times: a time-based save or save_now, a stop step, a preemption signal, an interval
+        change, and when to sync next (about every CONTROL_INTERVAL_S). Returns: save now."""
         s = self.settings
-        if s.save_every_steps > 0 and (step + 1) % s.save_every_steps == 0:
-            return True
-        return s.save_every_s > 0 and now - self.last_save_time >= s.save_every_s + self.jitter_s
+        time_due = s.save_every_s > 0 and now - self.last_save_time >= s.save_every_s + self.jitter_s
+        save_flag = 1 if (self.channel.commands.take_save_now() or time_due) else 0
+        every = 1
+        if self.step_time_ema and self.control_pg is not None:  # alone, a rank decides every step for free
+            every = max(1, min(MAX_SYNC_EVERY, int(CONTROL_INTERVAL_S / self.step_time_ema)))
+        has_interval = 1 if self.channel.commands.interval is not None else 0
+        save_any, neg_stop, signal_any, every, neg_has = self.reduce_max(
+            [save_flag, -self._stop_proposal(step), 1 if self.stop.set else 0, every, -has_interval])
+        self.next_sync = step + every
+        self.preempted = self.preempted or bool(signal_any)  # a signal on any rank is a preemption for all
+        if -neg_stop != NO_STOP:
+            self.agreed_stop = min(self.agreed_stop or NO_STOP, -neg_stop)
+        if neg_has == -1:  # every rank has the new interval: apply it at the same step everywhere
+            self._apply_interval()
+        return bool(save_any)
 
     def _stop_proposal(self, step: int) -> int:
         if self.stop.set:
@@ -234,16 +255,14 @@ class Run:
         if change.get("save_every_steps") is not None:
             self.settings.save_every_steps = int(change["save_every_steps"])
 
-    def _nan(self, step: int, loss: Any, finite: bool) -> None:
+    def _nan(self, step: int, loss: Any) -> None:
+        """Only this rank knows; its exit (or error) ends the others' next collective."""
         self.writer.wait()
-        if not finite:
-            value = _loss_value(loss)
-            self.channel.send("nan", {"rank": self.rank, "step": step, "loss": str(value)})
-            message = f"rank {self.rank} saw a non-finite loss ({value}) at step {step}"
-        else:
-            message = f"another rank saw a non-finite loss at step {step}; stopping with it"
+        value = _loss_value(loss)
+        self.channel.send("nan", {"rank": self.rank, "step": step, "loss": str(value)})
+        message = f"rank {self.rank} saw a non-finite loss ({value}) at step {step}"
         if self.channel.connected:
-            self._exit(ExitStatus.RANK_NAN if not finite else ExitStatus.RANK_STOPPED, message)
+            self._exit(ExitStatus.RANK_NAN, message)
         self._shutdown(status=int(ExitStatus.RANK_NAN))
         raise NonFiniteLossError(message + "; no checkpoint of this state was written")
 

@@ -28,7 +28,7 @@ def test_load(step_dir: Path) -> str:
     from .state import PREFIX
 
     start = time.monotonic()
-    reader = VerifyingReader(step_dir)
+    reader = VerifyingReader(step_dir, adopt=True)
     metadata = reader.read_metadata()
     state: dict[str, Any] = {}
     for key, md in metadata.state_dict_metadata.items():
