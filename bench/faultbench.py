@@ -52,7 +52,8 @@ def have_ft_launcher() -> bool:
 
 def command(tool: str, work: Path, *, hang_timeout_s: float) -> list[str]:
     out = ["--out", str(work / "out"), "--checkpoint-dir", str(work / "ckpt")]
-    if tool == "ckptsup":
+    if tool == "ckptsup":  # checkpoints go where the supervisor looks: <run_dir>/checkpoints
+        out = out[:2]
         cfg = work / "job.toml"
         cfg.write_text(f"[supervisor]\nhang_timeout_s = {hang_timeout_s}\n[checkpoint]\nadaptive_interval = false\n"
                        "[health]\nenabled = false\n")

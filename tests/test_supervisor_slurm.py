@@ -116,3 +116,23 @@ def test_node_death_without_a_spare_requeues_the_job_excluding_the_node(dev_clus
     assert again["resumed"] and victim in again["excluded"]
     assert victim not in named(events, "launch")[-1]["nodes"]
     assert json.loads((out / "final.json").read_text())["params_sha256"] == reference
+
+
+def test_time_limit_warning_stops_with_an_emergency_checkpoint_and_requeues_losing_no_step(
+        dev_cluster, tmp_path, reference):
+    job, run, out = submit(tmp_path, nodes=2, spares=0)
+    dev_cluster.wait_for(lambda: committed(run, 12), 120, what="a checkpoint at step 12")
+    dev_cluster.client.cancel(job, signal="USR1", batch=True)  # what --signal=B:USR1@T delivers
+    dev_cluster.wait_for(lambda: named(read_events(run), "run_complete"), 300, what="the requeued run to complete")
+    events = read_events(run)
+    stop = [f for f in named(events, "failure_detected") if f["kind"] == "preempted"]
+    assert stop and "USR1" in stop[0]["detail"]
+    [plan] = named(events, "preemption")
+    assert plan["signal"] == "time_limit" and plan["emergency_save"] is True
+    [requeue] = named(events, "requeue")
+    assert "time_limit" in requeue["reason"]
+    saved = max(e["step"] for e in named(events, "checkpoint_committed") if e["ts"] < requeue["ts"])
+    resumed = [e for e in named(events, "first_step") if e["ts"] > requeue["ts"]][0]
+    assert resumed["step"] == saved, "the emergency checkpoint is where the next run resumes: no step lost"
+    assert named(events, "supervisor_start")[-1]["resumed"]
+    assert json.loads((out / "final.json").read_text())["params_sha256"] == reference

@@ -140,3 +140,27 @@ def test_nan_at_the_same_step_every_time_gives_up_and_drains_nothing(tmp_path):
     assert "user error" in named(events, "give_up")[0]["reason"]
     assert not named(events, "node_excluded")
     assert no_rank_left(out)
+
+
+def test_sigterm_to_a_local_supervisor_stops_the_ranks_and_exits_preempted(tmp_path):
+    proc, run, out = start(tmp_path)
+    wait_for_commit(run, 5)
+    proc.send_signal(signal.SIGTERM)
+    rc, log = finish(proc, timeout=120)
+    assert rc == 5, log  # ExitStatus.PREEMPTED
+    events = read_events(run)
+    assert [f["kind"] for f in named(events, "failure_detected")] == ["preempted"]
+    assert named(events, "preemption") and not named(events, "run_complete")
+    assert json.loads((run / "state.json").read_text())["status"] == "stopped"
+    assert no_rank_left(out)
+
+
+def test_a_sigkilled_supervisor_leaves_no_rank_behind(tmp_path):
+    proc, run, out = start(tmp_path)
+    wait_for_commit(run, 5)
+    proc.send_signal(signal.SIGKILL)
+    proc.communicate(timeout=30)
+    deadline = time.monotonic() + 10
+    while not no_rank_left(out) and time.monotonic() < deadline:
+        time.sleep(0.2)
+    assert no_rank_left(out), "the agent must kill its ranks when the supervisor's pipe closes"

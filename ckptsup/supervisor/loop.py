@@ -15,7 +15,7 @@ import signal
 import socket
 import threading
 import time
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 from pathlib import Path
 from typing import Any, Callable
 
@@ -72,6 +72,7 @@ class Supervisor:
         self.lease_stop = threading.Event()
         self.last_progress_event = 0.0
         self.interval = recovery.IntervalTuner(self.config)
+        self.interval.grace_time_s = placement.grace_time_s
 
     # ---- bookkeeping --------------------------------------------------------------------------
     def emit(self, name: Event | str, **fields: Any) -> None:
@@ -180,11 +181,14 @@ class Supervisor:
         if tracker is None or step is None or msg.step_id != step.step_id:
             return None  # a message from a replaced step
         if msg.m == "step_eof":
-            if tracker.complete:
+            if tracker.complete or tracker.preempted:
                 return None
-            return Failure(kind=FailureKind.CRASH if not self.placement.in_slurm else FailureKind.NODE_DOWN,
-                           node=self.active[0] if len(self.active) == 1 else None, step=tracker.current_step(),
-                           suspects=self.active, detail=f"agent step ended unexpectedly (rc={msg.body.get('rc')})")
+            if not self.placement.in_slurm:
+                return Failure(kind=FailureKind.CRASH, node=self.active[0], step=tracker.current_step(),
+                               detail=f"the agent died (rc={msg.body.get('rc')})")
+            # Slurm kills a step that includes a dead node: health checks find which one
+            return Failure(kind=FailureKind.NODE_DOWN, node=None, step=tracker.current_step(), suspects=self.active,
+                           detail=f"agent step ended unexpectedly (rc={msg.body.get('rc')})")
         if msg.m == "event":
             self._forward_event(msg.body.get("record"))
             return None
@@ -244,7 +248,7 @@ class Supervisor:
                           node_addrs={n: self.placement.addrs.get(n, n) for n in nodes}, env=env,
                           log_dir=str(attempt_dir), heartbeat_interval_s=self.sup.heartbeat_interval_s,
                           shutdown_timeout_s=max(60.0, self.sup.kill_grace_s, self.interval.preempt_window_s()),
-                          kill_grace_s=self.sup.kill_grace_s, cwd=self.job.cwd)
+                          kill_grace_s=self.sup.kill_grace_s, cwd=self.job.cwd, rdzv_backend=self.sup.rdzv_backend)
         path = attempt_dir / "launch.json"
         spec.write(path)
         return spec, path
@@ -300,6 +304,8 @@ class Supervisor:
         self.history.append(result)
         self.state.failures.append(result.to_record())
         unhealthy = recovery.health(self, recovery.suspects(failure, self.history[:-1], self.active))
+        if failure.kind is FailureKind.NODE_DOWN and failure.node is None and unhealthy:
+            failure = replace(failure, node=sorted(unhealthy)[0])
         t_health = self.clock()
         spares = tuple(n for n in self.placement.nodes
                        if n not in self.active and n not in self.state.excluded_nodes)

@@ -19,6 +19,20 @@ def free_port(host: str = "127.0.0.1") -> int:
         return int(sock.getsockname()[1])
 
 
+def partition_grace_time(client: Any, partition: str) -> float | None:
+    """GraceTime of the job's partition: how long a preempted job's steps live after SIGTERM."""
+    if not partition:
+        return None
+    from ..slurm.parsers import parse_key_values
+
+    try:
+        fields = parse_key_values(client.run(["scontrol", "show", "partition", "-o", partition]).stdout)
+    except CkptsupError:
+        return None
+    raw = fields.get("GraceTime", "")
+    return float(raw) if raw.isdigit() else None
+
+
 def agent_command(spec_path: str, attempt: int) -> list[str]:
     """`ckptsup agent` by the same interpreter (works without the console script on PATH)."""
     return [sys.executable, "-m", "ckptsup.cli", "agent", "--spec", spec_path, "--attempt", str(attempt)]
@@ -31,6 +45,7 @@ class Placement:
     addrs: dict[str, str] = field(default_factory=dict)
     in_slurm: bool = False
     slurm: Any = None                       # SlurmClient inside an allocation
+    grace_time_s: float | None = None       # the partition's preemption GraceTime (None: unknown)
 
     @classmethod
     def local(cls) -> "Placement":
@@ -51,7 +66,8 @@ class Placement:
             except CkptsupError as err:  # names resolve on real clusters; the address is a refinement
                 print(f"ckptsup: NodeAddr of {node} unavailable ({err}); using its name", file=sys.stderr)
                 addrs[node] = node
-        return cls(job_id=alloc.job_id, nodes=tuple(alloc.nodes), addrs=addrs, in_slurm=True, slurm=client)
+        return cls(job_id=alloc.job_id, nodes=tuple(alloc.nodes), addrs=addrs, in_slurm=True, slurm=client,
+                   grace_time_s=partition_grace_time(client, alloc.partition))
 
     def rdzv_endpoint(self, first_node: str, base_port: int, attempt: int) -> str:
         addr = self.addrs.get(first_node, "127.0.0.1")

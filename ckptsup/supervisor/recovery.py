@@ -108,7 +108,7 @@ def suspects(failure: Failure, earlier: list[AttemptResult], active: tuple[str, 
     """Nodes to health-check after a failure. A first crash is the software's until shown
     otherwise (fast path, no check); a hang, or a crash on a node that also failed the attempt
     before, makes the node suspect. Blamed nodes (dead, NaN) are excluded without a check."""
-    if failure.kind is FailureKind.HANG:
+    if failure.kind is FailureKind.HANG or (failure.kind is FailureKind.NODE_DOWN and failure.node is None):
         nodes = list(failure.suspects)
     elif failure.kind is FailureKind.CRASH:
         before = earlier[-1].failure if earlier else None
@@ -196,7 +196,8 @@ def requeue(sv: "Supervisor", action: Requeue) -> ExitStatus:
         sv.step.close(sv.sup.kill_grace_s)
         sv.step = None
     sv.run_dir.save_state(sv.state)
-    sv.writer.close() if sv.writer is not None else None
+    if sv.writer is not None:
+        sv.writer.close()  # requeue_job appends the fenced `requeue` event itself
     try:
         requeue_job(sv.placement.slurm, sv.run_dir, sv.placement.job_id, action.reason,
                     exclude=list(action.exclude), partition=sv.config.slurm.spare_partition or None)
@@ -207,6 +208,8 @@ def requeue(sv: "Supervisor", action: Requeue) -> ExitStatus:
         sv.run_dir.save_state(sv.state)
         print(f"ckptsup: {err}", flush=True)
         return ExitStatus.GIVE_UP
+    except CkptsupError as err:  # e.g. Slurm already requeued a preempted job: the template retries
+        print(f"ckptsup: requeue failed: {err}; leaving it to the batch script", flush=True)
     return status
 
 
@@ -245,4 +248,7 @@ class IntervalTuner:
         return float(self.grace_time_s or 0.0)
 
     def preempt_budget_s(self) -> float:
-        return float(self.grace_time_s or 0.0)
+        """What ranks may spend after a preemption SIGTERM (they check the save fits)."""
+        from .preemption import STOP_RESERVE_S
+
+        return max(0.0, float(self.grace_time_s or 0.0) - STOP_RESERVE_S)

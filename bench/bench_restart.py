@@ -1,0 +1,118 @@
+"""Time to restart: detection → first step after resume, with ckptsup's phase breakdown.
+
+  fast path  a crashed rank (SIGKILL) on this machine: ckptsup restarts torchrun inside the
+             running agent (a pre-imported standby launcher); baselines: torchrun's own restart
+             (--max-restarts) and ft_launcher's, same workload, same clock
+  node path  a node killed on the local Slurm dev cluster (3 nodes: 2 active + 1 hot spare):
+             ckptsup starts a new agent step with srun --overlap on the survivor and the spare
+             (`--cluster-dir` to run it; it starts the cluster if needed)
+
+usage: python bench/bench_restart.py [--cluster-dir /tmp/ckptsup-bench-cluster] [--skip-node-path]
+"""
+from __future__ import annotations
+
+import argparse
+import json
+import os
+import subprocess
+import sys
+import tempfile
+import time
+from pathlib import Path
+
+sys.path.insert(0, str(Path(__file__).resolve().parent))
+from faultbench import ROOT, TRAIN, have_ft_launcher, run_one  # noqa: E402
+
+CKPTSUP = [sys.executable, "-m", "ckptsup.cli"]
+
+
+def fast_path(base: Path, cap_s: float) -> None:
+    tools = ["ckptsup", "torchrun"] + (["ft_launcher"] if have_ft_launcher() else [])
+    rows = {}
+    for tool in tools:
+        r = run_one(tool, "crash", base, cap_s=cap_s, hang_timeout_s=5.0)
+        restart = None if r.stepping_s is None or r.detect_s is None else r.stepping_s - r.detect_s
+        running = None if r.running_s is None or r.detect_s is None else r.running_s - r.detect_s
+        rows[tool] = (r, restart, running)
+        fmt = lambda v: "  n/a" if v is None else f"{v:5.2f}"  # noqa: E731
+        print(f"fast path  {tool:11s} fault→detect {fmt(r.detect_s)}  detect→ranks running {fmt(running)}"
+              f"  detect→first step {fmt(restart)}  {r.note}", flush=True)
+        if r.phases:
+            print("           phases: " + ", ".join(f"{k} {v:.2f}" for k, v in r.phases.items()))
+    mine = rows.get("ckptsup")
+    for tool, (_, restart, running) in rows.items():
+        if tool == "ckptsup" or mine is None:
+            continue
+        for label, theirs, ours in (("first step", restart, mine[1]), ("ranks running", running, mine[2])):
+            if theirs is not None and ours:
+                print(f"fast path: {tool} detect→{label} / ckptsup = {theirs / ours:.1f}x")
+
+
+def node_path(cluster: Path, port_base: str) -> None:
+    env = {**os.environ, "SLURM_CONF": str(cluster / "slurm.conf"),
+           "PATH": f"{Path(sys.executable).parent}{os.pathsep}{os.environ.get('PATH', '')}"}
+    subprocess.run([*CKPTSUP, "dev-cluster", "up", "--dir", str(cluster), "--port-base", port_base],
+                   check=True, env=env, stdout=subprocess.DEVNULL)
+    work = Path(tempfile.mkdtemp(prefix="ckptsup-bench-node-", dir=cluster))
+    (work / "job.toml").write_text("[supervisor]\nheartbeat_interval_s = 0.5\nnode_silence_s = 4.0\n"
+                                   "[checkpoint]\nadaptive_interval = false\n")
+    run = work / "run"
+    sub = subprocess.run([*CKPTSUP, "sbatch", "--submit", "--json", "--nodes", "2", "--spares", "1",
+                          "--nproc-per-node", "1", "--config", str(work / "job.toml"), "--run-dir", str(run),
+                          str(TRAIN), "--steps", "400", "--save-every-steps", "10", "--step-sleep-s", "0.1",
+                          "--out", str(work / "out")], check=True, env=env, capture_output=True, text=True)
+    job = json.loads(sub.stdout)["job_id"]
+
+    def evts() -> list[dict]:
+        path = run / "events.jsonl"
+        return [json.loads(x) for x in path.read_text().splitlines() if x.strip()] if path.exists() else []
+
+    deadline = time.monotonic() + 240
+    while not any(e["event"] == "checkpoint_committed" and e.get("step", 0) >= 20 for e in evts()):
+        if time.monotonic() > deadline:
+            print("node path: the job did not checkpoint in time; skipped")
+            return
+        time.sleep(0.3)
+    victim = [e for e in evts() if e["event"] == "launch"][0]["nodes"][1]
+    killed = time.time()
+    subprocess.run([*CKPTSUP, "dev-cluster", "kill-node", victim, "--dir", str(cluster)], check=True, env=env,
+                   stdout=subprocess.DEVNULL)
+    deadline = time.monotonic() + 180
+    while not any(e["event"] == "restart_done" for e in evts()) and time.monotonic() < deadline:
+        time.sleep(0.3)
+    done = [e for e in evts() if e["event"] == "restart_done"]
+    down = [e for e in evts() if e["event"] == "failure_detected" and e["kind"] == "node_down"]
+    subprocess.run(["scancel", job], env=env, check=False)
+    subprocess.run([*CKPTSUP, "dev-cluster", "revive-node", victim, "--dir", str(cluster)], env=env, check=False,
+                   stdout=subprocess.DEVNULL)
+    if not done:
+        print("node path: no restart_done within 180 s")
+        return
+    import datetime as dt
+
+    first = [e for e in evts() if e["event"] == "failure_detected"][0]
+    seen = dt.datetime.fromisoformat(first["ts"]).timestamp() - killed
+    r = done[0]
+    print(f"node path  ckptsup     node kill→first detection {seen:5.2f}  "
+          f"(node_down pinned: {down[0]['detect_s'] if down else 'n/a'} s after its last heartbeat)  "
+          f"detect→first step {r['restart_s']:5.2f}  path={r['path']}  nodes={','.join(r['nodes'])}")
+    print("           phases: " + ", ".join(f"{k} {v:.2f}" for k, v in r["phases"].items()))
+
+
+def main() -> int:
+    p = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    p.add_argument("--cap-s", type=float, default=60.0)
+    p.add_argument("--cluster-dir", default="/tmp/ckptsup-bench-cluster")
+    p.add_argument("--port-base", default="17600")
+    p.add_argument("--skip-node-path", action="store_true")
+    p.add_argument("--skip-fast-path", action="store_true")
+    a = p.parse_args()
+    if not a.skip_fast_path:
+        fast_path(Path(tempfile.mkdtemp(prefix="ckptsup-bench-restart-")), a.cap_s)
+    if not a.skip_node_path:
+        node_path(Path(a.cluster_dir), a.port_base)
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())
