@@ -1,0 +1,107 @@
+"""The agent's rank socket and command channel: private, authenticated, replay-proof (in-process,
+no torchrun: the agent's selector is pumped by hand)."""
+import os
+import socket
+import stat
+
+import pytest
+
+from ckptsup import wire
+from ckptsup.supervisor.agent import Agent, LaunchSpec
+
+SECRET = b"k" * 64
+
+
+@pytest.fixture
+def agent(tmp_path):
+    out_r, out_w = os.pipe()
+    in_r, in_w = os.pipe()
+    spec = LaunchSpec(script="x.py", script_args=[], nproc_per_node=1, nnodes=1, rdzv_endpoint="127.0.0.1:1",
+                      rdzv_id="t", node_addrs={"n1": "127.0.0.1"}, env={}, log_dir=str(tmp_path))
+    a = Agent(spec=spec, node="n1", secret=SECRET, out=os.fdopen(out_w, "wb"), inp=os.fdopen(in_r, "rb"), attempt=0)
+    a.test_out = os.fdopen(out_r, "rb")
+    a.test_in = os.fdopen(in_w, "wb")
+    os.set_blocking(out_r, False)
+    yield a
+    a.shutdown()
+
+
+def relayed(agent) -> list[tuple[str, dict]]:
+    agent._pump(0.2)
+    data = agent.test_out.read() or b""
+    frames = [wire.decode(line, secret=SECRET) for line in data.splitlines() if line.strip()]
+    return [(m, body) for m, _, body in frames]
+
+
+def rank_socket(agent) -> socket.socket:
+    sock = socket.socket(socket.AF_UNIX, socket.SOCK_STREAM)
+    sock.connect(str(agent.sock_path))
+    agent._pump(0.1)  # accept
+    return sock
+
+
+def test_rank_socket_lives_in_a_private_directory(agent):
+    assert stat.S_IMODE(os.stat(agent.sock_dir).st_mode) == 0o700
+    assert stat.S_IMODE(os.stat(agent.sock_path).st_mode) == 0o600
+
+
+def test_valid_rank_frames_are_relayed_with_the_node_added(agent):
+    sock = rank_socket(agent)
+    sock.sendall(wire.encode("step", {"rank": 0, "step": 3, "step_time_s": 0.1}, seq=1, secret=SECRET))
+    [(m, body)] = relayed(agent)
+    assert m == "step" and body["step"] == 3 and body["node"] == "n1" and body["agent"] == agent.instance
+    assert agent.last_step == 3
+
+
+def test_forged_and_replayed_rank_frames_are_dropped(agent):
+    sock = rank_socket(agent)
+    sock.sendall(wire.encode("step", {"rank": 0, "step": 1}, seq=1, secret=b"wrong" * 10))
+    sock.sendall(wire.encode("step", {"rank": 0, "step": 2}, seq=5, secret=SECRET))
+    sock.sendall(wire.encode("step", {"rank": 0, "step": 9}, seq=5, secret=SECRET))  # replayed seq
+    sock.sendall(b"not a frame at all\n")
+    assert [body["step"] for m, body in relayed(agent)] == [2]
+    assert agent.dropped == 3
+
+
+def test_forged_supervisor_commands_are_ignored(agent):
+    agent.test_in.write(wire.encode("exit", {}, seq=1, secret=b"x" * 32))
+    agent.test_in.flush()
+    relayed(agent)
+    assert not agent.exit_requested and agent.dropped == 1
+    agent.test_in.write(wire.encode("exit", {}, seq=2, secret=SECRET))
+    agent.test_in.flush()
+    relayed(agent)
+    assert agent.exit_requested
+
+
+def test_commands_for_other_nodes_are_ignored_and_rank_commands_are_forwarded(agent):
+    sock = rank_socket(agent)
+    agent.test_in.write(wire.encode("exit", {"nodes": ["n2"]}, seq=1, secret=SECRET))
+    agent.test_in.write(wire.encode("set_interval", {"interval_s": 42.0}, seq=2, secret=SECRET))
+    agent.test_in.flush()
+    relayed(agent)
+    assert not agent.exit_requested
+    sock.settimeout(2)
+    m, _, body = wire.decode(sock.recv(65536).splitlines()[0], secret=SECRET)
+    assert m == "set_interval" and body == {"interval_s": 42.0}
+
+
+def test_a_rank_that_vanishes_without_bye_is_reported_as_an_exit(agent):
+    class FakeTorchrun:
+        pid = os.getpid()
+
+        def poll(self):
+            return None
+
+    agent.torchrun = FakeTorchrun()
+    sock = rank_socket(agent)
+    sock.sendall(wire.encode("hello", {"rank": 1, "pid": 999999}, seq=1, secret=SECRET))
+    relayed(agent)
+    sock.close()
+    agent._pump(0.1)
+    import time
+    time.sleep(0.35)
+    agent._check_processes()
+    exits = [body for m, body in relayed(agent) if m == "rank_exit"]
+    agent.torchrun = None
+    assert len(exits) == 1 and exits[0]["rank"] == 1 and exits[0]["rc"] is None
