@@ -102,3 +102,11 @@ def test_node_names_resolve_inside_the_nodes_and_the_hosts_file_of_this_machine_
     dev_cluster.wait_for(lambda: dev_cluster.job_state(job) == JobState.COMPLETED, 20, what="job done")
     assert dev_cluster.output(job).split() == ["127.0.0.1", "n1", "n2", "n3", "n4", "n5"]
     assert Path("/etc/hosts").read_text() == before
+
+
+def test_cancel_all_leaves_no_job_and_every_node_usable(dev_cluster):
+    jobs = [dev_cluster.submit("#!/bin/bash\nsleep 300\n", "-N", "2") for _ in range(3)]
+    dev_cluster.wait_for(lambda: any(dev_cluster.job_state(j) == JobState.RUNNING for j in jobs), 20, what="a job running")
+    dev_cluster.cancel_all()
+    assert all(dev_cluster.job_state(j) in (JobState.CANCELLED, None) for j in jobs)
+    assert all(i.healthy for i in dev_cluster.client.node_info().values())

@@ -287,7 +287,7 @@ class DevCluster:
         pids = []
         for proc in psutil.process_iter():
             try:
-                if os.readlink(f"/proc/{proc.pid}/ns/pid") == ns and proc.pid != init.ppid():
+                if os.readlink(f"/proc/{proc.pid}/ns/pid") == ns:
                     pids.append(proc.pid)
             except (OSError, psutil.Error):
                 continue
@@ -305,10 +305,14 @@ class DevCluster:
         init = self.node_init(node)
         pids = self.node_pids(node)
         outer = self._daemon(f"node-{node}")
-        if init is None:
+        # before its namespace exists (just started), the outer unshare is the node: --kill-child
+        # takes the child along
+        target = init or (outer.process() if outer else None)
+        if target is None:
+            self._record_path(f"node-{node}").unlink(missing_ok=True)
             return 0.0
         try:
-            init.send_signal(signal.SIGKILL)
+            target.send_signal(signal.SIGKILL)
         except psutil.NoSuchProcess:
             pass
         deadline = start + timeout_s
