@@ -185,9 +185,9 @@ class VerifyingReader(_file_reader_base()):  # type: ignore[misc]
             target = planner.resolve_tensor(req).detach()
             if target.size() != tensor.size():
                 raise ValidationError(f"item {item.key}: stored size {tuple(tensor.size())} != expected {tuple(target.size())}")
-            if self.adopt and len(reqs) == 1 and _fills(req, stored, target) and hasattr(planner, "adopt_tensor"):
-                planner.adopt_tensor(req, stored)
-            else:
+            adopted = (self.adopt and len(reqs) == 1 and _fills(req, stored, target)
+                       and hasattr(planner, "adopt_tensor") and planner.adopt_tensor(req, stored))
+            if not adopted:
                 target.copy_(tensor)
                 planner.commit_tensor(req, target)
 
@@ -217,14 +217,19 @@ def _safe_planner_class():
             else:
                 self.state_dict[read_item.dest_index.fqn] = obj
 
-        def adopt_tensor(self, read_item: Any, tensor: Any) -> None:
-            """Use the freshly loaded tensor as the value (see VerifyingReader(adopt=True))."""
+        def adopt_tensor(self, read_item: Any, tensor: Any) -> bool:
+            """Use the freshly loaded tensor as the value (see VerifyingReader(adopt=True)); only
+            for a plain tensor value (a DTensor's local shard must stay inside its DTensor)."""
+            import torch
             from torch.distributed.checkpoint._traverse import set_element
 
             fqn = read_item.dest_index.fqn
+            if type(self.state_dict.get(fqn)) is not torch.Tensor:
+                return False
             self.state_dict[fqn] = tensor
             if self.flatten_state_dict:
                 set_element(self.original_state_dict, self.mappings[fqn], tensor)
+            return True
 
     return SafeLoadPlanner
 
