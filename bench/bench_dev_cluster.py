@@ -16,7 +16,7 @@ from pathlib import Path
 
 from ckptsup.slurm.devcluster import DevCluster
 from ckptsup.slurm.devconf import ClusterSpec
-from ckptsup.slurm.parsers import NodeState
+from ckptsup.slurm.parsers import JobState, NodeState
 
 UP_TARGET_S = 15.0
 
@@ -28,6 +28,26 @@ def wait(predicate, timeout_s: float, poll_s: float = 0.05) -> float:
             raise SystemExit(f"timed out after {timeout_s}s")
         time.sleep(poll_s)
     return time.monotonic() - start
+
+
+def requeue_elsewhere(client, directory: Path) -> tuple[float, float]:
+    """Submit a sleeper, requeue it, exclude its node and lift the BeginTime hold once it is
+    pending: seconds from `scontrol requeue` to running elsewhere, and to pending."""
+    script = directory / "bench-sleeper.sbatch"
+    script.write_text("#!/bin/bash\nsleep 300\n")
+    job = client.submit(script, ["--requeue", "--output=/dev/null"])
+    first = []
+    wait(lambda: (i := client.job_info(job)) and i.state is JobState.RUNNING and first.append(i.nodes) is None, 30)
+    t0 = time.monotonic()
+    client.requeue(job)
+    wait(lambda: client.job_info(job).state is JobState.PENDING, 60, poll_s=0.02)
+    pending = time.monotonic() - t0
+    client.update_job(job, exc_nodes=first[0], start_time_now=True)
+    wait(lambda: (i := client.job_info(job)) and i.state is JobState.RUNNING and not set(i.nodes) & set(first[0]),
+         60, poll_s=0.02)
+    total = time.monotonic() - t0
+    client.cancel(job)
+    return total, pending
 
 
 def main() -> None:
@@ -57,6 +77,7 @@ def main() -> None:
             wait(lambda: info().state is NodeState.DOWN, 120)
             down_state.append(time.monotonic() - t0)
             revive.append(cluster.revive_node(args.node))
+        requeues = [requeue_elsewhere(client, Path(args.dir)) for _ in range(args.rounds)]
     finally:
         cluster.down()
     leftover = cluster.running_pids()
@@ -70,6 +91,8 @@ def main() -> None:
         "kill_to_slurm_not_responding_s": round(med(not_responding), 2),
         "kill_to_slurm_down_s": round(med(down_state), 2),
         "revive_to_usable_s": round(med(revive), 3),
+        "requeue_to_running_elsewhere_s": round(med(r[0] for r in requeues), 2),
+        "requeue_to_pending_s": round(med(r[1] for r in requeues), 2),
         "up_vs_15s_target": round(med(ups) / UP_TARGET_S, 4),
         "slurm_down_vs_actual_death": round(med(down_state) / max(med(gone), 1e-6), 1),
         "processes_left_after_down": len(leftover),
@@ -86,6 +109,9 @@ def main() -> None:
     print(f"  kill-node -> Slurm DOWN         {figures['kill_to_slurm_down_s']:8.2f} s   "
           f"({figures['slurm_down_vs_actual_death']:.0f} x the actual death)")
     print(f"  revive-node -> usable           {figures['revive_to_usable_s']:8.3f} s")
+    print(f"  scontrol requeue -> pending     {figures['requeue_to_pending_s']:8.2f} s")
+    print(f"  requeue -> running elsewhere    {figures['requeue_to_running_elsewhere_s']:8.2f} s   "
+          "(ExcNodeList + StartTime=now once pending; without StartTime Slurm waits ~121 s)")
     print(json.dumps(figures))
 
 
