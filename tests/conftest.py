@@ -15,6 +15,8 @@ os.environ gets SLURM_CONF (so SlurmClient() and plain sbatch/squeue reach it) a
 bin directory on PATH (so jobs can run `ckptsup`). Tests that kill a node revive it before they
 end (`revived(node)` does that as a context manager).
 
+`idle_cluster` is the same handle after cancelling every job and waiting for all nodes usable.
+
 Several pytest sessions on one machine do not share a cluster: the fixture takes an flock on
 /tmp/ckptsup-test-cluster.lock and, when another session holds it, uses
 /tmp/ckptsup-test-cluster-K with port base 17100+10K instead. CKPTSUP_TEST_CLUSTER_DIR and
@@ -187,3 +189,10 @@ def dev_cluster() -> Iterator[DevClusterFixture]:
         lock.close()
         if left:
             pytest.fail(f"dev cluster left processes behind: {left}")
+
+
+@pytest.fixture
+def idle_cluster(dev_cluster: DevClusterFixture) -> DevClusterFixture:
+    """The session's dev cluster with no job left from earlier tests and every node usable."""
+    dev_cluster.cancel_all()
+    return dev_cluster

@@ -104,9 +104,19 @@ def test_node_names_resolve_inside_the_nodes_and_the_hosts_file_of_this_machine_
     assert Path("/etc/hosts").read_text() == before
 
 
-def test_cancel_all_leaves_no_job_and_every_node_usable(dev_cluster):
+def test_cancel_all_leaves_no_job_and_every_node_usable(idle_cluster):
+    dev_cluster = idle_cluster
     jobs = [dev_cluster.submit("#!/bin/bash\nsleep 300\n", "-N", "2") for _ in range(3)]
     dev_cluster.wait_for(lambda: any(dev_cluster.job_state(j) == JobState.RUNNING for j in jobs), 20, what="a job running")
     dev_cluster.cancel_all()
     assert all(dev_cluster.job_state(j) in (JobState.CANCELLED, None) for j in jobs)
     assert all(i.healthy for i in dev_cluster.client.node_info().values())
+
+
+def test_a_second_cluster_on_ports_in_use_is_refused_with_one_line(dev_cluster, tmp_path):
+    from ckptsup.errors import DevClusterError
+
+    other = DevCluster(ClusterSpec(dir=tmp_path / "clash", port_base=dev_cluster.cluster.spec.port_base))
+    with pytest.raises(DevClusterError, match=r"port \d+ on 127.0.0.1 is in use .*choose another --port-base"):
+        other.up()
+    assert other.running_pids() == []

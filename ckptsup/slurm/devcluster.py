@@ -16,6 +16,7 @@ import json
 import os
 import shutil
 import signal
+import socket
 import subprocess
 import time
 from dataclasses import dataclass
@@ -26,6 +27,7 @@ import psutil
 
 from ..errors import DevClusterError
 from .client import SlurmClient
+from .daemons import Daemon, not_zombie, reap
 from .devconf import ClusterSpec, render_slurm_conf
 from .parsers import NodeInfo, NodeState
 
@@ -36,34 +38,6 @@ INSTALL_HINT = "apt-get install slurm-wlm munge tini"
 def missing_commands() -> list[str]:
     return [c for c in REQUIRED_COMMANDS if shutil.which(c) is None
             and not Path("/usr/sbin", c).exists()]
-
-
-@dataclass(frozen=True, kw_only=True)
-class Daemon:
-    name: str
-    pid: int
-    create_time: float
-
-    def process(self) -> psutil.Process | None:
-        """The live process, or None when it is gone (or the pid was reused)."""
-        try:
-            proc = psutil.Process(self.pid)
-            if abs(proc.create_time() - self.create_time) > 1.0:
-                return None
-            if proc.status() == psutil.STATUS_ZOMBIE:
-                _reap(self.pid)
-                return None
-            return proc
-        except psutil.NoSuchProcess:
-            return None
-
-
-def _reap(pid: int) -> None:
-    """Collect our own exited child (a no-op for processes another `up` started)."""
-    try:
-        os.waitpid(pid, os.WNOHANG)
-    except ChildProcessError:
-        pass
 
 
 @dataclass(frozen=True, kw_only=True)
@@ -128,7 +102,11 @@ class DevCluster:
         missing = missing_commands()
         if missing:
             raise DevClusterError(f"missing {', '.join(missing)}; install with: {INSTALL_HINT}")
+        if os.geteuid() != 0:
+            raise DevClusterError("the dev cluster needs root (PID/UTS namespaces, SlurmUser=root); run it as root")
         fresh = not any(self._alive(n) for n in self._names())
+        if fresh:
+            self._check_ports_free()
         self._prepare_dirs(fresh=fresh)
         if self._alive("munged") is None:
             self._start_munged()
@@ -140,6 +118,15 @@ class DevCluster:
                 self._start_node(node)
         self._wait_nodes_ready(self.spec.node_names, start + timeout_s)
         return self._clock() - start
+
+    def _check_ports_free(self) -> None:
+        for port in self.spec.ports():
+            with socket.socket(socket.AF_INET, socket.SOCK_STREAM) as sock:
+                try:
+                    sock.bind(("127.0.0.1", port))
+                except OSError:
+                    raise DevClusterError(f"port {port} on 127.0.0.1 is in use (another cluster?); "
+                                          f"choose another --port-base than {self.spec.port_base}") from None
 
     def _prepare_dirs(self, *, fresh: bool) -> None:
         d = self.spec.dir
@@ -318,8 +305,8 @@ class DevCluster:
         deadline = start + timeout_s
         while True:
             if outer is not None:
-                _reap(outer.pid)
-            left = [p for p in pids if psutil.pid_exists(p) and _not_zombie(p)]
+                reap(outer.pid)
+            left = [p for p in pids if psutil.pid_exists(p) and not_zombie(p)]
             if not left and (outer is None or outer.process() is None):
                 break
             if self._clock() > deadline:
@@ -383,10 +370,3 @@ class DevCluster:
         for node in self.spec.node_names:
             pids += self.node_pids(node)
         return sorted(set(pids))
-
-
-def _not_zombie(pid: int) -> bool:
-    try:
-        return psutil.Process(pid).status() != psutil.STATUS_ZOMBIE
-    except psutil.NoSuchProcess:
-        return False
