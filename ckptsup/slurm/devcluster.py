@@ -122,6 +122,8 @@ class DevCluster:
     def _check_ports_free(self) -> None:
         for port in self.spec.ports():
             with socket.socket(socket.AF_INET, socket.SOCK_STREAM) as sock:
+                # as Slurm does: connections of a previous cluster in TIME_WAIT do not count
+                sock.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)
                 try:
                     sock.bind(("127.0.0.1", port))
                 except OSError:
