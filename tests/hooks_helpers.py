@@ -26,9 +26,22 @@ def free_port() -> int:
         return s.getsockname()[1]
 
 
+def fast_site_config() -> str:
+    """A site config without daily keepers or periodic level-3 test loads: each test load is a
+    fresh process importing torch, too slow to run after every tiny test run on 2 cores. One test
+    (test_hooks_api) keeps the shipped defaults and checks the housekeeping does run."""
+    import tempfile
+
+    path = Path(tempfile.gettempdir()) / f"ckptsup-hooks-tests-site-{os.getuid()}.toml"
+    if not path.exists():
+        path.write_text("[checkpoint]\nkeep_daily_days = 0\ntest_load_every = 0\n")
+    return str(path)
+
+
 def base_env(extra: dict[str, str] | None = None) -> dict[str, str]:
     env = {k: v for k, v in os.environ.items() if not k.startswith("CKPTSUP_")}
-    env.update({"OMP_NUM_THREADS": "1", "PYTHONUNBUFFERED": "1", "CKPTSUP_SAVE_EVERY_S": "3600"})
+    env.update({"OMP_NUM_THREADS": "1", "PYTHONUNBUFFERED": "1", "CKPTSUP_SAVE_EVERY_S": "3600",
+                "CKPTSUP_SITE_CONFIG": fast_site_config()})
     env.update(extra or {})
     return env
 

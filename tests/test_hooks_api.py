@@ -11,7 +11,7 @@ import numpy as np
 import pytest
 import torch
 
-from hooks_helpers import attach_parts, make_parts, private_dir, train_steps
+from hooks_helpers import attach_parts, fast_site_config, make_parts, private_dir, train_steps
 
 import ckptsup
 from ckptsup.errors import ConfigError
@@ -30,6 +30,7 @@ def no_supervisor(monkeypatch: pytest.MonkeyPatch) -> None:
     for name in list(os.environ):
         if name.startswith("CKPTSUP_"):
             monkeypatch.delenv(name)
+    monkeypatch.setenv("CKPTSUP_SITE_CONFIG", fast_site_config())
 
 
 def test_a_plain_dataloader_is_refused_with_a_one_line_error_naming_the_fix(tmp_path: Path) -> None:
@@ -117,9 +118,10 @@ def test_resume_restores_every_rng_and_the_data_position_exactly(tmp_path: Path)
         assert torch.equal(a, b)
 
 
-def test_without_a_supervisor_events_go_to_the_run_dir(tmp_path: Path, monkeypatch) -> None:
+def test_without_a_supervisor_events_go_to_the_run_dir_and_housekeeping_runs(tmp_path: Path, monkeypatch) -> None:
     run_dir = private_dir(tmp_path / "run")
     monkeypatch.setenv("CKPTSUP_RUN_DIR", str(run_dir))
+    monkeypatch.delenv("CKPTSUP_SITE_CONFIG")  # shipped defaults: the first checkpoint is a daily keeper
     parts = make_parts()
     run = attach_parts(parts, private_dir(tmp_path / "c") / "ck", save_every_steps=2)
     train_steps(run, *parts, 0, 4)
@@ -131,6 +133,9 @@ def test_without_a_supervisor_events_go_to_the_run_dir(tmp_path: Path, monkeypat
     assert [e["step"] for e in committed] == [2, 4]
     for e in committed:
         assert e["bytes"] > 0 and e["stall_s"] >= 0 and e["write_s"] > 0
+    # the daily keeper got its level-3 test load (a separate process) before the run completed
+    validated = [e for e in events if e["event"] == "checkpoint_validated"]
+    assert validated and validated[0]["level"] == 3
 
 
 def test_a_nan_loss_without_a_supervisor_raises_a_clear_error_and_writes_no_checkpoint_of_it(tmp_path: Path) -> None:

@@ -13,7 +13,7 @@ from pathlib import Path
 import pytest
 import torch
 
-from hooks_helpers import attach_parts, make_parts, private_dir, train_steps
+from hooks_helpers import attach_parts, fast_site_config, make_parts, private_dir, train_steps
 
 from ckptsup.checkpoint.catalog import Status, list_checkpoints
 from ckptsup.checkpoint.manifest import load_manifest
@@ -21,6 +21,11 @@ from ckptsup.hooks.reader import VerifyingReader, load_metadata_bytes
 from ckptsup.hooks.testload import test_load as run_test_load
 
 pytestmark = pytest.mark.torch
+
+
+@pytest.fixture(autouse=True)
+def fast_housekeeping(monkeypatch: pytest.MonkeyPatch) -> None:
+    monkeypatch.setenv("CKPTSUP_SITE_CONFIG", fast_site_config())
 
 
 def two_checkpoints(base: Path) -> Path:

@@ -103,6 +103,8 @@ class Run:
                          job_id=env.job_id, attempt=env.attempt, epoch=env.epoch, run_dir=env.run_dir,
                          algorithm=settings.hash_algorithm, mesh={"dp": self.world_size}),
             process_group=save_pg, on_result=self._on_save_result, clock=clock)
+        # rank 0 looks after committed checkpoints: promotion to slower tiers, retention, level-3 test loads
+        self.keeper = self._housekeeper() if self.rank == 0 else None
         self.stop = StopFlag()
         self.stop.install()
         self.next_step = 0          # steps completed = the N of the next checkpoint
@@ -117,6 +119,13 @@ class Run:
         self.last_progress = clock()
         self.first_step_seen = False
         self.closed = False
+
+    def _housekeeper(self) -> Any:
+        from ..checkpoint.housekeeping import Housekeeper
+
+        return Housekeeper.from_config(self.settings.config, checkpoint_dir=self.settings.checkpoint_dir,
+                                       node=self.env.node, job_id=self.env.job_id,
+                                       emit=lambda event, fields: self.reporter.emit(event, **fields))
 
     # ---- resume -------------------------------------------------------------------------------
     def resume(self) -> int:
@@ -292,6 +301,11 @@ class Run:
                      result.step, result.stall_s, result.write_s, result.bytes)
             self.reporter.emit(Event.CHECKPOINT_COMMITTED, step=result.step, stall_s=round(result.stall_s, 6),
                                write_s=round(result.write_s, 6), bytes=result.bytes, path=result.path)
+            if self.keeper is not None:
+                try:
+                    self.keeper.after_commit(Path(result.path))
+                except (CkptsupError, OSError) as err:  # housekeeping must never fail the training
+                    log.error("ckptsup: housekeeping after step %d failed: %s", result.step, err)
         else:
             log.error("ckptsup: rank %d: checkpoint of step %d FAILED on every rank: %s (training continues; "
                       "the previous checkpoint is intact)", self.rank, result.step, result.reason)
@@ -324,11 +338,14 @@ class Run:
         self._shutdown(status=int(status))
         raise SystemExit(int(status))
 
-    def _shutdown(self, *, status: int) -> None:
+    def _shutdown(self, *, status: int, drain_s: float | None = 0.0) -> None:
         if self.closed:
             return
         self.closed = True
         self.writer.close()
+        if self.keeper is not None:
+            self.keeper.close(timeout_s=drain_s)  # at a preemption, never wait for promotions
+            self.keeper = None
         self.channel.send("bye", {"rank": self.rank, "status": status})
         self.channel.close()
         self.stop.uninstall()
@@ -343,6 +360,9 @@ class Run:
         self.writer.wait()
         if final_save and self.next_step > 0:
             self.save(reason="final", blocking=True)
+        if self.keeper is not None:
+            self.keeper.close(timeout_s=self.settings.save_timeout_s)  # drain promotions and test loads
+            self.keeper = None
         if not self.channel.connected and self.rank == 0:
             self.reporter.emit(Event.RUN_COMPLETE, step=self.next_step)
         self._shutdown(status=int(ExitStatus.DONE))

@@ -24,6 +24,7 @@ class Settings:
     emergency_margin: float
     allow_stateless_dataloader: bool
     save_timeout_s: float
+    config: Any = None            # the resolved config.Config (for the housekeeper: tiers, retention)
     provenance: dict[str, str] = field(default_factory=dict)
 
 
@@ -48,4 +49,4 @@ def resolve_settings(*, env: RankEnv, checkpoint_dir: str | None = None, save_ev
                     async_save=ckpt.async_save, hash_algorithm=ckpt.hash_algorithm, jitter_s=ckpt.jitter_s,
                     emergency_margin=ckpt.emergency_margin,
                     allow_stateless_dataloader=ckpt.allow_stateless_dataloader,
-                    save_timeout_s=config.supervisor.save_timeout_s, provenance=provenance)
+                    save_timeout_s=config.supervisor.save_timeout_s, config=config, provenance=provenance)
