@@ -193,7 +193,7 @@ def requeue(sv: "Supervisor", action: Requeue) -> ExitStatus:
     from .requeue import RequeueRefused, requeue_job
 
     if sv.step is not None:
-        sv.step.close(sv.sup.kill_grace_s)
+        sv.step.abandon()  # ranks are already killed; srun may hang on a dead node's step: don't wait
         sv.step = None
     sv.run_dir.save_state(sv.state)
     if sv.writer is not None:

@@ -1,0 +1,110 @@
+"""Supervisor cost at scale: N simulated agents (default 2,048) each send one heartbeat a second
+(HMAC'd wire frames, as through `srun -u`) into the supervisor's real channel reader, attempt
+tracker and detectors, run by the same loop code as `ckptsup launch` (AgentStep + AttemptTracker
+.on_message/.check at the loop's tick). After a warm-up one simulated node falls silent; the run
+reports the supervisor process's CPU (% of one core, excluding the simulator, which is a separate
+process) and RSS, and the node-death detection latency against `node_silence_s`.
+
+usage: python bench/bench_supervisor_scale.py [--agents 2048] [--seconds 30]
+"""
+from __future__ import annotations
+
+import argparse
+import os
+import queue
+import resource
+import sys
+import tempfile
+import time
+from pathlib import Path
+
+sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
+from ckptsup.config import SupervisorConfig  # noqa: E402
+from ckptsup.supervisor.attempt import AttemptTracker  # noqa: E402
+from ckptsup.supervisor.channel import AgentStep, CommandSender  # noqa: E402
+
+SIMULATOR = r'''
+import sys, time
+sys.path.insert(0, sys.argv[4])
+from ckptsup import wire
+n, silent_after, secret = int(sys.argv[1]), float(sys.argv[2]), bytes.fromhex(sys.argv[3])
+out = sys.stdout.buffer
+seq = [0] * n
+start = time.monotonic()
+tick = 0
+while True:
+    tick += 1
+    for i in range(n):
+        if i == n - 1 and time.monotonic() - start > silent_after:
+            continue  # this node died
+        seq[i] += 1
+        out.write(wire.encode("hb", {"node": f"n{i}", "agent": "a", "ranks_alive": [i], "last_step": tick,
+                                     "phase": "train", "stopped_ranks": [], "torchrun": True},
+                              seq=seq[i], secret=secret))
+        if i % 256 == 255:
+            out.flush()
+            time.sleep(1.0 / (n / 256) * 0.9)
+    out.flush()
+    time.sleep(max(0.0, start + tick - time.monotonic()))
+'''
+
+
+def main() -> int:
+    p = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    p.add_argument("--agents", type=int, default=2048)
+    p.add_argument("--seconds", type=float, default=30.0)
+    p.add_argument("--silence-s", type=float, default=5.0)
+    a = p.parse_args()
+    secret = os.urandom(32)
+    nodes = tuple(f"n{i}" for i in range(a.agents))
+    config = SupervisorConfig(node_silence_s=a.silence_s)
+    inbox: "queue.Queue" = queue.Queue()
+    silent_after = a.seconds * 0.6
+    work = Path(tempfile.mkdtemp(prefix="ckptsup-scale-"))
+    step = AgentStep(argv=[sys.executable, "-c", SIMULATOR, str(a.agents), str(silent_after), secret.hex(),
+                           str(Path(__file__).resolve().parents[1])],
+                     env=dict(os.environ), nodes=nodes, secret=secret, sender=CommandSender(secret), inbox=inbox,
+                     log_path=work / "sim.log")
+    start = time.monotonic()
+    tracker = AttemptTracker(attempt=0, nodes=nodes, nproc_per_node=1, config=config, started=start)
+    cpu0 = time.process_time()
+    frames = 0
+    detected = None
+    warm = start + 5.0
+    cpu_warm = None
+    while time.monotonic() - start < a.seconds + a.silence_s * 2:
+        try:
+            msg = inbox.get(timeout=0.05)
+            tracker.on_message(msg)
+            frames += 1
+            while True:
+                msg = inbox.get_nowait()
+                tracker.on_message(msg)
+                frames += 1
+        except queue.Empty:
+            pass
+        now = time.monotonic()
+        if cpu_warm is None and now >= warm:
+            cpu_warm, frames_warm, t_warm = time.process_time(), frames, now
+        failure = tracker.check(now)
+        if failure is not None and detected is None:
+            detected = (failure.node, now - (start + silent_after))
+            break
+    end = time.monotonic()
+    cpu = time.process_time() - (cpu_warm if cpu_warm is not None else cpu0)
+    span = end - (t_warm if cpu_warm is not None else start)
+    step.abandon()
+    rss_mb = resource.getrusage(resource.RUSAGE_SELF).ru_maxrss / 1024
+    rate = (frames - (frames_warm if cpu_warm is not None else 0)) / span
+    print(f"agents {a.agents}, {rate:.0f} heartbeats/s received, {step.dropped} dropped")
+    print(f"supervisor CPU {100 * cpu / span:.1f}% of one core (target <= 10%), max RSS {rss_mb:.0f} MB")
+    if detected:
+        print(f"node death: {detected[0]} detected {detected[1]:.2f}s after its last heartbeat "
+              f"(node_silence_s = {a.silence_s:g}; the ratio {detected[1] / a.silence_s:.2f} is the overhead)")
+    else:
+        print("node death NOT detected")
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())
