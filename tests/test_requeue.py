@@ -191,3 +191,46 @@ def test_inside_the_job_the_finish_step_is_detached(tmp_path, monkeypatch) -> No
     assert argv[1:4] == ["-m", "ckptsup.supervisor.requeue", "--finish"]
     assert argv[argv.index("--partition") + 1] == "spanning"
     assert [argv[i + 1] for i, a in enumerate(argv) if a == "--exclude"] == ["n2", "n7"]
+
+
+def test_start_time_waits_for_the_credential_second_to_turn_over(tmp_path) -> None:
+    """slurmd refuses a credential issued in the second its predecessor was revoked."""
+    rd = run_dir(tmp_path)
+    now = [1000.7]
+    log = []
+
+    class Slurm(FakeSlurm):
+        def update_job(self, job_id, **kw):
+            log.append(("update", now[0]))
+            super().update_job(job_id, **kw)
+
+    def sleep(s):
+        log.append(("sleep", s))
+        now[0] += s
+
+    result = requeue_job(Slurm(completing_polls=0), rd, "42", "x", [], fake_clock(), detach=False,
+                         sleep=sleep, wall=lambda: now[0])
+    assert log == [("sleep", pytest.approx(1.3)), ("update", pytest.approx(1002.0))]
+    assert result.finish.hold_s > 0
+
+
+def test_detached_finisher_runs_in_its_own_session_and_ignores_sigterm(tmp_path) -> None:
+    import os
+    import signal
+    import sys
+    import time
+
+    out = tmp_path / "out"
+    code = ("import os, time, pathlib; p = pathlib.Path(%r); p.write_text(f'{os.getpid()} {os.getsid(0)}\\n');"
+            " time.sleep(1.0); p.write_text(p.read_text() + 'done\\n')") % str(out)
+    rq.spawn_detached([sys.executable, "-c", code], tmp_path)
+    deadline = time.monotonic() + 20
+    while not out.exists() or not out.read_text().strip():
+        assert time.monotonic() < deadline, "detached process never started"
+        time.sleep(0.05)
+    pid, sid = map(int, out.read_text().split()[:2])
+    assert sid == pid != os.getsid(0)  # a session of its own, not ours
+    os.kill(pid, signal.SIGTERM)  # the job's kill wave
+    while "done" not in out.read_text():
+        assert time.monotonic() < deadline, "SIGTERM killed the detached process"
+        time.sleep(0.05)

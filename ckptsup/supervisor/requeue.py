@@ -24,8 +24,10 @@ from __future__ import annotations
 
 import argparse
 import json
+import math
 import os
 import shutil
+import signal
 import socket
 import subprocess
 import sys
@@ -43,6 +45,11 @@ CLAIM_PREFIX = "requeue.claim-"
 FINISH_LOG = "requeue-finish.log"
 FINISH_DEADLINE_S = 300.0   # KillWait (30 s default) + epilog, with room to spare
 POLL_S = 0.2
+# slurmd refuses a job credential issued in the same wall-clock second as (or before) the
+# revocation of the job's previous run ("Killing non-startable batch job: Job credential
+# revoked" — seen on the dev cluster when StartTime=now restarted the job within that second).
+# Slurm's own 121 s BeginTime avoids it; we only wait for the second to turn over, twice.
+CREDENTIAL_SETTLE_S = 2.0
 
 
 class RequeueRefused(CkptsupError):
@@ -84,6 +91,7 @@ class RequeueResult:
 class FinishResult:
     ok: bool
     wait_pending_s: float
+    hold_s: float                  # waited for the credential second to turn over
     update_s: float
     total_s: float                 # from the `scontrol requeue` call to the updates done
     error: str = ""
@@ -123,7 +131,7 @@ def requeue_job(client: RequeueClient, run_dir: str | os.PathLike[str] | RunDir,
                 reason: str, exclude: Sequence[str] = (), clock: Callable[[], float] = time.monotonic,
                 *, partition: str | None = None, by: str = "supervisor", detach: bool | None = None,
                 sleep: Callable[[float], None] = time.sleep, spawn: Callable[[list[str], Path], int] | None = None,
-                finish_deadline_s: float = FINISH_DEADLINE_S) -> RequeueResult:
+                finish_deadline_s: float = FINISH_DEADLINE_S, wall: Callable[[], float] = time.time) -> RequeueResult:
     """Requeue `job_id` excluding `exclude` (plus every node already excluded in state.json).
 
     Raises RequeueRefused when the job cannot be requeued (the caller gives up with
@@ -153,6 +161,7 @@ def requeue_job(client: RequeueClient, run_dir: str | os.PathLike[str] | RunDir,
 
     client.requeue(job_id)
     t_requeue = clock()
+    requeued_wall = wall()
     phases = {"check_s": t_check - t0, "fence_s": t_fence - t_check, "requeue_s": t_requeue - t_fence}
     writer = EventWriter(run_dir=rd.path, job_id=job_id, attempt=state.attempt, epoch=state.epoch, fsync=True)
     try:
@@ -170,18 +179,20 @@ def requeue_job(client: RequeueClient, run_dir: str | os.PathLike[str] | RunDir,
     if detach:
         argv = finisher_argv(run_dir=rd.path, job_id=job_id, exclude=excluded, partition=partition,
                              restart_count=info.restart_count, requeued_mono=t_requeue,
-                             deadline_s=finish_deadline_s)
+                             requeued_wall=requeued_wall, deadline_s=finish_deadline_s)
         pid = (spawn or spawn_detached)(argv, rd.path)
         return RequeueResult(**base, finisher_pid=pid)
     result = finish_requeue(client, rd, job_id, exclude=excluded, partition=partition,
                             restart_count=info.restart_count, requeued_mono=t_requeue,
-                            clock=clock, sleep=sleep, deadline_s=finish_deadline_s)
+                            requeued_wall=requeued_wall, clock=clock, wall=wall, sleep=sleep,
+                            deadline_s=finish_deadline_s)
     return RequeueResult(**base, finish=result)
 
 
 def finish_requeue(client: RequeueClient, run_dir: RunDir, job_id: str, *, exclude: Sequence[str],
                    partition: str | None, restart_count: int, requeued_mono: float,
-                   clock: Callable[[], float] = time.monotonic, sleep: Callable[[float], None] = time.sleep,
+                   requeued_wall: float | None = None, clock: Callable[[], float] = time.monotonic,
+                   wall: Callable[[], float] = time.time, sleep: Callable[[float], None] = time.sleep,
                    deadline_s: float = FINISH_DEADLINE_S, poll_s: float = POLL_S) -> FinishResult:
     """Wait until the requeued job is PENDING, then one `scontrol update` with ExcNodeList,
     Partition and StartTime=now (StartTime lifts the 121 s BeginTime hold). Records a
@@ -201,16 +212,23 @@ def finish_requeue(client: RequeueClient, run_dir: RunDir, job_id: str, *, exclu
             break
         sleep(poll_s)
     t_pending = clock()
+    hold = 0.0
+    if not error and requeued_wall is not None:
+        hold = math.floor(requeued_wall) + CREDENTIAL_SETTLE_S - wall()
+        if hold > 0:
+            sleep(hold)
+    t_hold = clock()
     if not error:
         error = _apply_updates(client, job_id, exclude, partition)
     t_done = clock()
-    result = FinishResult(ok=not error, wait_pending_s=t_pending - t0, update_s=t_done - t_pending,
-                          total_s=t_done - requeued_mono, error=error)
+    result = FinishResult(ok=not error, wait_pending_s=t_pending - t0, hold_s=t_hold - t_pending,
+                          update_s=t_done - t_hold, total_s=t_done - requeued_mono, error=error)
     rs = run_dir.load_state()
     writer = EventWriter(run_dir=run_dir.path, job_id=job_id, attempt=rs.attempt, epoch=rs.epoch, fsync=True)
     try:
         writer.emit(Event.REQUEUE_UPDATED, ok=result.ok, excluded=list(exclude), partition=partition or "",
-                    wait_pending_s=round(result.wait_pending_s, 4), update_s=round(result.update_s, 4),
+                    wait_pending_s=round(result.wait_pending_s, 4), hold_s=round(result.hold_s, 4),
+                    update_s=round(result.update_s, 4),
                     total_s=round(result.total_s, 4), error=error)
     finally:
         writer.close()
@@ -239,10 +257,10 @@ def _apply_updates(client: RequeueClient, job_id: str, exclude: Sequence[str], p
 
 
 def finisher_argv(*, run_dir: Path, job_id: str, exclude: Sequence[str], partition: str | None,
-                  restart_count: int, requeued_mono: float, deadline_s: float) -> list[str]:
+                  restart_count: int, requeued_mono: float, requeued_wall: float, deadline_s: float) -> list[str]:
     argv = [sys.executable, "-m", "ckptsup.supervisor.requeue", "--finish", "--run-dir", str(run_dir),
-            "--job-id", job_id, "--restart-count", str(restart_count),
-            "--requeued-mono", repr(requeued_mono), "--deadline-s", repr(deadline_s)]
+            "--job-id", job_id, "--restart-count", str(restart_count), "--requeued-mono", repr(requeued_mono),
+            "--requeued-wall", repr(requeued_wall), "--deadline-s", repr(deadline_s)]
     for node in exclude:
         argv += ["--exclude", node]
     if partition:
@@ -252,17 +270,27 @@ def finisher_argv(*, run_dir: Path, job_id: str, exclude: Sequence[str], partiti
 
 def spawn_detached(argv: list[str], run_dir: Path) -> int:
     """Start `argv` in a new session, reparented away from us (`setsid -f`: the process that
-    Slurm's linuxproc tracking follows exits at once). Output goes to the run dir's log."""
+    Slurm's linuxproc tracking follows exits at once). Output goes to the run dir's log.
+
+    The job's kill (SIGTERM to every process of the job) races with this spawn: seen on the dev
+    cluster, about one spawn in three died before its first instruction. So SIGTERM and SIGHUP
+    are blocked in the child from the fork on (a blocked mask survives fork and exec) and then
+    ignored by the shell that execs the finisher; SIGKILL after KillWait no longer reaches it
+    once it is reparented."""
     log = os.open(run_dir / FINISH_LOG, os.O_WRONLY | os.O_APPEND | os.O_CREAT, 0o600)
+    shielded = ["/bin/sh", "-c", 'trap "" TERM HUP; exec "$0" "$@"', *argv]
+    setsid = shutil.which("setsid")
+    cmd = [setsid, "-f", *shielded] if setsid else shielded
+    blocked = {signal.SIGTERM, signal.SIGHUP}
+    previous = signal.pthread_sigmask(signal.SIG_BLOCK, blocked)
     try:
-        setsid = shutil.which("setsid")
-        cmd = [setsid, "-f", *argv] if setsid else argv
         proc = subprocess.Popen(cmd, stdin=subprocess.DEVNULL, stdout=log, stderr=log,
                                 close_fds=True, start_new_session=True)
-        if setsid:
-            proc.wait(timeout=10)
     finally:
+        signal.pthread_sigmask(signal.SIG_SETMASK, previous)
         os.close(log)
+    if setsid:
+        proc.wait(timeout=10)
     return proc.pid
 
 
@@ -276,8 +304,11 @@ def _main(argv: Sequence[str] | None = None) -> int:
     parser.add_argument("--partition", default=None)
     parser.add_argument("--restart-count", type=int, default=0)
     parser.add_argument("--requeued-mono", type=float, required=True)
+    parser.add_argument("--requeued-wall", type=float, default=None)
     parser.add_argument("--deadline-s", type=float, default=FINISH_DEADLINE_S)
     args = parser.parse_args(argv)
+    print(json.dumps({"finisher": os.getpid(), "job_id": args.job_id, "host": socket.gethostname(),
+                      "ts": time.time()}), flush=True)
     from ..slurm.client import SlurmClient
     from .health import effective_config
 
@@ -285,8 +316,9 @@ def _main(argv: Sequence[str] | None = None) -> int:
     client = SlurmClient.from_config(effective_config(rd.path).slurm)
     result = finish_requeue(client, rd, args.job_id, exclude=args.exclude, partition=args.partition,
                             restart_count=args.restart_count, requeued_mono=args.requeued_mono,
+                            requeued_wall=args.requeued_wall,
                             deadline_s=args.deadline_s)
-    print(json.dumps({"ok": result.ok, "wait_pending_s": result.wait_pending_s,
+    print(json.dumps({"ok": result.ok, "wait_pending_s": result.wait_pending_s, "hold_s": result.hold_s,
                       "update_s": result.update_s, "total_s": result.total_s, "error": result.error}),
           flush=True)
     return 0 if result.ok else 1

@@ -1,0 +1,126 @@
+"""The requeue path on the real dev cluster: a requeued job runs again at once (StartTime=now
+lifts the 121 s BeginTime), without the excluded nodes, in the spanning partition; from inside
+the job the finish step is detached and survives the job's kill; `ckptsup requeue` from a batch
+script appends exactly one fenced requeue event; a --no-requeue job is refused."""
+
+from __future__ import annotations
+
+import time
+from pathlib import Path
+
+import hostlist
+import pytest
+
+from ckptsup.config import Config, Resolved, write_config_json
+from ckptsup.events import read_events
+from ckptsup.rundir import RunDir
+from ckptsup.slurm.devconf import SPANNING
+from ckptsup.slurm.parsers import JobState
+from ckptsup.supervisor.requeue import RequeueRefused, requeue_job
+
+pytestmark = pytest.mark.slurm
+
+
+def make_run_dir(tmp_path: Path, *, spare_partition: str = SPANNING, **supervisor) -> RunDir:
+    rd = RunDir.create(tmp_path / "run")
+    config = Config()
+    config.slurm.spare_partition = spare_partition
+    for key, value in supervisor.items():
+        setattr(config.supervisor, key, value)
+    write_config_json(Resolved(config=config, provenance={}), rd.config_json_path)
+    return rd
+
+
+def running(dev_cluster, job: str, *, restarts: int = 0):
+    info = dev_cluster.job(job)
+    if info is not None and info.state == JobState.RUNNING and info.restart_count >= restarts:
+        return info
+    return None
+
+
+def test_requeued_job_runs_again_at_once_without_the_excluded_node_in_the_spare_partition(dev_cluster, tmp_path):
+    rd = make_run_dir(tmp_path)
+    job = dev_cluster.submit("#!/bin/bash\nsrun sleep 300\n", "-N", "2", "-p", "main", "--requeue")
+    first = dev_cluster.wait_for(lambda: running(dev_cluster, job), 30, what="job running")
+    bad = first.nodes[0]
+    try:
+        t0 = time.monotonic()
+        result = requeue_job(dev_cluster.client, rd, job, "node_down", [bad], partition=SPANNING, detach=False)
+        again = dev_cluster.wait_for(lambda: running(dev_cluster, job, restarts=1), 60, interval=0.05,
+                                     what="job running again")
+        end_to_end = time.monotonic() - t0
+        assert result.requeued and result.finish.ok, result.finish
+        assert bad not in again.nodes and len(again.nodes) == 2
+        assert again.partition == SPANNING
+        assert bad in again.excluded_nodes
+        # far below Slurm's 121 s BeginTime hold: StartTime=now worked
+        assert end_to_end < 30, end_to_end
+        print(f"\nREQUEUE_E2E job={job} requeue->running {end_to_end:.2f}s "
+              f"(check {result.phases['check_s']:.3f}s, requeue {result.phases['requeue_s']:.3f}s, "
+              f"wait pending {result.finish.wait_pending_s:.2f}s, update {result.finish.update_s:.3f}s)")
+        events = read_events(rd.path)
+        assert [e["event"] for e in events] == ["requeue", "requeue_updated"]
+        assert rd.load_state().status == "requeued" and rd.load_state().epoch == 1
+    finally:
+        dev_cluster.client.cancel(job)
+
+
+def test_no_requeue_job_is_refused_from_squeue_json(dev_cluster, tmp_path):
+    rd = make_run_dir(tmp_path)
+    job = dev_cluster.submit("#!/bin/bash\nsrun sleep 300\n", "-N", "1", "--no-requeue")
+    try:
+        dev_cluster.wait_for(lambda: running(dev_cluster, job), 30, what="job running")
+        with pytest.raises(RequeueRefused, match="--no-requeue"):
+            requeue_job(dev_cluster.client, rd, job, "node_down", [], detach=False)
+        assert dev_cluster.job_state(job) == JobState.RUNNING  # untouched
+        assert read_events(rd.path) == [] and rd.load_state().epoch == 0
+    finally:
+        dev_cluster.client.cancel(job)
+
+
+BATCH_REQUEUE = """#!/bin/bash
+# First run: the "supervisor" dies abnormally; the script requeues through ckptsup.
+# Second run: say where we are and finish.
+if [ "${{SLURM_RESTART_COUNT:-0}}" -ge 1 ]; then
+    echo "second run on $SLURM_JOB_NODELIST partition $SLURM_JOB_PARTITION"
+    exit 0
+fi
+echo "first run batch host $SLURMD_NODENAME"
+sh -c 'kill -9 $$'
+rc=$?
+echo "supervisor died rc=$rc"
+ckptsup requeue --run-dir {run_dir} --reason supervisor_died --exclude $SLURMD_NODENAME
+echo "requeue rc=$?"
+sleep 60
+"""
+
+
+def test_batch_script_requeue_appends_one_event_and_the_detached_finish_survives_the_kill(dev_cluster, tmp_path):
+    rd = make_run_dir(tmp_path)
+    out_file = tmp_path / "job.out"
+    job = dev_cluster.submit(BATCH_REQUEUE.format(run_dir=rd.path), "-N", "2", "-p", "main",
+                             "--requeue", "--open-mode=append", f"--output={out_file}")
+    output = lambda: out_file.read_text() if out_file.exists() else ""  # noqa: E731
+    finish_log = rd.path / "requeue-finish.log"
+    try:
+        deadline = time.monotonic() + 90
+        while not (dev_cluster.job_state(job) == JobState.COMPLETED and "second run" in output()):
+            assert time.monotonic() < deadline, (dev_cluster.job(job), output(), read_events(rd.path),
+                                                 finish_log.exists() and finish_log.read_text())
+            time.sleep(0.2)
+        out = output()
+        batch_host = [line for line in out.splitlines() if line.startswith("first run")][0].split()[-1]
+        second = [line for line in out.splitlines() if line.startswith("second run")][0]
+        assert batch_host not in hostlist.expand_hostlist(second.split()[3]), out
+        assert f"partition {SPANNING}" in second, out
+        events = read_events(rd.path)
+        requeues = [e for e in events if e["event"] == "requeue"]
+        assert len(requeues) == 1, events
+        assert requeues[0]["by"] == "batch_script" and requeues[0]["reason"] == "supervisor_died"
+        assert requeues[0]["epoch"] == 1 and requeues[0]["excluded"] == [batch_host]
+        updated = [e for e in events if e["event"] == "requeue_updated"]
+        assert len(updated) == 1 and updated[0]["ok"], (events, finish_log.read_text())
+        print(f"\nREQUEUE_DETACHED job={job} requeue->pending-updates {updated[0]['total_s']:.2f}s "
+              f"(wait pending {updated[0]['wait_pending_s']:.2f}s)")
+    finally:
+        dev_cluster.client.cancel(job)
