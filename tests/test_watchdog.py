@@ -42,12 +42,14 @@ def make(tmp_path: Path) -> tuple[RunDir, Config, World]:
     rd = RunDir.create(tmp_path / "run")
     config = Config()
     config.supervisor.lease_stale_s = 10.0
+    config.slurm.spare_partition = "spanning"
     return rd, config, World()
 
 
 def recording_requeue(calls):
     def requeue(client, rd, job_id, reason, exclude, clock, **kw):
         calls.append((job_id, reason, list(exclude), kw.get("by")))
+        assert kw.get("partition") == "spanning"
         return RequeueResult(job_id=job_id, requeued=True, epoch=1)
     return requeue
 

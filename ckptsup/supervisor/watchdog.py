@@ -92,13 +92,14 @@ def watch(*, run_dir: str | os.PathLike[str] | RunDir, job_id: str, config: Conf
             stale = now - started > grace
         if stale:
             host = str(lease.get("host") or "") if fresh_since_start else ""
-            return _requeue(rd, job_id, host, age, client, requeue, clock, wall, sleep)
+            return _requeue(rd, job_id, host, age, client, requeue, clock, wall, sleep,
+                            partition=config.slurm.spare_partition or None)
         sleep(poll)
 
 
 def _requeue(rd: RunDir, job_id: str, host: str, age: float | None, client: RequeueClient,
              requeue: Callable[..., RequeueResult], clock: Callable[[], float], wall: Callable[[], float],
-             sleep: Callable[[float], None]) -> WatchResult:
+             sleep: Callable[[float], None], *, partition: str | None) -> WatchResult:
     batch_host = host
     if not batch_host:
         info = client.job_info(job_id)
@@ -106,7 +107,8 @@ def _requeue(rd: RunDir, job_id: str, host: str, age: float | None, client: Requ
     exclude = [batch_host] if batch_host else []
     detail = (f"supervisor lease stale for {age:.1f}s" if age is not None else "supervisor never renewed its lease")
     try:
-        result = requeue(client, rd, job_id, REASON, exclude, clock, by="watchdog", wall=wall, sleep=sleep)
+        result = requeue(client, rd, job_id, REASON, exclude, clock, by="watchdog", partition=partition,
+                         wall=wall, sleep=sleep)
     except RequeueRefused as err:
         # Nobody drives the job and it cannot come back: record why, then free the allocation
         # (scancel kills this step too, so the record comes first).
