@@ -19,7 +19,7 @@ Flags (the supervisor's and the checkpoint tests use them):
   --crash-at-step S       rank --crash-rank (default 0) raises at step S (exit 1)
   --hang-at-step S        rank --hang-rank (default 0) sleeps forever at step S
   --fault-mode once|always  `once` (default) fires each injected fault only the first time:
-                          a marker file in --checkpoint-dir/.. (or --out) records that it fired
+                          a marker file in --out (else next to the checkpoint dir) records it
   --out DIR               write DIR/samples_rank<r>.jsonl (sample ids of every step, appended as
                           the run goes) and, at the end, DIR/final_rank<r>.pt (model + optimizer
                           state) and DIR/final.json (sha256 of the parameters, final step)
@@ -80,14 +80,13 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
     return p.parse_args(argv)
 
 
-def fault_fires(args: argparse.Namespace, kind: str, step: int, rank: int) -> bool:
+def fault_fires(args: argparse.Namespace, kind: str, step: int, rank: int, marker_dir: Path) -> bool:
     if getattr(args, f"{kind}_at_step") != step or getattr(args, f"{kind}_rank") != rank:
         return False
     if args.fault_mode == "always":
         return True
-    base = Path(args.out or (Path(args.checkpoint_dir).parent if args.checkpoint_dir else "."))
-    base.mkdir(parents=True, exist_ok=True)
-    marker = base / f".fault-{kind}-{step}-rank{rank}"
+    marker_dir.mkdir(parents=True, exist_ok=True)
+    marker = marker_dir / f".fault-{kind}-{step}-rank{rank}"
     try:
         os.close(os.open(marker, os.O_CREAT | os.O_EXCL | os.O_WRONLY, 0o600))
     except FileExistsError:
@@ -119,6 +118,7 @@ def main(argv: list[str] | None = None) -> int:
                          extra={"progress": progress}, checkpoint_dir=args.checkpoint_dir,     # ckptsup
                          save_every_steps=args.save_every_steps)                               # ckptsup
     step = run.resume()                                                                        # ckptsup
+    marker_dir = Path(args.out) if args.out else run.settings.checkpoint_dir.parent
 
     samples_log = None
     if args.out:
@@ -142,14 +142,14 @@ def main(argv: list[str] | None = None) -> int:
             os.write(samples_log, (json.dumps({"step": step, "ids": ids.tolist()}) + "\n").encode())
         if args.step_sleep_s:
             time.sleep(args.step_sleep_s)
-        if fault_fires(args, "crash", step, rank):
+        if fault_fires(args, "crash", step, rank, marker_dir):
             raise RuntimeError(f"injected crash at step {step} on rank {rank}")
-        if fault_fires(args, "hang", step, rank):
+        if fault_fires(args, "hang", step, rank, marker_dir):
             print(f"rank {rank}: injected hang at step {step}", flush=True)
             while True:
                 time.sleep(3600)
         reported = loss.detach()
-        if fault_fires(args, "nan", step, rank):
+        if fault_fires(args, "nan", step, rank, marker_dir):
             reported = torch.tensor(float("nan"))
         print(f"step {step} rank {rank} loss {float(reported):.6f}", flush=True)
         run.step_done(step, loss=reported)                                                     # ckptsup
