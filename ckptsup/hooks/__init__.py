@@ -1,1 +1,13 @@
-"""ckptsup.hooks"""
+"""ckptsup.hooks: the training side (docs/training.md). Imports torch; `import ckptsup` does not.
+
+session.py   attach() -> Run: resume, step_done, save, close
+settings.py  attach keywords > supervisor environment > config
+state.py     what a checkpoint holds (model/optim via DCP helpers, side state as JSON tensors)
+writer.py    async sharded save: staging, DCP write, hashing, cross-rank agreement, commit
+reader.py    verifying DCP reader: manifest checks before any unpickling, per-item hashes
+loader.py    all-or-nothing load of one checkpoint on every rank
+sampler.py   ResumableDistributedSampler (global sample index; elastic resume)
+channel.py   rank -> agent socket; signals.py preemption flags; report.py events
+process_group.py  init_process_group with the supervisor's timeouts
+testload.py  `python -m ckptsup.hooks.testload STEP_DIR` (validation level 3)
+"""
