@@ -9,9 +9,9 @@ Checks on one node (`run_local_checks`), each a `CheckResult`:
   gpus             `nvidia-smi -L` lists GPUs (check_gpus = auto: only when nvidia-smi exists;
                    require: missing nvidia-smi fails), at least sbatch.gpus_per_node of them
 
-On many nodes: `node_checks_argv` builds one `srun --overlap` step that runs
-`python -m ckptsup.supervisor.health` on each node; every task prints one JSON line, which
-`parse_node_results` turns into {node: NodeHealth}; a node that printed nothing is unhealthy.
+On many nodes: `run_node_checks` starts one `srun --overlap` step per node at once (argv from
+`node_checks_argv`) running `python -m ckptsup.supervisor.health`; each prints one JSON line,
+which `parse_node_results` turns into a NodeHealth; a node that printed nothing is unhealthy.
 """
 
 from __future__ import annotations
@@ -232,7 +232,7 @@ def run_local_checks(config: Config, paths: CheckPaths, *, node: str | None = No
 
 def node_checks_argv(nodes: Sequence[str], run_dir: str | os.PathLike[str], *, job_id: str | None = None,
                      python: str = sys.executable) -> list[str]:
-    """argv of one `srun --overlap` step running the checks once on each of `nodes`."""
+    """argv of an `srun --overlap` step running the checks once on each of `nodes`."""
     from ..slurm.client import SlurmClient
 
     return SlurmClient.srun_argv(nodes=list(nodes), command=[python, "-m", "ckptsup.supervisor.health",
@@ -267,17 +267,28 @@ def parse_node_results(stdout: str, nodes: Iterable[str], *, failure: str = "") 
 
 def run_node_checks(nodes: Sequence[str], run_dir: str | os.PathLike[str], config: Config, *,
                     job_id: str | None = None, env: Mapping[str, str] | None = None) -> dict[str, NodeHealth]:
-    """Run the checks on `nodes` in one srun step and wait for them (bounded)."""
-    argv = node_checks_argv(nodes, run_dir, job_id=job_id)
+    """Run the checks on `nodes`, one `srun --overlap` step per node, all at once, and wait for
+    them (bounded). One step per node so that a node Slurm already refuses (DOWN) or that hangs
+    fails alone and never blames the healthy ones."""
     timeout = step_timeout_s(config)
-    try:
-        proc = subprocess.run(argv, capture_output=True, text=True, timeout=timeout, stdin=subprocess.DEVNULL,
-                              env=None if env is None else dict(env), check=False)
-    except subprocess.TimeoutExpired as err:
-        out = err.stdout.decode() if isinstance(err.stdout, bytes) else (err.stdout or "")
-        return parse_node_results(out, nodes, failure=f"health step timed out after {timeout:g}s")
-    failure = "" if proc.returncode == 0 else f"srun exit {proc.returncode}: {proc.stderr.strip()}"
-    return parse_node_results(proc.stdout, nodes, failure=failure)
+    procs = {}
+    for node in nodes:
+        procs[node] = subprocess.Popen(node_checks_argv([node], run_dir, job_id=job_id), stdout=subprocess.PIPE,
+                                       stderr=subprocess.PIPE, stdin=subprocess.DEVNULL, text=True,
+                                       env=None if env is None else dict(env))
+    deadline = time.monotonic() + timeout
+    out: dict[str, NodeHealth] = {}
+    for node, proc in procs.items():
+        try:
+            stdout, stderr = proc.communicate(timeout=max(0.1, deadline - time.monotonic()))
+        except subprocess.TimeoutExpired:
+            proc.kill()
+            stdout, _ = proc.communicate()
+            out.update(parse_node_results(stdout or "", [node], failure=f"health step timed out after {timeout:g}s"))
+            continue
+        failure = "" if proc.returncode == 0 else f"srun exit {proc.returncode}: {stderr.strip()}"
+        out.update(parse_node_results(stdout, [node], failure=failure))
+    return out
 
 
 def effective_config(run_dir: str | os.PathLike[str]) -> Config:
