@@ -158,3 +158,39 @@ def test_a_second_writer_on_the_same_checkpoint_dir_is_refused(tmp_path: Path) -
             attach_parts(other, ck)
     finally:
         run.close(final_save=False)
+
+
+def test_time_based_saves_happen_and_async_saves_reuse_the_staging_buffers(tmp_path: Path) -> None:
+    import time
+
+    ck = private_dir(tmp_path) / "ck"
+    parts = make_parts()
+    run = attach_parts(parts, ck, save_every_s=0.2, jitter_s=0)
+    buffers = []
+    for start in range(0, 12, 3):
+        train_steps(run, *parts, start, start + 3)
+        time.sleep(0.25)
+        if run.writer.stager._buffers is not None:
+            buffers.append(run.writer.stager._buffers)
+    run.close(final_save=False)
+    steps = sorted(int(p.name.split("_")[1]) for p in ck.iterdir() if p.name.startswith("step_"))
+    assert len(steps) >= 2
+    assert len(buffers) >= 2 and all(b is buffers[0] for b in buffers), "host buffers must be allocated once and reused"
+
+
+def test_init_process_group_uses_the_supervisors_timeouts(tmp_path: Path, monkeypatch) -> None:
+    import torch.distributed as dist
+
+    from ckptsup.hooks.process_group import set_steady_timeout
+
+    monkeypatch.setenv("CKPTSUP_COLLECTIVE_TIMEOUT_INIT_S", "123")
+    monkeypatch.setenv("CKPTSUP_COLLECTIVE_TIMEOUT_S", "45")
+    seen = {}
+    real_init = dist.init_process_group
+    monkeypatch.setattr(dist, "init_process_group", lambda **kw: (seen.update(kw), real_init(**kw))[1])
+    ckptsup.init_process_group(init_method=f"file://{tmp_path}/store", rank=0, world_size=1)
+    try:
+        assert seen["backend"] == "gloo" and seen["timeout"].total_seconds() == 123
+        assert set_steady_timeout() is True
+    finally:
+        dist.destroy_process_group()

@@ -180,3 +180,16 @@ def test_without_a_socket_the_channel_is_a_no_op() -> None:
     channel = RankChannel(socket_path=None, secret_file=None, rank=3)
     channel.send("step", {"step": 1})
     assert not channel.connected
+
+
+def test_set_interval_changes_the_save_cadence(agent: FakeAgent, tmp_path: Path) -> None:
+    proc = start(agent, tmp_path)
+    try:
+        agent.wait_for(lambda: agent.last_step() >= 2, proc)
+        agent.send("set_interval", {"save_every_steps": 4, "interval_s": 3600})
+        agent.wait_for(lambda: len(agent.events("checkpoint_committed")) >= 2, proc)
+    finally:
+        proc.kill()
+        proc.wait()
+    steps = [e["step"] for e in agent.events("checkpoint_committed")]
+    assert steps[:2] == sorted(steps[:2]) and all(step % 4 == 0 for step in steps)
