@@ -70,7 +70,7 @@ VARS: tuple[Var, ...] = (
     Var(name="CKPTSUP_SECRET_FILE", set_by="supervisor", read_by="agent, hooks", meaning="path of the 0600 per-job HMAC secret (never the secret itself)"),
     Var(name="CKPTSUP_NODE", set_by="agent", read_by="hooks", meaning="this node's Slurm name (hostname outside Slurm)"),
     Var(name="CKPTSUP_COLLECTIVE_TIMEOUT_INIT_S", set_by="supervisor", read_by="hooks.init_process_group", meaning="collective timeout during init and the first steps"),
-    Var(name="CKPTSUP_COLLECTIVE_TIMEOUT_S", set_by="supervisor", read_by="hooks.init_process_group", meaning="steady-state collective timeout (derived from step/save time, < hang timeout)"),
+    Var(name="CKPTSUP_COLLECTIVE_TIMEOUT_S", set_by="supervisor", read_by="hooks.init_process_group", meaning="steady-state collective timeout (derived from step/save time, above the supervisor hang/save deadlines; docs/timeouts.md)"),
     Var(name="CKPTSUP_FR_DUMP_DIR", set_by="supervisor", read_by="hooks", meaning="flight-recorder dump directory in the run dir"),
     Var(name="CKPTSUP_PREEMPT_BUDGET_S", set_by="supervisor", read_by="hooks", meaning="seconds the ranks have for an emergency save after a stop command"),
 )
