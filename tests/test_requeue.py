@@ -234,3 +234,20 @@ def test_detached_finisher_runs_in_its_own_session_and_ignores_sigterm(tmp_path)
     while "done" not in out.read_text():
         assert time.monotonic() < deadline, "SIGTERM killed the detached process"
         time.sleep(0.05)
+
+
+def test_a_failed_scontrol_requeue_leaves_the_run_requeueable_by_the_next_requeuer(tmp_path) -> None:
+    rd = run_dir(tmp_path)
+
+    class Broken(FakeSlurm):
+        def requeue(self, job_id):
+            raise SlurmCommandError(["scontrol", "requeue"], 1, "Requested operation is presently disabled")
+
+    with pytest.raises(SlurmCommandError):
+        requeue_job(Broken(), rd, "42", "node_down", ["n2"], fake_clock(), detach=False)
+    state = rd.load_state()
+    assert state.status == "running" and state.epoch == 5  # fenced, but not marked requeued
+    assert not read_events(rd.path)
+    retry = requeue_job(FakeSlurm(), rd, "42", "supervisor_died", [], fake_clock(), detach=False,
+                        sleep=lambda s: None)
+    assert retry.requeued and [e["event"] for e in read_events(rd.path)].count("requeue") == 1

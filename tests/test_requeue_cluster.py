@@ -124,3 +124,19 @@ def test_batch_script_requeue_appends_one_event_and_the_detached_finish_survives
               f"(wait pending {updated[0]['wait_pending_s']:.2f}s)")
     finally:
         dev_cluster.client.cancel(job)
+
+
+def test_ckptsup_requeue_on_a_no_requeue_job_is_one_line_and_give_up_status(dev_cluster, tmp_path):
+    import subprocess
+
+    rd = make_run_dir(tmp_path)
+    job = dev_cluster.submit("#!/bin/bash\nsrun sleep 300\n", "-N", "1", "--no-requeue")
+    try:
+        dev_cluster.wait_for(lambda: running(dev_cluster, job), 30, what="job running")
+        proc = subprocess.run(["ckptsup", "requeue", "--run-dir", str(rd.path), "--reason", "supervisor_died",
+                               "--job-id", job], capture_output=True, text=True, timeout=60)
+        assert proc.returncode == 3, proc.stderr
+        assert proc.stderr.count("\n") == 1 and "--no-requeue" in proc.stderr and "Traceback" not in proc.stderr
+        assert dev_cluster.job_state(job) == JobState.RUNNING
+    finally:
+        dev_cluster.client.cancel(job)

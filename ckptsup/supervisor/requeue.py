@@ -151,6 +151,7 @@ def requeue_job(client: RequeueClient, run_dir: str | os.PathLike[str] | RunDir,
     if not _claim(rd, state.epoch, by):
         return RequeueResult(job_id=job_id, requeued=False, epoch=state.epoch,
                              why_skipped=f"another requeuer claimed epoch {state.epoch}")
+    previous_status = state.status
     for node in exclude:
         state.excluded_nodes.setdefault(node, reason)
     state.epoch += 1
@@ -159,7 +160,14 @@ def requeue_job(client: RequeueClient, run_dir: str | os.PathLike[str] | RunDir,
     excluded = tuple(sorted(set(state.excluded_nodes) | set(info.excluded_nodes or ())))
     t_fence = clock()
 
-    client.requeue(job_id)
+    try:
+        client.requeue(job_id)
+    except CkptsupError:
+        # Not requeued after all: the new epoch stays (fencing never hurts), but the status goes
+        # back so that the next requeuer (the batch script) is not told "already requeued".
+        state.status = previous_status
+        rd.save_state(state)
+        raise
     t_requeue = clock()
     requeued_wall = wall()
     phases = {"check_s": t_check - t0, "fence_s": t_fence - t_check, "requeue_s": t_requeue - t_fence}
