@@ -87,7 +87,9 @@ def main() -> int:
     nbytes = 0
     for i in range(args.repeats):
         ck = base / f"ck{i}"
-        run = ckptsup.attach(model=model, optimizer=opt, checkpoint_dir=str(ck), save_every_s=1e9, jitter_s=0)
+        # housekeeping off (no retention/test loads competing for the disk): this measures the save path
+        quiet = {"keep_daily_days": 0, "test_load_every": 0, "keep_last": 10}
+        run = ckptsup.attach(model=model, optimizer=opt, checkpoint_dir=str(ck), save_every_s=1e9, jitter_s=0, **quiet)
         # sync save (measures the whole path); then two async saves: the second shows the steady stall
         run.next_step = 1
         result = run.save(reason="bench", blocking=True)
@@ -114,7 +116,7 @@ def main() -> int:
         for extra in ("step_2", "step_3"):
             shutil.rmtree(ck / extra)
         evict(ck)
-        run = ckptsup.attach(model=model, optimizer=opt, checkpoint_dir=str(ck), save_every_s=1e9)
+        run = ckptsup.attach(model=model, optimizer=opt, checkpoint_dir=str(ck), save_every_s=1e9, **quiet)
         t0 = time.perf_counter()
         assert run.resume() == 1
         restores.append(nbytes / (time.perf_counter() - t0))
