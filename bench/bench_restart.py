@@ -55,7 +55,7 @@ def node_path(cluster: Path, port_base: str) -> None:
                    check=True, env=env, stdout=subprocess.DEVNULL)
     work = Path(tempfile.mkdtemp(prefix="ckptsup-bench-node-", dir=cluster))
     (work / "job.toml").write_text("[supervisor]\nheartbeat_interval_s = 0.5\nnode_silence_s = 4.0\n"
-                                   "[checkpoint]\nadaptive_interval = false\n")
+                                   "[checkpoint]\nadaptive_interval = false\nkeep_daily_days = 0\ntest_load_every = 0\n")
     run = work / "run"
     sub = subprocess.run([*CKPTSUP, "sbatch", "--submit", "--json", "--nodes", "2", "--spares", "1",
                           "--nproc-per-node", "1", "--config", str(work / "job.toml"), "--run-dir", str(run),

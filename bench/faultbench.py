@@ -55,7 +55,7 @@ def command(tool: str, work: Path, *, hang_timeout_s: float) -> list[str]:
     if tool == "ckptsup":  # checkpoints go where the supervisor looks: <run_dir>/checkpoints
         out = out[:2]
         cfg = work / "job.toml"
-        cfg.write_text(f"[supervisor]\nhang_timeout_s = {hang_timeout_s}\n[checkpoint]\nadaptive_interval = false\n"
+        cfg.write_text(f"[supervisor]\nhang_timeout_s = {hang_timeout_s}\n[checkpoint]\nadaptive_interval = false\nkeep_daily_days = 0\ntest_load_every = 0\n"
                        "[health]\nenabled = false\n")
         return [sys.executable, "-m", "ckptsup.cli", "launch", "--nproc-per-node", "2", "--config", str(cfg),
                 "--run-dir", str(work / "run"), str(TRAIN), *WORKLOAD, *out]

@@ -30,6 +30,9 @@ node_silence_s = 4.0
 hang_min_s = 15.0
 [checkpoint]
 adaptive_interval = false
+# level-3 test loads run beside training; on a 2-core demo machine they would only compete for CPU
+keep_daily_days = 0
+test_load_every = 0
 [slurm]
 spare_partition = "mainspare"
 """
@@ -119,7 +122,7 @@ def summary(evts: list[dict], victim: str) -> None:
     down = first("failure_detected", kind="node_down")
     excluded = first("node_excluded", node=victim)
     launches = [e for e in evts if e["event"] == "launch"]
-    restart = first("restart_done")
+    restart = first("restart_done", path="node") or first("restart_done")
     done = first("run_complete")
     say("summary")
     if down:
@@ -127,10 +130,11 @@ def summary(evts: list[dict], victim: str) -> None:
               f" (Slurm had not marked it DOWN yet)")
     if excluded:
         print(f"excluded   : {excluded['node']} ({excluded['reason']}; drained: {excluded.get('drained')})")
-    if len(launches) > 1:
-        spare = sorted(set(launches[-1]["nodes"]) - set(launches[0]["nodes"]))
-        print(f"spare taken: {', '.join(spare) or '-'}; new node set {', '.join(launches[-1]['nodes'])}"
-              f" (path: {launches[-1]['path']})")
+    moved = [e for e in launches if e["path"] == "node"]
+    if moved:
+        spare = sorted(set(moved[0]["nodes"]) - set(launches[0]["nodes"]))
+        print(f"spare taken: {', '.join(spare) or '-'}; new node set {', '.join(moved[0]['nodes'])}"
+              f" (node path: a new agent step with srun --overlap)")
     if restart:
         phases = ", ".join(f"{k[:-2]} {v:.1f}s" for k, v in restart["phases"].items())
         print(f"resumed    : at step {restart['resume_step']}, {restart['restart_s']:.1f}s after detection ({phases})")

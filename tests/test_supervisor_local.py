@@ -20,7 +20,7 @@ CKPTSUP = [sys.executable, "-m", "ckptsup.cli"]
 def cfg(tmp_path):
     path = tmp_path / "job.toml"
     path.write_text("[supervisor]\nhang_min_s = 3.0\nheartbeat_interval_s = 0.5\n"
-                    "[checkpoint]\nadaptive_interval = false\n")
+                    "[checkpoint]\nadaptive_interval = false\nkeep_daily_days = 0\ntest_load_every = 0\n")
     return path
 
 

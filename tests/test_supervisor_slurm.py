@@ -28,7 +28,7 @@ CKPTSUP = [sys.executable, "-m", "ckptsup.cli"]
 def job_config(tmp: Path) -> Path:
     path = tmp / "job.toml"
     path.write_text("[supervisor]\nhang_min_s = 10.0\nheartbeat_interval_s = 0.5\nnode_silence_s = 4.0\n"
-                    f"[checkpoint]\nadaptive_interval = false\n[slurm]\nspare_partition = \"{SPANNING}\"\n")
+                    f"[checkpoint]\nadaptive_interval = false\nkeep_daily_days = 0\ntest_load_every = 0\n[slurm]\nspare_partition = \"{SPANNING}\"\n")
     return path
 
 

@@ -24,7 +24,7 @@ STEPS = ["--steps", "40", "--save-every-steps", "5", "--step-sleep-s", "0.08"]
 
 def write_cfg(path: Path) -> Path:
     path.write_text("[supervisor]\nhang_min_s = 4.0\nheartbeat_interval_s = 0.5\n"
-                    "[checkpoint]\nadaptive_interval = false\n")
+                    "[checkpoint]\nadaptive_interval = false\nkeep_daily_days = 0\ntest_load_every = 0\n")
     return path
 
 

@@ -146,7 +146,8 @@ class Supervisor:
             tracker = self.tracker
             assert tracker is not None
             if failure is None and tracker.complete:
-                self.emit(Event.RUN_COMPLETE, step=tracker.last_step)
+                self.emit(Event.RUN_COMPLETE, step=tracker.last_step if tracker.last_step is not None
+                          else tracker.resume_step - 1)
                 self.state.status = "done"
                 self.run_dir.save_state(self.state)
                 return ExitStatus.DONE
