@@ -171,3 +171,15 @@ def test_stop_request_ends_the_loop(tmp_path) -> None:
     result = watch(run_dir=rd, job_id="42", config=config, client=FakeSlurm(), wall=world.wall,
                    sleep=world.sleep, stop=lambda: True)
     assert result.outcome is WatchOutcome.STOPPED
+
+
+def test_watchdog_command_without_a_run_dir_config_exits_quietly(tmp_path, monkeypatch) -> None:
+    from click.testing import CliRunner
+
+    from ckptsup.cli import cli
+    from ckptsup.supervisor import cli_ops
+
+    monkeypatch.setattr(cli_ops, "STARTUP_WAIT_S", 0.6)
+    result = CliRunner().invoke(cli, ["watchdog", "--run-dir", str(tmp_path / "never"), "--job-id", "42"])
+    assert result.exit_code == 0, result.output
+    assert "never appeared; nothing to watch" in result.output

@@ -28,6 +28,8 @@ fi
 other=$(scontrol show hostnames "$SLURM_JOB_NODELIST" | grep -vx "$SLURMD_NODENAME" | head -1)
 echo "first run batch host $SLURMD_NODENAME watchdog on $other"
 srun --overlap -N1 -n1 -w "$other" ckptsup watchdog --run-dir {run_dir} &
+# the supervisor writes its effective config after the watchdog has started
+sleep 1; [ -e {run_dir}/config.json.later ] && mv {run_dir}/config.json.later {run_dir}/config.json
 # the "supervisor": renews its lease every 0.5 s, {renewals} times (forever when negative)
 python - <<'PY'
 import socket, time
@@ -56,6 +58,7 @@ def wait_output(out_file: Path, text: str, timeout: float, dev_cluster, job: str
 
 def run_case(dev_cluster, tmp_path, *, renewals: int, kill_batch_host: bool, extra=()):
     rd = make_run_dir(tmp_path, lease_stale_s=3.0)
+    rd.config_json_path.rename(rd.path / "config.json.later")
     out_file = tmp_path / "job.out"
     job = dev_cluster.submit(SCRIPT.format(run_dir=rd.path, renewals=renewals), "-N", "2", "-p", "main",
                              "--requeue", "--open-mode=append", f"--output={out_file}", *extra)

@@ -7,13 +7,16 @@ import json
 import os
 import signal
 import sys
+import time
 from pathlib import Path
 
 import click
 
 from ..errors import ConfigError
+from ..rundir import CONFIG_JSON, RunDir
 
 TERMINAL_EXIT = {"run_complete", "give_up"}
+STARTUP_WAIT_S = 120.0  # how long the watchdog waits for the supervisor to create the run dir
 
 
 def _run_dir(path: str) -> Path:
@@ -93,10 +96,18 @@ def watchdog(run_dir: str, job_id: str | None, poll_s: float | None) -> None:
     from .health import effective_config
     from .watchdog import WatchOutcome, watch
 
-    path = _run_dir(run_dir)
     job = _job_id(job_id)
-    config = effective_config(path)
     stop = _StopFlag().install()
+    # The batch script starts us next to the supervisor, which creates the run dir and writes
+    # the effective config: give it time, so that the job's own lease settings apply.
+    path = Path(run_dir)
+    deadline = time.monotonic() + STARTUP_WAIT_S
+    while not (path / CONFIG_JSON).exists():
+        if stop.set or time.monotonic() > deadline:
+            click.echo(f"ckptsup watchdog: {path / CONFIG_JSON} never appeared; nothing to watch")
+            return
+        time.sleep(0.5)
+    config = effective_config(path)
     client = SlurmClient.from_config(config.slurm)
     result = watch(run_dir=path, job_id=job, config=config, client=client, poll_s=poll_s, stop=lambda: stop.set)
     click.echo(f"ckptsup watchdog: {result.outcome.value}: {result.detail}")
@@ -117,10 +128,10 @@ def requeue(run_dir: str, reason: str, exclude: tuple[str, ...], job_id: str | N
     from .health import effective_config
     from .requeue import requeue_job
 
-    path = _run_dir(run_dir)
     job = _job_id(job_id)
-    config = effective_config(path)
     _StopFlag().install()
+    path = RunDir.create(run_dir).path  # the supervisor may have died before creating it
+    config = effective_config(path)
     client = SlurmClient.from_config(config.slurm)
     result = requeue_job(client, path, job, reason, list(exclude), partition=config.slurm.spare_partition or None,
                          by=by)
