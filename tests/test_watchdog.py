@@ -183,3 +183,12 @@ def test_watchdog_command_without_a_run_dir_config_exits_quietly(tmp_path, monke
     result = CliRunner().invoke(cli, ["watchdog", "--run-dir", str(tmp_path / "never"), "--job-id", "42"])
     assert result.exit_code == 0, result.output
     assert "never appeared; nothing to watch" in result.output
+
+
+def test_a_lease_host_slurm_does_not_know_is_replaced_by_slurms_batch_host(tmp_path) -> None:
+    rd, config, world = make(tmp_path)
+    lease(rd, world.now, host="n1.cluster.example.org")  # FQDN, not the Slurm node name
+    calls = []
+    watch(run_dir=rd, job_id="42", config=config, client=FakeSlurm(), wall=world.wall,
+          sleep=world.sleep, poll_s=1.0, requeue=recording_requeue(calls))
+    assert calls == [("42", "batch_host_lost", ["n1"], "watchdog")]

@@ -100,10 +100,12 @@ def watch(*, run_dir: str | os.PathLike[str] | RunDir, job_id: str, config: Conf
 def _requeue(rd: RunDir, job_id: str, host: str, age: float | None, client: RequeueClient,
              requeue: Callable[..., RequeueResult], clock: Callable[[], float], wall: Callable[[], float],
              sleep: Callable[[float], None], *, partition: str | None) -> WatchResult:
-    batch_host = host
-    if not batch_host:
-        info = client.job_info(job_id)
-        batch_host = getattr(info, "batch_host", "") if info is not None else ""
+    # The lease names the supervisor's host as it saw it (a hostname); Slurm's own batch host
+    # name wins when the two differ (FQDN vs node name), since ExcNodeList needs Slurm's.
+    info = client.job_info(job_id)
+    slurm_host = getattr(info, "batch_host", "") if info is not None else ""
+    known = set(getattr(info, "nodes", None) or ()) | {slurm_host}
+    batch_host = host if host and (host in known or not slurm_host) else slurm_host
     exclude = [batch_host] if batch_host else []
     detail = (f"supervisor lease stale for {age:.1f}s" if age is not None else "supervisor never renewed its lease")
     try:
