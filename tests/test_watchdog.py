@@ -72,7 +72,7 @@ def test_fresh_lease_never_triggers(tmp_path) -> None:
 
     def renew_then_finish(w):
         lease(rd, w.now)
-        if w.sleeps == 200:  # 200 s of healthy renewals, then the run completes
+        if w.sleeps == 40:  # 40 s (4x lease_stale_s) of healthy renewals, then the run completes
             state = rd.load_state()
             state.status = "done"
             rd.save_state(state)
