@@ -130,3 +130,11 @@ def test_flight_recorder_off_disables_dump_on_timeout(tmp_path) -> None:
 def test_async_error_handling_1_with_flight_recorder_gets_a_warning_note() -> None:
     t = nccl.derive_timeouts(cfg(nccl={"async_error_handling": 1}))
     assert any("pytorch#121055" in n for n in t.notes)
+
+
+def test_derived_rows_show_every_exported_variable_with_its_origin() -> None:
+    rows = nccl.derived_rows(Config(), step_times=[0.2], save_times=[1.0])
+    keys = {r["key"] for r in rows}
+    assert {"env TORCH_NCCL_HEARTBEAT_TIMEOUT_SEC", "env TORCH_FR_BUFFER_SIZE", "env CKPTSUP_COLLECTIVE_TIMEOUT_S",
+            "supervisor.hang_timeout_s (effective)"} <= keys
+    assert all(r["source"] for r in rows)

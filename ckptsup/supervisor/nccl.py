@@ -162,3 +162,18 @@ def nccl_env(config: Config, *, run_dir: str | Path, attempt: int,
 
 def _num(value: float) -> str:
     return str(int(value)) if value == int(value) else f"{value:.3f}"
+
+
+def derived_rows(config: Config, *, run_dir: str | Path = "<run_dir>", attempt: int = 0,
+                 step_times: Iterable[float] | None = (), save_times: Iterable[float] | None = ()) -> list[dict[str, Any]]:
+    """What the supervisor would export, as `config show` rows ({key, value, source}); the
+    source says what it is derived from, and each note why a configured value was lifted."""
+    t = derive_timeouts(config, step_times=step_times, save_times=save_times)
+    rows = [{"key": "supervisor.hang_timeout_s (effective)", "value": t.hang_s,
+             "source": "derived: max(hang_min_s, hang_step_factor x p99 step)"},
+            {"key": "supervisor.save_allowance_s (effective)", "value": t.save_allowance_s,
+             "source": "derived: min(save_timeout_s, max(hang, 3 x slowest save))"}]
+    for name, value in nccl_env(config, run_dir=run_dir, attempt=attempt, timeouts=t).items():
+        rows.append({"key": f"env {name}", "value": value, "source": "derived (docs/timeouts.md)"})
+    rows += [{"key": "note", "value": note, "source": "nccl.derive_timeouts"} for note in t.notes]
+    return rows
