@@ -105,3 +105,25 @@ def test_a_rank_that_vanishes_without_bye_is_reported_as_an_exit(agent):
     exits = [body for m, body in relayed(agent) if m == "rank_exit"]
     agent.torchrun = None
     assert len(exits) == 1 and exits[0]["rank"] == 1 and exits[0]["rc"] is None
+
+
+def test_a_dead_ranks_exit_status_is_read_from_its_zombie():
+    import signal
+    import subprocess
+    import sys
+    import time
+
+    from ckptsup.supervisor.agent import GONE, RUNNING, zombie_status
+
+    done = subprocess.Popen([sys.executable, "-c", "import sys; sys.exit(3)"])
+    killed = subprocess.Popen([sys.executable, "-c", "import time; time.sleep(60)"])
+    assert zombie_status(killed.pid) == RUNNING
+    killed.send_signal(signal.SIGKILL)
+    deadline = time.monotonic() + 10
+    while time.monotonic() < deadline and (zombie_status(done.pid) == RUNNING or zombie_status(killed.pid) == RUNNING):
+        time.sleep(0.01)
+    assert zombie_status(done.pid) == 3
+    assert zombie_status(killed.pid) == -signal.SIGKILL
+    done.wait()
+    killed.wait()
+    assert zombie_status(done.pid) == GONE

@@ -328,11 +328,23 @@ class Agent:
         now = time.monotonic()
         if rc == 0:
             self.pending_exits = []
-        for seen, rank, pid in [p for p in self.pending_exits if now - p[0] >= EXIT_CONFIRM_S or rc is not None]:
-            self.send("rank_exit", {"rank": rank, "rc": None, "pid": pid, "step": self.last_step,
-                                    "age_s": now - seen,
-                                    "detail": f"rank {rank} (pid {pid}) died without saying goodbye"})
-        self.pending_exits = [p for p in self.pending_exits if now - p[0] < EXIT_CONFIRM_S and rc is None]
+        keep = []
+        for seen, rank, pid in self.pending_exits:
+            status = zombie_status(pid) if pid is not None else GONE
+            if status is RUNNING and now - seen < EXIT_CONFIRM_S:
+                keep.append((seen, rank, pid))  # still exiting (fds close before the zombie appears)
+            elif status is RUNNING:
+                continue  # it closed its channel but lives on: not a crash (hang detection watches it)
+            elif status == 0:
+                continue  # a clean exit without `bye`
+            elif status is GONE and now - seen < EXIT_CONFIRM_S and rc is None:
+                keep.append((seen, rank, pid))  # reaped already: wait for torchrun's verdict
+            else:
+                code = None if status is GONE else status
+                what = "died without saying goodbye" if code is None else describe_exit(code)
+                self.send("rank_exit", {"rank": rank, "rc": code, "pid": pid, "step": self.last_step,
+                                        "age_s": now - seen, "detail": f"rank {rank} (pid {pid}) {what}"})
+        self.pending_exits = keep
         if self.torchrun is not None and not self.torchrun_reported and rc is not None:
             self.torchrun_reported = True
             self.send("torchrun_exit", {"rc": rc, "step": self.last_step})
@@ -394,7 +406,7 @@ class Agent:
             while not self.exit_requested:
                 if self.term_signal is not None:
                     return self._preempted()
-                self._pump(TICK_S)
+                self._pump(0.005 if self.pending_exits else TICK_S)
                 self._check_processes()
                 self._warm_standby()
                 now = time.monotonic()
@@ -412,6 +424,35 @@ class Agent:
             self.standby = None
         self.server.close()
         shutil.rmtree(self.sock_dir, ignore_errors=True)
+
+
+RUNNING = "running"
+GONE = "gone"
+
+
+def zombie_status(pid: int) -> "int | str":
+    """A dead rank's exit status while it is a zombie, read from /proc/PID/stat (field 52,
+    Linux >= 3.5): exit code, or -signal. RUNNING while alive, GONE once reaped (torchrun, its
+    parent, reaps it within its monitor interval)."""
+    try:
+        with open(f"/proc/{pid}/stat", "rb") as fh:
+            data = fh.read().decode(errors="replace")
+    except (FileNotFoundError, ProcessLookupError):
+        return GONE
+    fields = data[data.rindex(")") + 2:].split()
+    if fields[0] != "Z":
+        return RUNNING
+    try:
+        wait_status = int(fields[49])
+    except (IndexError, ValueError):
+        return GONE
+    if wait_status & 0x7F:
+        return -(wait_status & 0x7F)
+    return (wait_status >> 8) & 0xFF
+
+
+def describe_exit(code: int) -> str:
+    return f"was killed by signal {-code}" if code < 0 else f"exited with status {code}"
 
 
 def node_name() -> str:

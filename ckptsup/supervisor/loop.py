@@ -300,14 +300,14 @@ class Supervisor:
                                                               f"on {failure.node} was the first symptom)")
             self.emit(Event.FAILURE_DETECTED, kind=failure.kind, node=node, rank=None, step=failure.step,
                       detect_s=round(failure.detect_s, 4), detail=failure.detail)
+        unhealthy = recovery.health(self, recovery.suspects(failure, self.history, self.active))
+        if failure.kind is FailureKind.NODE_DOWN and failure.node is None and unhealthy:
+            failure = replace(failure, node=sorted(unhealthy)[0])
+        t_health = self.clock()
         result = AttemptResult(attempt=self.state.attempt, outcome=Outcome.FAILED, start_step=tracker.resume_step,
                                last_step=tracker.last_step, failure=failure)
         self.history.append(result)
         self.state.failures.append(result.to_record())
-        unhealthy = recovery.health(self, recovery.suspects(failure, self.history[:-1], self.active))
-        if failure.kind is FailureKind.NODE_DOWN and failure.node is None and unhealthy:
-            failure = replace(failure, node=sorted(unhealthy)[0])
-        t_health = self.clock()
         spares = tuple(n for n in self.placement.nodes
                        if n not in self.active and n not in self.state.excluded_nodes)
         obs = Observation(failure=failure, active=self.active, spares=spares,
@@ -315,8 +315,9 @@ class Supervisor:
                           nodes_needed=self.job.nodes_needed, can_requeue=self.placement.in_slurm,
                           restarts_used=self.state.restarts)
         action = decide(obs, History(attempts=tuple(self.history)), self.sup)
-        for node in getattr(action, "exclude", ()) if isinstance(action, RestartInAllocation) else \
-                getattr(action, "newly_excluded", ()):
+        blamed = action.exclude if isinstance(action, RestartInAllocation) else \
+            action.newly_excluded if isinstance(action, Requeue) else ()
+        for node in blamed:
             self._exclude(node, unhealthy.get(node) or failure.kind.value)
         marks = Marks(detect=t_detect, killed=t_killed, health_done=t_health)
         return self._carry_out(failure, action, marks=marks, t_detect=t_detect)
