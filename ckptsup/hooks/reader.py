@@ -178,8 +178,8 @@ class VerifyingReader(_file_reader_base()):  # type: ignore[misc]
         fut.set_result(None)
         return fut
 
-    def _apply(self, data: bytes, item: Any, reqs: list[Any], planner: Any) -> None:
-        import torch
+    def _apply(self, data: Any, item: Any, reqs: list[Any], planner: Any) -> None:
+        """Deserialise one verified item (a uint8 tensor) into every request that needs it."""
         from torch.distributed._shard._utils import narrow_tensor_by_index
         from torch.distributed.checkpoint.planner import LoadItemType
 

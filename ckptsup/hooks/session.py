@@ -110,7 +110,8 @@ class Run:
         self.next_step = 0          # steps completed = the N of the next checkpoint
         self.last_saved_step: int | None = None
         self.last_save_time = clock()
-        self.jitter_s = random.uniform(0, settings.jitter_s)
+        self.jitter_rng = random.Random()  # never the global stream: user code may depend on it
+        self.jitter_s = self.jitter_rng.uniform(0, settings.jitter_s)
         self.agreed_stop: int | None = None
         self.next_sync = 0
         self.step_time_ema: float | None = None
@@ -285,7 +286,7 @@ class Run:
         step = self.next_step
         self.last_saved_step = step
         self.last_save_time = self.clock()
-        self.jitter_s = random.uniform(0, self.settings.jitter_s)
+        self.jitter_s = self.jitter_rng.uniform(0, self.settings.jitter_s)
         if blocking:
             self.channel.send("phase", {"rank": self.rank, "phase": "save", "step": step})
         result = self.writer.save(step=step, device_state=self.state.model_optim_state(),
