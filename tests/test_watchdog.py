@@ -136,14 +136,21 @@ def test_real_requeue_path_appends_exactly_one_fenced_event(tmp_path) -> None:
     assert rd.load_state().excluded_nodes == {"n1": "batch_host_lost"}
 
 
-def test_already_requeued_run_is_left_alone(tmp_path) -> None:
+def test_run_requeued_by_someone_else_while_watching_is_left_alone(tmp_path) -> None:
     rd, config, world = make(tmp_path)
-    state = rd.load_state()
-    state.status = "requeued"
-    rd.save_state(state)
+    lease(rd, world.now)
+
+    def batch_script_requeues(w):
+        lease(rd, w.now)
+        if w.sleeps == 5:
+            state = rd.load_state()
+            state.status, state.epoch = "requeued", state.epoch + 1
+            rd.save_state(state)
+
+    world.on_sleep = batch_script_requeues
     calls = []
     result = watch(run_dir=rd, job_id="42", config=config, client=FakeSlurm(), wall=world.wall,
-                   sleep=world.sleep, requeue=recording_requeue(calls))
+                   sleep=world.sleep, poll_s=1.0, requeue=recording_requeue(calls))
     assert result.outcome is WatchOutcome.ALREADY_REQUEUED and calls == []
 
 
@@ -191,4 +198,28 @@ def test_a_lease_host_slurm_does_not_know_is_replaced_by_slurms_batch_host(tmp_p
     calls = []
     watch(run_dir=rd, job_id="42", config=config, client=FakeSlurm(), wall=world.wall,
           sleep=world.sleep, poll_s=1.0, requeue=recording_requeue(calls))
+    assert calls == [("42", "batch_host_lost", ["n1"], "watchdog")]
+
+
+def test_requeued_status_left_by_the_previous_run_does_not_stop_the_new_watchdog(tmp_path) -> None:
+    rd, config, world = make(tmp_path)
+    state = rd.load_state()
+    state.status, state.epoch = "requeued", 2  # what the previous batch run left
+    rd.save_state(state)
+    lease(rd, world.now - 300)
+    calls = []
+
+    def new_supervisor(w):
+        if w.sleeps == 3:  # takes over: epoch 3, running, fresh lease
+            s = rd.load_state()
+            s.status, s.epoch = "running", 3
+            rd.save_state(s)
+        if 3 <= w.sleeps <= 8:
+            lease(rd, w.now, host="n1")
+        # then it dies: the lease goes stale
+
+    world.on_sleep = new_supervisor
+    result = watch(run_dir=rd, job_id="42", config=config, client=FakeSlurm(), wall=world.wall,
+                   sleep=world.sleep, poll_s=1.0, requeue=recording_requeue(calls))
+    assert result.outcome is WatchOutcome.REQUEUED
     assert calls == [("42", "batch_host_lost", ["n1"], "watchdog")]

@@ -6,7 +6,9 @@ loop with `srun --overlap -N1 -n1 -w <another node> ckptsup watchdog --run-dir D
 not part of the agents' step (which includes the batch host and dies with it).
 
 Each poll it reads the run's state and the supervisor's lease:
-  state done / gave_up / requeued        → exit quietly (nothing to watch any more)
+  state done / gave_up / requeued        → exit quietly (nothing to watch any more); a
+                                           "requeued" left by the previous batch run only
+                                           counts once the new supervisor has taken over
   lease renewed within lease_stale_s     → fine
   no lease renewed since we started      → wait up to `startup_grace_s` for the supervisor
   lease older than lease_stale_s, state running
@@ -71,13 +73,19 @@ def watch(*, run_dir: str | os.PathLike[str] | RunDir, job_id: str, config: Conf
     poll = poll_s if poll_s is not None else min(1.0, stale_s / 4)
     grace = startup_grace_s if startup_grace_s is not None else max(60.0, 3 * stale_s)
     started = wall()
+    first = rd.load_state()
+    # After a requeue the new batch run starts us while state.json still says "requeued" (the
+    # previous run's): that is not a reason to leave, until the new supervisor takes over.
+    leftover_epoch = first.epoch if first.status == "requeued" else None
     while True:
         if stop():
             return WatchResult(outcome=WatchOutcome.STOPPED, detail="stop requested")
         state = rd.load_state()
         if state.status in FINISHED:
             return WatchResult(outcome=WatchOutcome.FINISHED, detail=f"run {state.status}")
-        if state.status == "requeued":
+        if leftover_epoch is not None and (state.epoch != leftover_epoch or state.status != "requeued"):
+            leftover_epoch = None  # the new supervisor took over
+        if state.status == "requeued" and leftover_epoch is None:
             return WatchResult(outcome=WatchOutcome.ALREADY_REQUEUED, detail=f"requeued in epoch {state.epoch}")
         now = wall()
         lease = _lease(rd)
