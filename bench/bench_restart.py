@@ -78,9 +78,10 @@ def node_path(cluster: Path, port_base: str) -> None:
     subprocess.run([*CKPTSUP, "dev-cluster", "kill-node", victim, "--dir", str(cluster)], check=True, env=env,
                    stdout=subprocess.DEVNULL)
     deadline = time.monotonic() + 180
-    while not any(e["event"] == "restart_done" for e in evts()) and time.monotonic() < deadline:
+    before = len([e for e in evts() if e["event"] == "failure_detected"])
+    while not any(e["event"] == "restart_done" and e["path"] == "node" for e in evts()) and time.monotonic() < deadline:
         time.sleep(0.3)
-    done = [e for e in evts() if e["event"] == "restart_done"]
+    done = [e for e in evts() if e["event"] == "restart_done" and e["path"] == "node"]
     down = [e for e in evts() if e["event"] == "failure_detected" and e["kind"] == "node_down"]
     subprocess.run(["scancel", job], env=env, check=False)
     subprocess.run([*CKPTSUP, "dev-cluster", "revive-node", victim, "--dir", str(cluster)], env=env, check=False,
@@ -90,7 +91,7 @@ def node_path(cluster: Path, port_base: str) -> None:
         return
     import datetime as dt
 
-    first = [e for e in evts() if e["event"] == "failure_detected"][0]
+    first = [e for e in evts() if e["event"] == "failure_detected"][before]
     seen = dt.datetime.fromisoformat(first["ts"]).timestamp() - killed
     r = done[0]
     print(f"node path  ckptsup     node kill→first detection {seen:5.2f}  "

@@ -46,6 +46,7 @@ class Placement:
     in_slurm: bool = False
     slurm: Any = None                       # SlurmClient inside an allocation
     grace_time_s: float | None = None       # the partition's preemption GraceTime (None: unknown)
+    here: str = ""                          # the node the supervisor runs on (the batch host)
 
     @classmethod
     def local(cls) -> "Placement":
@@ -67,14 +68,21 @@ class Placement:
                 print(f"ckptsup: NodeAddr of {node} unavailable ({err}); using its name", file=sys.stderr)
                 addrs[node] = node
         return cls(job_id=alloc.job_id, nodes=tuple(alloc.nodes), addrs=addrs, in_slurm=True, slurm=client,
-                   grace_time_s=partition_grace_time(client, alloc.partition))
+                   grace_time_s=partition_grace_time(client, alloc.partition), here=alloc.batch_host)
 
     def rdzv_endpoint(self, first_node: str, base_port: int, attempt: int) -> str:
+        """ADDR:PORT of the attempt's store on its first node. A port free right now when that
+        node is this host; otherwise one spread by job and attempt, so that jobs sharing a node
+        (and an attempt whose old store lingers) rarely collide — a collision fails torchrun at
+        once, which the policy retries on the next attempt's port."""
         addr = self.addrs.get(first_node, "127.0.0.1")
-        if not self.in_slurm:
-            return f"{addr}:{free_port(addr)}"
-        # a fresh port per attempt: the old store may still hold the previous one
-        return f"{addr}:{base_port + attempt % 500}"
+        if not self.in_slurm or first_node == self.here:
+            try:
+                return f"{addr}:{free_port(addr)}"
+            except OSError:
+                pass  # the address is not local after all
+        spread = (sum(map(ord, self.job_id)) * 97 + attempt) % 2000
+        return f"{addr}:{base_port + spread}"
 
     def agent_argv(self, nodes: Sequence[str], spec_path: str, attempt: int) -> list[str]:
         command = agent_command(spec_path, attempt)
