@@ -97,7 +97,10 @@ def main(argv: list[str] | None = None) -> Any:
         click.echo("ckptsup: aborted", err=True)
         sys.exit(130)
     except click.ClickException as err:
-        err.show()
+        # Usage errors too are one line (click's own rendering is a usage block plus a hint).
+        ctx = getattr(err, "ctx", None)
+        hint = f" (see `{ctx.command_path} --help`)" if isinstance(err, click.UsageError) and ctx is not None else ""
+        click.echo(f"ckptsup: error: {err.format_message()}{hint}", err=True)
         sys.exit(err.exit_code)
     except KeyboardInterrupt:
         sys.exit(130)

@@ -11,6 +11,7 @@ error names the file, the key and the valid choices. Units live in key names (`_
 from __future__ import annotations
 
 import dataclasses
+import math
 import difflib
 import json
 import os
@@ -249,9 +250,13 @@ def _type_problem(fld: dataclasses.Field, value: Any) -> str | None:
     if isinstance(default, bool):
         return None if isinstance(value, bool) else "must be true or false"
     if isinstance(default, int):
-        return None if isinstance(value, int) and not isinstance(value, bool) else "must be an integer"
+        if not isinstance(value, int) or isinstance(value, bool):
+            return "must be an integer"
+        return None if abs(value) < 2**63 else "is too large (TOML integers are 64-bit)"
     if isinstance(default, float):
-        return None if isinstance(value, (int, float)) and not isinstance(value, bool) else "must be a number"
+        if not isinstance(value, (int, float)) or isinstance(value, bool):
+            return "must be a number"
+        return None if math.isfinite(value) else "must be a finite number (not nan or inf)"
     if isinstance(default, list):
         ok = isinstance(value, list) and all(isinstance(v, str) for v in value)
         return None if ok else "must be a list of strings"

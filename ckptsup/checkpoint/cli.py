@@ -5,6 +5,7 @@ Nothing here reads DCP's .metadata or imports torch (level 3 runs in a child pro
 from __future__ import annotations
 
 import json
+import os
 import sys
 from contextlib import nullcontext
 from datetime import datetime, timezone
@@ -31,6 +32,8 @@ def _classify(path_text: str) -> tuple[str, Path]:
         raise CheckpointError(f"{path} does not exist; pass a checkpoint_dir or one of its step_<N> directories")
     if not path.is_dir():
         raise CheckpointError(f"{path} is not a directory; pass a checkpoint_dir or one of its step_<N> directories")
+    if not os.access(path, os.R_OK | os.X_OK):
+        raise CheckpointError(f"{path} is not readable by you (uid {os.getuid()}); run as its owner or `chmod u+rx {path}`")
     if parse_step(path.name) is not None or (path / MANIFEST_NAME).exists():
         return "step", path
     return "dir", path
@@ -57,7 +60,18 @@ def _human_bytes(n: int | None) -> str:
     return f"{n} B"
 
 
-@click.group()
+class _OSErrorsAsOneLine(click.Group):
+    """A file the catalog meets mid-command (unreadable, vanished) is a one-line error, not a traceback."""
+
+    def invoke(self, ctx: click.Context) -> Any:
+        try:
+            return super().invoke(ctx)
+        except OSError as err:
+            where = f"{err.filename}: " if err.filename else ""
+            raise CheckpointError(f"{where}{err.strerror or err}; check that the path exists and is readable by you") from None
+
+
+@click.group(cls=_OSErrorsAsOneLine)
 def ckpt() -> None:
     """Inspect, verify and prune checkpoints (a checkpoint_dir or one step_<N>)."""
 
@@ -216,6 +230,9 @@ def prune_cmd(directory: str, keep_last: int | None, keep_daily_days: int | None
         keep_last = cfg.keep_last if keep_last is None else keep_last
         keep_daily_days = cfg.keep_daily_days if keep_daily_days is None else keep_daily_days
     lock = read_lock(path / LOCK_NAME)
+    if lock is not None and not dry_run and not force and lock.pid <= 0:
+        raise CkptsupError(f"{path / LOCK_NAME} is not a lock ckptsup can read, so a writer may be active; "
+                           f"if no job writes here, remove it, or use --dry-run, or --force")
     if lock is not None and not dry_run and not force and (lock.host != _hostname() or pid_alive(lock.pid)):
         raise CkptsupError(f"{path} is being written by pid {lock.pid} on {lock.host}; its own retention runs there "
                            f"(checkpoints being validated or promoted are protected only in that process). Use --dry-run, or --force")

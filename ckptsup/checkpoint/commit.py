@@ -120,6 +120,8 @@ class LockHolder:
 
 
 def pid_alive(pid: int) -> bool:
+    if not isinstance(pid, int) or pid <= 0:
+        return False  # 0 and negatives name process groups in kill(2), not one process
     try:
         os.kill(pid, 0)
     except ProcessLookupError:
@@ -190,14 +192,18 @@ class WriterLock:
 
 
 def read_lock(path: Path) -> LockHolder | None:
+    unknown = LockHolder(pid=-1, host="<unreadable lock>", epoch=0)
     try:
         data = json.loads(path.read_text())
-        return LockHolder(**{k: data[k] for k in ("pid", "host", "epoch", "job_id", "token") if k in data})
+        holder = LockHolder(**{k: data[k] for k in ("pid", "host", "epoch", "job_id", "token") if k in data})
     except FileNotFoundError:
         return None
-    except (ValueError, TypeError, KeyError):
-        # A torn or foreign lock file: treat it as held by an unknown writer of epoch 0 elsewhere.
-        return LockHolder(pid=-1, host="<unreadable lock>", epoch=0)
+    except (ValueError, TypeError, KeyError, OSError):
+        # A torn, foreign or unreadable lock file: held by an unknown writer of epoch 0 elsewhere.
+        return unknown
+    typed = (isinstance(holder.pid, int) and isinstance(holder.epoch, int) and isinstance(holder.host, str)
+             and isinstance(holder.job_id, str) and isinstance(holder.token, str))
+    return holder if typed else unknown
 
 
 # ---- the protocol ---------------------------------------------------------------------------

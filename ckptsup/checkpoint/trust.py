@@ -28,6 +28,8 @@ def check_dir_trusted(path: str | os.PathLike[str], *, recursive: bool = False, 
         st = os.lstat(path)
     except FileNotFoundError:
         raise TrustError(f"{path} does not exist") from None
+    except OSError as err:
+        raise TrustError(f"cannot look at {path}: {err.strerror}; check the permissions of its parent directories") from None
     if stat.S_ISLNK(st.st_mode):
         raise TrustError(f"{path} is a symlink; point ckptsup at the real directory {os.path.realpath(path)} after checking it")
     if not stat.S_ISDIR(st.st_mode):
@@ -46,7 +48,12 @@ def _check_owner_mode(path: Path, st: os.stat_result, uid: int) -> None:
 
 
 def _check_entries(top: Path, *, recursive: bool, uid: int) -> None:
-    with os.scandir(top) as entries:
+    try:
+        entries = os.scandir(top)
+    except OSError as err:
+        raise TrustError(f"cannot list {top}: {err.strerror}; give yourself read access (`chmod u+rx {top}`) "
+                         f"or run as its owner") from None
+    with entries:
         for entry in entries:
             full = Path(entry.path)
             st = entry.stat(follow_symlinks=False)

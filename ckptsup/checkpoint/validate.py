@@ -99,8 +99,11 @@ def _check_file(step_dir: Path, entry: FileEntry, items: list[ItemEntry]) -> tup
         return [f"{entry.path}: not a regular file (symlink or special file refused)"], [], 0
     if st.st_size != entry.size:
         return [f"{entry.path}: size {st.st_size} != {entry.size} in the manifest (truncated or overwritten)"], [], 0
-    actual, _, item_hashes = hash_file_and_ranges(full, algorithm_of(entry.hash),
-                                                  [(it.offset, it.length, algorithm_of(it.hash)) for it in items])
+    try:
+        actual, _, item_hashes = hash_file_and_ranges(full, algorithm_of(entry.hash),
+                                                      [(it.offset, it.length, algorithm_of(it.hash)) for it in items])
+    except OSError as err:
+        return [f"{entry.path}: cannot read it ({err.strerror}); check its permissions"], [], 0
     if actual != entry.hash:
         return [f"{entry.path}: hash {actual} != {entry.hash} in the manifest (corrupted)"], [], entry.size
     bad = [it for it, h in zip(items, item_hashes) if h != it.hash and it.offset + it.length <= entry.size]

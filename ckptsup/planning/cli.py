@@ -198,8 +198,12 @@ def simulate(gpus: int, mtbf: str | None, failures: float | None, over: str | No
     from . import interval as iv
     from . import simulate as sm
 
-    if gpus < 1:
-        raise ConfigError("--gpus must be >= 1")
+    from .plan import MAX_GPUS
+
+    if not 1 <= gpus <= MAX_GPUS:
+        raise ConfigError(f"--gpus must be between 1 and {MAX_GPUS:,} (got {gpus})")
+    if seed < 0:
+        raise ConfigError(f"--seed must be >= 0 (got {seed})")
     if mtbf is not None:
         job_mtbf = parse_duration(mtbf, what="--mtbf")
     elif failures is not None:
@@ -213,8 +217,8 @@ def simulate(gpus: int, mtbf: str | None, failures: float | None, over: str | No
         sizes = tuple(int(x) for x in scale_to.split(",") if x.strip())
     except ValueError:
         raise ConfigError(f"--scale-to {scale_to!r}: give GPU counts separated by commas, e.g. 1024,16384") from None
-    if any(s < 1 for s in sizes):
-        raise ConfigError("--scale-to: every gang size must be >= 1")
+    if any(not 1 <= s <= MAX_GPUS for s in sizes):
+        raise ConfigError(f"--scale-to: every gang size must be between 1 and {MAX_GPUS:,}")
     stall_s = parse_duration(stall, what="--stall")
     persist_s = parse_duration(persist_time, what="--persist-time", allow_zero=True)
     chosen = (parse_duration(interval, what="--interval") if interval is not None
@@ -290,8 +294,8 @@ def report(run_dir: str, as_json: bool, png: str | None, html_path: str | None, 
     path = Path(run_dir)
     events = rp.read_run(path)
     site_price, gpu_mtbf_h = _site_cost(job_config, path)
-    if price is not None and price < 0:
-        raise ConfigError("--price must be >= 0")
+    if price is not None and not 0 <= price < math.inf:
+        raise ConfigError(f"--price must be a finite number >= 0 (USD per device-hour), got {price!r}")
     rep = rp.build_report(events, price_per_gpu_hour=site_price if price is None else price,
                           gpu_mtbf_hours=gpu_mtbf_h)
     for target, render in ((png, rp.render_png), (html_path, rp.render_html), (prom, rp.render_prom)):

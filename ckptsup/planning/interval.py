@@ -61,8 +61,8 @@ def expected_waste(*, interval_s: float, stall_s: float, mtbf_s: float, restart_
 def job_mtbf_from_record(*, failures: float, over_s: float, on_gpus: int, gpus: int) -> float:
     """Scale a reference record (N failures over D on G GPUs) to a gang of `gpus`: a failure of any
     GPU stops the whole job, so the job MTBF is the per-GPU MTBF (D·G/N) divided by `gpus`."""
-    if failures <= 0:
-        raise ConfigError(f"--failures {failures:g} must be > 0 (a record with no failures gives no MTBF; use --mtbf)")
+    if not failures > 0 or not math.isfinite(failures):
+        raise ConfigError(f"--failures {failures:g} must be a finite number > 0 (a record with no failures gives no MTBF; use --mtbf)")
     _positive(over_s=over_s)
     if on_gpus < 1 or gpus < 1:
         raise ConfigError("--on-gpus and --gpus must be >= 1")

@@ -17,6 +17,7 @@ from .units import DAY_S, MONTH_S, format_duration
 MONTH_H = MONTH_S / 3600.0
 DEFAULT_REPLACE_S = 24 * 3600.0  # a failed node back in the pool (repair or replacement) in a day
 SPARE_RISK = 0.01
+MAX_GPUS = 10_000_000   # beyond any cluster: a larger figure is a typo, and it would overflow the maths
 
 
 @dataclass(frozen=True, kw_only=True)
@@ -47,6 +48,9 @@ def validate(inp: PlanInputs) -> None:
     """Refuse what cannot be planned, naming the flag and the fix."""
     if inp.gpus_per_node < 1:
         raise ConfigError(f"--gpus-per-node {inp.gpus_per_node} must be >= 1")
+    if inp.gpus > MAX_GPUS or inp.gpus_per_node > MAX_GPUS:
+        raise ConfigError(f"--gpus {inp.gpus} / --gpus-per-node {inp.gpus_per_node}: at most {MAX_GPUS:,} "
+                          "(more than any cluster has); check the number")
     if inp.gpus < inp.gpus_per_node:
         raise ConfigError(f"--gpus {inp.gpus} is fewer than one node (--gpus-per-node {inp.gpus_per_node}); "
                           "give at least one whole node")
@@ -55,7 +59,7 @@ def validate(inp: PlanInputs) -> None:
     for flag, value in (("--restart", inp.restart_s), ("--persist-time", inp.persist_s),
                         ("--compare-persist-time", inp.compare_persist_s), ("--price", inp.price_per_gpu_hour)):
         if value < 0 or not math.isfinite(value):
-            raise ConfigError(f"{flag} must be >= 0, got {value!r}")
+            raise ConfigError(f"{flag} must be a finite number >= 0, got {value!r}")
     if inp.keep_last < 1:
         raise ConfigError(f"--keep-last {inp.keep_last} must be >= 1 (the newest checkpoint is always kept)")
     if inp.keep_daily_days < 0:
@@ -73,8 +77,8 @@ def validate(inp: PlanInputs) -> None:
         raise ConfigError("--spot-discount and --preemptions-per-node-day go together")
     if inp.spot_discount is not None and not 0 < inp.spot_discount < 1:
         raise ConfigError(f"--spot-discount {inp.spot_discount} must be a fraction between 0 and 1 (0.6 = 60% off)")
-    if inp.preemptions_per_node_day is not None and inp.preemptions_per_node_day < 0:
-        raise ConfigError("--preemptions-per-node-day must be >= 0")
+    if inp.preemptions_per_node_day is not None and not 0 <= inp.preemptions_per_node_day < math.inf:
+        raise ConfigError(f"--preemptions-per-node-day {inp.preemptions_per_node_day} must be a finite number >= 0")
 
 
 def job_mtbf(inp: PlanInputs) -> tuple[float, str]:

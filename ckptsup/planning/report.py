@@ -65,7 +65,15 @@ def read_run(run_dir: str | os.PathLike[str]) -> list[dict[str, Any]]:
         raise ConfigError(f"run directory {str(path)!r} does not exist; give the run dir that holds {EVENTS_FILE}")
     if not (path / EVENTS_FILE).exists():
         raise ConfigError(f"{str(path / EVENTS_FILE)!r} not found; is {str(path)!r} a ckptsup run directory?")
-    return read_events(path)
+    try:
+        events = read_events(path)
+    except OSError as err:
+        raise ConfigError(f"cannot read {str(path / EVENTS_FILE)!r}: {err.strerror}; it must be the run's events file, "
+                          "readable by you") from None
+    if not events:
+        raise ConfigError(f"{str(path / EVENTS_FILE)!r} holds no ckptsup events (empty, or not one line is a JSON "
+                          "event); give the run directory of a run that has started")
+    return events
 
 
 def breakdown_rows(rep: dict[str, Any]) -> list[tuple[str, float, float, float]]:
@@ -163,7 +171,8 @@ def png_bytes(rep: dict[str, Any]) -> bytes:
         ax.set_xlabel("wall time since first event (h)")
         ax.set_ylabel("step")
         ax.set_title(f"job {rep['job_id']}: progress, goodput {format_pct(rep['goodput_fraction'])}")
-        ax.legend(loc="upper left", fontsize=8)
+        if ax.get_legend_handles_labels()[0]:   # a run with no progress yet has nothing to label
+            ax.legend(loc="upper left", fontsize=8)
         left = 0.0
         cmap = plt.get_cmap("tab20")
         for i, (label, device_hours, share, _) in enumerate(breakdown_rows(rep)):
@@ -174,7 +183,8 @@ def png_bytes(rep: dict[str, Any]) -> bytes:
         bar.set_xlim(0, 100)
         bar.set_yticks([])
         bar.set_xlabel("share of paid device-time (%)")
-        bar.legend(loc="upper center", bbox_to_anchor=(0.5, -0.45), ncol=4, fontsize=7, frameon=False)
+        if bar.get_legend_handles_labels()[0]:
+            bar.legend(loc="upper center", bbox_to_anchor=(0.5, -0.45), ncol=4, fontsize=7, frameon=False)
         fig.tight_layout()
         buf = io.BytesIO()
         fig.savefig(buf, format="png", dpi=110)

@@ -9,6 +9,7 @@ from __future__ import annotations
 
 import math
 import re
+from typing import Callable
 
 from ..errors import ConfigError
 
@@ -49,36 +50,41 @@ def _split(text: str, what: str, examples: str) -> tuple[float, str]:
 
 def parse_duration(text: str | float | int, *, what: str = "duration", allow_zero: bool = False) -> float:
     """`30s`, `10m`, `1.5h`, `54d`, `2w`, `1mo` (730 h) → seconds. A bare number means seconds."""
-    examples = "30s, 10m, 44h, 54d"
-    if isinstance(text, (int, float)) and not isinstance(text, bool):
-        value, unit = float(text), "s"
-    else:
-        value, unit = _split(str(text), what, examples)
-    if unit == "":
-        unit = "s"
-    if unit not in DURATION_UNITS:
-        raise ConfigError(f"{what} {text!r}: unknown unit {unit!r}; valid: ms, s, m, h, d, w, mo, y (e.g. {examples})")
-    seconds = value * DURATION_UNITS[unit]
-    _check_sign(seconds, text, what, allow_zero, examples)
-    return seconds
+    return _parse_quantity(text, what=what, allow_zero=allow_zero, units=DURATION_UNITS, bare_unit="s",
+                           examples="30s, 10m, 44h, 54d", valid="ms, s, m, h, d, w, mo, y")
 
 
 def parse_size(text: str | float | int, *, what: str = "size", allow_zero: bool = False) -> float:
     """`140GB`, `1TB`, `512MiB` → bytes (decimal units unless the unit says `iB`). A bare number is bytes."""
-    examples = "140GB, 1TB, 512MiB"
+    return _parse_quantity(text, what=what, allow_zero=allow_zero, units=SIZE_UNITS, bare_unit="b",
+                           examples="140GB, 1TB, 512MiB", normalise=_size_unit,
+                           valid="B, KB, MB, GB, TB, PB (decimal) or KiB, MiB, GiB, TiB (binary)")
+
+
+def _size_unit(unit: str) -> str:
+    if unit.endswith("ytes"):
+        return unit[:-4] if len(unit) > 5 else "b"  # "bytes" → b, "gbytes" → gb
+    return unit
+
+
+def _parse_quantity(text: str | float | int, *, what: str, allow_zero: bool, units: dict[str, float],
+                    bare_unit: str, examples: str, valid: str,
+                    normalise: Callable[[str], str] | None = None) -> float:
+    """One number with an optional unit from `units` → that number in base units, finite and >= 0."""
     if isinstance(text, (int, float)) and not isinstance(text, bool):
-        value, unit = float(text), "b"
+        value, unit = float(text), bare_unit
     else:
         value, unit = _split(str(text), what, examples)
-    unit = unit or "b"
-    if unit.endswith("ytes"):
-        unit = unit[:-4] if len(unit) > 5 else "b"  # "bytes" → b, "gbytes" → gb
-    if unit not in SIZE_UNITS:
-        raise ConfigError(f"{what} {text!r}: unknown unit {unit!r}; valid: B, KB, MB, GB, TB, PB (decimal) "
-                          f"or KiB, MiB, GiB, TiB (binary), e.g. {examples}")
-    size = value * SIZE_UNITS[unit]
-    _check_sign(size, text, what, allow_zero, examples)
-    return size
+    unit = unit or bare_unit
+    if normalise is not None:
+        unit = normalise(unit)
+    if unit not in units:
+        raise ConfigError(f"{what} {text!r}: unknown unit {unit!r}; valid: {valid}, e.g. {examples}")
+    result = value * units[unit]
+    if not math.isfinite(result):  # NaN given as a number, or a finite value that overflows with its unit
+        raise ConfigError(f"{what} {text!r} is not a finite value; write it like {examples}")
+    _check_sign(result, text, what, allow_zero, examples)
+    return result
 
 
 def _check_sign(value: float, text: object, what: str, allow_zero: bool, examples: str) -> None:

@@ -3,17 +3,20 @@
 from __future__ import annotations
 
 import json
-import os
 from pathlib import Path
 
 import click
 
+from ..errors import DevClusterError
 from .devconf import DEFAULT_DIR, DEFAULT_PORT_BASE, ClusterSpec
 
 
 def _cluster(directory: str, port_base: int):
     from .devcluster import DevCluster
 
+    if any(c.isspace() for c in directory) or any(c in directory for c in "#=\"'"):
+        # the path goes into slurm.conf, where these would end or split a value
+        raise DevClusterError(f"--dir {directory!r} may not hold spaces, '#', '=' or quotes; choose a plain path")
     return DevCluster(ClusterSpec(dir=Path(directory), port_base=port_base))
 
 
@@ -53,6 +56,9 @@ def up(directory: str, port_base: int, as_json: bool) -> None:
 @_port_option
 def down(directory: str, port_base: int) -> None:
     """Stop every daemon the cluster started (by recorded PID)."""
+    if not Path(directory).is_dir():
+        click.echo(f"no dev cluster in {directory}; nothing to stop")
+        return
     seconds = _cluster(directory, port_base).down()
     click.echo(f"dev cluster in {directory} stopped in {seconds:.2f}s")
 
@@ -63,7 +69,11 @@ def down(directory: str, port_base: int) -> None:
 @click.option("--json", "as_json", is_flag=True, help="machine-readable output")
 def status(directory: str, port_base: int, as_json: bool) -> None:
     """Daemons (PIDs) and node states."""
-    st = _cluster(directory, port_base).status()
+    cluster = _cluster(directory, port_base)
+    if not Path(directory).is_dir():
+        raise DevClusterError(f"no dev cluster in {directory} (no such directory); start one with "
+                              f"`ckptsup dev-cluster up --dir {directory}`")
+    st = cluster.status()
     if as_json:
         click.echo(json.dumps(st.to_dict(), indent=2))
         return
@@ -82,7 +92,11 @@ def status(directory: str, port_base: int, as_json: bool) -> None:
 @_port_option
 def kill_node(node: str, directory: str, port_base: int) -> None:
     """Kill every process of NODE at once (its PID namespace's init): a node death."""
-    seconds = _cluster(directory, port_base).kill_node(node)
+    cluster = _cluster(directory, port_base)
+    if not cluster.node_running(node):
+        raise DevClusterError(f"{node} is not running in the cluster in {directory}; nothing to kill "
+                              f"(see `ckptsup dev-cluster status --dir {directory}`)")
+    seconds = cluster.kill_node(node)
     click.echo(f"{node} killed; all its processes gone in {seconds * 1000:.0f} ms")
 
 
@@ -122,7 +136,7 @@ def sbatch(job_config, nodes, spares, partition, account, time_limit, gpus_per_n
            script, script_args) -> None:
     """Render the sbatch template for SCRIPT [ARGS] with site defaults and these flags;
     `--submit` submits it (after creating the run directory, which Slurm would not)."""
-    from .submit import prepare, submit_script
+    from .submit import prepare, submit_script, write_script
 
     flags = {"sbatch.nodes": nodes, "sbatch.spares": spares, "sbatch.partition": partition,
              "sbatch.account": account, "sbatch.time": time_limit, "sbatch.gpus_per_node": gpus_per_node,
@@ -132,8 +146,7 @@ def sbatch(job_config, nodes, spares, partition, account, time_limit, gpus_per_n
     prepared = prepare(flags=flags, job_config=job_config, script=script, script_args=script_args,
                        nproc_per_node=nproc_per_node)
     if output:
-        Path(output).write_text(prepared.text)
-        os.chmod(output, 0o700)
+        write_script(Path(output), prepared.text)
     if not submit:
         if as_json:
             click.echo(json.dumps({"run_dir": prepared.params.run_dir, "template": str(prepared.template),

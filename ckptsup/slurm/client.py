@@ -119,7 +119,10 @@ class SlurmClient:
         except _Transient as err:
             result = err.result
         if result.returncode != 0:
-            raise SlurmCommandError(argv, result.returncode, result.stderr or result.stdout)
+            detail = (result.stderr or result.stdout).rstrip()
+            hint = parsers.failure_hint(detail)
+            # the error shows the last stderr line, so the fix goes on that line
+            raise SlurmCommandError(argv, result.returncode, f"{detail}; {hint}" if hint else detail)
         return result
 
     # ---- allocation and nodes ---------------------------------------------------------------

@@ -107,7 +107,11 @@ class DevCluster:
         fresh = not any(self._alive(n) for n in self._names())
         if fresh:
             self._check_ports_free()
-        self._prepare_dirs(fresh=fresh)
+        try:
+            self._prepare_dirs(fresh=fresh)
+        except OSError as err:
+            raise DevClusterError(f"cannot prepare the cluster directory {self.spec.dir}: {err.strerror} "
+                                  f"({err.filename}); choose a writable --dir") from None
         if self._alive("munged") is None:
             self._start_munged()
         if self._alive("slurmctld") is None:
@@ -285,6 +289,11 @@ class DevCluster:
     def _check_node(self, node: str) -> None:
         if node not in self.spec.node_names:
             raise DevClusterError(f"unknown node {node!r}; nodes: {', '.join(self.spec.node_names)}")
+
+    def node_running(self, node: str) -> bool:
+        """Whether NODE's daemon (its namespace) is alive."""
+        self._check_node(node)
+        return self._alive(f"node-{node}") is not None
 
     def kill_node(self, node: str, *, timeout_s: float = 5.0) -> float:
         """SIGKILL the node's namespace PID 1: the kernel kills every process of the node at

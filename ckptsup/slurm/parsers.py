@@ -241,3 +241,15 @@ def is_transient(stderr: str) -> bool:
 
 def is_permission_denied(stderr: str) -> bool:
     return bool(_PERMISSION.search(stderr))
+
+
+# Failures whose fix the user needs told: no cluster configured where the command ran.
+_NO_CLUSTER = re.compile(r"could not establish a configuration source|unable to contact slurm controller|"
+                         r"slurm\.conf.*no such file|cannot open.*slurm\.conf", re.I)
+NO_CLUSTER_HINT = ("no Slurm cluster reachable from here: set SLURM_CONF to its slurm.conf "
+                   "(for the local one: `eval $(ckptsup dev-cluster up)`)")
+
+
+def failure_hint(stderr: str) -> str:
+    """A one-clause fix for a Slurm failure we recognise, else ""."""
+    return NO_CLUSTER_HINT if _NO_CLUSTER.search(stderr) else ""

@@ -20,6 +20,8 @@ from ..errors import ConfigError
 PLACEHOLDER = re.compile(r"\{\{\s*([a-z_]+)\s*\}\}")
 JOB_ID = "{job_id}"
 _SAFE_NAME = re.compile(r"^[A-Za-z0-9_.,+-]+$")
+MAX_NODES = 100_000      # above any real cluster: a bigger figure is a typo
+MAX_PER_NODE = 4096      # GPUs, CPUs or ranks on one node
 _TIME = re.compile(r"^(\d+-)?\d+(:\d{1,2}){0,2}$|^(\d+-\d+)$|^(UNLIMITED|INFINITE)$", re.I)
 
 
@@ -70,6 +72,13 @@ def check_params(p: SbatchParams) -> None:
         raise ConfigError(f"sbatch.nodes = {p.nodes} must be >= 1")
     if p.spares < 0:
         raise ConfigError(f"sbatch.spares = {p.spares} must be >= 0")
+    if p.total_nodes > MAX_NODES:
+        raise ConfigError(f"sbatch.nodes + sbatch.spares = {p.total_nodes} is more than any cluster has "
+                          f"(at most {MAX_NODES:,}); check the number")
+    for name in ("gpus_per_node", "cpus_per_task", "nproc_per_node"):
+        value = getattr(p, name)
+        if not 0 <= value <= MAX_PER_NODE:
+            raise ConfigError(f"{name} = {value} must be between 0 (leave it to the site) and {MAX_PER_NODE}")
     if p.signal_lead_s < 1 or p.signal_lead_s > 65535:
         raise ConfigError(f"sbatch.signal_lead_s = {p.signal_lead_s} must be between 1 and 65535 seconds")
     if not _TIME.match(p.time):

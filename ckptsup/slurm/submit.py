@@ -56,6 +56,8 @@ def prepare(*, flags: Mapping[str, Any], job_config: str | None, script: str,
     if not Path(run_dir.replace(JOB_ID, "x")).is_absolute():
         run_dir = str(cwd / run_dir)
     script_path = script if Path(script).is_absolute() else str(cwd / script)
+    if Path(script_path).is_dir():
+        raise ConfigError(f"training script {script} is a directory; pass the path of your train.py")
     if not Path(script_path).is_file():
         raise ConfigError(f"training script {script} does not exist; pass the path of your train.py")
     params = params_from_config(
@@ -67,10 +69,16 @@ def prepare(*, flags: Mapping[str, Any], job_config: str | None, script: str,
     return Prepared(params=params, template=template, text=render_sbatch(template.read_text(), params))
 
 
-def _write_script(path: Path, text: str) -> Path:
-    fd = os.open(path, os.O_WRONLY | os.O_CREAT | os.O_TRUNC, 0o700)
+def write_script(path: Path, text: str) -> Path:
+    """Write a job script 0700 (our mode from the first byte, not the umask's); an unwritable
+    place is one ConfigError line."""
+    try:
+        fd = os.open(path, os.O_WRONLY | os.O_CREAT | os.O_TRUNC, 0o700)
+    except OSError as err:
+        raise ConfigError(f"cannot write the job script to {str(path)!r}: {err.strerror}; pick a writable path") from None
     with os.fdopen(fd, "w") as fh:
         fh.write(text)
+    os.chmod(path, 0o700)  # an existing file keeps its old mode through O_TRUNC
     return path
 
 
@@ -81,14 +89,14 @@ def submit_script(prepared: Prepared, *, client: SlurmClient | None = None) -> S
     run_dir = prepared.params.run_dir
     if JOB_ID not in run_dir:
         path = ensure_private_dir(Path(run_dir))
-        script = _write_script(path / SCRIPT_NAME, prepared.text)
+        script = write_script(path / SCRIPT_NAME, prepared.text)
         return Submitted(job_id=client.submit(script), run_dir=path, script_path=script)
     with tempfile.TemporaryDirectory(prefix="ckptsup-sbatch-") as tmp:
-        staged = _write_script(Path(tmp) / SCRIPT_NAME, prepared.text)
+        staged = write_script(Path(tmp) / SCRIPT_NAME, prepared.text)
         job_id = client.submit(staged, ["--hold"])
     try:
         path = ensure_private_dir(Path(run_dir.replace(JOB_ID, job_id)))
-        script = _write_script(path / SCRIPT_NAME, prepared.text)
+        script = write_script(path / SCRIPT_NAME, prepared.text)
     except CkptsupError:
         client.cancel(job_id)  # never leave a held job whose output has nowhere to go
         raise
