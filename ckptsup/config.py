@@ -11,9 +11,9 @@ error names the file, the key and the valid choices. Units live in key names (`_
 from __future__ import annotations
 
 import dataclasses
-import math
 import difflib
 import json
+import math
 import os
 import re
 import tomllib

@@ -43,6 +43,12 @@ Runner = Callable[[list[str], float, Mapping[str, str]], CommandResult]
 
 def subprocess_runner(argv: list[str], timeout_s: float, env: Mapping[str, str]) -> CommandResult:
     """Run one Slurm command; a timeout becomes rc=124 with a transient-looking stderr."""
+    conf = env.get("SLURM_CONF")
+    if conf and not os.path.exists(conf):
+        # Slurm would fall back to a DNS lookup and hang until the timeout, retried as transient
+        return CommandResult(argv=argv, returncode=1, stdout="",
+                             stderr=f"SLURM_CONF={conf} does not exist; point it at the cluster's slurm.conf "
+                                    "(for the local one: `eval $(ckptsup dev-cluster up)`)")
     try:
         proc = subprocess.run(argv, capture_output=True, text=True, timeout=timeout_s,
                               env=dict(env), stdin=subprocess.DEVNULL, check=False)
