@@ -11,10 +11,6 @@ fencing epoch (run dir state, and the lock) refuses a zombie attempt's commit.
 
 from __future__ import annotations
 
-import ctypes
-import ctypes.util
-import errno
-import json
 import os
 import re
 import shutil
@@ -23,21 +19,20 @@ import stat
 import time
 import uuid
 from concurrent.futures import ThreadPoolExecutor
-from dataclasses import asdict, dataclass
 from pathlib import Path
 
 from ..errors import CheckpointError, FencedError, ManifestError
 from .hashing import hash_file, hash_file_and_ranges
 from .manifest import MANIFEST_NAME, RESERVED_NAMES, FileEntry, ItemEntry, Manifest, load_manifest
 from .trust import check_dir_trusted, private_mkdir
+# The file primitives and the writer lock have their own modules; their names stay importable
+# from here, where callers first found them.
+from .durable import fsync_dir, rename_noreplace, write_file_durable  # noqa: F401
+from .writerlock import (LOCK_NAME, LockHolder, WriterLock, WriterLockedError,  # noqa: F401
+                         may_take_over, pid_alive, read_lock)
 
 TMP_PREFIX = ".tmp-"
-LOCK_NAME = ".writer.lock"
 _STEP_RE = re.compile(r"^step_(\d{1,18})$")
-
-
-class WriterLockedError(CheckpointError):
-    """Another live writer holds the checkpoint directory."""
 
 
 def step_dir_name(step: int) -> str:
@@ -50,161 +45,6 @@ def parse_step(name: str) -> int | None:
     """step_<N> (zero-padded or not) -> N; anything else (tmp dirs, quarantine) -> None."""
     match = _STEP_RE.match(name)
     return int(match.group(1)) if match else None
-
-
-def fsync_dir(path: Path) -> None:
-    fd = os.open(path, os.O_RDONLY | os.O_DIRECTORY)
-    try:
-        os.fsync(fd)
-    finally:
-        os.close(fd)
-
-
-def write_file_durable(path: Path, data: bytes, *, mode: int = 0o600, exclusive: bool = True) -> None:
-    """Write a small file with an explicit mode and fsync it."""
-    flags = os.O_WRONLY | os.O_CREAT | (os.O_EXCL if exclusive else os.O_TRUNC) | os.O_NOFOLLOW
-    fd = os.open(path, flags, mode)
-    try:
-        view = memoryview(data)
-        while view:
-            view = view[os.write(fd, view):]
-        os.fsync(fd)
-    finally:
-        os.close(fd)
-
-
-# ---- rename without replacing ---------------------------------------------------------------
-
-_RENAME_NOREPLACE = 1
-_AT_FDCWD = -100
-
-
-def _libc_renameat2():
-    name = ctypes.util.find_library("c")
-    if not name:
-        return None
-    fn = getattr(ctypes.CDLL(name, use_errno=True), "renameat2", None)
-    if fn is not None:
-        fn.argtypes = [ctypes.c_int, ctypes.c_char_p, ctypes.c_int, ctypes.c_char_p, ctypes.c_uint]
-    return fn
-
-
-def rename_noreplace(src: Path, dst: Path) -> None:
-    """rename(2) that fails with FileExistsError when dst exists (even an empty dir, which a plain
-    rename would silently replace). Uses renameat2(RENAME_NOREPLACE); where the kernel or file
-    system lacks it, a check-then-rename (the checkpoint_id check at commit still guards)."""
-    fn = _libc_renameat2()
-    if fn is not None:
-        rc = fn(_AT_FDCWD, os.fsencode(src), _AT_FDCWD, os.fsencode(dst), _RENAME_NOREPLACE)
-        if rc == 0:
-            return
-        err = ctypes.get_errno()
-        if err == errno.EEXIST or err == errno.ENOTEMPTY:
-            raise FileExistsError(err, os.strerror(err), str(dst))
-        if err not in (errno.EINVAL, errno.ENOSYS):
-            raise OSError(err, os.strerror(err), str(src))
-    if os.path.lexists(dst):
-        raise FileExistsError(errno.EEXIST, "File exists", str(dst))
-    os.rename(src, dst)
-
-
-# ---- writer lock ----------------------------------------------------------------------------
-
-@dataclass(kw_only=True)
-class LockHolder:
-    pid: int
-    host: str
-    epoch: int
-    job_id: str = ""
-    token: str = ""
-
-
-def pid_alive(pid: int) -> bool:
-    if not isinstance(pid, int) or pid <= 0:
-        return False  # 0 and negatives name process groups in kill(2), not one process
-    try:
-        os.kill(pid, 0)
-    except ProcessLookupError:
-        return False
-    except PermissionError:
-        return True
-    return True
-
-
-def may_take_over(holder: LockHolder, me: LockHolder, *, host: str, holder_alive: bool) -> bool:
-    """Pure rule: a newer fencing epoch always takes over (the older attempt is a zombie); the
-    same host may take a lock whose process is gone; otherwise the lock stands."""
-    if me.epoch > holder.epoch:
-        return True
-    if holder.host == host and not holder_alive:
-        return True
-    return False
-
-
-class WriterLock:
-    """One writer per checkpoint_dir: `<dir>/.writer.lock`, created O_EXCL, holding pid, host,
-    epoch and job id. Acquire at attach; release at close."""
-
-    def __init__(self, checkpoint_dir: str | os.PathLike[str], *, epoch: int, job_id: str = "") -> None:
-        self.path = Path(checkpoint_dir) / LOCK_NAME
-        self.me = LockHolder(pid=os.getpid(), host=socket.gethostname(), epoch=epoch, job_id=job_id,
-                             token=str(uuid.uuid4()))
-        self.held = False
-
-    def acquire(self) -> "WriterLock":
-        """Take the lock or raise WriterLockedError. Taking over a stale lock is unlink + O_EXCL
-        create, which two racing takers could both pass; that window is narrowed by re-reading
-        the holder before the unlink, and closed where it matters by commit(): whole-directory
-        no-replace renames and the checkpoint_id check never let two writers' shards mix."""
-        private_mkdir(self.path.parent)
-        for _ in range(3):
-            try:
-                write_file_durable(self.path, json.dumps(asdict(self.me)).encode())
-                self.held = True
-                return self
-            except FileExistsError:
-                holder = read_lock(self.path)
-                if holder is None:
-                    continue  # released between our create and read
-                if not may_take_over(holder, self.me, host=self.me.host,
-                                     holder_alive=holder.host == self.me.host and pid_alive(holder.pid)):
-                    raise WriterLockedError(
-                        f"{self.path.parent} is being written by pid {holder.pid} on {holder.host} (job {holder.job_id or '?'}, epoch {holder.epoch}); "
-                        f"two writers would mix checkpoints. Use another checkpoint dir, or if that writer is dead remove {self.path}") from None
-                if read_lock(self.path) == holder:   # still the stale holder we judged
-                    self.path.unlink(missing_ok=True)
-        raise WriterLockedError(f"could not take {self.path}: it keeps changing; another writer is racing for this directory")
-
-    def still_ours(self) -> bool:
-        holder = read_lock(self.path)
-        return holder is not None and holder.token == self.me.token
-
-    def release(self) -> None:
-        if self.held and self.still_ours():
-            self.path.unlink(missing_ok=True)
-        self.held = False
-
-    def __enter__(self) -> "WriterLock":
-        return self.acquire()
-
-    def __exit__(self, *exc: object) -> None:
-        self.release()
-
-
-def read_lock(path: Path) -> LockHolder | None:
-    unknown = LockHolder(pid=-1, host="<unreadable lock>", epoch=0)
-    try:
-        data = json.loads(path.read_text())
-        holder = LockHolder(**{k: data[k] for k in ("pid", "host", "epoch", "job_id", "token") if k in data})
-    except FileNotFoundError:
-        return None
-    except (ValueError, TypeError, KeyError, OSError):
-        # A torn, foreign or unreadable lock file: held by an unknown writer of epoch 0 elsewhere.
-        return unknown
-    typed = (isinstance(holder.pid, int) and isinstance(holder.epoch, int) and isinstance(holder.host, str)
-             and isinstance(holder.job_id, str) and isinstance(holder.token, str))
-    return holder if typed else unknown
-
 
 # ---- the protocol ---------------------------------------------------------------------------
 

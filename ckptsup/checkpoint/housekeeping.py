@@ -57,12 +57,13 @@ class Housekeeper:
         self._tested: set[int] = set()
         self._rejected: set[int] = set()
         self._tests: queue.Queue[Path | None] = queue.Queue()
-        self._tester = threading.Thread(target=self._test_loop, name="ckptsup-testload", daemon=True)
-        self._tester.start()
         self.promoter: Promoter | None = None
         if self.slower_tiers:
             self.promoter = Promoter(destinations=self.slower_tiers, queue_size=promote_queue_size, retries=promote_retries,
                                      on_result=self._promoted, wait_initial_s=promote_wait_initial_s).start()
+        # started last: the thread sees a fully built object
+        self._tester = threading.Thread(target=self._test_loop, name="ckptsup-testload", daemon=True)
+        self._tester.start()
 
     @classmethod
     def from_config(cls, config: Any, *, checkpoint_dir: str | Path, node: str = "", job_id: str = "",
