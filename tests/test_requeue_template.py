@@ -1,0 +1,77 @@
+"""The real thing end to end: the supervisor (`ckptsup launch` under the rendered template) is
+SIGKILLed mid-run. The batch script sees it die and runs `ckptsup requeue`: exactly one fenced
+requeue event (by the batch script), the job comes back at once (StartTime=now), resumes from
+the newest checkpoint and completes; no rank of the killed attempt is left running."""
+
+from __future__ import annotations
+
+import os
+import shutil
+import subprocess
+import sys
+import time
+from pathlib import Path
+
+import psutil
+import pytest
+
+from ckptsup.events import read_events
+from ckptsup.slurm.devconf import SPANNING
+
+from test_watchdog_template import TRAIN, count, wait_events
+
+pytestmark = [pytest.mark.slurm, pytest.mark.torch]
+
+
+def job_processes(job: str, **env_match: str) -> list[psutil.Process]:
+    """Host processes of `job` whose environment has every KEY=VALUE of env_match."""
+    found = []
+    for proc in psutil.process_iter(["pid"]):
+        try:
+            environ = proc.environ()
+        except (psutil.Error, OSError):
+            continue
+        if environ.get("SLURM_JOB_ID") != job:
+            continue
+        if all(environ.get(k) == v for k, v in env_match.items()):
+            found.append(proc)
+    return found
+
+
+def test_sigkilled_supervisor_is_requeued_by_the_batch_script_and_resumes(dev_cluster, tmp_path):
+    run_dir = tmp_path / "run"
+    job_toml = tmp_path / "job.toml"
+    job_toml.write_text(f'[slurm]\nspare_partition = "{SPANNING}"\n')
+    script = tmp_path / "job.sbatch"
+    subprocess.run([sys.executable, "-m", "ckptsup.cli", "sbatch", "--config", str(job_toml), "--nodes", "2",
+                    "--spares", "0", "--partition", "main", "--run-dir", str(run_dir), "--output", str(script),
+                    str(TRAIN), "--steps", "300", "--step-sleep-s", "0.1", "--save-every-steps", "20"],
+                   check=True, capture_output=True, text=True)
+    run_dir.mkdir(mode=0o700)
+    job = dev_cluster.client.submit(script)
+    try:
+        wait_events(run_dir, "first_step", 1, 120)
+        wait_events(run_dir, "checkpoint_committed", 1, 60)
+        supervisors = [p for p in job_processes(job) if p.cmdline()[1:3] == [shutil.which("ckptsup") or "", "launch"]
+                       or p.cmdline()[:2] == ["ckptsup", "launch"]]
+        assert len(supervisors) == 1, [p.cmdline() for p in supervisors]
+        ranks_before = job_processes(job, CKPTSUP_ATTEMPT="0", LOCAL_RANK="0")
+        assert ranks_before, "no rank of attempt 0 found"
+        killed_at = time.time()
+        supervisors[0].kill()
+        wait_events(run_dir, "supervisor_start", 2, 60)
+        back_after = time.time() - killed_at
+        time.sleep(max(0.0, 30 - (time.time() - killed_at)))
+        orphans = [p for p in ranks_before if p.is_running() and p.status() != psutil.STATUS_ZOMBIE]
+        assert not orphans, [p.cmdline() for p in orphans]
+        wait_events(run_dir, "run_complete", 1, 240)
+        events = read_events(run_dir)
+        requeues = [e for e in events if e["event"] == "requeue"]
+        assert len(requeues) == 1 and requeues[0]["by"] == "batch_script", requeues
+        assert requeues[0]["reason"] == "supervisor_died" and requeues[0]["epoch"] == 2
+        resumed = [e["resume_from"] for e in events if e["event"] == "launch"]
+        assert resumed[0] is None and resumed[1]
+        assert back_after < 15, back_after  # StartTime=now: no 121 s BeginTime hold
+        print(f"\nSUPERVISOR_KILLED job={job}: killed -> new supervisor {back_after:.2f}s")
+    finally:
+        dev_cluster.client.cancel(job)
