@@ -297,3 +297,24 @@ def test_describe_files_and_items_hashes_files_and_chunks_in_one_pass(tmp_path: 
         describe_files_and_items(tmp2, "xxh3-128", {"x": [("k", 0, 3)]})
     with pytest.raises(CheckpointError, match="not written"):
         describe_files_and_items(tmp2, "xxh3-128", {"y": [("k", 0, 1)]})
+
+
+@pytest.mark.parametrize("content", [
+    '{"pid": "abc", "host": "h", "epoch": 1}', '{"pid": 5, "host": "h", "epoch": "1"}', "[1, 2]", "{torn",
+    '{"pid": 5, "host": ["h"], "epoch": 1}',
+])
+def test_a_garbled_or_mistyped_lock_reads_as_an_unknown_writer(tmp_path: Path, content: str) -> None:
+    from ckptsup.checkpoint.writerlock import read_lock
+
+    (tmp_path / LOCK_NAME).write_text(content)
+    holder = read_lock(tmp_path / LOCK_NAME)
+    assert holder is not None and holder.pid == -1 and holder.epoch == 0
+
+
+@pytest.mark.parametrize("pid", [0, -1, -12345])
+def test_pid_zero_or_negative_is_never_alive(pid: int) -> None:
+    """kill(2) reads 0 and negative pids as process groups: they never name one writer."""
+    from ckptsup.checkpoint.writerlock import pid_alive
+
+    assert pid_alive(pid) is False
+    assert pid_alive(os.getpid()) is True

@@ -75,6 +75,10 @@ def test_arguments_with_shell_characters_are_quoted():
     (dict(run_dir="/has space"), "no spaces"),
     (dict(extra_directives=("--qos=high\n#SBATCH --x",)), "must be one option"),
     (dict(signal_lead_s=0), "between 1 and 65535"),
+    (dict(nodes=99_999, spares=2), "more than any cluster"),
+    (dict(nproc_per_node=-3), "nproc_per_node = -3"),
+    (dict(gpus_per_node=99_999), "gpus_per_node = 99999"),
+    (dict(cpus_per_task=-1), "cpus_per_task = -1"),
 ])
 def test_bad_values_are_refused_with_one_line(kw, message):
     base = dict(run_dir="/r", script="/t.py")

@@ -71,7 +71,11 @@ def test_spares_cut_the_wait_for_replacement_nodes():
 
 
 @pytest.mark.parametrize("changes", [dict(runs=0), dict(mtbf_s=0), dict(distribution="lognormal"),
-                                     dict(weibull_shape=0), dict(spares=-1), dict(stall_s=-1)])
+                                     dict(weibull_shape=0), dict(spares=-1), dict(stall_s=-1),
+                                     dict(days=float("nan")), dict(days=float("inf")), dict(restart_s=float("inf")),
+                                     dict(weibull_shape=float("inf")), dict(runs=10**12), dict(spares=10**6),
+                                     dict(runs=100_000, spares=4000), dict(mtbf_s=1e-3),
+                                     dict(days=1e9)])
 def test_bad_simulation_inputs_are_refused(changes):
     base = dict(interval_s=900, stall_s=30, restart_s=300, mtbf_s=3600)
     base.update(changes)

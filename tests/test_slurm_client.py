@@ -112,6 +112,21 @@ def test_commands_run_with_the_clients_environment():
     assert seen["SLURM_CONF"] == "/dev/cluster/slurm.conf"
 
 
+def test_a_slurm_conf_that_does_not_exist_fails_at_once_with_the_fix(tmp_path):
+    """Slurm itself would hang ~30 s on a DNS lookup per try (and we would retry it)."""
+    sleeps: list[float] = []
+    c = SlurmClient(env={"SLURM_CONF": str(tmp_path / "missing.conf"), "PATH": "/usr/bin:/bin"}, sleep=sleeps.append)
+    with pytest.raises(SlurmCommandError, match="does not exist; point it at") as err:
+        c.run(["sinfo"])
+    assert sleeps == [] and "\n" not in str(err.value)
+
+
+def test_no_cluster_answers_get_the_set_slurm_conf_hint():
+    c, _ = client(FakeRunner((1, "", "sbatch: fatal: Could not establish a configuration source")))
+    with pytest.raises(SlurmCommandError, match="Could not establish a configuration source; no Slurm cluster"):
+        c.run(["sbatch", "x"])
+
+
 def test_missing_slurm_command_is_one_line_naming_the_package():
     c = SlurmClient(env={"PATH": "/nonexistent"})
     with pytest.raises(SlurmCommandError, match="command not found; install"):

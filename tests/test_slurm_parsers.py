@@ -6,7 +6,7 @@ import json
 
 import pytest
 
-from ckptsup.slurm.parsers import (JobState, NodeState, is_permission_denied, is_transient, parse_key_values,
+from ckptsup.slurm.parsers import (JobState, NodeState, failure_hint, is_permission_denied, is_transient, parse_key_values,
                                    parse_node_state, parse_sbatch_parsable, parse_sinfo_nodes, parse_squeue_json)
 
 SINFO = """\
@@ -144,3 +144,15 @@ def test_sacct_parsable_rows_become_dicts():
     rows = parse_sacct("2|COMPLETED|0:0|n[1-2]\n3|FAILED|3:0|n1\n", ["JobID", "State", "ExitCode", "NodeList"])
     assert rows == [{"JobID": "2", "State": "COMPLETED", "ExitCode": "0:0", "NodeList": "n[1-2]"},
                     {"JobID": "3", "State": "FAILED", "ExitCode": "3:0", "NodeList": "n1"}]
+
+
+@pytest.mark.parametrize("stderr", [
+    "sbatch: fatal: Could not establish a configuration source",
+    "sinfo: error: Unable to contact slurm controller (connect failure)",
+])
+def test_no_cluster_failures_get_a_hint_naming_slurm_conf(stderr):
+    assert "SLURM_CONF" in failure_hint(stderr)
+
+
+def test_other_failures_get_no_hint():
+    assert failure_hint("sbatch: error: Batch job submission failed: Invalid account") == ""

@@ -31,6 +31,7 @@ def test_sizes_are_decimal_unless_binary_unit(text, n_bytes):
 @pytest.mark.parametrize("text, fragment", [
     ("3x", "unknown unit 'x'"), ("ten minutes", "not a number"), ("", "not a number"),
     ("-5s", "negative"), ("0s", "greater than zero"), ("5 fortnights", "unknown unit"),
+    ("nan", "not a number"), ("inf", "not a number"), ("1e308y", "not a finite value"),
 ])
 def test_bad_durations_are_refused_with_one_line(text, fragment):
     with pytest.raises(ConfigError) as info:
@@ -41,6 +42,7 @@ def test_bad_durations_are_refused_with_one_line(text, fragment):
 
 @pytest.mark.parametrize("text, fragment", [
     ("140GX", "unknown unit 'gx'"), ("-1TB", "negative"), ("0GB", "greater than zero"), ("lots", "not a number"),
+    ("1e400GB", "not finite"), ("1e307PB", "not a finite value"),
 ])
 def test_bad_sizes_are_refused_with_one_line(text, fragment):
     with pytest.raises(ConfigError) as info:
@@ -61,3 +63,10 @@ def test_formatting_picks_a_readable_unit():
     assert format_duration(54 * 86400) == "54.0d"
     assert format_size(140e9) == "140GB"
     assert format_size(2.38e12) == "2.38TB"
+
+
+@pytest.mark.parametrize("value", [float("nan"), float("inf"), -float("inf")])
+def test_non_finite_numbers_given_as_numbers_are_refused(value):
+    for parse in (parse_duration, parse_size):
+        with pytest.raises(ConfigError, match="finite|negative"):
+            parse(value, what="--x")
