@@ -220,7 +220,9 @@ CASES = [
     # ---- dev-cluster ----
     pytest.param(["dev-cluster", "status", "--dir", "nope"], "no dev cluster in nope", id="devcluster-status-missing-dir"),
     pytest.param(["dev-cluster", "status", "--dir", "afile"], "is a file", id="devcluster-status-dir-is-a-file"),
-    pytest.param(["dev-cluster", "status", "--dir", "/tmp/a b"], "may not hold spaces", id="devcluster-dir-with-space"),
+    pytest.param(["dev-cluster", "status", "--dir", "/tmp/a b"], "may hold only letters", id="devcluster-dir-with-space"),
+    pytest.param(["dev-cluster", "up", "--dir", "/tmp/x;touch /tmp/pwned"], "may hold only letters",
+                 id="devcluster-dir-with-shell-characters"),
     pytest.param(["dev-cluster", "status", "--port-base", "0"], "--port-base", id="devcluster-port-zero"),
     pytest.param(["dev-cluster", "status", "--port-base", "99999999"], "--port-base", id="devcluster-port-huge"),
     pytest.param(["dev-cluster", "status", "--port-base", "nan"], "--port-base", id="devcluster-port-nan"),

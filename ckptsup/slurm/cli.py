@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import json
+import re
 from pathlib import Path
 
 import click
@@ -14,12 +15,14 @@ from .devconf import DEFAULT_DIR, DEFAULT_PORT_BASE, ClusterSpec
 def _cluster(directory: str, port_base: int):
     from .devcluster import DevCluster
 
-    if any(c.isspace() for c in directory) or any(c in directory for c in "#=\"'"):
-        # the path goes into slurm.conf, where these would end or split a value
-        raise DevClusterError(f"--dir {directory!r} may not hold spaces, '#', '=' or quotes; choose a plain path")
+    if not _PLAIN_PATH.match(directory):
+        # the path goes into slurm.conf and the nodes' start scripts, where spaces, '#', '=',
+        # quotes or shell characters would end, split or extend a value
+        raise DevClusterError(f"--dir {directory!r} may hold only letters, digits and / . _ - +; choose a plain path")
     return DevCluster(ClusterSpec(dir=Path(directory), port_base=port_base))
 
 
+_PLAIN_PATH = re.compile(r"^[A-Za-z0-9/._+-]+$")
 _dir_option = click.option("--dir", "directory", default=str(DEFAULT_DIR), show_default=True,
                            type=click.Path(file_okay=False), help="directory holding all the cluster's state")
 _port_option = click.option("--port-base", default=DEFAULT_PORT_BASE, show_default=True, type=click.IntRange(1024, 65000),

@@ -14,6 +14,7 @@ from __future__ import annotations
 
 import json
 import os
+import shlex
 import shutil
 import signal
 import socket
@@ -218,8 +219,9 @@ class DevCluster:
         if not hosts.exists():
             self._write_hosts()
         # the bind mount lives only in this node's private mount namespace
-        script = (f"mount --bind {hosts} /etc/hosts && hostname {node} && "
-                  f"exec slurmd -D -f {self.conf} -N {node}")
+        q = shlex.quote
+        script = (f"mount --bind {q(str(hosts))} /etc/hosts && hostname {q(node)} && "
+                  f"exec slurmd -D -f {q(str(self.conf))} -N {q(node)}")
         self._start(f"node-{node}", ["unshare", "--pid", "--fork", "--mount-proc", "--uts",
                                      "--kill-child", "tini", "--", "sh", "-c", script], cwd=nd)
 
