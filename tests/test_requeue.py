@@ -251,3 +251,20 @@ def test_a_failed_scontrol_requeue_leaves_the_run_requeueable_by_the_next_requeu
     retry = requeue_job(FakeSlurm(), rd, "42", "supervisor_died", [], fake_clock(), detach=False,
                         sleep=lambda s: None)
     assert retry.requeued and [e["event"] for e in read_events(rd.path)].count("requeue") == 1
+
+
+def test_a_job_slurm_already_requeued_still_gets_the_pending_updates(tmp_path) -> None:
+    rd = run_dir(tmp_path)
+
+    class Preempted(FakeSlurm):
+        def requeue(self, job_id):
+            self.requeued = True  # Slurm's preemption requeued it first
+            raise SlurmCommandError(["scontrol", "requeue"], 1, "scontrol: error: Job is pending execution for job 42")
+
+    slurm = Preempted(completing_polls=0)
+    result = requeue_job(slurm, rd, "42", "preempted", [], fake_clock(), partition="spanning", detach=False,
+                         sleep=lambda s: None)
+    assert result.requeued and result.finish.ok
+    assert slurm.calls[-1] == ("update_job", "42", ("n7",), "spanning", True)
+    (event,) = [e for e in read_events(rd.path) if e["event"] == "requeue"]
+    assert event["already_pending"] is True

@@ -140,3 +140,20 @@ def test_ckptsup_requeue_on_a_no_requeue_job_is_one_line_and_give_up_status(dev_
         assert dev_cluster.job_state(job) == JobState.RUNNING
     finally:
         dev_cluster.client.cancel(job)
+
+
+def test_job_already_requeued_by_slurm_gets_the_updates_and_runs_at_once(dev_cluster, tmp_path):
+    rd = make_run_dir(tmp_path)
+    job = dev_cluster.submit("#!/bin/bash\nsrun sleep 300\n", "-N", "1", "-p", "main", "--requeue")
+    try:
+        first = dev_cluster.wait_for(lambda: running(dev_cluster, job), 30, what="job running")
+        dev_cluster.client.requeue(job)  # as Slurm's preemption would: BeginTime now + 121 s
+        dev_cluster.wait_for(lambda: dev_cluster.job_state(job) == JobState.PENDING, 30, what="pending")
+        result = requeue_job(dev_cluster.client, rd, job, "preempted", [first.nodes[0]], partition=SPANNING,
+                             detach=False)
+        again = dev_cluster.wait_for(lambda: running(dev_cluster, job, restarts=1), 30, what="running again")
+        assert result.requeued and result.finish.ok
+        assert first.nodes[0] not in again.nodes and again.partition == SPANNING
+        assert [e["already_pending"] for e in read_events(rd.path) if e["event"] == "requeue"] == [True]
+    finally:
+        dev_cluster.client.cancel(job)

@@ -50,6 +50,7 @@ POLL_S = 0.2
 # revoked" — seen on the dev cluster when StartTime=now restarted the job within that second).
 # Slurm's own 121 s BeginTime avoids it; we only wait for the second to turn over, twice.
 CREDENTIAL_SETTLE_S = 2.0
+ALREADY_PENDING = "pending execution"  # scontrol's refusal to requeue a job that is already pending
 
 
 class RequeueRefused(CkptsupError):
@@ -160,14 +161,20 @@ def requeue_job(client: RequeueClient, run_dir: str | os.PathLike[str] | RunDir,
     excluded = tuple(sorted(set(state.excluded_nodes) | set(info.excluded_nodes or ())))
     t_fence = clock()
 
+    already_pending = False
     try:
         client.requeue(job_id)
-    except CkptsupError:
-        # Not requeued after all: the new epoch stays (fencing never hurts), but the status goes
-        # back so that the next requeuer (the batch script) is not told "already requeued".
-        state.status = previous_status
-        rd.save_state(state)
-        raise
+    except CkptsupError as err:
+        if ALREADY_PENDING in str(err).lower():
+            # Slurm requeued it already (a preemption with PreemptMode=REQUEUE does): the
+            # pending-job updates still apply, and lift its BeginTime hold.
+            already_pending = True
+        else:
+            # Not requeued after all: the new epoch stays (fencing never hurts), but the status
+            # goes back so that the next requeuer (the batch script) is not told "already requeued".
+            state.status = previous_status
+            rd.save_state(state)
+            raise
     t_requeue = clock()
     requeued_wall = wall()
     phases = {"check_s": t_check - t0, "fence_s": t_fence - t_check, "requeue_s": t_requeue - t_fence}
@@ -175,7 +182,8 @@ def requeue_job(client: RequeueClient, run_dir: str | os.PathLike[str] | RunDir,
     try:
         writer.emit(Event.REQUEUE, reason=reason, by=by, excluded=list(excluded),
                     new_excluded=sorted(set(exclude)), partition=partition or "",
-                    restart_count=info.restart_count, phases={k: round(v, 4) for k, v in phases.items()},
+                    restart_count=info.restart_count, already_pending=already_pending,
+                    phases={k: round(v, 4) for k, v in phases.items()},
                     requeued_mono=t_requeue)
     finally:
         writer.close()
