@@ -206,23 +206,25 @@ class Run:
         finite = _is_finite(loss)
         step_time = None if self.last_step_time is None else now - self.last_step_time
         self.last_step_time = now
-        self.channel.send("step", {"rank": self.rank, "step": step, "step_time_s": step_time, "loss_finite": finite})
         if not finite:
             self._nan(step, loss)
-        if not self.first_step_seen:
-            self.first_step_seen = True
-            self.reporter.emit(Event.FIRST_STEP, step=step)
-            set_steady_timeout()
         if step_time is not None:
             self.step_time_ema = step_time if self.step_time_ema is None else 0.9 * self.step_time_ema + 0.1 * step_time
-            if self.rank == 0 and now - self.last_progress >= PROGRESS_EVERY_S:
-                self.last_progress = now
-                self.reporter.emit(Event.STEP_PROGRESS, step=step, step_time_s=round(step_time, 6))
         every = self.settings.save_every_steps
         save = every > 0 and (step + 1) % every == 0  # the same decision on every rank, no collective
         if step >= self.next_sync:
             save = self._sync(step, now) or save
-        if self.agreed_stop is not None and step >= self.agreed_stop:
+        stop = self.agreed_stop is not None and step >= self.agreed_stop
+        # every step: the supervisor's crash-loop rule compares the exact step of a failure
+        self.channel.send("step", {"rank": self.rank, "step": step, "step_time_s": step_time, "loss_finite": True})
+        if not self.first_step_seen:
+            self.first_step_seen = True
+            self.reporter.emit(Event.FIRST_STEP, step=step)
+            set_steady_timeout()
+        if self.rank == 0 and step_time is not None and now - self.last_progress >= PROGRESS_EVERY_S:
+            self.last_progress = now
+            self.reporter.emit(Event.STEP_PROGRESS, step=step, step_time_s=round(step_time, 6))
+        if stop:
             self._stop(step)
         if save:
             self.save(reason="interval")
