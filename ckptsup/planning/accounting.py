@@ -16,7 +16,7 @@ from dataclasses import dataclass, field
 from typing import Any, Iterable
 
 from . import timeline as tl
-from .timeline import Attempt, Span, SpanKind, num
+from .timeline import Attempt, EndReason, Span, SpanKind, num
 
 CATEGORIES = (
     "checkpoint_stall",    # blocking part of saves (stall_s)
@@ -49,7 +49,7 @@ class Accounting:
     detects_s: list[float] = field(default_factory=list)
     checkpoint_bytes: list[float] = field(default_factory=list)
     mean_active_devices: float = 0.0
-    end_reason: str = "open"
+    end_reason: EndReason = EndReason.OPEN
     notes: list[str] = field(default_factory=list)
     timeline: dict[str, list[Any]] = field(default_factory=dict)
     attempt_rows: list[dict[str, Any]] = field(default_factory=list)
@@ -93,7 +93,7 @@ class Accounting:
             "measured_detect_s": _mean(self.detects_s),
             "checkpoints": len(self.stalls_s),
             "checkpoint_bytes": _mean(self.checkpoint_bytes),
-            "end_reason": self.end_reason,
+            "end_reason": self.end_reason.value,
             "attempt_rows": self.attempt_rows,
             "notes": list(self.notes),
         }
@@ -118,7 +118,7 @@ def account(events: Iterable[dict[str, Any]]) -> Accounting:
         if index:
             gap = attempt.start - attempts[index - 1].end
             acc.queue_s += max(0.0, gap)
-        acc.requeues += attempt.end_reason == "requeue"
+        acc.requeues += attempt.end_reason is EndReason.REQUEUE
         acc.wall_s += attempt.end - attempt.start
         spare = tl.integrate(attempt.devices, attempt.start, attempt.end, column=2)
         acc.badput_device_s["idle_spares"] += spare
@@ -172,7 +172,7 @@ def _split_span(span: Span, attempt: Attempt, resumes: list[tuple[float, float |
     claim("checkpoint_stall", stall_total)
     if span.kind is SpanKind.STARTUP:
         claim("startup", left)
-    elif span.ends_attempt and attempt.end_reason != "open":
+    elif span.ends_attempt and attempt.end_reason is not EndReason.OPEN:
         claim("teardown", left)
     else:
         claim("other", left)
@@ -267,7 +267,7 @@ def _collect(acc: Accounting, attempt: Attempt) -> None:
 
 def _attempt_row(attempt: Attempt) -> dict[str, Any]:
     return {"attempt": attempt.attempt, "attempts": attempt.attempt_numbers, "start": attempt.start, "wall_s": attempt.end - attempt.start,
-            "end_reason": attempt.end_reason, "active_devices": attempt.devices[-1][1],
+            "end_reason": attempt.end_reason.value, "active_devices": attempt.devices[-1][1],
             "spare_devices": attempt.devices[-1][2],
             "failures": sum(1 for _, e in attempt.events if e.get("event") == "failure_detected")}
 
@@ -280,7 +280,7 @@ def _timeline(attempts: list[Attempt]) -> dict[str, list[Any]]:
     for attempt in attempts:
         if out["progress"]:
             out["progress"].append([attempt.start - t0, None])  # no line across the queue
-        out["attempts"].append([attempt.start - t0, attempt.end - t0, attempt.attempt, attempt.end_reason])
+        out["attempts"].append([attempt.start - t0, attempt.end - t0, attempt.attempt, attempt.end_reason.value])
         for t, ev in attempt.events:
             name, rel = ev.get("event"), t - t0
             step = num(ev, "step")

@@ -27,7 +27,17 @@ from typing import Any, Iterable
 
 CLOCK_TOLERANCE_S = 2.0
 PHASES = ("kill", "health", "launch", "rendezvous", "load", "first_step")
-TERMINAL = ("requeue", "give_up", "run_complete")
+TERMINAL = ("requeue", "give_up", "run_complete")   # the events that end an attempt (EndReason)
+
+
+class EndReason(str, enum.Enum):
+    """How an attempt's stretch of the log ended. OPEN (still running, or cut off) → one of the
+    terminal events' names."""
+
+    OPEN = "open"
+    REQUEUE = "requeue"
+    GIVE_UP = "give_up"
+    RUN_COMPLETE = "run_complete"
 
 
 class SpanKind(str, enum.Enum):
@@ -66,7 +76,7 @@ class Attempt:
     spans: list[Span]
     devices: list[tuple[float, float, float]]  # (t, active devices, spare devices), piecewise constant
     events: list[tuple[float, dict[str, Any]]]  # (t, event), sorted
-    end_reason: str  # requeue | give_up | run_complete | open
+    end_reason: EndReason
 
 
 def num(ev: dict[str, Any], key: str, default: float | None = None) -> float | None:
@@ -179,7 +189,7 @@ def build_attempt(events: list[dict[str, Any]], *, default_devices: tuple[float,
     per_node, held_nodes, down = 1.0, None, set()  # from the newest allocation event
     spans: list[Span] = []
     cur = Span(kind=SpanKind.STARTUP, start=start)
-    end_reason = "open"
+    end_reason = EndReason.OPEN
 
     def switch(kind: SpanKind, at: float, *, step: float | None = None) -> Span:
         nonlocal cur
@@ -253,7 +263,7 @@ def build_attempt(events: list[dict[str, Any]], *, default_devices: tuple[float,
                 if taken >= cur.start:
                     cur.anchors.append((taken, saved))
         elif name in TERMINAL:
-            end_reason = str(name)
+            end_reason = EndReason(name)
             if cur.kind is SpanKind.RUNNING and name != "run_complete":
                 cur.interrupted = True
                 switch(SpanKind.FAILURE, t)
