@@ -43,9 +43,10 @@ def reference(tmp_path_factory) -> str:
     return json.loads((tmp / "out" / "final.json").read_text())["params_sha256"]
 
 
-def submit(tmp: Path, *, nodes: int, spares: int) -> tuple[str, Path, Path]:
+def submit(tmp: Path, *, nodes: int, spares: int, partition: str | None = None) -> tuple[str, Path, Path]:
     run, out = tmp / "run", tmp / "out"
-    proc = subprocess.run([*CKPTSUP, "sbatch", "--submit", "--json", "--nodes", str(nodes), "--spares", str(spares),
+    where = ["--partition", partition] if partition else []
+    proc = subprocess.run([*CKPTSUP, "sbatch", "--submit", "--json", "--nodes", str(nodes), "--spares", str(spares), *where,
                            "--nproc-per-node", "1", "--config", str(job_config(tmp)), "--run-dir", str(run),
                            str(TRAIN), *TRAIN_ARGS, "--out", str(out)],
                           capture_output=True, text=True, timeout=60, cwd=tmp)
@@ -135,4 +136,26 @@ def test_time_limit_warning_stops_with_an_emergency_checkpoint_and_requeues_losi
     resumed = [e for e in named(events, "first_step") if e["ts"] > requeue["ts"]][0]
     assert resumed["step"] == saved, "the emergency checkpoint is where the next run resumes: no step lost"
     assert named(events, "supervisor_start")[-1]["resumed"]
+    assert json.loads((out / "final.json").read_text())["params_sha256"] == reference
+
+
+def test_preemption_stops_with_an_emergency_checkpoint_within_grace_time_and_resumes_losing_no_step(
+        dev_cluster, tmp_path, reference):
+    job, run, out = submit(tmp_path, nodes=2, spares=0, partition="lowprio")  # GraceTime = dev_cluster.grace_time_s
+    dev_cluster.wait_for(lambda: committed(run, 5), 120, what="a checkpoint at step 5")
+    nodes = active_nodes(run)
+    urgent = dev_cluster.submit("#!/bin/bash\nsleep 5\n", "-p", "highprio", "--exclusive", "-N", str(len(nodes)),
+                                "-w", ",".join(nodes))
+    dev_cluster.wait_for(lambda: named(read_events(run), "run_complete"), 400, what="the preempted run to complete")
+    events = read_events(run)
+    stop = [f for f in named(events, "failure_detected") if f["kind"] == "preempted"]
+    assert stop, "the agents' SIGTERM must reach the supervisor as a preemption"
+    [plan] = named(events, "preemption")
+    assert plan["signal"] == "preemption" and plan["window_s"] == dev_cluster.grace_time_s
+    assert plan["emergency_save"] is True
+    second = named(events, "supervisor_start")[-1]
+    saved = max(e["step"] for e in named(events, "checkpoint_committed") if e["ts"] < second["ts"])
+    resumed = [e for e in named(events, "first_step") if e["ts"] > second["ts"]][0]
+    assert resumed["step"] == saved, "resumed at the emergency checkpoint: no step lost"
+    assert dev_cluster.job_state(urgent) is None or dev_cluster.job_state(urgent).finished
     assert json.loads((out / "final.json").read_text())["params_sha256"] == reference
