@@ -4,6 +4,7 @@ Nothing here reads DCP's .metadata or imports torch (level 3 runs in a child pro
 
 from __future__ import annotations
 
+import enum
 import json
 import os
 import sys
@@ -23,8 +24,15 @@ from .trust import check_dir_trusted
 PROGRESS_MIN_BYTES = 256 << 20  # below this a verify is too quick for a progress bar to help
 
 
-def _classify(path_text: str) -> tuple[str, Path]:
-    """('step', path) or ('dir', path); one-line errors for anything else."""
+class Target(enum.Enum):
+    """What DIR names: one step_<N>, or a checkpoint_dir holding them."""
+
+    STEP = "step"
+    DIR = "dir"
+
+
+def _classify(path_text: str) -> tuple[Target, Path]:
+    """(Target.STEP, path) or (Target.DIR, path); one-line errors for anything else."""
     path = Path(path_text)
     if path.is_symlink():
         raise CheckpointError(f"{path} is a symlink; pass the real directory (ckptsup never follows links into a checkpoint)")
@@ -35,12 +43,12 @@ def _classify(path_text: str) -> tuple[str, Path]:
     if not os.access(path, os.R_OK | os.X_OK):
         raise CheckpointError(f"{path} is not readable by you (uid {os.getuid()}); run as its owner or `chmod u+rx {path}`")
     if parse_step(path.name) is not None or (path / MANIFEST_NAME).exists():
-        return "step", path
-    return "dir", path
+        return Target.STEP, path
+    return Target.DIR, path
 
 
-def _steps_of(kind: str, path: Path) -> list[Path]:
-    if kind == "step":
+def _steps_of(kind: Target, path: Path) -> list[Path]:
+    if kind is Target.STEP:
         return [path]
     check_dir_trusted(path)
     return [info.path for info in list_checkpoints(path)]
@@ -83,7 +91,7 @@ def ckpt() -> None:
 def list_cmd(directory: str, include_quarantined: bool, as_json: bool) -> None:
     """List checkpoints: step, status, validated level, size, creation time."""
     kind, path = _classify(directory)
-    if kind == "step":
+    if kind is Target.STEP:
         infos = [inspect_step(path)]
     else:
         check_dir_trusted(path)
@@ -164,7 +172,7 @@ def verify_cmd(directory: str, level: int, do_quarantine: bool, progress: bool |
 def inspect_cmd(directory: str, as_json: bool) -> None:
     """Show a checkpoint's manifest (never its pickled .metadata), or a checkpoint_dir summary."""
     kind, path = _classify(directory)
-    if kind == "step":
+    if kind is Target.STEP:
         info = inspect_step(path)
         payload = info.to_json()
         if info.manifest is not None:
@@ -220,7 +228,7 @@ def prune_cmd(directory: str, keep_last: int | None, keep_daily_days: int | None
     from .retention import apply_retention
 
     kind, path = _classify(directory)
-    if kind == "step":
+    if kind is Target.STEP:
         raise CheckpointError(f"{path} is one checkpoint; prune takes the checkpoint_dir that holds it ({path.parent})")
     check_dir_trusted(path)
     if keep_last is None or keep_daily_days is None:
