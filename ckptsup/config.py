@@ -373,6 +373,10 @@ def read_config_json(path: str | os.PathLike[str]) -> Resolved:
         payload = json.loads(Path(path).read_text())
     except (OSError, json.JSONDecodeError) as err:
         raise ConfigError(f"effective config {path} unreadable ({err}); relaunch through ckptsup launch") from None
+    if not isinstance(payload, dict) or not isinstance(payload.get("config", {}), dict) \
+            or not isinstance(payload.get("provenance", {}), dict):
+        raise ConfigError(f"effective config {path} is not a ckptsup config (a JSON object with \"config\"); "
+                          "relaunch through ckptsup launch")
     config = Config()
     provenance: dict[str, str] = {}
     apply_layer(config, provenance, payload.get("config", {}), f"supervisor:{path}")

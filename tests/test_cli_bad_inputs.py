@@ -49,6 +49,11 @@ def sandbox():
     (root / "run_ok").mkdir()
     (root / "run_ok" / "events.jsonl").write_text(json.dumps(
         {"event": "supervisor_start", "ts": "2026-01-01T00:00:00Z", "mono": 1.0, "job_id": "1", "attempt": 0}) + "\n")
+    for name, config_json in (("run_config_list", "[1]"), ("run_config_garbage", "{oops"),
+                              ("run_config_bad_value", '{"config": {"checkpoint": {"keep_last": "x"}}}')):
+        (root / name).mkdir()
+        (root / name / "events.jsonl").write_text((root / "run_ok" / "events.jsonl").read_text())
+        (root / name / "config.json").write_text(config_json)
     # unreadable for nobody: a root-owned 000 dir, and a nobody-owned checkpoint_dir whose step is 000
     (root / "unreadable").mkdir()
     os.chmod(root / "unreadable", 0o000)
@@ -184,6 +189,10 @@ CASES = [
     pytest.param(["report", "run_ok", "--png", "/nonexistent/x.png"], "cannot write", id="report-png-unwritable"),
     pytest.param(["report", "run_ok", "--html", "empty"], "is a directory", id="report-html-is-a-dir"),
     pytest.param(["report", "run_ok", "--config", "garbage.toml"], "invalid toml", id="report-config-garbage"),
+    pytest.param(["report", "run_config_list"], "is not a ckptsup config", id="report-run-config-not-an-object"),
+    pytest.param(["report", "run_config_garbage"], "unreadable", id="report-run-config-not-json"),
+    pytest.param(["report", "run_config_bad_value"], "keep_last = 'x' must be an integer",
+                 id="report-run-config-bad-value"),
     # ---- sbatch ----
     pytest.param(["sbatch"], "missing argument 'script'", id="sbatch-no-script"),
     pytest.param(["sbatch", "nope.py"], "nope.py does not exist", id="sbatch-missing-script"),
