@@ -97,6 +97,9 @@ def main(argv: list[str] | None = None) -> Any:
         click.echo("ckptsup: aborted", err=True)
         sys.exit(130)
     except click.ClickException as err:
+        if type(err).__name__ == "NoArgsIsHelpError":   # a bare group: its help, as click shows it
+            err.show()
+            sys.exit(err.exit_code)
         # Usage errors too are one line (click's own rendering is a usage block plus a hint).
         ctx = getattr(err, "ctx", None)
         hint = f" (see `{ctx.command_path} --help`)" if isinstance(err, click.UsageError) and ctx is not None else ""

@@ -292,3 +292,15 @@ def test_list_of_an_empty_checkpoint_dir_is_not_an_error(sandbox: Path) -> None:
     proc = run_ckptsup(["ckpt", "list", "empty"], sandbox)
     assert proc.returncode == 0 and proc.stderr == ""
     assert "no checkpoints" in proc.stdout
+
+
+@pytest.mark.parametrize("group", ["ckpt", "dev-cluster"])
+def test_a_bare_command_group_prints_its_help_not_an_error(sandbox: Path, group: str) -> None:
+    proc = run_ckptsup([group], sandbox)
+    output = proc.stdout + proc.stderr
+    assert "Traceback" not in output and "ckptsup: error" not in output
+    assert f"Usage: ckptsup {group}" in output and "Commands:" in output
+
+
+def test_a_misspelt_subcommand_is_one_line_with_the_suggestion(sandbox: Path) -> None:
+    assert_one_line_refusal(run_ckptsup(["ckpt", "lst", "x"], sandbox), "did you mean 'list'")
