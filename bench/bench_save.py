@@ -5,7 +5,8 @@ a sync save of the same state.
     python bench/bench_save.py [--state-mb 768] [--dir DIR] [--repeats 3]
 
 - save: a blocking ckptsup save (staging copy + DCP write + fsync + per-file/per-item hashing +
-  manifest + rename) vs `dd if=/dev/zero of=DIR/dd.bin bs=8M conv=fsync` of the same byte count.
+  manifest + rename) vs `dd if=<random bytes in RAM> of=DIR/dd.bin bs=8M conv=fsync` of the same
+  byte count (bench_hash's baseline).
 - restore: resume() (pre-load checks, .metadata hash, every item hashed as it is read, apply) vs
   `dd if=DIR/dd.bin of=/dev/null bs=8M`. Before every read, both the dd file and the checkpoint
   are evicted from the page cache (posix_fadvise DONTNEED), so both read from the device.
@@ -22,7 +23,6 @@ import json
 import os
 import shutil
 import statistics
-import subprocess
 import sys
 import tempfile
 import time
@@ -31,8 +31,10 @@ from pathlib import Path
 import torch
 
 sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
+sys.path.insert(0, str(Path(__file__).resolve().parent))
 
 import ckptsup  # noqa: E402
+from bench_hash import dd_write_read, evict, make_random_source  # noqa: E402  (same dd baseline as the hash bench)
 
 
 class Big(torch.nn.Module):
@@ -43,20 +45,9 @@ class Big(torch.nn.Module):
             [torch.nn.Parameter(torch.randn(64 * 1024 * 1024 // 4 // 1024, 1024)) for _ in range(n)])
 
 
-def evict(path: Path) -> None:
-    for f in ([path] if path.is_file() else [p for p in path.rglob("*") if p.is_file()]):
-        fd = os.open(f, os.O_RDONLY)
-        try:
-            os.fsync(fd)
-            os.posix_fadvise(fd, 0, 0, os.POSIX_FADV_DONTNEED)
-        finally:
-            os.close(fd)
-
-
-def dd(args: list[str]) -> float:
-    start = time.perf_counter()
-    subprocess.run(["dd", *args, "status=none"], check=True)
-    return time.perf_counter() - start
+def evict_tree(path: Path) -> None:
+    for f in (p for p in path.rglob("*") if p.is_file()):
+        evict(f)
 
 
 def build(state_mb: int):
@@ -84,6 +75,7 @@ def main() -> int:
         del os.environ[key]
 
     saves, restores, dd_w, dd_r, stalls, syncs = [], [], [], [], [], []
+    source: Path | None = None
     nbytes = 0
     for i in range(args.repeats):
         ck = base / f"ck{i}"
@@ -105,17 +97,16 @@ def main() -> int:
             run.writer.wait()
         stalls.append(stall)
         run.close(final_save=False)
-        # dd of the same size, same directory
-        count = max(1, nbytes // (8 << 20))
-        dd_file = base / "dd.bin"
-        dd_w.append(count * (8 << 20) / dd(["if=/dev/zero", f"of={dd_file}", "bs=8M", f"count={count}", "conv=fsync"]))
-        evict(dd_file)
-        dd_r.append(count * (8 << 20) / dd([f"if={dd_file}", "of=/dev/null", "bs=8M"]))
-        dd_file.unlink()
+        # dd of the same size, same directory, random bytes (zeros would flatter some disks)
+        if source is None:
+            source = make_random_source(nbytes >> 20)
+        write_gbps, read_gbps = dd_write_read(base, nbytes >> 20, source)
+        dd_w.append(write_gbps * 1e9)
+        dd_r.append(read_gbps * 1e9)
         # restore the sync checkpoint only
         for extra in ("step_2", "step_3"):
             shutil.rmtree(ck / extra)
-        evict(ck)
+        evict_tree(ck)
         run = ckptsup.attach(model=model, optimizer=opt, checkpoint_dir=str(ck), save_every_s=1e9, **quiet)
         t0 = time.perf_counter()
         assert run.resume() == 1
@@ -139,6 +130,8 @@ def main() -> int:
         print(f"restore  {report['restore_GBps']:.2f} GB/s   dd read        {report['dd_read_GBps']:.2f} GB/s   ratio {report['restore_vs_dd']:.2f} (target >= 0.8)")
         print(f"async stall {report['async_stall_s']:.3f} s / sync save {report['sync_save_s']:.3f} s = {report['stall_vs_sync']:.3f} "
               "(target <= 0.1 on a GPU; on CPU the stall is a host memcpy of the whole state)")
+    if source is not None:
+        source.unlink()
     if args.dir is None:
         shutil.rmtree(base, ignore_errors=True)
     return 0
