@@ -159,3 +159,43 @@ def test_preemption_stops_with_an_emergency_checkpoint_within_grace_time_and_res
     assert resumed["step"] == saved, "resumed at the emergency checkpoint: no step lost"
     assert dev_cluster.job_state(urgent) is None or dev_cluster.job_state(urgent).finished
     assert json.loads((out / "final.json").read_text())["params_sha256"] == reference
+
+
+def processes_of(run: Path, *, attempt: str) -> list[int]:
+    """Host PIDs of rank processes of `run`'s attempt (found by their environment)."""
+    import psutil
+
+    found = []
+    for proc in psutil.process_iter():
+        try:
+            env = proc.environ()
+        except psutil.Error:
+            continue
+        if env.get("CKPTSUP_RUN_DIR") == str(run) and env.get("CKPTSUP_ATTEMPT") == attempt and "RANK" in env:
+            found.append(proc.pid)
+    return found
+
+
+def supervisor_pid(run: Path) -> int:
+    import psutil
+
+    for proc in psutil.process_iter(["cmdline"]):
+        cmd = proc.info["cmdline"] or []
+        if "launch" in cmd and str(run) in " ".join(cmd) and any("ckptsup" in c for c in cmd):
+            return proc.pid
+    raise AssertionError("supervisor not found")
+
+
+def test_a_sigkilled_supervisor_leaves_no_rank_and_the_job_is_requeued_and_resumes(dev_cluster, tmp_path, reference):
+    import os
+    import signal
+
+    job, run, out = submit(tmp_path, nodes=2, spares=0)
+    dev_cluster.wait_for(lambda: committed(run, 10), 120, what="a checkpoint at step 10")
+    assert processes_of(run, attempt="0")
+    os.kill(supervisor_pid(run), signal.SIGKILL)
+    dev_cluster.wait_for(lambda: not processes_of(run, attempt="0"), 30, what="no rank of the dead supervisor's attempt")
+    dev_cluster.wait_for(lambda: named(read_events(run), "run_complete"), 300, what="the requeued run to complete")
+    events = read_events(run)
+    assert [e["by"] for e in named(events, "requeue")] != [] and named(events, "supervisor_start")[-1]["resumed"]
+    assert json.loads((out / "final.json").read_text())["params_sha256"] == reference
