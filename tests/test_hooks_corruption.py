@@ -18,6 +18,7 @@ from hooks_helpers import attach_parts, fast_site_config, make_parts, private_di
 from ckptsup.checkpoint.catalog import Status, list_checkpoints
 from ckptsup.checkpoint.manifest import load_manifest
 from ckptsup.hooks.reader import VerifyingReader, load_metadata_bytes
+from ckptsup.errors import CheckpointError
 from ckptsup.hooks.testload import test_load as run_test_load
 
 pytestmark = pytest.mark.torch
@@ -170,3 +171,17 @@ def test_the_metadata_unpickler_refuses_anything_but_dcp_classes(tmp_path: Path)
     with pytest.raises(Exception, match="not allowed"):
         load_metadata_bytes(pickle.dumps(Evil()))
     assert not canary.exists()
+
+
+def test_a_checkpoint_that_does_not_fit_the_model_stops_resume_instead_of_starting_over(tmp_path: Path) -> None:
+    ck = two_checkpoints(tmp_path)
+    model, opt, sched, loader = make_parts()
+    wider = torch.nn.Sequential(torch.nn.Linear(8, 64), torch.nn.ReLU(), torch.nn.Dropout(0.1), torch.nn.Linear(64, 1))
+    run = attach_parts((wider, torch.optim.AdamW(wider.parameters()), None, loader), ck)
+    try:
+        with pytest.raises(CheckpointError, match="cannot be loaded into this model") as err:
+            run.resume()
+        assert "\n" not in str(err.value)
+    finally:
+        run.close(final_save=False)
+    assert (ck / "step_4").is_dir() and not (ck / "quarantine").exists()  # a good checkpoint is not quarantined
