@@ -164,3 +164,28 @@ def test_a_sigkilled_supervisor_leaves_no_rank_behind(tmp_path):
     while not no_rank_left(out) and time.monotonic() < deadline:
         time.sleep(0.2)
     assert no_rank_left(out), "the agent must kill its ranks when the supervisor's pipe closes"
+
+
+def test_a_corrupted_newest_checkpoint_is_quarantined_and_the_run_resumes_from_the_previous(tmp_path, reference):
+    proc, run, out = start(tmp_path)
+    wait_for_commit(run, 20)
+    proc.send_signal(signal.SIGKILL)  # the agent kills its ranks when the supervisor's pipe closes
+    proc.communicate(timeout=30)
+    deadline = time.monotonic() + 10
+    while not no_rank_left(out) and time.monotonic() < deadline:
+        time.sleep(0.2)
+    ckpts = run / "checkpoints"
+    newest = max((p for p in ckpts.iterdir() if p.name.startswith("step_")), key=lambda p: int(p.name[5:]))
+    shard = max((p for p in newest.rglob("*") if p.is_file() and p.suffix == ".distcp"), key=lambda p: p.stat().st_size)
+    with open(shard, "r+b") as fh:
+        fh.truncate(shard.stat().st_size // 2)
+    proc, run, out = start(tmp_path)  # same run dir: the run resumes
+    rc, log = finish(proc)
+    assert rc == 0, log
+    events = read_events(run)
+    [rejected] = named(events, "checkpoint_rejected")
+    assert rejected["step"] == int(newest.name[5:]) and "size" in rejected["reason"]
+    assert not newest.exists() and (ckpts / "quarantine").is_dir()
+    resumed = named(events, "launch")[-1]
+    assert resumed["resume_from"] and int(Path(resumed["resume_from"]).name[5:]) < int(newest.name[5:])
+    assert params(out) == reference
