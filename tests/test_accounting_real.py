@@ -41,7 +41,10 @@ def test_real_crash_is_charged_to_lost_progress_detection_and_restart(faulted_ru
     acc = account(read_events(faulted_run_dir))
     bad = acc.badput_device_s
     assert bad["lost_progress"] > 0          # steps 30..35 were redone
-    assert bad["detection"] > 0
+    # a crash is seen as the process exits (detect_s may be 0.0): detection is charged exactly what
+    # the failure_detected events measured, on the job's 2 devices
+    detect_s = sum(e.get("detect_s") or 0.0 for e in read_events(faulted_run_dir) if e["event"] == "failure_detected")
+    assert acc.detects_s and bad["detection"] == pytest.approx(2 * detect_s, rel=0.01, abs=1e-6)
     assert sum(v for k, v in bad.items() if k.startswith("restart_")) > 0
     assert acc.useful_device_s > 0
     # GPU-less local node: its 2 ranks are the devices

@@ -110,3 +110,18 @@ def test_jitter_stays_within_its_bound_and_spreads_saves() -> None:
     assert all(600.0 <= v < 630.0 for v in values)
     assert max(values) - min(values) > 25.0
     assert jittered(600.0, 0.0, rng) == 600.0
+
+
+def test_only_daily_keepers_outside_the_last_k_need_a_test_load(tmp_path: Path) -> None:
+    """Today's newest checkpoint is always among the last K: a level-3 test load is due only when a
+    day's keeper leaves that window, not at every commit."""
+    ckdir = tmp_path / "ck"
+    yesterday, today = NOW - timedelta(days=1), NOW - timedelta(hours=1)
+    for step, created in ((1, yesterday), (2, yesterday), (3, today), (4, today)):
+        write_synthetic(ckdir, step=step, created_at=created)
+    first = apply_retention(ckdir, keep_last=3, keep_daily_days=2, clock=lambda: NOW, dry_run=True)
+    assert first.needs_test_load == []          # daily keepers 2 and 4 are both among the last 3
+    write_synthetic(ckdir, step=5, created_at=today)
+    second = apply_retention(ckdir, keep_last=3, keep_daily_days=2, clock=lambda: NOW, dry_run=True)
+    assert second.needs_test_load == [2]        # yesterday's keeper is now kept only as a daily keeper
+    assert 2 in second.keep

@@ -88,7 +88,7 @@ class RetentionResult:
     delete: list[int]
     deleted: list[int]
     skipped: list[int]   # not usable (incomplete/rejected): left for a human or quarantine
-    needs_test_load: list[int] = field(default_factory=list)  # daily keepers without a level-3 pass
+    needs_test_load: list[int] = field(default_factory=list)  # kept only as daily keepers, no level-3 pass yet
 
 
 def apply_retention(checkpoint_dir: str | os.PathLike[str], *, keep_last: int, keep_daily_days: int,
@@ -111,8 +111,11 @@ def apply_retention(checkpoint_dir: str | os.PathLike[str], *, keep_last: int, k
     skipped = sorted(i.step for i in infos if i not in usable)
     levels = {i.step: i.validated_level for i in usable}
     daily = daily_keepers(cands, keep_daily_days=keep_daily_days, now=clock())
+    # A checkpoint becomes a long-lived daily keeper when it leaves the last K; until then (today's
+    # newest always is among them) it needs no test load, or every commit would get one.
+    last_k = {c.step for c in sorted(cands, key=lambda c: c.step)[-keep_last:]}
     return RetentionResult(keep=keep, delete=delete, deleted=deleted, skipped=skipped,
-                           needs_test_load=sorted(s for s in daily if levels[s] < 3))
+                           needs_test_load=sorted(s for s in daily - last_k if levels[s] < 3))
 
 
 def delete_step_dir(step_dir: Path) -> None:
