@@ -70,6 +70,19 @@ def test_summary_collects_detection_restarts_exclusions_and_requeues() -> None:
     assert s.excluded == [("n2", "node_down")]
     assert s.requeues == [{"reason": "batch_host_lost", "by": "watchdog", "excluded": ["n1", "n2"],
                            "total_s": 3.6, "updated": True}]
+
+
+def test_summary_times_the_next_batch_run_from_the_requeue() -> None:
+    later = E[:8] + [
+        {"event": "supervisor_start", "ts": "2026-01-01T00:01:05.500+00:00", "mono": 2.0, "job_id": "7", "attempt": 2},
+        {"event": "first_step", "ts": "2026-01-01T00:01:15.000+00:00", "mono": 11.5, "job_id": "7", "attempt": 2},
+        {"event": "first_step", "ts": "2026-01-01T00:09:00.000+00:00", "mono": 99.0, "job_id": "7", "attempt": 3},
+    ]
+    (r,) = timeline.summarize(later).requeues
+    assert r["back_s"] == 5.5 and r["first_step_s"] == 15.0
+    console = Console(record=True, width=200)
+    timeline.render(later, console)
+    assert "supervisor back after 5.50s; first step after 15.00s" in console.export_text()
     assert s.outcome == "complete"
 
 

@@ -176,17 +176,26 @@ def summarize(events: Iterable[Mapping[str, Any]]) -> Summary:
         elif name == "node_excluded":
             excluded.append((str(e.get("node")), str(e.get("reason", ""))))
         elif name == "requeue":
-            requeues.append({"reason": e.get("reason"), "by": e.get("by"), "excluded": e.get("excluded")})
+            requeues.append({"reason": e.get("reason"), "by": e.get("by"), "excluded": e.get("excluded"),
+                             "_at": parse_ts(e.get("ts"))})
             outcome = "requeued"
         elif name == "requeue_updated" and requeues:
             requeues[-1]["total_s"] = e.get("total_s")
             requeues[-1]["updated"] = bool(e.get("ok"))
+        # the next batch run, timed from the requeue on the wall clock (another host wrote it)
+        if name in ("supervisor_start", "first_step") and requeues and requeues[-1].get("_at") is not None:
+            key = "back_s" if name == "supervisor_start" else "first_step_s"
+            when = parse_ts(e.get("ts"))
+            if key not in requeues[-1] and when is not None and ("back_s" in requeues[-1] or key == "back_s"):
+                requeues[-1][key] = round((when - requeues[-1]["_at"]).total_seconds(), 3)
         elif name == "give_up":
             outcome = f"gave up: {e.get('reason', '')}"
         elif name == "run_complete":
             outcome = "complete"
         elif name in ("launch", "supervisor_start") and outcome == "requeued":
             outcome = "running"
+    for r in requeues:
+        r.pop("_at", None)
     return Summary(failures=failures, restarts=restarts, excluded=excluded, requeues=requeues, outcome=outcome)
 
 
@@ -234,5 +243,11 @@ def render(events: list[Mapping[str, Any]], console: Console, *, show_all: bool 
     if summary.excluded:
         console.print("excluded: " + ", ".join(f"{n} ({why})" for n, why in summary.excluded))
     for r in summary.requeues:
-        tail = f", pending updates done {_s(r['total_s'])} after the requeue" if r.get("total_s") is not None else ""
-        console.print(f"requeue by {r['by']}: {r['reason']}{tail}")
+        parts = []
+        if r.get("total_s") is not None:
+            parts.append(f"pending updates done after {_s(r['total_s'])}")
+        if r.get("back_s") is not None:
+            parts.append(f"supervisor back after {_s(r['back_s'])}")
+        if r.get("first_step_s") is not None:
+            parts.append(f"first step after {_s(r['first_step_s'])}")
+        console.print(f"requeue by {r['by']}: {r['reason']}" + (f" ({'; '.join(parts)})" if parts else ""))
