@@ -70,6 +70,7 @@ def test_summary_collects_detection_restarts_exclusions_and_requeues() -> None:
     assert s.excluded == [("n2", "node_down")]
     assert s.requeues == [{"reason": "batch_host_lost", "by": "watchdog", "excluded": ["n1", "n2"],
                            "total_s": 3.6, "updated": True}]
+    assert s.outcome == "complete"
 
 
 def test_summary_times_the_next_batch_run_from_the_requeue() -> None:
@@ -83,7 +84,6 @@ def test_summary_times_the_next_batch_run_from_the_requeue() -> None:
     console = Console(record=True, width=200)
     timeline.render(later, console)
     assert "supervisor back after 5.50s; first step after 15.00s" in console.export_text()
-    assert s.outcome == "complete"
 
 
 def test_render_prints_a_table_and_the_summary() -> None:
