@@ -5,12 +5,10 @@ the newest checkpoint and completes; no rank of the killed attempt is left runni
 
 from __future__ import annotations
 
-import os
 import shutil
 import subprocess
 import sys
 import time
-from pathlib import Path
 
 import psutil
 import pytest
@@ -18,7 +16,7 @@ import pytest
 from ckptsup.events import read_events
 from ckptsup.slurm.devconf import SPANNING
 
-from test_watchdog_template import TRAIN, count, wait_events
+from test_watchdog_template import TRAIN, wait_events
 
 pytestmark = [pytest.mark.slurm, pytest.mark.torch]
 

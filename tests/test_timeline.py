@@ -117,8 +117,9 @@ def test_log_human_output_shows_the_timeline(tmp_path) -> None:
 
 
 def test_log_of_a_missing_run_dir_is_one_line(tmp_path) -> None:
-    from ckptsup.cli import main
-    import subprocess, sys
+    import subprocess
+    import sys
+
     proc = subprocess.run([sys.executable, "-c", "from ckptsup.cli import main; main()", "log", str(tmp_path / "nope")],
                           capture_output=True, text=True)
     assert proc.returncode == 2

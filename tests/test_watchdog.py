@@ -3,7 +3,6 @@ fresh one, a finished run or a lease left over from a previous batch run within 
 
 from __future__ import annotations
 
-import json
 from pathlib import Path
 
 from ckptsup.config import Config

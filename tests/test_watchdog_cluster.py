@@ -14,7 +14,6 @@ import pytest
 
 from ckptsup.events import read_events
 from ckptsup.slurm.devconf import SPANNING
-from ckptsup.slurm.parsers import JobState
 
 from test_requeue_cluster import make_run_dir
 

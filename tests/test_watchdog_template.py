@@ -6,7 +6,6 @@ watchdog is alive (it does not mistake the previous run's "requeued" for its own
 
 from __future__ import annotations
 
-import json
 import subprocess
 import sys
 import time
