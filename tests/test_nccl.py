@@ -138,3 +138,10 @@ def test_derived_rows_show_every_exported_variable_with_its_origin() -> None:
     assert {"env TORCH_NCCL_HEARTBEAT_TIMEOUT_SEC", "env TORCH_FR_BUFFER_SIZE", "env CKPTSUP_COLLECTIVE_TIMEOUT_S",
             "supervisor.hang_timeout_s (effective)"} <= keys
     assert all(r["source"] for r in rows)
+
+
+def test_hang_cap_keeps_the_supervisor_first_if_steps_slow_down_mid_attempt() -> None:
+    t = nccl.derive_timeouts(Config(), step_times=[0.2] * 20, save_times=[1.0])  # launched: hang 30 s
+    later_hang = nccl.hang_timeout_s(Config(), [5.0] * 20)  # steps slowed to 5 s: auto hang 50 s
+    assert later_hang > t.hang_cap_s  # unclamped, torch's timeout would fire first
+    assert min(later_hang, t.hang_cap_s) + t.margin_s <= t.collective_s

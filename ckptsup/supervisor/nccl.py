@@ -91,6 +91,13 @@ class Timeouts:
     margin_s: float                       # what collective timeouts keep above supervisor deadlines
     notes: tuple[str, ...] = field(default=())  # why a configured value was lifted, etc.
 
+    @property
+    def hang_cap_s(self) -> float:
+        """The largest hang timeout the supervisor may use during this attempt: the collective
+        timeout is fixed at launch, so if the step time (and with it the automatic hang
+        timeout) grows mid-attempt, the supervisor clamps to this to keep firing first."""
+        return self.collective_s - self.margin_s
+
 
 def derive_timeouts(config: Config, *, step_times: Iterable[float] | None = (),
                     save_times: Iterable[float] | None = ()) -> Timeouts:
