@@ -4,6 +4,7 @@ newest validated checkpoint or anything protected (being validated or promoted).
 from __future__ import annotations
 
 import random
+import sys
 from datetime import datetime, timedelta, timezone
 from pathlib import Path
 
@@ -112,16 +113,25 @@ def test_jitter_stays_within_its_bound_and_spreads_saves() -> None:
     assert jittered(600.0, 0.0, rng) == 600.0
 
 
-def test_only_daily_keepers_outside_the_last_k_need_a_test_load(tmp_path: Path) -> None:
-    """Today's newest checkpoint is always among the last K: a level-3 test load is due only when a
-    day's keeper leaves that window, not at every commit."""
+def _pass_level3(step_dir: Path) -> None:
+    assert validate(step_dir, level=3, testload_command=[sys.executable, "-c", "pass"]).ok
+
+
+def test_a_daily_keeper_is_test_loaded_once_its_day_has_none_and_when_it_leaves_the_last_k(tmp_path: Path) -> None:
+    """Today's newest is a daily keeper at every commit: testing each would mean a test load per
+    commit. Due: a day's keeper while that day has no level-3 pass, and a keeper leaving the last K."""
     ckdir = tmp_path / "ck"
     yesterday, today = NOW - timedelta(days=1), NOW - timedelta(hours=1)
-    for step, created in ((1, yesterday), (2, yesterday), (3, today), (4, today)):
+    for step, created in ((1, yesterday), (2, yesterday), (3, today)):
         write_synthetic(ckdir, step=step, created_at=created)
-    first = apply_retention(ckdir, keep_last=3, keep_daily_days=2, clock=lambda: NOW, dry_run=True)
-    assert first.needs_test_load == []          # daily keepers 2 and 4 are both among the last 3
-    write_synthetic(ckdir, step=5, created_at=today)
-    second = apply_retention(ckdir, keep_last=3, keep_daily_days=2, clock=lambda: NOW, dry_run=True)
-    assert second.needs_test_load == [2]        # yesterday's keeper is now kept only as a daily keeper
-    assert 2 in second.keep
+
+    def due() -> list[int]:
+        return apply_retention(ckdir, keep_last=3, keep_daily_days=2, clock=lambda: NOW, dry_run=True).needs_test_load
+
+    assert due() == [2, 3]                      # neither day has a level-3 pass yet
+    _pass_level3(ckdir / "step_1")
+    _pass_level3(ckdir / "step_3")
+    assert due() == []                          # each day has one; keepers 2 and 3 are among the last 3
+    for step in (4, 5):
+        write_synthetic(ckdir, step=step, created_at=today)
+    assert due() == [2]                         # yesterday's keeper left the last 3 untested; 5 needs none

@@ -102,7 +102,11 @@ class Housekeeper:
         with self._retention_lock:
             result = apply_retention(self.checkpoint_dir, keep_last=self.keep_last, keep_daily_days=self.keep_daily_days,
                                      clock=self.clock, protected=self.protected())
-        for step in result.needs_test_load:
+        with self._lock:
+            busy = bool(self._testing)
+        # one test load at a time is enough: a burst of commits would queue one each (and
+        # close() waits for the queue); what is still due is found again by the next pass
+        for step in [] if busy else result.needs_test_load[:1]:
             self._queue_test(self.checkpoint_dir / f"step_{step}", step)
         return result.deleted
 

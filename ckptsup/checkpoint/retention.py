@@ -88,7 +88,7 @@ class RetentionResult:
     delete: list[int]
     deleted: list[int]
     skipped: list[int]   # not usable (incomplete/rejected): left for a human or quarantine
-    needs_test_load: list[int] = field(default_factory=list)  # kept only as daily keepers, no level-3 pass yet
+    needs_test_load: list[int] = field(default_factory=list)  # daily keepers due a level-3 test load
 
 
 def apply_retention(checkpoint_dir: str | os.PathLike[str], *, keep_last: int, keep_daily_days: int,
@@ -111,11 +111,19 @@ def apply_retention(checkpoint_dir: str | os.PathLike[str], *, keep_last: int, k
     skipped = sorted(i.step for i in infos if i not in usable)
     levels = {i.step: i.validated_level for i in usable}
     daily = daily_keepers(cands, keep_daily_days=keep_daily_days, now=clock())
-    # A checkpoint becomes a long-lived daily keeper when it leaves the last K; until then (today's
-    # newest always is among them) it needs no test load, or every commit would get one.
-    last_k = {c.step for c in sorted(cands, key=lambda c: c.step)[-keep_last:]}
     return RetentionResult(keep=keep, delete=delete, deleted=deleted, skipped=skipped,
-                           needs_test_load=sorted(s for s in daily - last_k if levels[s] < 3))
+                           needs_test_load=due_test_loads(cands, daily=daily, levels=levels, keep_last=keep_last))
+
+
+def due_test_loads(cands: Sequence[Candidate], *, daily: set[int], levels: dict[int, int], keep_last: int) -> list[int]:
+    """Pure: the daily keepers that need a level-3 test load now. Today's newest is a daily keeper
+    at every commit, so testing each would run one per commit: a keeper still among the last K is
+    tested only while no checkpoint of its day has passed level 3; it becomes a long-lived keeper
+    when it leaves the last K, and is tested then unless it already passed."""
+    day = {c.step: c.created_at.astimezone(timezone.utc).date() for c in cands}
+    last_k = {c.step for c in sorted(cands, key=lambda c: c.step)[-keep_last:]}
+    tested_days = {day[s] for s, level in levels.items() if level >= 3 and s in day}
+    return sorted(s for s in daily if levels.get(s, 0) < 3 and (s not in last_k or day[s] not in tested_days))
 
 
 def delete_step_dir(step_dir: Path) -> None:
