@@ -146,7 +146,7 @@ class SupervisorConfig:
 
 @dataclass(kw_only=True)
 class NcclConfig:
-    collective_timeout_init_s: float = knob(600.0, "collective timeout during init and the first steps (s)", positive)
+    collective_timeout_init_s: float = knob(900.0, "collective timeout during init and the first steps (s); above init and load allowances", positive)
     collective_timeout_s: Any = knob(AUTO, "steady-state collective timeout (s); auto = derived from step/save times, above the hang timeout", positive_or_auto)
     heartbeat_timeout_s: float = knob(120.0, "TORCH_NCCL_HEARTBEAT_TIMEOUT_SEC: watchdog-of-the-watchdog (s)", positive)
     flight_recorder_entries: int = knob(2000, "TORCH_NCCL_TRACE_BUFFER_SIZE / TORCH_FR_BUFFER_SIZE entries", non_negative)
