@@ -22,6 +22,7 @@ from __future__ import annotations
 
 import logging
 import math
+import os
 import random
 import time
 from pathlib import Path
@@ -86,8 +87,8 @@ class Run:
         self.channel = RankChannel(socket_path=env.rank_socket, secret_file=env.secret_file, rank=self.rank,
                                    fr_dump_dir=env.fr_dump_dir)
         self.reporter = Reporter(env=env, rank=self.rank, channel=self.channel)
-        self.channel.send("hello", {"rank": self.rank, "local_rank": _local_rank(), "world_size": self.world_size,
-                                    "node": env.node, "pid": _pid()})
+        self.channel.send("hello", {"rank": self.rank, "local_rank": int(os.environ.get("LOCAL_RANK", "0")), "world_size": self.world_size,
+                                    "node": env.node, "pid": os.getpid()})
         self.channel.send("phase", {"rank": self.rank, "phase": "init", "step": 0})
         multi = self.distributed and self.world_size > 1
         self.control_pg = new_gloo_group(settings.save_timeout_s) if multi else None
@@ -392,14 +393,3 @@ def _is_finite(loss: Any) -> bool:
     value = _loss_value(loss)
     return value is None or math.isfinite(value)
 
-
-def _local_rank() -> int:
-    import os
-
-    return int(os.environ.get("LOCAL_RANK", "0"))
-
-
-def _pid() -> int:
-    import os
-
-    return os.getpid()
