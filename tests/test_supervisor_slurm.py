@@ -199,3 +199,36 @@ def test_a_sigkilled_supervisor_leaves_no_rank_and_the_job_is_requeued_and_resum
     events = read_events(run)
     assert [e["by"] for e in named(events, "requeue")] != [] and named(events, "supervisor_start")[-1]["resumed"]
     assert json.loads((out / "final.json").read_text())["params_sha256"] == reference
+
+
+def test_more_active_nodes_than_the_allocation_is_one_clear_line(dev_cluster, tmp_path):
+    script = tmp_path / "noop.py"
+    script.write_text("pass\n")
+    job = dev_cluster.submit(f"#!/bin/bash\n{sys.executable} -m ckptsup.cli launch --nodes 5 --run-dir {tmp_path}/run "
+                             f"{script}\necho rc=$?\n", "-N", "2")
+    dev_cluster.wait_for(lambda: finished(dev_cluster, job), 60, what=f"job {job}")
+    out = dev_cluster.output(job).strip().splitlines()
+    assert out[-1] == "rc=2"
+    [line] = [x for x in out if x.startswith("ckptsup:")]
+    assert "--nodes 5 active nodes requested but the allocation has 2" in line
+
+
+def test_a_job_that_cannot_be_requeued_gives_up_with_one_clear_line(dev_cluster, tmp_path):
+    run, out = tmp_path / "run", tmp_path / "out"
+    proc = subprocess.run([*CKPTSUP, "sbatch", "--submit", "--json", "--nodes", "2", "--spares", "0",
+                           "--extra-directive=--no-requeue", "--nproc-per-node", "1",
+                           "--config", str(job_config(tmp_path)), "--run-dir", str(run), str(TRAIN), *TRAIN_ARGS,
+                           "--out", str(out)], capture_output=True, text=True, timeout=60, cwd=tmp_path)
+    assert proc.returncode == 0, proc.stderr
+    job = str(json.loads(proc.stdout)["job_id"])
+    dev_cluster.wait_for(lambda: committed(run, 10), 120, what="a checkpoint at step 10")
+    victim = active_nodes(run)[1]
+    with dev_cluster.revived(victim):
+        dev_cluster.kill_node(victim)
+        dev_cluster.wait_for(lambda: named(read_events(run), "give_up"), 120, what="the supervisor to give up")
+        dev_cluster.wait_for(lambda: finished(dev_cluster, job), 120, what=f"job {job} to end")
+    [give_up] = named(read_events(run), "give_up")
+    assert "--no-requeue" in give_up["reason"]
+    assert json.loads((run / "state.json").read_text())["status"] == "gave_up"
+    log = (run / f"slurm-{job}.out").read_text()
+    assert "supervisor exited 3: not requeueing" in log
