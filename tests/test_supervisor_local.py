@@ -138,3 +138,15 @@ def test_the_supervisor_imports_no_torch():
             "print('torch' in sys.modules)")
     out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, timeout=60)
     assert out.stdout.strip() == "False", out.stderr
+
+
+def test_measured_checkpoint_costs_retune_the_interval_through_the_channel(tmp_path):
+    cfg = tmp_path / "adaptive.toml"
+    cfg.write_text("[supervisor]\nhang_min_s = 5.0\n[checkpoint]\nadaptive_interval = true\nsave_every_s = 1800.0\n"
+                   "keep_daily_days = 0\ntest_load_every = 0\n[cost]\ngpu_mtbf_hours = 1.0\n")
+    proc, events = launch(tmp_path, cfg, "--steps", "30", "--commit-every", "5")
+    assert proc.returncode == 0, proc.stderr
+    [change, *_] = named(events, "interval_changed")
+    assert change["interval_s"] < 1800 and "Daly" in change["why"]
+    received = [json.loads(x) for x in (tmp_path / "out" / "rank0.commands").read_text().splitlines()]
+    assert {"m": "set_interval", "body": {"interval_s": change["interval_s"]}} in received

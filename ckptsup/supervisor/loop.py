@@ -233,10 +233,11 @@ class Supervisor:
             self.interval.note_save(record)
 
     def _set_interval(self, interval_s: float, why: str) -> None:
+        interval_s = round(interval_s, 3)
         if self.step is not None:
             self.step.send("set_interval", {"interval_s": interval_s})
         assert self.writer is not None
-        self.writer.emit(Event.INTERVAL_CHANGED, interval_s=round(interval_s, 3), why=why)
+        self.writer.emit(Event.INTERVAL_CHANGED, interval_s=interval_s, why=why)
 
     # ---- launching ----------------------------------------------------------------------------
     def _spec(self, nodes: tuple[str, ...], resume_from: str) -> tuple[LaunchSpec, Path]:

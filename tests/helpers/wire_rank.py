@@ -27,6 +27,7 @@ def main() -> int:
     p.add_argument("--nan-at", type=int, default=-1)
     p.add_argument("--once", action="store_true", help="inject the fault only on the first attempt")
     p.add_argument("--fault-rank", type=int, default=1)
+    p.add_argument("--commit-every", type=int, default=0, help="report a checkpoint_committed event every K steps")
     p.add_argument("--out", required=True)
     a = p.parse_args()
     rank = int(os.environ.get("RANK", "0"))
@@ -50,6 +51,21 @@ def main() -> int:
     if start:
         send("phase", {"rank": rank, "phase": "train", "step": start})
     faulty = rank == a.fault_rank and (not a.once or attempt == 0)
+    sock.settimeout(0.001)
+    commands = out / f"rank{rank}.commands"
+
+    def read_commands():
+        try:
+            data = sock.recv(65536)
+        except (BlockingIOError, socket.timeout):
+            return
+        for line in data.splitlines():
+            try:
+                m, _, body = wire.decode(line, secret=secret)
+            except wire.FrameError:
+                continue
+            with open(commands, "a") as fh:
+                fh.write(json.dumps({"m": m, "body": body}) + "\n")
     for step in range(start, a.steps):
         t0 = time.monotonic()
         if faulty and step == a.crash_at:
@@ -63,6 +79,11 @@ def main() -> int:
             time.sleep(30)
             return 6
         marker.write_text(str(step + 1))
+        read_commands()
+        if rank == 0 and a.commit_every and (step + 1) % a.commit_every == 0:
+            send("event", {"record": {"event": "checkpoint_committed", "ts": "x", "mono": 0, "job_id": "local",
+                                      "attempt": attempt, "step": step + 1, "stall_s": 2.0, "write_s": 0.5,
+                                      "bytes": 1000}})
         send("step", {"rank": rank, "step": step, "step_time_s": time.monotonic() - t0, "loss_finite": True})
     send("bye", {"rank": rank, "status": 0})
     (out / f"rank{rank}.done").write_text(json.dumps({"attempt": attempt}))
