@@ -150,3 +150,12 @@ def test_measured_checkpoint_costs_retune_the_interval_through_the_channel(tmp_p
     assert change["interval_s"] < 1800 and "Daly" in change["why"]
     received = [json.loads(x) for x in (tmp_path / "out" / "rank0.commands").read_text().splitlines()]
     assert {"m": "set_interval", "body": {"interval_s": change["interval_s"]}} in received
+
+
+def test_a_script_that_fails_at_import_gives_up_showing_its_error(tmp_path, cfg):
+    script = tmp_path / "bad.py"
+    script.write_text("import no_such_module_for_ckptsup_test\n")
+    proc = subprocess.run([*CKPTSUP, "launch", "--config", str(cfg), "--run-dir", str(tmp_path / "run"), str(script)],
+                          capture_output=True, text=True, timeout=120, cwd=tmp_path)
+    assert proc.returncode == 3
+    assert "ModuleNotFoundError: No module named 'no_such_module_for_ckptsup_test'" in proc.stdout

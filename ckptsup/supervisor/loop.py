@@ -329,6 +329,7 @@ class Supervisor:
             self.state.status = "gave_up"
             self.run_dir.save_state(self.state)
             print(f"ckptsup: giving up: {action.reason}", flush=True)
+            print(recovery.log_tail(self.run_dir.attempt_dir(self.state.attempt)), flush=True)
             return ExitStatus.GIVE_UP
         if isinstance(action, Requeue):
             return recovery.requeue(self, action)

@@ -6,6 +6,7 @@ from __future__ import annotations
 
 import os
 import queue
+import re
 import signal
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
@@ -101,6 +102,19 @@ def recheck(step_dir: Path) -> list[str]:
         if size != entry.size:
             problems.append(f"{entry.path}: size {size} != {entry.size} in the manifest")
     return problems or check_level2(step_dir, manifest)
+
+
+def log_tail(attempt_dir: Path, lines: int = 3) -> str:
+    """The errors at the end of the last attempt's rank logs (a traceback's last line), so a user
+    error is visible where the give-up is reported."""
+    out = []
+    for log in sorted(attempt_dir.glob("ranks-*.log")):
+        text = log.read_text(errors="replace").splitlines()
+        errors = [x.strip() for x in text if re.match(r"^\s*[\w.]*(Error|Exception|Interrupt)\b", x)]
+        if errors:
+            out.append(f"--- {log}:")
+            out.extend(dict.fromkeys(errors[-lines:]))
+    return "\n".join(out) or f"(no error in the rank logs of {attempt_dir})"
 
 
 def resume_step(resume_from: str) -> int:
