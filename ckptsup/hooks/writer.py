@@ -178,10 +178,6 @@ class CheckpointWriter:
         self._inflight: concurrent.futures.Future | None = None
         self.last: SaveResult | None = None
 
-    @property
-    def busy(self) -> bool:
-        return self._inflight is not None and not self._inflight.done()
-
     def wait(self) -> SaveResult | None:
         """Block until the in-flight save (if any) finished; its result."""
         if self._inflight is not None:
