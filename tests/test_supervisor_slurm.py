@@ -43,12 +43,13 @@ def reference(tmp_path_factory) -> str:
     return json.loads((tmp / "out" / "final.json").read_text())["params_sha256"]
 
 
-def submit(tmp: Path, *, nodes: int, spares: int, partition: str | None = None) -> tuple[str, Path, Path]:
+def submit(tmp: Path, *, nodes: int, spares: int, partition: str | None = None,
+           extra: tuple[str, ...] = ()) -> tuple[str, Path, Path]:
     run, out = tmp / "run", tmp / "out"
     where = ["--partition", partition] if partition else []
     proc = subprocess.run([*CKPTSUP, "sbatch", "--submit", "--json", "--nodes", str(nodes), "--spares", str(spares), *where,
                            "--nproc-per-node", "1", "--config", str(job_config(tmp)), "--run-dir", str(run),
-                           str(TRAIN), *TRAIN_ARGS, "--out", str(out)],
+                           str(TRAIN), *TRAIN_ARGS, "--out", str(out), *extra],
                           capture_output=True, text=True, timeout=60, cwd=tmp)
     assert proc.returncode == 0, proc.stderr
     data = json.loads(proc.stdout)
@@ -232,3 +233,52 @@ def test_a_job_that_cannot_be_requeued_gives_up_with_one_clear_line(dev_cluster,
     assert json.loads((run / "state.json").read_text())["status"] == "gave_up"
     log = (run / f"slurm-{job}.out").read_text()
     assert "supervisor exited 3: not requeueing" in log
+
+
+def rank_pid(run: Path, rank: int) -> int:
+    """Host PID of a rank of `run` (dev-cluster PIDs are per node namespace; /proc is the host's)."""
+    import psutil
+
+    for proc in psutil.process_iter():
+        try:
+            env = proc.environ()
+        except psutil.Error:
+            continue
+        if env.get("CKPTSUP_RUN_DIR") == str(run) and env.get("RANK") == str(rank):
+            return proc.pid
+    raise AssertionError(f"rank {rank} of {run} not found")
+
+
+@pytest.mark.parametrize("fault, kind", [("SIGKILL", "crash"), ("SIGSTOP", "hang")])
+def test_a_rank_fault_on_a_cluster_node_restarts_on_the_fast_path(dev_cluster, tmp_path, reference, fault, kind):
+    import os
+    import signal
+
+    job, run, out = submit(tmp_path, nodes=2, spares=0)
+    dev_cluster.wait_for(lambda: committed(run, 10), 120, what="a checkpoint at step 10")
+    hit = time.time()
+    os.kill(rank_pid(run, 1), getattr(signal, fault))
+    dev_cluster.wait_for(lambda: named(read_events(run), "run_complete"), 240, what="the run to complete")
+    events = read_events(run)
+    [failure] = named(events, "failure_detected")
+    assert failure["kind"] == kind and failure["rank"] == 1
+    limit = 1.0 if kind == "crash" else 10.0 + 2.0  # hang_min_s = 10 in job_config
+    assert ts(failure) - hit <= limit
+    [restart] = named(events, "restart_done")
+    assert restart["path"] == "fast" and not named(events, "node_excluded")
+    assert json.loads((out / "final.json").read_text())["params_sha256"] == reference
+
+
+def test_nan_on_a_rank_rolls_back_and_its_node_is_replaced_by_the_spare(dev_cluster, tmp_path, reference):
+    job, run, out = submit(tmp_path, nodes=2, spares=1, extra=("--nan-at-step", "17", "--nan-rank", "1"))
+    dev_cluster.wait_for(lambda: named(read_events(run), "run_complete"), 240, what="the run to complete")
+    events = read_events(run)
+    [failure] = named(events, "failure_detected")
+    assert failure["kind"] == "nan" and failure["rank"] == 1 and failure["step"] == 17
+    [excluded] = named(events, "node_excluded")
+    assert excluded["node"] == failure["node"] and excluded["reason"] == "nan" and excluded["drained"]
+    dev_cluster.client.resume(excluded["node"])  # give the drained node back to later tests
+    first, again = named(events, "launch")[0], named(events, "launch")[-1]
+    assert again["path"] == "node" and failure["node"] not in again["nodes"] and first["spares"][0] in again["nodes"]
+    assert named(events, "restart_done")[-1]["resume_step"] == 15
+    assert json.loads((out / "final.json").read_text())["params_sha256"] == reference
