@@ -85,3 +85,17 @@ def test_exit_codes_classify_into_crash_nan_or_nothing():
     crash = classify_rank_exit(node="n1", rank=1, rc=-9, step=3)
     assert crash.kind is FailureKind.CRASH and "signal 9" in crash.detail
     assert "lost its connection" in classify_rank_exit(node="n1", rank=1, rc=None, step=3).detail
+
+
+def test_after_a_rank_finishes_the_others_get_the_stopping_allowance():
+    from ckptsup.supervisor.attempt import AttemptTracker
+    from ckptsup.supervisor.channel import Message
+
+    cfg = SupervisorConfig(hang_timeout_s=5, save_timeout_s=600.0, node_silence_s=1e9)
+    t = AttemptTracker(attempt=0, nodes=("n1",), nproc_per_node=2, config=cfg, started=0.0)
+    for rank in (0, 1):
+        t.on_message(Message(recv=1.0, m="hello", body={"node": "n1", "rank": rank}, step_id=1))
+        t.on_message(Message(recv=2.0, m="step", body={"node": "n1", "rank": rank, "step": 9}, step_id=1))
+    t.on_message(Message(recv=3.0, m="bye", body={"node": "n1", "rank": 1, "status": 0}, step_id=1))
+    assert t.check(now=60.0) is None  # rank 0 drains its housekeeping: not a hang
+    assert t.check(now=700.0).kind is FailureKind.HANG

@@ -120,6 +120,15 @@ class AttemptTracker:
                 self.marks.train_start = now
         elif m == "step":
             return self._on_step(body, node, now)
+        elif m == "bye":
+            rv = self._rank(body, node, now)
+            rv.phase, rv.phase_since = Phase.DONE, now
+            if body.get("status") == ExitStatus.DONE:
+                # one rank finished its loop: the others are closing too (final save, draining
+                # promotions or test loads without step progress): give them the stopping allowance
+                for other in self.ranks.values():
+                    if other.phase is Phase.TRAIN:
+                        other.phase, other.phase_since = Phase.STOPPING, now
         elif m == "nan":
             return nan_failure(node=node, rank=int(body.get("rank", -1)), step=int(body.get("step", -1)),
                                loss=body.get("loss"))

@@ -66,7 +66,22 @@ def main() -> int:
                 continue
             with open(commands, "a") as fh:
                 fh.write(json.dumps({"m": m, "body": body}) + "\n")
+    world = int(os.environ.get("WORLD_SIZE", "1"))
+
+    def peers_at(step):  # like an all-reduce: nobody runs ahead of the slowest rank
+        while True:
+            done = []
+            for r in range(world):
+                try:
+                    done.append(int((out / f"rank{r}.step").read_text() or 0))
+                except (FileNotFoundError, ValueError):
+                    done.append(0)
+            if min(done) >= step:
+                return
+            time.sleep(0.005)
+
     for step in range(start, a.steps):
+        peers_at(step)
         t0 = time.monotonic()
         if faulty and step == a.crash_at:
             os.kill(os.getpid(), signal.SIGKILL)
@@ -78,7 +93,9 @@ def main() -> int:
             send("nan", {"rank": rank, "step": step, "loss": "nan"})
             time.sleep(30)
             return 6
-        marker.write_text(str(step + 1))
+        tmp = marker.with_suffix(f".tmp{os.getpid()}")
+        tmp.write_text(str(step + 1))
+        os.replace(tmp, marker)  # a rank killed mid-write must not leave an empty marker
         read_commands()
         if rank == 0 and a.commit_every and (step + 1) % a.commit_every == 0:
             send("event", {"record": {"event": "checkpoint_committed", "ts": "x", "mono": 0, "job_id": "local",
