@@ -159,3 +159,31 @@ def test_a_script_that_fails_at_import_gives_up_showing_its_error(tmp_path, cfg)
                           capture_output=True, text=True, timeout=120, cwd=tmp_path)
     assert proc.returncode == 3
     assert "ModuleNotFoundError: No module named 'no_such_module_for_ckptsup_test'" in proc.stdout
+
+
+def test_a_killed_agent_is_replaced_and_its_ranks_do_not_live_on(tmp_path, cfg):
+    import signal
+    import time
+
+    run = tmp_path / "run"
+    argv = [*CKPTSUP, "launch", "--nproc-per-node", "2", "--config", str(cfg), "--run-dir", str(run),
+            str(RANK), "--steps", "60", "--step-s", "0.1", "--out", str(tmp_path / "out")]
+    proc = subprocess.Popen(argv, cwd=tmp_path, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
+    deadline = time.monotonic() + 60
+    while not (tmp_path / "out" / "rank1.step").exists() and time.monotonic() < deadline:
+        time.sleep(0.1)
+    agent = next(c for c in psutil.Process(proc.pid).children() if "agent" in " ".join(c.cmdline()))
+    old_ranks = {p.pid for p in psutil.process_iter(["cmdline"]) if str(RANK) in " ".join(p.info["cmdline"] or [])
+                 and str(tmp_path) in " ".join(p.info["cmdline"] or []) and p.pid != proc.pid}
+    agent.send_signal(signal.SIGKILL)
+    while not [e for e in named(read_events(run), "launch") if e["attempt"] >= 1] and time.monotonic() < deadline:
+        time.sleep(0.05)
+    time.sleep(0.5)
+    alive = [p for p in old_ranks if psutil.pid_exists(p) and psutil.Process(p).status() != psutil.STATUS_ZOMBIE]
+    assert not alive, "the dead agent's ranks must be killed before the new attempt starts"
+    out, err = proc.communicate(timeout=120)
+    assert proc.returncode == 0, err
+    events = read_events(run)
+    assert named(events, "failure_detected")[0]["kind"] == "crash"
+    assert named(events, "launch")[-1]["path"] == "node" and named(events, "run_complete")
+    assert not [p for p in old_ranks if psutil.pid_exists(p) and psutil.Process(p).status() != psutil.STATUS_ZOMBIE]

@@ -68,6 +68,7 @@ class Supervisor:
                                              if isinstance(r, dict)]
         self.active: tuple[str, ...] = ()
         self.restart: dict[str, Any] | None = None   # pending restart_done fields
+        self.torchrun_pids: set[int] = set()          # local mode: launchers to reap if the agent dies
         self.stop_signal: int | None = None
         self.lease_stop = threading.Event()
         self.last_progress_event = 0.0
@@ -193,6 +194,8 @@ class Supervisor:
         if msg.m == "event":
             self._forward_event(msg.body.get("record"))
             return None
+        if msg.m == "launched" and isinstance(msg.body.get("pid"), int):
+            self.torchrun_pids.add(msg.body["pid"])
         had_first = tracker.first_step is not None
         failure = tracker.on_message(msg)
         if msg.m == "step":
@@ -359,6 +362,7 @@ class Supervisor:
         dead = {failure.node} if failure.kind is FailureKind.NODE_DOWN else set()
         waiting = {n for n in self.active if n not in dead}
         if not step.alive() or not step.send("kill", {"grace": 0}):
+            self._kill_orphans()
             return []
         deadline = self.clock() + min(self.sup.node_silence_s, max(2.0, 3 * self.sup.heartbeat_interval_s))
         while waiting and self.clock() < deadline:
@@ -373,6 +377,17 @@ class Supervisor:
             elif msg.m == "event":
                 self._forward_event(msg.body.get("record"))
         return sorted(waiting) if len(waiting) < len(self.active) else []
+
+    def _kill_orphans(self) -> None:
+        """Local mode, agent gone: its torchrun (own session) and ranks would live on. Slurm
+        cleans a step's processes itself; here the supervisor kills the trees it was told of."""
+        if self.placement.in_slurm:
+            return
+        from .processes import terminate
+
+        for pid in self.torchrun_pids:
+            terminate(pid, 0)
+        self.torchrun_pids.clear()
 
     def _exclude(self, node: str, reason: str) -> None:
         if node in self.state.excluded_nodes:

@@ -39,7 +39,10 @@ def main() -> int:
 
     def send(m, body):
         seq[0] += 1
-        sock.sendall(wire.encode(m, body, seq=seq[0], secret=secret))
+        try:
+            sock.sendall(wire.encode(m, body, seq=seq[0], secret=secret))
+        except OSError:
+            pass  # like the hooks: a lost agent channel does not stop training
 
     out = Path(a.out)
     out.mkdir(parents=True, exist_ok=True)
