@@ -21,7 +21,7 @@ import time
 from pathlib import Path
 
 sys.path.insert(0, str(Path(__file__).resolve().parent))
-from faultbench import ROOT, TRAIN, have_ft_launcher, run_one  # noqa: E402
+from faultbench import TRAIN, have_ft_launcher, run_one  # noqa: E402
 
 CKPTSUP = [sys.executable, "-m", "ckptsup.cli"]
 

@@ -113,7 +113,7 @@ def test_a_dead_ranks_exit_status_is_read_from_its_zombie():
     import sys
     import time
 
-    from ckptsup.supervisor.agent import GONE, RUNNING, zombie_status
+    from ckptsup.supervisor.processes import GONE, RUNNING, zombie_status
 
     done = subprocess.Popen([sys.executable, "-c", "import sys; sys.exit(3)"])
     killed = subprocess.Popen([sys.executable, "-c", "import time; time.sleep(60)"])

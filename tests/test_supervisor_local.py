@@ -1,7 +1,6 @@
 """`ckptsup launch` in local mode (no Slurm): the real CLI, agent, torchrun and a wire-speaking
 rank stand-in (tests/helpers/wire_rank.py). Each fault ends as the policy says, with events."""
 import json
-import os
 import subprocess
 import sys
 from pathlib import Path

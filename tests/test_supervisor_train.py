@@ -3,7 +3,6 @@ ranks an interrupted run can equal an uninterrupted one bit for bit). Faults are
 outside (SIGKILL / SIGSTOP of a real rank) or by train.py's flags; every run must end with the
 reference parameters, or give up as the policy says."""
 import json
-import os
 import signal
 import subprocess
 import sys

@@ -12,7 +12,6 @@ heartbeat so the supervisor can blame it when the hang timeout fires.
 
 from __future__ import annotations
 
-import json
 import os
 import selectors
 import shutil
@@ -32,44 +31,13 @@ import psutil
 from .. import wire
 from ..env import ExitStatus
 from ..rundir import read_secret
-from .processes import terminate
+from .spec import LaunchSpec
+from .standby import Standby
+from .processes import GONE, RUNNING, describe_exit, terminate, zombie_status
 
 TICK_S = 0.1
 STANDBY_DELAY_S = 30.0
 EXIT_CONFIRM_S = 0.3  # a dropped rank connection becomes a crash report unless torchrun exits 0 by then
-
-
-@dataclass(kw_only=True)
-class LaunchSpec:
-    """What the supervisor tells every agent of an attempt (a 0600 JSON file in the attempt dir;
-    srun gives every task the same argv, so per-node values are looked up by node name)."""
-
-    script: str
-    script_args: list[str]
-    nproc_per_node: int
-    nnodes: int
-    rdzv_endpoint: str                  # ADDR:PORT on the first active node
-    rdzv_id: str
-    node_addrs: dict[str, str]          # node -> address torchrun binds (--local-addr)
-    env: dict[str, str]                 # CKPTSUP_* and NCCL variables for the ranks
-    log_dir: str                        # per-attempt directory for torchrun/rank logs
-    heartbeat_interval_s: float = 1.0
-    shutdown_timeout_s: float = 60.0    # torchrun --shutdown-timeout (>= GraceTime)
-    kill_grace_s: float = 10.0
-    cwd: str = "."
-    rdzv_backend: str = "static"        # static: node rank = position in `node_addrs`; or c10d
-
-    def to_json(self) -> dict[str, Any]:
-        return dict(self.__dict__)
-
-    @classmethod
-    def read(cls, path: str | os.PathLike[str]) -> "LaunchSpec":
-        return cls(**json.loads(Path(path).read_text()))
-
-    def write(self, path: Path) -> None:
-        from ..rundir import atomic_write_json
-
-        atomic_write_json(path, self.to_json())
 
 
 @dataclass(kw_only=True)
@@ -80,25 +48,6 @@ class RankConn:
     pid: int | None = None
     said_bye: bool = False
     guard: wire.ReplayGuard = field(default_factory=wire.ReplayGuard)
-
-
-class Standby:
-    """A launcher process that has already imported torch.distributed.run (standby.py)."""
-
-    def __init__(self) -> None:
-        self.proc = subprocess.Popen([sys.executable, "-m", "ckptsup.supervisor.standby"],
-                                     stdin=subprocess.PIPE, stdout=subprocess.DEVNULL,
-                                     stderr=subprocess.DEVNULL, start_new_session=True)
-
-    def launch(self, *, argv: list[str], env: dict[str, str], cwd: str, log: str) -> subprocess.Popen:
-        assert self.proc.stdin is not None
-        request = {"argv": argv, "env": env, "cwd": cwd, "log": log}
-        self.proc.stdin.write((json.dumps(request) + "\n").encode())
-        self.proc.stdin.close()
-        return self.proc
-
-    def discard(self) -> None:
-        terminate(self.proc, 0)
 
 
 class Agent:
@@ -424,35 +373,6 @@ class Agent:
             self.standby = None
         self.server.close()
         shutil.rmtree(self.sock_dir, ignore_errors=True)
-
-
-RUNNING = "running"
-GONE = "gone"
-
-
-def zombie_status(pid: int) -> "int | str":
-    """A dead rank's exit status while it is a zombie, read from /proc/PID/stat (field 52,
-    Linux >= 3.5): exit code, or -signal. RUNNING while alive, GONE once reaped (torchrun, its
-    parent, reaps it within its monitor interval)."""
-    try:
-        with open(f"/proc/{pid}/stat", "rb") as fh:
-            data = fh.read().decode(errors="replace")
-    except (FileNotFoundError, ProcessLookupError):
-        return GONE
-    fields = data[data.rindex(")") + 2:].split()
-    if fields[0] != "Z":
-        return RUNNING
-    try:
-        wait_status = int(fields[49])
-    except (IndexError, ValueError):
-        return GONE
-    if wait_status & 0x7F:
-        return -(wait_status & 0x7F)
-    return (wait_status >> 8) & 0xFF
-
-
-def describe_exit(code: int) -> str:
-    return f"was killed by signal {-code}" if code < 0 else f"exited with status {code}"
 
 
 def node_name() -> str:

@@ -21,7 +21,6 @@ from typing import Any, Callable
 
 from ..config import Resolved, write_config_json
 from ..env import ExitStatus
-from ..errors import CkptsupError
 from ..events import Event, EventWriter
 from ..rundir import RunDir, RunState
 from . import recovery

@@ -90,3 +90,32 @@ def pid_alive(pid: int) -> bool:
     except PermissionError:
         return True
     return True
+
+
+RUNNING = "running"
+GONE = "gone"
+
+
+def zombie_status(pid: int) -> "int | str":
+    """A dead rank's exit status while it is a zombie, read from /proc/PID/stat (field 52,
+    Linux >= 3.5): exit code, or -signal. RUNNING while alive, GONE once reaped (torchrun, its
+    parent, reaps it within its monitor interval)."""
+    try:
+        with open(f"/proc/{pid}/stat", "rb") as fh:
+            data = fh.read().decode(errors="replace")
+    except (FileNotFoundError, ProcessLookupError):
+        return GONE
+    fields = data[data.rindex(")") + 2:].split()
+    if fields[0] != "Z":
+        return RUNNING
+    try:
+        wait_status = int(fields[49])
+    except (IndexError, ValueError):
+        return GONE
+    if wait_status & 0x7F:
+        return -(wait_status & 0x7F)
+    return (wait_status >> 8) & 0xFF
+
+
+def describe_exit(code: int) -> str:
+    return f"was killed by signal {-code}" if code < 0 else f"exited with status {code}"

@@ -1,4 +1,4 @@
-"""A pre-imported torchrun: started by the agent ahead of need, it imports torch's launcher
+"""A pre-imported torchrun (`Standby` is the agent's handle on one): started by the agent ahead of need, it imports torch's launcher
 (~1.7 s here) and then waits for one JSON request on stdin: {"argv": [...], "env": {...},
 "cwd": "...", "log": "path"}. On it, it redirects its output to the log and becomes torchrun.
 The agent keeps one ready, so a fast-path restart skips the import.
@@ -12,7 +12,29 @@ from __future__ import annotations
 import json
 import os
 import signal
+import subprocess
 import sys
+
+from .processes import terminate
+
+
+class Standby:
+    """A launcher process that has already imported torch.distributed.run (standby.py)."""
+
+    def __init__(self) -> None:
+        self.proc = subprocess.Popen([sys.executable, "-m", "ckptsup.supervisor.standby"],
+                                     stdin=subprocess.PIPE, stdout=subprocess.DEVNULL,
+                                     stderr=subprocess.DEVNULL, start_new_session=True)
+
+    def launch(self, *, argv: list[str], env: dict[str, str], cwd: str, log: str) -> subprocess.Popen:
+        assert self.proc.stdin is not None
+        request = {"argv": argv, "env": env, "cwd": cwd, "log": log}
+        self.proc.stdin.write((json.dumps(request) + "\n").encode())
+        self.proc.stdin.close()
+        return self.proc
+
+    def discard(self) -> None:
+        terminate(self.proc, 0)
 
 
 def main() -> int:
