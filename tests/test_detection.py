@@ -99,3 +99,12 @@ def test_after_a_rank_finishes_the_others_get_the_stopping_allowance():
     t.on_message(Message(recv=3.0, m="bye", body={"node": "n1", "rank": 1, "status": 0}, step_id=1))
     assert t.check(now=60.0) is None  # rank 0 drains its housekeeping: not a hang
     assert t.check(now=700.0).kind is FailureKind.HANG
+
+
+def test_the_hang_timeout_is_clamped_below_the_attempts_collective_timeout():
+    from ckptsup.supervisor.attempt import AttemptTracker
+
+    t = AttemptTracker(attempt=0, nodes=("n1",), nproc_per_node=1, config=CFG, started=0.0, hang_cap_s=40.0)
+    for _ in range(50):
+        t.step_window.add(9.0)  # steps slowed down: 10 x p99 = 90 s
+    assert t.hang_timeout_s() == 40.0

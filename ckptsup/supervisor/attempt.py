@@ -57,6 +57,7 @@ class AttemptTracker:
     config: SupervisorConfig
     started: float
     resume_step: int = 0
+    hang_cap_s: float = float("inf")    # keeps the supervisor before torch's collective timeout (nccl.py)
     step_window: StepWindow = field(default_factory=StepWindow)
     marks: Marks = field(default_factory=Marks)
     node_views: dict[str, NodeView] = field(default_factory=dict)
@@ -89,7 +90,9 @@ class AttemptTracker:
         return min(positions)
 
     def hang_timeout_s(self) -> float:
-        return hang_timeout(self.config, self.step_window.p99())
+        """The automatic hang timeout, clamped so that it stays below the collective timeout this
+        attempt was launched with even if steps slow down mid-attempt."""
+        return min(hang_timeout(self.config, self.step_window.p99()), self.hang_cap_s)
 
     # ---- messages -----------------------------------------------------------------------------
     def on_message(self, msg: Message) -> Failure | None:

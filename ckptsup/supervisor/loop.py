@@ -261,10 +261,12 @@ class Supervisor:
                 marks_from: Marks | None = None) -> None:
         if resume_from is None:
             resume_from = recovery.pick_resume(self)
+        hang_cap = recovery.attempt_timeouts(self).hang_cap_s
         spec, spec_path = self._spec(nodes, resume_from)
         now = self.clock()
         self.tracker = AttemptTracker(attempt=self.state.attempt, nodes=nodes, nproc_per_node=self.sup.nproc_per_node,
-                                      config=self.sup, started=now, resume_step=recovery.resume_step(resume_from))
+                                      config=self.sup, started=now, resume_step=recovery.resume_step(resume_from),
+                                      hang_cap_s=hang_cap)
         if marks_from is not None:
             self.tracker.marks = marks_from
         self.tracker.marks.launch_sent = now

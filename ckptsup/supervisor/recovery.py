@@ -18,7 +18,7 @@ from ..config import Config
 from ..env import ExitStatus
 from ..errors import CkptsupError
 from ..events import Event
-from .nccl import nccl_env
+from .nccl import Timeouts, derive_timeouts, nccl_env
 from .observations import AttemptResult, Failure, FailureKind
 from .policy import Requeue
 from .preemption import StopKind, plan_stop, stop_kind
@@ -37,9 +37,8 @@ def checkpoint_dir(sv: "Supervisor") -> Path:
 def rank_env(sv: "Supervisor", resume_from: str) -> dict[str, str]:
     """Everything ranks learn from the supervisor (env.py); the agent adds RANK_SOCKET and NODE."""
     state, cfg = sv.state, sv.config
-    step_times = sv.tracker.step_window.samples if sv.tracker is not None else []
-    save_times = [sv.state.measured["stall_s"]] if "stall_s" in sv.state.measured else []
-    env = nccl_env(cfg, run_dir=sv.run_dir.path, attempt=state.attempt, step_times=step_times, save_times=save_times)
+    timeouts = attempt_timeouts(sv)
+    env = nccl_env(cfg, run_dir=sv.run_dir.path, attempt=state.attempt, timeouts=timeouts)
     ckpt = checkpoint_dir(sv)
     env.update({
         "CKPTSUP_RUN_DIR": str(sv.run_dir.path),
@@ -57,6 +56,14 @@ def rank_env(sv: "Supervisor", resume_from: str) -> dict[str, str]:
     if "CKPTSUP_SITE_CONFIG" in os.environ:
         env["CKPTSUP_SITE_CONFIG"] = os.environ["CKPTSUP_SITE_CONFIG"]
     return env
+
+
+def attempt_timeouts(sv: "Supervisor") -> Timeouts:
+    """The collective timeouts an attempt is launched with (fixed for its life), from the step
+    and save times measured so far."""
+    step_times = sv.tracker.step_window.samples if sv.tracker is not None else []
+    save_times = [sv.state.measured["stall_s"]] if "stall_s" in sv.state.measured else []
+    return derive_timeouts(sv.config, step_times=step_times, save_times=save_times)
 
 
 def pick_resume(sv: "Supervisor") -> str:
