@@ -27,7 +27,7 @@ demo: setup
 	$(PY) examples/demo.py --cluster-dir $(DEV_CLUSTER_DIR)
 
 test-fast: venv
-	$(PY) -m pytest -q -m "not slurm" -x --timeout 300
+	$(PY) -m pytest -q -m "not slurm and not integration" --timeout 300
 
 test-slurm: setup
 	$(PY) -m pytest -q -m slurm --timeout 600

@@ -196,3 +196,28 @@ def idle_cluster(dev_cluster: DevClusterFixture) -> DevClusterFixture:
     """The session's dev cluster with no job left from earlier tests and every node usable."""
     dev_cluster.cancel_all()
     return dev_cluster
+
+
+# Test tiers. `make test-fast` runs `-m "not slurm and not integration"` (the unit tier, < 2 min on
+# 2 cores); `make test` runs everything. Files whose tests start real multi-process torch runs
+# (torchrun, the supervisor over examples/train.py) are the integration tier; listing them here
+# keeps the split in one place instead of a marker line in each file.
+INTEGRATION_FILES = frozenset({
+    "test_accounting_real.py",
+    "test_elastic.py",
+    "test_hooks_api.py",
+    "test_hooks_channel.py",
+    "test_hooks_corruption.py",
+    "test_hooks_disk_full.py",
+    "test_hooks_preemption.py",
+    "test_resume_bitexact.py",
+    "test_resume_fsdp2.py",
+    "test_supervisor_local.py",
+    "test_supervisor_train.py",
+})
+
+
+def pytest_collection_modifyitems(config: pytest.Config, items: list[pytest.Item]) -> None:
+    for item in items:
+        if item.path.name in INTEGRATION_FILES:
+            item.add_marker(pytest.mark.integration)

@@ -69,12 +69,14 @@ def _listed_and_extra(step_dir: Path, manifest: Manifest) -> list[str]:
         with os.scandir(top) as it:
             for entry in it:
                 rel = f"{prefix}{entry.name}"
+                if not prefix and _is_validation_tmp(rel):
+                    continue  # another validator's temporary: it may vanish before we stat it
                 st = entry.stat(follow_symlinks=False)
                 if stat.S_ISLNK(st.st_mode):
                     problems.append(f"{rel}: is a symlink (refused)")
                 elif stat.S_ISDIR(st.st_mode):
                     walk(Path(entry.path), rel + "/")
-                elif not prefix and (rel in RESERVED_NAMES or _is_validation_tmp(rel)):
+                elif not prefix and rel in RESERVED_NAMES:
                     continue
                 elif rel not in listed:
                     problems.append(f"{rel}: present but not listed in the manifest")
