@@ -361,9 +361,14 @@ class Run:
         """Drain the in-flight save and write a final checkpoint (blocking)."""
         if self.closed:
             return
+        # Draining saves, promotions and test loads make no step progress: tell the supervisor,
+        # so that its stopping allowance (not the hang timeout) applies, even to a single rank.
+        stopping = {"rank": self.rank, "phase": "stopping", "step": self.next_step}
+        self.channel.send("phase", stopping)
         self.writer.wait()
         if final_save and self.next_step > 0:
             self.save(reason="final", blocking=True)
+            self.channel.send("phase", stopping)  # a blocking save reports "train" when it ends
         if self.keeper is not None:
             self.keeper.close(timeout_s=self.settings.save_timeout_s)  # drain promotions and test loads
             self.keeper = None

@@ -7,7 +7,7 @@ worker with start_new_session=True) are found through the process tree, not the 
 
 from __future__ import annotations
 
-import os
+import enum
 import signal
 import subprocess
 import time
@@ -82,21 +82,18 @@ def _alive(proc: psutil.Process) -> bool:
         return False
 
 
-def pid_alive(pid: int) -> bool:
-    try:
-        os.kill(pid, 0)
-    except ProcessLookupError:
-        return False
-    except PermissionError:
-        return True
-    return True
+class Liveness(enum.Enum):
+    """What /proc says of a process that is not (yet) a zombie with an exit status."""
+
+    RUNNING = "running"
+    GONE = "gone"  # reaped: its exit status is no longer readable
 
 
-RUNNING = "running"
-GONE = "gone"
+RUNNING = Liveness.RUNNING
+GONE = Liveness.GONE
 
 
-def zombie_status(pid: int) -> "int | str":
+def zombie_status(pid: int) -> "int | Liveness":
     """A dead rank's exit status while it is a zombie, read from /proc/PID/stat (field 52,
     Linux >= 3.5): exit code, or -signal. RUNNING while alive, GONE once reaped (torchrun, its
     parent, reaps it within its monitor interval)."""
