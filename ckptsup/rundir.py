@@ -13,6 +13,7 @@
 
 from __future__ import annotations
 
+import enum
 import json
 import os
 import secrets
@@ -63,6 +64,20 @@ def atomic_write_json(path: Path, payload: Any, *, mode: int = 0o600) -> None:
         os.close(dfd)
 
 
+class RunStatus(str, enum.Enum):
+    """The run's lifecycle in state.json. Transitions: RUNNING → DONE | GAVE_UP | STOPPED (the
+    supervisor) and RUNNING → REQUEUED (whoever requeues; the next supervisor sets RUNNING)."""
+
+    RUNNING = "running"
+    DONE = "done"          # training finished: never requeue
+    GAVE_UP = "gave_up"    # policy gave up: never requeue
+    STOPPED = "stopped"    # stopped for preemption / time limit; the requeue follows
+    REQUEUED = "requeued"  # requeued in this epoch: no second requeuer
+
+
+FINISHED = (RunStatus.DONE, RunStatus.GAVE_UP)
+
+
 @dataclass(kw_only=True)
 class RunState:
     """What survives between attempts and requeues. The run dir, not SLURM_RESTART_COUNT, is the
@@ -73,12 +88,17 @@ class RunState:
     excluded_nodes: dict[str, str] = field(default_factory=dict)  # node -> reason
     restarts: int = 0                # restarts spent from the budget
     measured: dict[str, float] = field(default_factory=dict)      # e.g. stall_s, save_s, restart_s, step_p99_s
-    status: str = "running"          # running | done | gave_up | requeued
+    status: RunStatus = RunStatus.RUNNING
     failures: list[dict[str, Any]] = field(default_factory=list)  # history for the policy (kind, step, node, rank)
 
     @classmethod
     def from_json(cls, data: dict[str, Any]) -> "RunState":
         known = {k: v for k, v in data.items() if k in cls.__dataclass_fields__}
+        if "status" in known:
+            try:
+                known["status"] = RunStatus(known["status"])
+            except ValueError:
+                raise TypeError(f"unknown run status {known['status']!r}") from None
         return cls(**known)
 
 

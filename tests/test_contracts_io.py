@@ -102,3 +102,15 @@ def test_readable_secret_is_refused(tmp_path: Path) -> None:
     run.secret_path.chmod(0o644)
     with pytest.raises(ConfigError, match="chmod 600"):
         run.read_secret()
+
+
+def test_run_status_round_trips_as_an_enum_and_unknown_status_is_one_line(tmp_path: Path) -> None:
+    from ckptsup.rundir import RunStatus
+
+    run = RunDir.create(tmp_path / "run")
+    run.save_state(RunState(status=RunStatus.REQUEUED))
+    assert json.loads(run.state_path.read_text())["status"] == "requeued"
+    assert run.load_state().status is RunStatus.REQUEUED
+    run.state_path.write_text(json.dumps({"status": "exploded"}))
+    with pytest.raises(ConfigError, match="unknown run status 'exploded'"):
+        run.load_state()

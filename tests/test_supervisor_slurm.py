@@ -14,6 +14,7 @@ from pathlib import Path
 import pytest
 
 from ckptsup.events import read_events
+from ckptsup.planning.accounting import account
 from ckptsup.slurm.devconf import SPANNING
 from ckptsup.slurm.parsers import JobState
 
@@ -72,6 +73,19 @@ def active_nodes(run: Path) -> list[str]:
     return named(read_events(run), "launch")[-1]["nodes"]
 
 
+def assert_goodput_accounted(events) -> dict[str, float]:
+    """Issue 5 on a real faulted dev-cluster run: badput categories plus useful time equal the
+    paid device-time within 1%, and the node death is charged somewhere visible."""
+    acc = account(events)
+    total = acc.useful_device_s + sum(acc.badput_device_s.values())
+    assert acc.paid_device_s > 0 and acc.useful_device_s > 0
+    assert abs(total - acc.paid_device_s) <= 0.01 * acc.paid_device_s
+    assert acc.failures.get("node_down") == 1 and acc.end_reason.value == "run_complete"
+    assert acc.badput_device_s["detection"] > 0
+    assert sum(v for k, v in acc.badput_device_s.items() if k.startswith("restart_")) > 0
+    return acc.badput_device_s
+
+
 def finished(dev_cluster, job: str) -> bool:
     state = dev_cluster.job_state(job)
     return state is None or state.finished
@@ -99,6 +113,7 @@ def test_node_death_with_a_spare_restarts_on_the_spare_within_the_allocation(dev
     assert not named(events, "requeue") and named(events, "run_complete")
     assert json.loads((run / "state.json").read_text())["excluded_nodes"].keys() == {victim}
     assert json.loads((out / "final.json").read_text())["params_sha256"] == reference
+    assert assert_goodput_accounted(events)["idle_spares"] > 0  # the spare idled until it took over
 
 
 def test_node_death_without_a_spare_requeues_the_job_excluding_the_node(dev_cluster, tmp_path, reference):
@@ -118,6 +133,8 @@ def test_node_death_without_a_spare_requeues_the_job_excluding_the_node(dev_clus
     assert again["resumed"] and victim in again["excluded"]
     assert victim not in named(events, "launch")[-1]["nodes"]
     assert json.loads((out / "final.json").read_text())["params_sha256"] == reference
+    assert_goodput_accounted(events)
+    assert account(events).queue_s > 0  # the requeue's time in the queue is reported, not paid
 
 
 def test_time_limit_warning_stops_with_an_emergency_checkpoint_and_requeues_losing_no_step(

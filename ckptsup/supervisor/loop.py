@@ -22,7 +22,7 @@ from typing import Any, Callable
 from ..config import Resolved, write_config_json
 from ..env import ExitStatus
 from ..events import Event, EventWriter
-from ..rundir import RunDir, RunState
+from ..rundir import RunDir, RunState, RunStatus
 from . import recovery
 from .agent import LaunchSpec
 from .attempt import AttemptTracker, Marks
@@ -112,7 +112,7 @@ class Supervisor:
         self.state.epoch += 1
         if not first:
             self.state.attempt += 1
-        self.state.status = "running"
+        self.state.status = RunStatus.RUNNING
         self.run_dir.save_state(self.state)
         write_config_json(self.resolved, self.run_dir.config_json_path)
         self.writer = EventWriter(run_dir=self.run_dir.path, job_id=self.placement.job_id,
@@ -148,7 +148,7 @@ class Supervisor:
             if failure is None and tracker.complete:
                 self.emit(Event.RUN_COMPLETE, step=tracker.last_step if tracker.last_step is not None
                           else tracker.resume_step - 1)
-                self.state.status = "done"
+                self.state.status = RunStatus.DONE
                 self.run_dir.save_state(self.state)
                 return ExitStatus.DONE
             if failure is None and self.stop_signal is not None:
@@ -330,7 +330,7 @@ class Supervisor:
     def _carry_out(self, failure: Failure, action: Any, *, marks: Marks | None = None, t_detect: float | None = None) -> ExitStatus | None:
         if isinstance(action, GiveUp):
             self.emit(Event.GIVE_UP, reason=action.reason, kind=failure.kind)
-            self.state.status = "gave_up"
+            self.state.status = RunStatus.GAVE_UP
             self.run_dir.save_state(self.state)
             print(f"ckptsup: giving up: {action.reason}", flush=True)
             print(recovery.log_tail(self.run_dir.attempt_dir(self.state.attempt)), flush=True)

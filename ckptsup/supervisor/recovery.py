@@ -18,6 +18,7 @@ from ..config import Config
 from ..env import ExitStatus
 from ..errors import CkptsupError
 from ..events import Event
+from ..rundir import RunStatus
 from .nccl import Timeouts, derive_timeouts, nccl_env
 from .observations import AttemptResult, Failure, FailureKind
 from .policy import Requeue
@@ -230,11 +231,11 @@ def requeue(sv: "Supervisor", action: Requeue) -> ExitStatus:
     status = ExitStatus.PREEMPTED if action.preempted else ExitStatus.REQUEUE
     if not sv.placement.in_slurm:
         if action.preempted:
-            sv.state.status = "stopped"
+            sv.state.status = RunStatus.STOPPED
             sv.run_dir.save_state(sv.state)
             return ExitStatus.PREEMPTED
         sv.emit(Event.GIVE_UP, reason=f"requeue needed ({action.reason}) but not inside Slurm")
-        sv.state.status = "gave_up"
+        sv.state.status = RunStatus.GAVE_UP
         sv.run_dir.save_state(sv.state)
         return ExitStatus.GIVE_UP
     from .requeue import RequeueRefused, requeue_job
@@ -251,7 +252,7 @@ def requeue(sv: "Supervisor", action: Requeue) -> ExitStatus:
     except RequeueRefused as err:
         sv.state = sv.run_dir.load_state()
         sv.emit(Event.GIVE_UP, reason=str(err))
-        sv.state.status = "gave_up"
+        sv.state.status = RunStatus.GAVE_UP
         sv.run_dir.save_state(sv.state)
         print(f"ckptsup: {err}", flush=True)
         return ExitStatus.GIVE_UP

@@ -39,7 +39,7 @@ from typing import Any, Callable, Protocol, Sequence
 from ..errors import CkptsupError
 from ..events import Event, EventWriter
 from ..env import ExitStatus
-from ..rundir import RunDir
+from ..rundir import FINISHED, RunDir, RunStatus
 
 CLAIM_PREFIX = "requeue.claim-"
 FINISH_LOG = "requeue-finish.log"
@@ -146,7 +146,7 @@ def requeue_job(client: RequeueClient, run_dir: str | os.PathLike[str] | RunDir,
     t_check = clock()
 
     state = rd.load_state()
-    if state.status in ("done", "gave_up", "requeued"):
+    if state.status in (*FINISHED, RunStatus.REQUEUED):
         return RequeueResult(job_id=job_id, requeued=False, epoch=state.epoch,
                              why_skipped=f"run status is {state.status!r} in epoch {state.epoch}")
     if not _claim(rd, state.epoch, by):
@@ -156,7 +156,7 @@ def requeue_job(client: RequeueClient, run_dir: str | os.PathLike[str] | RunDir,
     for node in exclude:
         state.excluded_nodes.setdefault(node, reason)
     state.epoch += 1
-    state.status = "requeued"
+    state.status = RunStatus.REQUEUED
     rd.save_state(state)
     excluded = tuple(sorted(set(state.excluded_nodes) | set(info.excluded_nodes or ())))
     t_fence = clock()

@@ -31,11 +31,10 @@ from typing import Callable, Sequence
 from ..config import Config
 from ..errors import CkptsupError
 from ..events import Event, EventWriter
-from ..rundir import RunDir
+from ..rundir import FINISHED, RunDir, RunStatus
 from .requeue import RequeueClient, RequeueRefused, RequeueResult, requeue_job
 
 REASON = "batch_host_lost"
-FINISHED = ("done", "gave_up")
 
 
 class WatchOutcome(str, enum.Enum):
@@ -76,16 +75,16 @@ def watch(*, run_dir: str | os.PathLike[str] | RunDir, job_id: str, config: Conf
     first = rd.load_state()
     # After a requeue the new batch run starts us while state.json still says "requeued" (the
     # previous run's): that is not a reason to leave, until the new supervisor takes over.
-    leftover_epoch = first.epoch if first.status == "requeued" else None
+    leftover_epoch = first.epoch if first.status is RunStatus.REQUEUED else None
     while True:
         if stop():
             return WatchResult(outcome=WatchOutcome.STOPPED, detail="stop requested")
         state = rd.load_state()
         if state.status in FINISHED:
             return WatchResult(outcome=WatchOutcome.FINISHED, detail=f"run {state.status}")
-        if leftover_epoch is not None and (state.epoch != leftover_epoch or state.status != "requeued"):
+        if leftover_epoch is not None and (state.epoch != leftover_epoch or state.status is not RunStatus.REQUEUED):
             leftover_epoch = None  # the new supervisor took over
-        if state.status == "requeued" and leftover_epoch is None:
+        if state.status is RunStatus.REQUEUED and leftover_epoch is None:
             return WatchResult(outcome=WatchOutcome.ALREADY_REQUEUED, detail=f"requeued in epoch {state.epoch}")
         now = wall()
         lease = _lease(rd)
@@ -123,7 +122,7 @@ def _requeue(rd: RunDir, job_id: str, host: str, age: float | None, client: Requ
         # Nobody drives the job and it cannot come back: record why, then free the allocation
         # (scancel kills this step too, so the record comes first).
         state = rd.load_state()
-        state.status = "gave_up"
+        state.status = RunStatus.GAVE_UP
         rd.save_state(state)
         writer = EventWriter(run_dir=rd.path, job_id=job_id, attempt=state.attempt, epoch=state.epoch, fsync=True)
         try:
