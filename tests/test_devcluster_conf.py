@@ -30,6 +30,7 @@ def test_partitions_main_default_spares_reserved_spanning_and_preemption_pair():
     assert "Nodes=n5 Default=NO" in c["PartitionName=spares"] and "PreemptMode=OFF" in c["PartitionName=spares"]
     assert "Nodes=n[1-5] Default=NO" in c["PartitionName=mainspare"] and "PreemptMode=OFF" in c["PartitionName=mainspare"]
     assert "PreemptMode=REQUEUE GraceTime=30" in c["PartitionName=lowprio"]
+    assert "PreemptMode=REQUEUE GraceTime=120" in c["PartitionName=lowprio120"]
     assert "PriorityTier=10" in c["PartitionName=highprio"] and "PriorityTier=1 " in c["PartitionName=lowprio"]
     # partition_prio refuses a cluster-wide OFF: REQUEUE cluster-wide, OFF per partition
     assert c["PreemptType"] == "preempt/partition_prio" and c["PreemptMode"] == "REQUEUE"

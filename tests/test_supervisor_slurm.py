@@ -157,9 +157,10 @@ def test_time_limit_warning_stops_with_an_emergency_checkpoint_and_requeues_losi
     assert json.loads((out / "final.json").read_text())["params_sha256"] == reference
 
 
+@pytest.mark.parametrize(("partition", "grace_s"), [("lowprio", 30), ("lowprio120", 120)])
 def test_preemption_stops_with_an_emergency_checkpoint_within_grace_time_and_resumes_losing_no_step(
-        dev_cluster, tmp_path, reference):
-    job, run, out = submit(tmp_path, nodes=2, spares=0, partition="lowprio")  # GraceTime = dev_cluster.grace_time_s
+        dev_cluster, tmp_path, reference, partition, grace_s):
+    job, run, out = submit(tmp_path, nodes=2, spares=0, partition=partition)
     dev_cluster.wait_for(lambda: committed(run, 5), 120, what="a checkpoint at step 5")
     nodes = active_nodes(run)
     urgent = dev_cluster.submit("#!/bin/bash\nsleep 5\n", "-p", "highprio", "--exclusive", "-N", str(len(nodes)),
@@ -169,7 +170,7 @@ def test_preemption_stops_with_an_emergency_checkpoint_within_grace_time_and_res
     stop = [f for f in named(events, "failure_detected") if f["kind"] == "preempted"]
     assert stop, "the agents' SIGTERM must reach the supervisor as a preemption"
     [plan] = named(events, "preemption")
-    assert plan["signal"] == "preemption" and plan["window_s"] == dev_cluster.grace_time_s
+    assert plan["signal"] == "preemption" and plan["window_s"] == grace_s
     assert plan["emergency_save"] is True
     second = named(events, "supervisor_start")[-1]
     saved = max(e["step"] for e in named(events, "checkpoint_committed") if e["ts"] < second["ts"])

@@ -6,11 +6,12 @@ The partition layout is the pattern a real site would copy for hot spares and re
 - ``spares``    reserved spare nodes, not the default, so ordinary jobs leave them free;
 - ``mainspare`` spans both: a requeued job moved here may land on a spare node (a job runs in
                 exactly one partition, so ``--partition=main,spares`` would never mix them);
-- ``lowprio``   preemptable (GraceTime), over every node;
+- ``lowprio``   preemptable (GraceTime 30 s), over every node;
+- ``lowprio120`` the same with GraceTime 120 s (sites differ; the supervisor reads the value);
 - ``highprio``  a higher PriorityTier over every node whose jobs take the nodes of ``lowprio``.
 
 preempt/partition_prio refuses a cluster-wide PreemptMode=OFF, so the cluster says REQUEUE and
-every partition except ``lowprio`` says OFF (DESIGN §7).
+every partition except the two ``lowprio`` ones says OFF (DESIGN §7).
 """
 
 from __future__ import annotations
@@ -27,6 +28,7 @@ MAIN = "main"
 SPARES = "spares"
 SPANNING = "mainspare"
 LOWPRIO = "lowprio"
+LOWPRIO_LONG = "lowprio120"
 HIGHPRIO = "highprio"
 
 
@@ -42,6 +44,7 @@ class ClusterSpec:
     cpus_per_node: int = 4
     real_memory_mb: int = 2000
     grace_time_s: int = 30
+    long_grace_time_s: int = 120
     slurmd_timeout_s: int = 10
     kill_wait_s: int = 5
     message_timeout_s: int = 5
@@ -150,6 +153,8 @@ def render_slurm_conf(spec: ClusterSpec, *, controller_host: str | None = None) 
         "PriorityTier=1 PreemptMode=OFF",
         f"PartitionName={LOWPRIO} Nodes={all_nodes} Default=NO MaxTime=INFINITE State=UP "
         f"PriorityTier=1 PreemptMode=REQUEUE GraceTime={spec.grace_time_s}",
+        f"PartitionName={LOWPRIO_LONG} Nodes={all_nodes} Default=NO MaxTime=INFINITE State=UP "
+        f"PriorityTier=1 PreemptMode=REQUEUE GraceTime={spec.long_grace_time_s}",
         f"PartitionName={HIGHPRIO} Nodes={all_nodes} Default=NO MaxTime=INFINITE State=UP "
         "PriorityTier=10 PreemptMode=OFF",
     ]
