@@ -36,7 +36,7 @@ import hashlib
 import hmac
 import json
 from dataclasses import dataclass, field
-from typing import Any
+from typing import Any, Callable
 
 MAX_FRAME_BYTES = 64 * 1024
 
@@ -88,3 +88,38 @@ class ReplayGuard:
             return False
         self.last[sender] = seq
         return True
+
+
+@dataclass
+class FrameReader:
+    """One receiving end of a byte stream: splits it into frames and keeps only those with a
+    good MAC and a fresh `seq` from `sender`; everything else is dropped and counted."""
+
+    secret: bytes
+    sender: str
+    on_drop: Callable[[], None] = lambda: None
+    guard: ReplayGuard = field(default_factory=ReplayGuard)
+    _buf: bytes = b""
+
+    def feed(self, data: bytes) -> list[tuple[str, dict[str, Any]]]:
+        """→ the accepted (m, body) frames completed by `data`. Raises FrameError when the
+        unterminated rest grows past a few frames (a flood, not a peer of ours)."""
+        self._buf += data
+        *lines, self._buf = self._buf.split(b"\n")
+        if len(self._buf) > 4 * MAX_FRAME_BYTES:
+            self.on_drop()
+            raise FrameError("unterminated frame flood")
+        return [frame for frame in map(self.accept, lines) if frame is not None]
+
+    def accept(self, line: bytes) -> tuple[str, dict[str, Any]] | None:
+        if not line.strip():
+            return None
+        try:
+            m, seq, body = decode(line, secret=self.secret)
+        except FrameError:
+            self.on_drop()
+            return None
+        if not self.guard.accept(self.sender, seq):
+            self.on_drop()
+            return None
+        return m, body

@@ -114,3 +114,18 @@ def test_run_status_round_trips_as_an_enum_and_unknown_status_is_one_line(tmp_pa
     run.state_path.write_text(json.dumps({"status": "exploded"}))
     with pytest.raises(ConfigError, match="unknown run status 'exploded'"):
         run.load_state()
+
+
+def test_frame_reader_joins_split_frames_and_drops_forged_replayed_and_floods() -> None:
+    secret = b"k" * 32
+    drops = []
+    reader = wire.FrameReader(secret=secret, sender="rank", on_drop=lambda: drops.append(1))
+    one = wire.encode("step", {"step": 1}, seq=1, secret=secret)
+    two = wire.encode("step", {"step": 2}, seq=2, secret=secret)
+    assert reader.feed(one[:10]) == []
+    assert reader.feed(one[10:] + two + b"\n") == [("step", {"step": 1}), ("step", {"step": 2})]
+    assert reader.feed(two + wire.encode("step", {}, seq=3, secret=b"bad")) == []
+    assert len(drops) == 2  # the replay and the forgery
+    with pytest.raises(wire.FrameError, match="flood"):
+        reader.feed(b"x" * (4 * wire.MAX_FRAME_BYTES + 1))
+    assert len(drops) == 3

@@ -43,11 +43,10 @@ EXIT_CONFIRM_S = 0.3  # a dropped rank connection becomes a crash report unless 
 @dataclass(kw_only=True)
 class RankConn:
     sock: socket.socket
-    buf: bytes = b""
+    reader: wire.FrameReader
     rank: int | None = None
     pid: int | None = None
     said_bye: bool = False
-    guard: wire.ReplayGuard = field(default_factory=wire.ReplayGuard)
 
 
 class Agent:
@@ -61,7 +60,7 @@ class Agent:
         self.attempt = attempt
         self.instance = uuid.uuid4().hex[:12]
         self.seq = 0
-        self.sup_guard = wire.ReplayGuard()
+        self.stdin_reader = wire.FrameReader(secret=secret, sender="supervisor", on_drop=self._count_drop)
         self.sel = selectors.DefaultSelector()
         self.sock_dir = Path(tempfile.mkdtemp(prefix="ckptsup-agent-"))  # 0700
         self.sock_path = self.sock_dir / "ranks.sock"
@@ -73,7 +72,6 @@ class Agent:
         self.sel.register(self.server, selectors.EVENT_READ, "accept")
         os.set_blocking(inp.fileno(), False)
         self.sel.register(inp, selectors.EVENT_READ, "stdin")
-        self.stdin_buf = b""
         self.conns: dict[socket.socket, RankConn] = {}
         self.torchrun: subprocess.Popen | None = None
         self.torchrun_reported = True
@@ -164,7 +162,8 @@ class Agent:
         except BlockingIOError:
             return
         sock.setblocking(False)
-        self.conns[sock] = RankConn(sock=sock)
+        self.conns[sock] = RankConn(sock=sock, reader=wire.FrameReader(
+            secret=self.secret, sender="rank", on_drop=self._count_drop))
         self.sel.register(sock, selectors.EVENT_READ, "rank")
 
     def _close(self, conn: RankConn, *, report: bool) -> None:
@@ -186,25 +185,18 @@ class Agent:
         if not data:
             self._close(conn, report=True)
             return
-        conn.buf += data
-        if len(conn.buf) > 4 * wire.MAX_FRAME_BYTES:
-            self.dropped += 1
+        try:
+            frames = conn.reader.feed(data)
+        except wire.FrameError:
             self._close(conn, report=True)  # a flood is not a rank of ours
             return
-        *lines, conn.buf = conn.buf.split(b"\n")
-        for line in lines:
-            if line.strip():
-                self._rank_frame(conn, line)
+        for m, body in frames:
+            self._rank_frame(conn, m, body)
 
-    def _rank_frame(self, conn: RankConn, line: bytes) -> None:
-        try:
-            m, seq, body = wire.decode(line, secret=self.secret)
-        except wire.FrameError:
-            self.dropped += 1
-            return
-        if not conn.guard.accept("rank", seq):
-            self.dropped += 1
-            return
+    def _count_drop(self) -> None:
+        self.dropped += 1
+
+    def _rank_frame(self, conn: RankConn, m: str, body: dict[str, Any]) -> None:
         if m == "hello":
             conn.rank, conn.pid = body.get("rank"), body.get("pid")
         elif m == "step":
@@ -229,21 +221,14 @@ class Agent:
             self.sel.unregister(self.inp)
             self.exit_requested = True
             return
-        self.stdin_buf += data
-        *lines, self.stdin_buf = self.stdin_buf.split(b"\n")
-        for line in lines:
-            if line.strip():
-                self._command(line)
-
-    def _command(self, line: bytes) -> None:
         try:
-            m, seq, body = wire.decode(line, secret=self.secret)
+            frames = self.stdin_reader.feed(data)
         except wire.FrameError:
-            self.dropped += 1
-            return
-        if not self.sup_guard.accept("supervisor", seq):
-            self.dropped += 1
-            return
+            return  # garbage without newlines on stdin: counted, dropped, the agent goes on
+        for m, body in frames:
+            self._command(m, body)
+
+    def _command(self, m: str, body: dict[str, Any]) -> None:
         targets = body.get("nodes")
         if targets is not None and self.node not in targets:
             return
