@@ -3,11 +3,11 @@
 1. start the local Slurm dev cluster (real slurmctld + slurmd per node, one machine);
 2. submit examples/train.py through the sbatch template: 3 active nodes + 1 hot spare;
 3. once the run has checkpointed, kill one active node (its whole PID namespace at once);
-4. wait for the run to complete and print the restart log (`ckptsup log`): detection,
-   exclusion, the spare taken, the resume step, completion.
+4. wait for the run to complete and print the restart log (`ckptsup log`: detection, exclusion,
+   the spare taken, the resume step, completion) and the goodput report (`ckptsup report`).
 
 Everything here is what a user types: `ckptsup dev-cluster`, `ckptsup sbatch --submit`,
-`ckptsup log`. Usage: python examples/demo.py [--cluster-dir DIR] [--keep-cluster]
+`ckptsup log`, `ckptsup report`. Usage: python examples/demo.py [--cluster-dir DIR] [--keep-cluster]
 """
 
 from __future__ import annotations
@@ -107,6 +107,8 @@ def main() -> int:
         say("the restart log (ckptsup log)")
         subprocess.run([*CKPTSUP, "log", str(run_dir)], check=False)
         summary(events(run_dir), victim)
+        say("where the run's time went (ckptsup report)")
+        subprocess.run([*CKPTSUP, "report", str(run_dir)], check=False)
         ckptsup("dev-cluster", "revive-node", victim, "--dir", str(cluster))
     finally:
         if not args.keep_cluster:
