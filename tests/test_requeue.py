@@ -268,3 +268,14 @@ def test_a_job_slurm_already_requeued_still_gets_the_pending_updates(tmp_path) -
     assert slurm.calls[-1] == ("update_job", "42", ("n7",), "spanning", True)
     (event,) = [e for e in read_events(rd.path) if e["event"] == "requeue"]
     assert event["already_pending"] is True
+
+
+def test_the_finisher_reports_each_job_state_change_once_for_the_post_mortem_log(tmp_path) -> None:
+    rd = run_dir(tmp_path)
+    slurm = FakeSlurm(completing_polls=3)
+    slurm.requeue("42")
+    seen: list[str] = []
+    result = rq.finish_requeue(slurm, rd, "42", exclude=["n2"], partition=None, restart_count=0,
+                               requeued_mono=0.0, clock=fake_clock(), sleep=lambda s: None,
+                               on_state=lambda state, waited_s: seen.append(state))
+    assert result.ok and seen == ["COMPLETING", "PENDING"]

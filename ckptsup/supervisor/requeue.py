@@ -209,15 +209,20 @@ def finish_requeue(client: RequeueClient, run_dir: RunDir, job_id: str, *, exclu
                    partition: str | None, restart_count: int, requeued_mono: float,
                    requeued_wall: float | None = None, clock: Callable[[], float] = time.monotonic,
                    wall: Callable[[], float] = time.time, sleep: Callable[[float], None] = time.sleep,
-                   deadline_s: float = FINISH_DEADLINE_S, poll_s: float = POLL_S) -> FinishResult:
+                   deadline_s: float = FINISH_DEADLINE_S, poll_s: float = POLL_S,
+                   on_state: Callable[[str, float], None] = lambda state, waited_s: None) -> FinishResult:
     """Wait until the requeued job is PENDING, then one `scontrol update` with ExcNodeList,
     Partition and StartTime=now (StartTime lifts the 121 s BeginTime hold). Records a
     `requeue_updated` event. Never raises for Slurm refusals: they are recorded."""
     t0 = clock()
     error = ""
+    seen = None
     while True:
         info = client.job_info(job_id)
         state = _state_name(info)
+        if state != seen:  # every state change goes to the finish log, for post-mortems
+            seen = state
+            on_state(state, clock() - t0)
         if state == "PENDING":
             break
         if info is None or (state == "RUNNING" and info.restart_count > restart_count):
@@ -333,7 +338,9 @@ def _main(argv: Sequence[str] | None = None) -> int:
     result = finish_requeue(client, rd, args.job_id, exclude=args.exclude, partition=args.partition,
                             restart_count=args.restart_count, requeued_mono=args.requeued_mono,
                             requeued_wall=args.requeued_wall,
-                            deadline_s=args.deadline_s)
+                            deadline_s=args.deadline_s,
+                            on_state=lambda state, waited_s: print(json.dumps(
+                                {"job_state": state, "waited_s": round(waited_s, 3)}), flush=True))
     print(json.dumps({"ok": result.ok, "wait_pending_s": result.wait_pending_s, "hold_s": result.hold_s,
                       "update_s": result.update_s, "total_s": result.total_s, "error": result.error}),
           flush=True)
