@@ -47,16 +47,24 @@ def ensure_private_dir(path: Path) -> Path:
 
 
 def atomic_write_json(path: Path, payload: Any, *, mode: int = 0o600) -> None:
-    """Write JSON to a temporary file, fsync, rename over `path`, fsync the directory."""
+    """Write JSON to a temporary file (unique per call: threads of one process may write the same
+    file at once), fsync, rename over `path`, fsync the directory. A failed write leaves no
+    temporary behind."""
     path = Path(path)
-    tmp = path.with_name(f".{path.name}.{os.getpid()}.tmp")
-    fd = os.open(tmp, os.O_WRONLY | os.O_CREAT | os.O_TRUNC, mode)
+    tmp = path.with_name(f".{path.name}.{os.getpid()}-{secrets.token_hex(4)}.tmp")
     try:
-        os.write(fd, (json.dumps(payload, indent=1, sort_keys=True) + "\n").encode())
-        os.fsync(fd)
+        fd = os.open(tmp, os.O_WRONLY | os.O_CREAT | os.O_EXCL | os.O_NOFOLLOW, mode)
+        try:
+            data = memoryview((json.dumps(payload, indent=1, sort_keys=True) + "\n").encode())
+            while data:
+                data = data[os.write(fd, data):]
+            os.fsync(fd)
+        finally:
+            os.close(fd)
+        os.replace(tmp, path)
     finally:
-        os.close(fd)
-    os.replace(tmp, path)
+        if tmp.exists():
+            tmp.unlink()
     dfd = os.open(path.parent, os.O_RDONLY)
     try:
         os.fsync(dfd)

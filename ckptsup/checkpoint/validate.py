@@ -19,7 +19,6 @@ import stat
 import subprocess
 import sys
 import time
-import uuid
 from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass, field
 from datetime import datetime, timezone
@@ -27,7 +26,8 @@ from pathlib import Path
 from typing import Any, Callable, Sequence
 
 from ..errors import CheckpointError, CkptsupError, ValidationError
-from .commit import fsync_dir, parse_step, rename_noreplace, write_file_durable
+from ..rundir import atomic_write_json
+from .commit import parse_step, rename_noreplace
 from .hashing import algorithm_of, hash_bytes, hash_file_and_ranges
 from .manifest import RESERVED_NAMES, VALIDATION_NAME, FileEntry, ItemEntry, Manifest, load_manifest
 from .trust import check_dir_trusted, private_mkdir
@@ -253,19 +253,6 @@ def validate(step_dir: str | os.PathLike[str], *, level: int = 2, algorithm: str
     if record:
         _record(step_dir, result)
     return result
-
-
-def atomic_write_json(path: Path, payload: Any) -> None:
-    """Temporary file (unique per call: two threads of one process may validate at once), 0600,
-    fsync, rename over `path`, fsync the directory."""
-    tmp = path.with_name(f".{path.name}.{os.getpid()}-{uuid.uuid4().hex[:8]}.tmp")
-    try:
-        write_file_durable(tmp, (json.dumps(payload, indent=1, sort_keys=True) + "\n").encode())
-        os.replace(tmp, path)
-    finally:
-        if tmp.exists():
-            tmp.unlink()
-    fsync_dir(path.parent)
 
 
 def _record(step_dir: Path, result: ValidationResult) -> None:

@@ -39,6 +39,7 @@ from pathlib import Path
 from typing import Any, Iterable, Sequence
 
 from ..config import AUTO, Config
+from .detection import hang_timeout
 
 SAVE_FACTOR = 3.0           # a blocking save may take this x the slowest one measured
 DUMP_WAIT_S = 15.0          # time ranks get to write the flight recorder (torch's default wait)
@@ -61,13 +62,8 @@ def hang_timeout_s(config: Config, step_times: Iterable[float] | None = ()) -> f
     """The supervisor's steady hang timeout: the configured number, or (auto)
     max(hang_min_s, hang_step_factor x p99 of the measured step times); hang_min_s before any
     step was measured."""
-    sup = config.supervisor
-    if sup.hang_timeout_s != AUTO:
-        return float(sup.hang_timeout_s)
     steps = _finite(step_times)
-    if not steps:
-        return float(sup.hang_min_s)
-    return max(float(sup.hang_min_s), sup.hang_step_factor * percentile(steps, 99))
+    return hang_timeout(config.supervisor, percentile(steps, 99) if steps else None)
 
 
 def save_allowance_s(config: Config, save_times: Iterable[float] | None = (),
