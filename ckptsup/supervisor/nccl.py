@@ -39,19 +39,12 @@ from pathlib import Path
 from typing import Any, Iterable, Sequence
 
 from ..config import AUTO, Config
-from .detection import hang_timeout
+from .detection import hang_timeout, percentile
 
 SAVE_FACTOR = 3.0           # a blocking save may take this x the slowest one measured
 DUMP_WAIT_S = 15.0          # time ranks get to write the flight recorder (torch's default wait)
 DETECTION_SLACK_HEARTBEATS = 2  # the supervisor notices a hang within ~2 heartbeat periods
 FR_DIR = "flight_recorder"
-
-
-def percentile(values: Sequence[float], q: float) -> float:
-    """Nearest-rank percentile (q in [0, 100]) of a non-empty sequence."""
-    ordered = sorted(values)
-    rank = max(1, math.ceil(q / 100.0 * len(ordered)))
-    return float(ordered[rank - 1])
 
 
 def _finite(values: Iterable[float] | None) -> list[float]:
@@ -63,7 +56,7 @@ def hang_timeout_s(config: Config, step_times: Iterable[float] | None = ()) -> f
     max(hang_min_s, hang_step_factor x p99 of the measured step times); hang_min_s before any
     step was measured."""
     steps = _finite(step_times)
-    return hang_timeout(config.supervisor, percentile(steps, 99) if steps else None)
+    return hang_timeout(config.supervisor, percentile(steps, 0.99))
 
 
 def save_allowance_s(config: Config, save_times: Iterable[float] | None = (),
