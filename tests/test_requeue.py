@@ -279,3 +279,42 @@ def test_the_finisher_reports_each_job_state_change_once_for_the_post_mortem_log
                                requeued_mono=0.0, clock=fake_clock(), sleep=lambda s: None,
                                on_state=lambda state, waited_s: seen.append(state))
     assert result.ok and seen == ["COMPLETING", "PENDING"]
+
+
+class RestartedAtOnce(FakeSlurm):
+    """After the requeue: COMPLETING, then the job shows `after` — the dead batch host's case,
+    where Slurm skips the BeginTime hold and runs the job again in the same scheduling pass."""
+
+    def __init__(self, after: list[FakeInfo], **kw):
+        super().__init__(**kw)
+        self.after = after
+
+    def job_info(self, job_id):
+        info = super().job_info(job_id)
+        if info is not None and info.state == "PENDING" and self.after:
+            return self.after.pop(0)
+        return info
+
+
+def test_a_job_slurm_restarted_at_once_is_recorded_without_waiting_for_the_deadline(tmp_path) -> None:
+    rd = run_dir(tmp_path)
+    rerun = FakeInfo(state="COMPLETED", restart_count=1)
+    rerun.nodes, rerun.start_time = ["n2", "n3"], 1010
+    slurm = RestartedAtOnce([rerun] * 10**6, completing_polls=2)
+    result = requeue_job(slurm, rd, "42", "batch_host_lost", ["n1"], fake_clock(), partition="spanning",
+                         detach=False, sleep=lambda s: None, wall=lambda: 1000.5, finish_deadline_s=60)
+    assert not result.finish.ok and "restarted at once" in result.finish.error
+    assert "partition main on n2,n3" in result.finish.error and "none of the excluded" in result.finish.error
+    assert result.finish.total_s < 60 and not any(c[0] == "update_job" for c in slurm.calls)
+    assert read_events(rd.path)[-1]["event"] == "requeue_updated"
+
+
+def test_the_first_runs_end_shown_briefly_as_completed_is_not_mistaken_for_a_restart(tmp_path) -> None:
+    rd = run_dir(tmp_path)
+    first_run_end = FakeInfo(state="COMPLETED", restart_count=1)
+    first_run_end.nodes, first_run_end.start_time = ["n1", "n2"], 900  # started before the requeue
+    slurm = RestartedAtOnce([first_run_end, first_run_end], completing_polls=1)
+    result = requeue_job(slurm, rd, "42", "batch_host_lost", ["n1"], fake_clock(), partition="spanning",
+                         detach=False, sleep=lambda s: None, wall=lambda: 1000.5)
+    assert result.finish.ok, result.finish.error
+    assert slurm.calls[-1] == ("update_job", "42", ("n1", "n7"), "spanning", True)

@@ -9,6 +9,7 @@ import os
 import stat
 import subprocess
 import sys
+import time
 from pathlib import Path
 
 import pytest
@@ -17,6 +18,7 @@ from ckptsup.resources import sbatch_templates_dir
 from ckptsup.slurm.parsers import JobState
 from ckptsup.slurm.render import SbatchParams, render_sbatch
 from ckptsup.slurm.submit import Prepared, submit_script
+from ckptsup.supervisor.requeue import CREDENTIAL_SETTLE_S
 
 pytestmark = pytest.mark.slurm
 TEMPLATE = sbatch_templates_dir() / "train.sbatch"
@@ -58,10 +60,17 @@ def test_supervisor_killed_is_requeued_by_the_script_and_the_job_comes_back(dev_
                  requeue_command="false", watchdog_command="sleep 60")  # exercise the scontrol fallback
     result = submit_script(p, client=fx.client)
 
+    held_since: list[float] = []
+
     def second_run_done():
         info = fx.job(result.job_id)
         if info and info.state is JobState.PENDING and info.reason == "BeginTime":
-            fx.client.update_job(result.job_id, start_time_now=True)  # as `ckptsup requeue` does
+            # lift the 121 s hold as `ckptsup requeue` does, only once the wall-clock second of
+            # the requeue has turned over: a restart within it is killed ("Job credential revoked")
+            if not held_since:
+                held_since.append(time.monotonic())
+            if time.monotonic() - held_since[0] >= CREDENTIAL_SETTLE_S:
+                fx.client.update_job(result.job_id, start_time_now=True)
         # the first run's end may show briefly as a terminal state: only the second run counts
         return info if info and info.state.finished and info.restart_count >= 1 else None
 

@@ -70,11 +70,20 @@ def test_squeue_json_job_fields_are_parsed_and_hostlists_expanded():
                     "excluded_nodes": "n[2-3]", "exit_code": 0},
                    {"job_id": 7, "name": "train", "job_state": "RUNNING", "nodes": "n[1-2],n5", "requeue": False,
                     "state_reason": "None", "restart_cnt": 0, "batch_host": "n1", "partition": "mainspare",
-                    "excluded_nodes": "", "exit_code": 0})
+                    "excluded_nodes": "", "exit_code": 0, "start_time": 1795959520})
     pending, running = parse_squeue_json(text)
     assert pending.state is JobState.PENDING and pending.reason == "BeginTime"
     assert pending.restart_count == 1 and pending.requeue and pending.excluded_nodes == ["n2", "n3"]
     assert running.nodes == ["n1", "n2", "n5"] and running.batch_host == "n1" and not running.requeue
+    assert running.start_time == 1795959520 and pending.start_time is None
+
+
+@pytest.mark.parametrize("raw, expected", [(1795959520, 1795959520), (0, None), (None, None),
+                                           ({"set": True, "infinite": False, "number": 17}, 17),
+                                           ({"set": False, "number": 0}, None)])
+def test_squeue_json_start_time_in_old_and_new_formats(raw, expected):
+    (job,) = parse_squeue_json(_squeue({"job_id": 5, "job_state": "RUNNING", "start_time": raw}))
+    assert job.start_time == expected
 
 
 def test_squeue_json_raw_wait_status_splits_into_exit_code_and_signal():

@@ -74,20 +74,28 @@ def run_case(dev_cluster, tmp_path, *, renewals: int, kill_batch_host: bool, ext
         second_run_at = time.time()
         second = out.split("second run on ")[1].split()[0]
         assert batch_host not in hostlist.expand_hostlist(second), out
-        assert f"partition {SPANNING}" in out
         events = read_events(rd.path)
         requeues = [e for e in events if e["event"] == "requeue"]
         assert len(requeues) == 1, events
         assert requeues[0]["by"] == "watchdog" and requeues[0]["reason"] == "batch_host_lost"
         assert requeues[0]["excluded"] == [batch_host]
-        updated = [e for e in events if e["event"] == "requeue_updated"]
-        assert len(updated) == 1 and updated[0]["ok"], events
+        dev_cluster.wait_for(lambda: any(e["event"] == "requeue_updated" for e in read_events(rd.path)), 10,
+                             what="the finisher's record")
+        (updated,) = [e for e in read_events(rd.path) if e["event"] == "requeue_updated"]
+        if updated["ok"]:
+            assert f"partition {SPANNING}" in out
+        else:
+            # When the dead host's DOWN completes the requeue, Slurm may skip its BeginTime hold
+            # and start the job in the same pass, in its old partition (the dead node is DOWN, so
+            # not in it): the finisher records that instead of waiting for a PENDING that never comes.
+            assert "restarted at once" in updated["error"] and "none of the excluded" in updated["error"], updated
         lease_last = json.loads(rd.lease_path.read_text())["renewed"]
         requeued_at = dt.datetime.fromisoformat(requeues[0]["ts"]).timestamp()
         return {"job": job, "stale_to_requeue_s": requeued_at - lease_last,
                 "killed_to_requeue_s": None if killed_at is None else requeued_at - killed_at,
                 "requeue_to_second_run_s": round(second_run_at - requeued_at, 2),
-                "pending_updates_s": updated[0]["total_s"], "wait_pending_s": updated[0]["wait_pending_s"],
+                "pending_updates_s": updated["total_s"], "wait_pending_s": updated["wait_pending_s"],
+                "updated": updated["ok"],
                 "batch_host": batch_host}
     finally:
         dev_cluster.client.cancel(job)

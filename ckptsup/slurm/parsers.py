@@ -145,6 +145,7 @@ class JobInfo:
     excluded_nodes: list[str]
     exit_code: int | None     # the batch script's exit status when finished
     exit_signal: int | None   # the signal that killed it, when one did
+    start_time: int | None = None  # epoch seconds the current run started (pending: Slurm's estimate)
     raw: dict[str, Any] = field(repr=False, compare=False)
 
 
@@ -160,6 +161,13 @@ def _job_state(value: Any) -> JobState:
         return JobState(str(text).upper())
     except ValueError:
         return JobState.OTHER
+
+
+def _epoch(value: Any) -> int | None:
+    """22.05 prints epoch seconds; newer data parsers print {"set": bool, "number": N}. 0 = unset."""
+    if isinstance(value, dict):
+        value = value.get("number") if value.get("set", True) else None
+    return value if isinstance(value, int) and value > 0 else None
 
 
 def _exit(job: dict[str, Any]) -> tuple[int | None, int | None]:
@@ -199,6 +207,7 @@ def parse_squeue_json(text: str) -> list[JobInfo]:
             excluded_nodes=_expand(job.get("excluded_nodes")),
             exit_code=_exit(job)[0],
             exit_signal=_exit(job)[1],
+            start_time=_epoch(job.get("start_time")),
             raw=job,
         ))
     return jobs

@@ -66,6 +66,8 @@ class JobInfoLike(Protocol):
     excluded_nodes: list[str]
     partition: str
     batch_host: str
+    nodes: list[str]
+    start_time: int | None
 
 
 class RequeueClient(Protocol):
@@ -225,8 +227,11 @@ def finish_requeue(client: RequeueClient, run_dir: RunDir, job_id: str, *, exclu
             on_state(state, clock() - t0)
         if state == "PENDING":
             break
-        if info is None or (state == "RUNNING" and info.restart_count > restart_count):
-            error = f"job {job_id} is {state.lower()} before the updates could be applied"
+        if info is None:
+            error = f"job {job_id} is gone before the updates could be applied"
+            break
+        if _restarted(info, state, restart_count, requeued_wall):
+            error = _restarted_error(info, job_id, state, exclude)
             break
         if clock() - t0 > deadline_s:
             error = f"job {job_id} still {state.lower()} after {deadline_s:g}s; updates not applied"
@@ -254,6 +259,26 @@ def finish_requeue(client: RequeueClient, run_dir: RunDir, job_id: str, *, exclu
     finally:
         writer.close()
     return result
+
+
+def _restarted(info: JobInfoLike, state: str, restart_count: int, requeued_wall: float | None) -> bool:
+    """The requeued job already ran again: Slurm skips its 121 s BeginTime hold when the requeue
+    completes through a node going DOWN (the dead batch host's case) and may start the job in the
+    same scheduling pass, before it was ever seen PENDING here."""
+    if state == "RUNNING" and info.restart_count > restart_count:
+        return True
+    started = getattr(info, "start_time", None)
+    return (state not in ("PENDING", "COMPLETING") and requeued_wall is not None
+            and started is not None and started > requeued_wall)
+
+
+def _restarted_error(info: JobInfoLike, job_id: str, state: str, exclude: Sequence[str]) -> str:
+    nodes = list(getattr(info, "nodes", None) or ())
+    on_excluded = sorted(set(nodes) & set(exclude))
+    where = f"partition {info.partition} on {','.join(nodes) or '?'}"
+    tail = (f"; it holds excluded node(s) {','.join(on_excluded)}, which the next supervisor refuses"
+            if on_excluded else "; none of the excluded nodes is in its allocation")
+    return f"job {job_id} restarted at once ({state.lower()}, {where}) before the updates could be applied{tail}"
 
 
 def _apply_updates(client: RequeueClient, job_id: str, exclude: Sequence[str], partition: str | None) -> str:
