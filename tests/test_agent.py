@@ -3,6 +3,7 @@ no torchrun: the agent's selector is pumped by hand)."""
 import os
 import socket
 import stat
+from pathlib import Path
 
 import pytest
 
@@ -127,3 +128,19 @@ def test_a_dead_ranks_exit_status_is_read_from_its_zombie():
     done.wait()
     killed.wait()
     assert zombie_status(done.pid) == GONE
+
+
+def test_socket_dirs_of_killed_agents_on_this_host_are_swept_and_no_others(tmp_path) -> None:
+    import tempfile
+
+    from ckptsup.supervisor.agent import socket_dir_prefix, sweep_stale_socket_dirs
+
+    def make(host, pid):
+        return Path(tempfile.mkdtemp(prefix=socket_dir_prefix(host, pid), dir=tmp_path))
+
+    dead, live = make("n1", 111), make("n1", 222)
+    other_host, dashed_host = make("n2", 111), make("n1-2", 111)
+    (dead / "ranks.sock").write_text("")
+    removed = sweep_stale_socket_dirs(tmp_path, host="n1", alive=lambda pid: pid == 222)
+    assert removed == [dead] and not dead.exists()
+    assert live.exists() and other_host.exists() and dashed_host.exists()

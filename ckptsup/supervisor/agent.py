@@ -13,6 +13,7 @@ heartbeat so the supervisor can blame it when the hang timeout fires.
 from __future__ import annotations
 
 import os
+import re
 import selectors
 import shutil
 import signal
@@ -24,7 +25,7 @@ import time
 import uuid
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Any, BinaryIO
+from typing import Any, BinaryIO, Callable
 
 import psutil
 
@@ -38,6 +39,42 @@ from .processes import GONE, RUNNING, describe_exit, terminate, zombie_status
 TICK_S = 0.1
 STANDBY_DELAY_S = 30.0
 EXIT_CONFIRM_S = 0.3  # a dropped rank connection becomes a crash report unless torchrun exits 0 by then
+
+
+SOCKET_DIR_PREFIX = "ckptsup-agent-"
+
+
+def socket_dir_prefix(host: str | None = None, pid: int | None = None) -> str:
+    """`ckptsup-agent-<host>-<pid>-`: the host and pid say whose directory it is, so that the
+    next agent on this host can remove those of killed agents (a SIGKILL skips our cleanup)."""
+    return f"{_host_prefix(host)}{pid or os.getpid()}-"
+
+
+def _host_prefix(host: str | None) -> str:
+    # a long FQDN is cut: the socket's whole path must stay within AF_UNIX's 108 bytes
+    return f"{SOCKET_DIR_PREFIX}{(host or socket.gethostname())[:40]}-"
+
+
+def sweep_stale_socket_dirs(tmp: Path | None = None, host: str | None = None,
+                            alive: Callable[[int], bool] = psutil.pid_exists) -> list[Path]:
+    """Remove this host's agent socket directories whose agent is gone. Only our own uid's, only
+    this host's (nodes may share /tmp while their pid numbers are their own), never one whose pid
+    is alive (a reused pid keeps a stale directory, the safe side)."""
+    tmp = tmp or Path(tempfile.gettempdir())
+    prefix = _host_prefix(host)
+    removed = []
+    for path in tmp.glob(f"{prefix}*"):
+        # exactly <pid>-<mkdtemp's 8 characters>: host "n1" must not claim host "n1-2"'s directories
+        match = re.fullmatch(r"(\d+)-[a-z0-9_]{8}", path.name[len(prefix):])
+        try:
+            if not match or path.is_symlink() or path.lstat().st_uid != os.getuid():
+                continue
+        except OSError:
+            continue
+        if not alive(int(match.group(1))):
+            shutil.rmtree(path, ignore_errors=True)
+            removed.append(path)
+    return removed
 
 
 @dataclass(kw_only=True)
@@ -62,7 +99,8 @@ class Agent:
         self.seq = 0
         self.stdin_reader = wire.FrameReader(secret=secret, sender="supervisor", on_drop=self._count_drop)
         self.sel = selectors.DefaultSelector()
-        self.sock_dir = Path(tempfile.mkdtemp(prefix="ckptsup-agent-"))  # 0700
+        sweep_stale_socket_dirs()
+        self.sock_dir = Path(tempfile.mkdtemp(prefix=socket_dir_prefix()))  # 0700
         self.sock_path = self.sock_dir / "ranks.sock"
         self.server = socket.socket(socket.AF_UNIX, socket.SOCK_STREAM)
         self.server.bind(str(self.sock_path))
