@@ -9,7 +9,9 @@
             BeginTime = now + 121 s
     event   one fenced `requeue` event (reason, excluded, by, phases)
     finish  once the job is PENDING: one `scontrol update` with ExcNodeList, Partition (the
-            site's spanning partition) and StartTime=now; a `requeue_updated` event.
+            site's spanning partition) and StartTime=now; a `requeue_updated` event. A job that
+            Slurm restarted before it was ever seen PENDING (no hold after a dead batch host)
+            is recorded as such, not waited for.
 
 Slurm refuses ExcNodeList/Partition on a job that is still running or completing, and the job
 only becomes pending after every process of it is gone — including whoever called requeue. So the
