@@ -195,12 +195,20 @@ def _authoritative_manifest(step: int, tiers: Sequence[Tier]) -> Manifest | None
     return None
 
 
+def node_local_root(storage, *, node: str = "", job_id: str = "") -> Path | None:
+    """The node-local tier's directory from a config.StorageConfig ({node}, {job_id} expanded);
+    None when the tier is off."""
+    if not storage.node_local:
+        return None
+    return Path(expand_tier_path(storage.node_local.removeprefix("file://"), node=node, job_id=job_id))
+
+
 def tiers_from_config(storage, *, shared_dir: str | os.PathLike[str], node: str = "", job_id: str = "") -> list[Tier]:
     """Tiers fastest first from a config.StorageConfig: node-local (if set), shared, S3 (if set)."""
     tiers: list[Tier] = []
-    if storage.node_local:
-        local = storage.node_local.removeprefix("file://")
-        tiers.append(LocalTier(name="node_local", root=local, kind=TierKind.NODE_LOCAL, node=node, job_id=job_id))
+    local = node_local_root(storage, node=node, job_id=job_id)
+    if local is not None:
+        tiers.append(LocalTier(name="node_local", root=local, kind=TierKind.NODE_LOCAL))
     tiers.append(LocalTier(name="shared", root=shared_dir, kind=TierKind.SHARED, node=node, job_id=job_id))
     if storage.object_store:
         from .s3tier import S3Tier
