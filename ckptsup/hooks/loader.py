@@ -3,7 +3,8 @@
 1. every rank runs the pre-load checks (manifest, sizes, structure, .metadata hash; nothing
    unpickled before they pass) and the ranks agree (a failure anywhere fails everywhere);
 2. DCP loads into fresh buffers through the verifying reader (each item hashed as it is read;
-   DCP propagates a failure on any rank to all ranks);
+   DCP propagates a failure on any rank to all ranks); files whose node-local copy belongs to
+   this very checkpoint are read from there, falling back to the shared copy file by file;
 3. only then does the state go into the live model, optimizer, scheduler, dataloader and RNG,
    so a corrupt checkpoint never leaves the model half-overwritten before the fallback.
 """
@@ -66,6 +67,7 @@ def load_checkpoint(run: Any, path: Path) -> Exception | None:
     else the error (the same decision on every rank)."""
     import torch.distributed.checkpoint as dcp
 
+    from ..checkpoint.local_cache import find_local_files
     from .reader import VerifyingReader, safe_load_planner
 
     error: Exception | None = None
@@ -73,6 +75,7 @@ def load_checkpoint(run: Any, path: Path) -> Exception | None:
     targets: dict[str, Any] = {}
     try:
         reader = VerifyingReader(path, adopt=True)
+        reader.use_local(find_local_files(run.settings.node_local_dir, path, reader.manifest))
         metadata = reader.read_metadata()
         targets = _fresh_copy(run.state.load_targets(metadata))
     except failure_errors() as err:
@@ -96,9 +99,11 @@ def load_checkpoint(run: Any, path: Path) -> Exception | None:
         return error
     meta = run.state.apply(targets)
     run._loaded_step = int(meta.get("step", 0))
+    run._load_tiers = reader.tier_counts()
     if not meta.get("same_world", True) and run.rank == 0:
         run.reporter.emit("elastic_resume", step=run._loaded_step, saved_world_size=meta.get("saved_world_size"),
                           world_size=run.world_size, rng="re-derived from (step, rank)")
-    log.info("ckptsup: rank %d resumed from %s (step %d, %d bytes verified)", run.rank, path,
-             run._loaded_step, reader.bytes_read if reader else 0)
+    log.info("ckptsup: rank %d resumed from %s (step %d, %d bytes verified; files read: %d node-local, %d shared, "
+             "%d node-local copies fell back to shared)", run.rank, path, run._loaded_step, reader.bytes_read,
+             run._load_tiers["read_local_files"], run._load_tiers["read_shared_files"], run._load_tiers["local_fallback_files"])
     return None

@@ -8,11 +8,18 @@ allow-list of DCP's own metadata classes (pytorch#189308: DCP uses raw pickle.lo
 While loading, every item is read once (offset, length), hashed against the manifest, and only
 then handed to torch.load(weights_only=True): one read, not two; a resharded load reads the saved
 items it needs, never whole files. A mismatch raises ValidationError, so resume falls back.
+
+With node-local copies (checkpoint/local_cache.py: same checkpoint, same size and hash as the
+manifest), an item is read from the local file first; a local item that fails its hash (or a
+local file that cannot be read) sends the rest of that file to the shared copy, with a warning,
+so a bad cache never fails a resume or condemns a good checkpoint. `.metadata` is always the
+shared copy.
 """
 
 from __future__ import annotations
 
 import io
+import logging
 import os
 import pickle
 import stat
@@ -25,6 +32,8 @@ from ..checkpoint.trust import check_dir_trusted
 from ..checkpoint.validate import check_level2, verify_item
 from ..errors import CheckpointError, ValidationError
 from .writer import item_key
+
+log = logging.getLogger("ckptsup.hooks")
 
 MAX_METADATA_BYTES = 1 << 30
 
@@ -102,6 +111,19 @@ class VerifyingReader(_file_reader_base()):  # type: ignore[misc]
         self.items = {item.key: item for item in self.manifest.items}
         self._metadata: Any = None
         self.bytes_read = 0
+        self.local_files: dict[str, Path] = {}
+        self.read_local: set[str] = set()
+        self.read_shared: set[str] = set()
+        self.local_fallbacks: set[str] = set()
+
+    def use_local(self, files: dict[str, Path]) -> None:
+        """Read these manifest files from their node-local copies (checkpoint.local_cache.find_local_files)."""
+        self.local_files = {rel: path for rel, path in files.items() if rel != self.manifest.metadata_file}
+
+    def tier_counts(self) -> dict[str, int]:
+        """Files read from each tier (a file that fell back counts as shared)."""
+        return {"read_local_files": len(self.read_local - self.read_shared), "read_shared_files": len(self.read_shared),
+                "local_fallback_files": len(self.local_fallbacks)}
 
     def read_metadata(self, *args: Any, **kwargs: Any) -> Any:
         if kwargs.get("rank") is not None:
@@ -145,22 +167,37 @@ class VerifyingReader(_file_reader_base()):  # type: ignore[misc]
             item = self.items[item_key(req.storage_index)]
             grouped.setdefault(item.key, (item, []))[1].append(req)
         order = sorted(grouped.values(), key=lambda pair: (pair[0].file, pair[0].offset))
-        fds: dict[str, int] = {}
+        fds: dict[Path, int] = {}
 
-        def fetch(item: Any) -> Any:
-            import torch
-
-            if item.file not in fds:
-                fds[item.file] = os.open(self.step_dir / item.file, os.O_RDONLY | os.O_NOFOLLOW | getattr(os, "O_CLOEXEC", 0))
-            data = torch.empty(item.length, dtype=torch.uint8)  # not zero-filled, unlike bytearray
-            view = memoryview(data.numpy())
+        def read_item(path: Path, view: memoryview, item: Any) -> None:
+            if path not in fds:
+                fds[path] = os.open(path, os.O_RDONLY | os.O_NOFOLLOW | getattr(os, "O_CLOEXEC", 0))
             got = 0
             while got < item.length:
-                n = os.preadv(fds[item.file], [view[got:]], item.offset + got)
+                n = os.preadv(fds[path], [view[got:]], item.offset + got)
                 if n == 0:
                     break
                 got += n
             verify_item(view[:got], item)
+
+        def fetch(item: Any) -> Any:
+            import torch
+
+            data = torch.empty(item.length, dtype=torch.uint8)  # not zero-filled, unlike bytearray
+            view = memoryview(data.numpy())
+            local = self.local_files.get(item.file)
+            if local is not None:
+                try:
+                    read_item(local, view, item)
+                    self.read_local.add(item.file)
+                    return data
+                except (ValidationError, OSError) as err:  # a bad cache: the shared copy decides
+                    del self.local_files[item.file]
+                    self.local_fallbacks.add(item.file)
+                    log.warning("ckptsup: node-local copy %s is unusable (%s); reading %s from the shared tier",
+                                local, err, item.file)
+            read_item(self.step_dir / item.file, view, item)
+            self.read_shared.add(item.file)
             return data
 
         try:

@@ -102,7 +102,9 @@ class Run:
         self.writer = CheckpointWriter(
             WriterConfig(checkpoint_dir=settings.checkpoint_dir, rank=self.rank, world_size=self.world_size,
                          job_id=env.job_id, attempt=env.attempt, epoch=env.epoch, run_dir=env.run_dir,
-                         algorithm=settings.hash_algorithm, mesh={"dp": self.world_size}),
+                         algorithm=settings.hash_algorithm, mesh={"dp": self.world_size},
+                         node_local_dir=settings.node_local_dir, local_rank=int(os.environ.get("LOCAL_RANK", "0")),
+                         keep_local=settings.config.checkpoint.keep_last if settings.config is not None else 3),
             process_group=save_pg, on_result=self._on_save_result, clock=clock)
         # rank 0 looks after committed checkpoints: promotion to slower tiers, retention, level-3 test loads
         self.keeper = self._housekeeper() if self.rank == 0 else None
@@ -121,6 +123,7 @@ class Run:
         self.last_progress = clock()
         self.first_step_seen = False
         self.closed = False
+        self.load_tiers: dict[str, int] = {}   # files the last resume read from each tier, all ranks together
 
     def _housekeeper(self) -> Any:
         from ..checkpoint.housekeeping import Housekeeper
@@ -143,8 +146,9 @@ class Run:
             if error is None:
                 self.next_step = self.last_saved_step = self._loaded_step
                 self.last_save_time = self.clock()
+                self.load_tiers = self._sum_over_ranks(self._load_tiers)
                 self.reporter.emit("checkpoint_loaded", step=self.next_step, path=str(path),
-                                   load_s=round(self.clock() - start, 3))
+                                   load_s=round(self.clock() - start, 3), **self.load_tiers)
                 self.channel.send("phase", {"rank": self.rank, "phase": "train", "step": self.next_step})
                 return self.next_step
             log.error("ckptsup: cannot resume from %s: %s", path, error)
@@ -185,6 +189,17 @@ class Run:
         box = [value]
         dist.broadcast_object_list(box, src=0, group=self.control_pg)
         return box[0]
+
+    def _sum_over_ranks(self, counts: dict[str, int]) -> dict[str, int]:
+        """Every rank's counts added up (each rank fills its own slots of a max-reduce)."""
+        keys = sorted(counts)
+        if self.control_pg is None:
+            return {k: counts[k] for k in keys}
+        slots = [0] * (len(keys) * self.world_size)
+        for i, key in enumerate(keys):
+            slots[i * self.world_size + self.rank] = counts[key]
+        reduced = self.reduce_max(slots)
+        return {key: sum(reduced[i * self.world_size:(i + 1) * self.world_size]) for i, key in enumerate(keys)}
 
     def all_ok(self, ok: bool) -> bool:
         return self.reduce_max([0 if ok else 1])[0] == 0

@@ -9,6 +9,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
+from ..checkpoint.tiers import node_local_root
 from ..config import apply_layer, load_config, read_config_json
 from ..env import RankEnv
 
@@ -24,6 +25,7 @@ class Settings:
     emergency_margin: float
     allow_stateless_dataloader: bool
     save_timeout_s: float
+    node_local_dir: Path | None = None   # node-local cache tier (checkpoint/local_cache.py); None = off
     config: Any = None            # the resolved config.Config (for the housekeeper: tiers, retention)
     provenance: dict[str, str] = field(default_factory=dict)
 
@@ -45,8 +47,10 @@ def resolve_settings(*, env: RankEnv, checkpoint_dir: str | None = None, save_ev
         directory = Path(env.run_dir) / "checkpoints"
     else:
         directory = Path(config.run.run_dir.replace("{job_id}", env.job_id)) / "checkpoints"
+    # the agent's CKPTSUP_NODE_LOCAL_DIR (already expanded) first, else [storage] node_local
+    node_local = Path(env.node_local_dir) if env.node_local_dir else node_local_root(config.storage, node=env.node, job_id=env.job_id)
     return Settings(checkpoint_dir=directory, save_every_steps=ckpt.save_every_steps, save_every_s=ckpt.save_every_s,
                     async_save=ckpt.async_save, hash_algorithm=ckpt.hash_algorithm, jitter_s=ckpt.jitter_s,
                     emergency_margin=ckpt.emergency_margin,
                     allow_stateless_dataloader=ckpt.allow_stateless_dataloader,
-                    save_timeout_s=config.supervisor.save_timeout_s, config=config, provenance=provenance)
+                    save_timeout_s=config.supervisor.save_timeout_s, node_local_dir=node_local, config=config, provenance=provenance)

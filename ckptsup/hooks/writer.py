@@ -8,6 +8,12 @@ writer really wrote what its metadata claims, pytorch#191391); an all-gather of 
 failure on any rank a failure on every rank; rank 0 writes the manifest and commits (rename +
 fsync) or aborts; a broadcast tells every rank the outcome. Every collective has the group's
 timeout, so a dead peer fails the save instead of hanging it. Training goes on either way.
+
+With a node-local directory (local_stage.py), a rank writes its shards there instead, and its one
+read-back both hashes them and copies them into the shared temporary directory (fsync); the
+commit on the shared tier is the same. After the commit the local files stay as a cached copy
+for a restart on this node; when the local directory is unusable the rank writes to the shared
+tier as above.
 """
 
 from __future__ import annotations
@@ -24,9 +30,11 @@ from typing import Any, Callable
 
 from ..checkpoint.commit import abort, commit, make_tmp_dir
 from ..checkpoint.hashing import hash_file, new_hasher
+from ..checkpoint.local_cache import LocalCopy, manifest_digest
 from ..checkpoint.manifest import METADATA_NAME, FileEntry, ItemEntry, Manifest
 from ..errors import CheckpointError
 from .dcp_errors import failure_errors, one_line
+from .local_stage import LocalStaging
 
 log = logging.getLogger("ckptsup.hooks")
 
@@ -57,9 +65,23 @@ class SaveResult:
         return self.stall_s + self.write_s
 
 
-def hash_file_and_items(path: Path, items: list[tuple[str, int, int]], algorithm: str) -> tuple[int, str, dict[str, str]]:
+class CopyTargetError(CheckpointError):
+    """Writing the copy failed: the destination's fault (the shared tier), not the source's."""
+
+
+def _to_target(path: Path, op: Callable[[], Any]) -> Any:
+    try:
+        return op()
+    except OSError as err:
+        raise CopyTargetError(f"writing {path}: {err.strerror or err}") from None
+
+
+def hash_file_and_items(path: Path, items: list[tuple[str, int, int]], algorithm: str, *,
+                        copy_to: Path | None = None) -> tuple[int, str, dict[str, str]]:
     """One sequential read of `path`: (size, file hash, {item key: hash}). `items` are
-    (key, offset, length), non-overlapping."""
+    (key, offset, length), non-overlapping. With copy_to, the same read also writes the bytes to
+    that new file (0600, fsynced), so the hashes are of exactly what was copied; a failure to
+    write it raises CopyTargetError."""
     items = sorted(items, key=lambda it: it[1])
     file_h = new_hasher(algorithm)
     item_h = [new_hasher(algorithm) for _ in items]
@@ -67,25 +89,37 @@ def hash_file_and_items(path: Path, items: list[tuple[str, int, int]], algorithm
     view = memoryview(buf)
     pos, i = 0, 0
     with open(path, "rb", buffering=0) as fh:
-        while True:
-            n = fh.readinto(buf)
-            if not n:
-                break
-            chunk = view[:n]
-            file_h.update(chunk)
-            start, end = pos, pos + n
-            while i < len(items):
-                _, off, length = items[i]
-                if off >= end:
+        out = None if copy_to is None else _to_target(copy_to, lambda: os.open(
+            copy_to, os.O_WRONLY | os.O_CREAT | os.O_EXCL | os.O_NOFOLLOW, 0o600))
+        try:
+            while True:
+                n = fh.readinto(buf)
+                if not n:
                     break
-                lo, hi = max(off, start), min(off + length, end)
-                if hi > lo:
-                    item_h[i].update(chunk[lo - start:hi - start])
-                if off + length <= end:
-                    i += 1
-                else:
-                    break
-            pos = end
+                chunk = view[:n]
+                if out is not None:
+                    rest = chunk
+                    while rest:
+                        rest = rest[_to_target(copy_to, lambda: os.write(out, rest)):]
+                file_h.update(chunk)
+                start, end = pos, pos + n
+                while i < len(items):
+                    _, off, length = items[i]
+                    if off >= end:
+                        break
+                    lo, hi = max(off, start), min(off + length, end)
+                    if hi > lo:
+                        item_h[i].update(chunk[lo - start:hi - start])
+                    if off + length <= end:
+                        i += 1
+                    else:
+                        break
+                pos = end
+            if out is not None:
+                _to_target(copy_to, lambda: os.fsync(out))
+        finally:
+            if out is not None:
+                os.close(out)
     while i < len(items) and items[i][2] == 0 and items[i][1] <= pos:
         i += 1
     if i < len(items):
@@ -161,6 +195,9 @@ class WriterConfig:
     algorithm: str = "xxh3-128"
     thread_count: int = 1
     mesh: dict[str, Any] = field(default_factory=dict)
+    node_local_dir: Path | None = None   # the node-local cache tier; None = off
+    local_rank: int = 0
+    keep_local: int = 3                  # local copies kept (checkpoint.keep_last)
 
 
 class CheckpointWriter:
@@ -174,6 +211,8 @@ class CheckpointWriter:
         self.on_result = on_result
         self.clock = clock
         self.stager = Stager()
+        self.local = LocalStaging(config.node_local_dir, rank=config.rank, local_rank=config.local_rank,
+                                  keep_last=config.keep_local)
         self._pool = concurrent.futures.ThreadPoolExecutor(max_workers=1, thread_name_prefix="ckptsup-save")
         self._inflight: concurrent.futures.Future | None = None
         self.last: SaveResult | None = None
@@ -254,24 +293,38 @@ class CheckpointWriter:
         if tmp_name is None:
             raise CheckpointError(f"could not create the temporary directory: {tmp_error}")
         tmp = Path(tmp_name)
-        report = self._write_shards(step, tmp, staged)
-        reports = self._all_gather(report)
-        failed = list(dict.fromkeys(rep["error"] for rep in reports if not rep["ok"]))  # DCP repeats one cause on every rank
-        outcome: tuple[bool, str, int] = (False, "", 0)
-        if cfg.rank == 0:
-            outcome = self._commit_or_abort(step, tmp, reports, failed, extra_meta)
-        ok, detail, nbytes = self._broadcast(outcome)
+        staging = self.local.begin(step=step, attempt=cfg.attempt, state_bytes=_state_bytes(staged))
+        kept = False
+        local_error: str | None = None
+        try:
+            report, local_error = self._write_shards(step, tmp, staged, staging)
+            reports = self._all_gather(report)
+            failed = list(dict.fromkeys(rep["error"] for rep in reports if not rep["ok"]))  # DCP repeats one cause on every rank
+            outcome: tuple[bool, str, int, tuple[str, str]] = (False, "", 0, ("", ""))
+            if cfg.rank == 0:
+                outcome = self._commit_or_abort(step, tmp, reports, failed, extra_meta)
+            ok, detail, nbytes, (checkpoint_id, manifest_hash) = self._broadcast(outcome)
+            if ok and staging is not None and manifest_hash:
+                self.local.committed(staging, LocalCopy(step=step, checkpoint_id=checkpoint_id, manifest_hash=manifest_hash,
+                                                        files=[FileEntry(**f) for f in report["files"]]))
+                kept = True
+        finally:
+            if staging is not None and not kept:
+                self.local.failed(staging, here=local_error)
         if not ok:
             raise CheckpointError(detail)
         return Path(detail), nbytes
 
-    def _write_shards(self, step: int, tmp: Path, staged: dict[str, Any]) -> dict[str, Any]:
+    def _write_shards(self, step: int, tmp: Path, staged: dict[str, Any], staging: Path | None) -> tuple[dict[str, Any], str | None]:
+        """Write this rank's shards into tmp, or into the node-local staging dir and from there
+        into tmp. Returns (report, this rank's own node-local failure, if that is what failed)."""
         import torch.distributed.checkpoint as dcp
         from torch.distributed.checkpoint import FileSystemWriter
 
         cfg = self.config
+        target = tmp if staging is None else staging
         try:
-            writer = FileSystemWriter(tmp, sync_files=True, thread_count=cfg.thread_count, overwrite=False)
+            writer = FileSystemWriter(target, sync_files=True, thread_count=cfg.thread_count, overwrite=False)
             with warnings.catch_warnings():
                 warnings.filterwarnings("ignore", message=".*assuming the intent is to save in a single process.*")
                 metadata = dcp.save(staged, storage_writer=writer, process_group=self.pg, no_dist=self.pg is None)
@@ -279,13 +332,21 @@ class CheckpointWriter:
             if delay > 0:
                 print(f"ckptsup-test: rank {cfg.rank} delaying the commit of step {step}", file=sys.stderr, flush=True)
                 time.sleep(delay)
-            return {"ok": True, "error": "", **self._describe_own(tmp, metadata)}
+            described = self._describe_own(target, metadata, copy_to=None if staging is None else tmp)
+            if staging is not None and cfg.rank == 0:
+                # DCP's coordinator wrote .metadata next to its shards: the commit hashes it on the shared tier
+                hash_file_and_items(staging / METADATA_NAME, [], cfg.algorithm, copy_to=tmp / METADATA_NAME)
+                os.unlink(staging / METADATA_NAME)  # the pickle is only ever read from the shared copy
+            return {"ok": True, "error": "", "local": staging is not None, **described}, None
         except failure_errors() as err:
-            text = one_line(err) + _space_hint(tmp)
-            log.error("ckptsup: rank %d failed writing step %d: %s", cfg.rank, step, text)
-            return {"ok": False, "error": text}
+            on_shared = staging is None or isinstance(err, CopyTargetError)
+            text = one_line(err) + _space_hint(tmp if on_shared else target)
+            log.error("ckptsup: rank %d failed writing step %d%s: %s", cfg.rank, step,
+                      "" if staging is None else " (via the node-local dir)", text)
+            here = text if not on_shared and _failed_on(err, cfg.rank) else None
+            return {"ok": False, "error": text, "local": staging is not None}, here
 
-    def _describe_own(self, tmp: Path, metadata: Any) -> dict[str, Any]:
+    def _describe_own(self, tmp: Path, metadata: Any, *, copy_to: Path | None = None) -> dict[str, Any]:
         cfg = self.config
         per_file: dict[str, list[tuple[str, int, int]]] = {}
         for index, info in metadata.storage_data.items():
@@ -297,14 +358,17 @@ class CheckpointWriter:
             if _file_owner(rel, cfg.world_size) != cfg.rank:
                 continue
             os.chmod(tmp / rel, 0o600)  # DCP creates files with the umask's mode
-            size, fhash, ihash = hash_file_and_items(tmp / rel, entries, cfg.algorithm)
+            size, fhash, ihash = hash_file_and_items(tmp / rel, entries, cfg.algorithm,
+                                                     copy_to=None if copy_to is None else copy_to / rel)
             files.append({"path": rel, "size": size, "hash": fhash})
             items.extend({"key": key, "file": rel, "offset": off, "length": length, "hash": ihash[key]}
                          for key, off, length in entries)
         return {"files": files, "items": items, "storage_files": sorted(per_file)}
 
     def _commit_or_abort(self, step: int, tmp: Path, reports: list[dict[str, Any]], failed: list[str],
-                         extra_meta: dict[str, Any]) -> tuple[bool, str, int]:
+                         extra_meta: dict[str, Any]) -> tuple[bool, str, int, tuple[str, str]]:
+        """(ok, committed path or the reason, bytes, (checkpoint_id, manifest hash) for the
+        ranks' node-local copies)."""
         cfg = self.config
         try:
             if failed:
@@ -323,13 +387,38 @@ class CheckpointWriter:
                                 metadata_file=METADATA_NAME, metadata_hash=meta_hash,
                                 hash_algorithm=cfg.algorithm, versions=_versions(), extra=extra_meta)
             path = commit(tmp, manifest, checkpoint_dir=cfg.checkpoint_dir, run_dir=cfg.run_dir)
-            return True, str(path), manifest.total_bytes
         except (CheckpointError, OSError) as err:
             try:
                 abort(tmp)
             except (CheckpointError, OSError) as abort_err:
                 log.error("ckptsup: could not remove %s: %s", tmp, abort_err)
-            return False, str(err).splitlines()[0][:300] if str(err) else type(err).__name__, 0
+            return False, str(err).splitlines()[0][:300] if str(err) else type(err).__name__, 0, ("", "")
+        identity = ("", "")
+        if any(rep.get("local") for rep in reports):
+            try:  # committed whatever happens here: without the hash, ranks just keep no local copy
+                identity = (manifest.checkpoint_id, manifest_digest(path, cfg.algorithm))
+            except (CheckpointError, OSError) as err:
+                log.warning("ckptsup: could not read back the manifest of step %d for the node-local copies: %s", step, err)
+        return True, str(path), manifest.total_bytes, identity
+
+
+def _failed_on(err: BaseException, rank: int) -> bool:
+    """Whether this rank's own part failed: DCP reports every rank's failure on every rank
+    (CheckpointException.failures); any other error is this rank's own."""
+    failures = getattr(err, "failures", None)
+    return rank in failures if isinstance(failures, dict) else True
+
+
+def _state_bytes(state: Any) -> int:
+    """Bytes of the tensors this rank holds (a DTensor counts its local shard): what its save writes at most."""
+    import torch
+
+    total = 0
+    for leaf in _leaves(state):
+        if isinstance(leaf, torch.Tensor):
+            local = leaf.to_local() if hasattr(leaf, "to_local") else leaf
+            total += local.numel() * local.element_size()
+    return total
 
 
 def _space_hint(directory: Path) -> str:
