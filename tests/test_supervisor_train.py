@@ -21,17 +21,18 @@ TRAIN = ROOT / "examples" / "train.py"
 STEPS = ["--steps", "40", "--save-every-steps", "5", "--step-sleep-s", "0.08"]
 
 
-def write_cfg(path: Path) -> Path:
+def write_cfg(path: Path, extra_toml: str = "") -> Path:
     path.write_text("[supervisor]\nhang_min_s = 4.0\nheartbeat_interval_s = 0.5\n"
-                    "[checkpoint]\nadaptive_interval = false\nkeep_daily_days = 0\ntest_load_every = 0\n")
+                    "[checkpoint]\nadaptive_interval = false\nkeep_daily_days = 0\ntest_load_every = 0\n"
+                    + extra_toml)
     return path
 
 
-def start(tmp: Path, *extra: str) -> tuple[subprocess.Popen, Path, Path]:
+def start(tmp: Path, *extra: str, extra_toml: str = "") -> tuple[subprocess.Popen, Path, Path]:
     tmp.mkdir(parents=True, exist_ok=True)
     run, out = tmp / "run", tmp / "out"
     argv = [sys.executable, "-m", "ckptsup.cli", "launch", "--nproc-per-node", "2", "--config",
-            str(write_cfg(tmp / "job.toml")), "--run-dir", str(run), str(TRAIN), *STEPS, "--out", str(out), *extra]
+            str(write_cfg(tmp / "job.toml", extra_toml)), "--run-dir", str(run), str(TRAIN), *STEPS, "--out", str(out), *extra]
     proc = subprocess.Popen(argv, cwd=tmp, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True)
     return proc, run, out
 
@@ -85,7 +86,10 @@ def reference(tmp_path_factory) -> str:
 
 
 def test_rank_sigkill_restarts_fast_and_ends_bit_identical(tmp_path, reference):
-    proc, run, out = start(tmp_path)
+    # with the node-local cache on: the fast path restarts on the same node, so the resume reads
+    # the local copies the agent pointed the ranks at ({node} filled in by the agent)
+    local = tmp_path / "scratch"
+    proc, run, out = start(tmp_path, extra_toml=f'[storage]\nnode_local = "{local}/{{node}}/{{job_id}}"\n')
     wait_for_commit(run, 10)
     killed_at = time.monotonic()
     rank_process(out, 1).send_signal(signal.SIGKILL)
@@ -98,6 +102,9 @@ def test_rank_sigkill_restarts_fast_and_ends_bit_identical(tmp_path, reference):
     assert detected <= 1.0, f"crash noticed {detected:.2f}s after the SIGKILL"
     [restart] = named(events, "restart_done")
     assert restart["path"] == "fast" and restart["resume_step"] >= 10
+    loaded = [e for e in named(events, "checkpoint_loaded") if e.get("step") == restart["resume_step"]]
+    assert loaded and loaded[0]["read_local_files"] > 0 and loaded[0]["local_fallback_files"] == 0, loaded
+    assert list(local.glob("*/*/local_rank_1/step_*")), "no local copy under <node>/<job_id>"
     assert params(out) == reference
     assert no_rank_left(out)
 
