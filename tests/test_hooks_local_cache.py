@@ -111,6 +111,7 @@ def test_a_flipped_bit_in_the_local_copy_falls_back_to_the_shared_file(tmp_path:
     assert_same_state(trained, resumed)
     assert "node-local copy" in caplog.text and "reading __0_0.distcp from the shared tier" in caplog.text
     assert (ck / "step_4").is_dir() and not (ck / "quarantine").exists()   # the good checkpoint is not condemned
+    assert not path.exists()  # the bad cache entry is gone: the next resume reads shared without a warning
 
 
 def test_an_unusable_local_dir_costs_one_warning_and_saves_go_to_the_shared_tier(tmp_path: Path, monkeypatch, caplog) -> None:

@@ -196,6 +196,8 @@ class VerifyingReader(_file_reader_base()):  # type: ignore[misc]
                     self.local_fallbacks.add(item.file)
                     log.warning("ckptsup: node-local copy %s is unusable (%s); reading %s from the shared tier",
                                 local, err, item.file)
+                    if isinstance(err, ValidationError):
+                        _discard(local)  # a cache entry that fails its hash is worth nothing
             read_item(self.step_dir / item.file, view, item)
             self.read_shared.add(item.file)
             return data
@@ -236,6 +238,13 @@ class VerifyingReader(_file_reader_base()):  # type: ignore[misc]
             if not adopted:
                 target.copy_(tensor)
                 planner.commit_tensor(req, target)
+
+
+def _discard(path: Path) -> None:
+    try:
+        os.unlink(path)
+    except OSError as err:
+        log.warning("ckptsup: could not remove the bad node-local copy %s: %s", path, err)
 
 
 class _BufferFile:
