@@ -11,7 +11,8 @@ import sys
 import threading
 import time
 from pathlib import Path
-from typing import Any, Callable
+from contextlib import contextmanager
+from typing import Any, Callable, Iterator
 
 import psutil
 
@@ -136,6 +137,19 @@ def assert_states_equal(a: dict[str, Any], b: dict[str, Any]) -> None:
         for name in sa[pid]:
             assert torch.equal(torch.as_tensor(sa[pid][name]), torch.as_tensor(sb[pid][name])), f"optim {pid}.{name} differs"
     assert a["optim"]["param_groups"] == b["optim"]["param_groups"]
+
+
+@contextmanager
+def small_tmpfs(mnt: Path, size: str) -> Iterator[Path]:
+    """A tmpfs of `size` (e.g. "48k") mounted at mnt (0700) for disk-full tests; needs root."""
+    if os.geteuid() != 0:
+        raise AssertionError("mounting a tmpfs needs root (CI runs as root); run this test as root")
+    mnt.mkdir()
+    subprocess.run(["mount", "-t", "tmpfs", "-o", f"size={size},mode=0700", "tmpfs", str(mnt)], check=True)
+    try:
+        yield mnt
+    finally:
+        subprocess.run(["umount", "-l", str(mnt)], check=False)
 
 
 def private_dir(path: Path) -> Path:

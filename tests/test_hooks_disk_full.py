@@ -3,13 +3,11 @@ all ranks without a hang, the previous checkpoints stay intact, and training con
 
 from __future__ import annotations
 
-import os
-import subprocess
 from pathlib import Path
 
 import pytest
 
-from hooks_helpers import private_dir, run_train
+from hooks_helpers import private_dir, run_train, small_tmpfs
 
 from ckptsup.checkpoint.validate import validate
 from ckptsup.events import read_events
@@ -21,21 +19,14 @@ ARGS = ["--steps", "12", "--save-every-steps", "3", "--hidden", "1024"]
 
 
 @pytest.fixture
-def small_tmpfs(tmp_path: Path):
-    if os.geteuid() != 0:
-        pytest.fail("mounting a tmpfs needs root (CI runs as root); run this test as root")
-    mnt = tmp_path / "tmpfs"
-    mnt.mkdir()
-    subprocess.run(["mount", "-t", "tmpfs", "-o", "size=800k,mode=0700", "tmpfs", str(mnt)], check=True)
-    try:
+def disk_800k(tmp_path: Path):
+    with small_tmpfs(tmp_path / "tmpfs", "800k") as mnt:
         yield mnt
-    finally:
-        subprocess.run(["umount", "-l", str(mnt)], check=False)
 
 
-def test_disk_full_mid_save_fails_on_all_ranks_keeps_the_previous_and_training_continues(small_tmpfs: Path, tmp_path: Path) -> None:
+def test_disk_full_mid_save_fails_on_all_ranks_keeps_the_previous_and_training_continues(disk_800k: Path, tmp_path: Path) -> None:
     run_dir = private_dir(tmp_path / "run")
-    ck = small_tmpfs / "ck"
+    ck = disk_800k / "ck"
     proc = run_train(2, [*ARGS, "--checkpoint-dir", str(ck), "--out", str(tmp_path / "out")],
                      env={"CKPTSUP_RUN_DIR": str(run_dir)}, timeout=180)
     assert proc.returncode == 0, proc.stderr[-3000:]

@@ -7,13 +7,12 @@ from __future__ import annotations
 
 import logging
 import os
-import subprocess
 from pathlib import Path
 
 import pytest
 import torch
 
-from hooks_helpers import attach_parts, fast_site_config, make_parts, private_dir, train_steps
+from hooks_helpers import attach_parts, fast_site_config, make_parts, private_dir, small_tmpfs, train_steps
 
 from ckptsup.checkpoint.local_cache import MARKER_NAME, LocalCopy
 from ckptsup.checkpoint.manifest import load_manifest
@@ -156,15 +155,8 @@ def test_local_retention_keeps_the_last_k_copies(tmp_path: Path, monkeypatch) ->
 
 @pytest.fixture
 def tiny_tmpfs(tmp_path: Path):
-    if os.geteuid() != 0:
-        pytest.skip("mounting a tmpfs needs root (CI runs as root)")
-    mnt = tmp_path / "tmpfs"
-    mnt.mkdir()
-    subprocess.run(["mount", "-t", "tmpfs", "-o", "size=48k,mode=0700", "tmpfs", str(mnt)], check=True)
-    try:
+    with small_tmpfs(tmp_path / "tmpfs", "48k") as mnt:
         yield mnt
-    finally:
-        subprocess.run(["umount", "-l", str(mnt)], check=False)
 
 
 def test_a_local_disk_filling_up_mid_save_fails_that_save_only(tiny_tmpfs: Path, tmp_path: Path, monkeypatch, caplog) -> None:
