@@ -362,6 +362,13 @@ class Run:
             return
         self.closed = True
         self.writer.close()
+        # Drop our references to our gloo groups: torch's registry keeps them until the script's
+        # destroy_process_group(); a reference of ours (the Run sits in reference cycles) would
+        # keep them past it, to be freed during interpreter teardown, where a gloo group can abort
+        # the process (pytorch PR 179291). A suspect for the rare "terminate called without an
+        # active exception" at the end of 2-rank test runs, not confirmed. We do not destroy them
+        # ourselves: a peer may still be finishing the last collective on them.
+        self.control_pg = self.writer.pg = None
         if self.keeper is not None:
             self.keeper.close(timeout_s=drain_s)  # at a preemption, never wait for promotions
             self.keeper = None
