@@ -45,6 +45,7 @@ class Event(str, enum.Enum):
     INTERVAL_CHANGED = "interval_changed"  # interval_s, why
     PREEMPTION = "preemption"              # signal, budget_s, emergency_save: bool
     HEALTH_CHECK = "health_check"          # node, name, ok, detail
+    TEARDOWN_ERROR = "teardown_error"      # node, rc: torchrun failed after every rank of the node finished
 
 
 class FailureKind(str, enum.Enum):

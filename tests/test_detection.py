@@ -1,6 +1,8 @@
 """Pure detectors: hang (per-phase allowances, automatic timeout), node down, exits, NaN."""
 import math
 
+import pytest
+
 from ckptsup.config import SupervisorConfig
 from ckptsup.env import ExitStatus
 from ckptsup.supervisor.detection import (NodeView, Phase, RankView, StepWindow, allowance, classify_rank_exit,
@@ -108,3 +110,21 @@ def test_the_hang_timeout_is_clamped_below_the_attempts_collective_timeout():
     for _ in range(50):
         t.step_window.add(9.0)  # steps slowed down: 10 x p99 = 90 s
     assert t.hang_timeout_s() == 40.0
+
+
+@pytest.mark.parametrize("finished, crash", [((0, 1), False), ((1,), True), ((), True)])
+def test_torchrun_failing_after_every_rank_of_the_node_finished_is_a_teardown_error_not_a_crash(finished, crash):
+    from ckptsup.supervisor.attempt import AttemptTracker
+    from ckptsup.supervisor.channel import Message
+
+    cfg = SupervisorConfig(hang_timeout_s=5, save_timeout_s=600.0, node_silence_s=1e9)
+    t = AttemptTracker(attempt=0, nodes=("n1",), nproc_per_node=2, config=cfg, started=0.0)
+    for rank in (0, 1):
+        t.on_message(Message(recv=1.0, m="hello", body={"node": "n1", "rank": rank}, step_id=1))
+    for rank in finished:
+        t.on_message(Message(recv=3.0, m="bye", body={"node": "n1", "rank": rank, "status": 0}, step_id=1))
+    failure = t.on_message(Message(recv=4.0, m="torchrun_exit", body={"node": "n1", "rc": 1}, step_id=1))
+    if crash:
+        assert failure.kind is FailureKind.CRASH and not t.complete and not t.teardown_errors
+    else:
+        assert failure is None and t.complete and t.teardown_errors == [{"node": "n1", "rc": 1}]

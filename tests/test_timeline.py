@@ -51,6 +51,12 @@ def test_describe_requeue_shows_who_why_and_exclusions() -> None:
     assert "3.60s after the requeue" in timeline.describe(E[7])
 
 
+def test_describe_teardown_error_says_nothing_was_lost() -> None:
+    event = {"event": "teardown_error", "ts": "2026-01-01T00:00:00+00:00", "mono": 0, "job_id": "1", "attempt": 0,
+             "node": "n2", "rc": 1}
+    assert timeline.describe(event).startswith("torchrun on n2 exited rc=1 after all its ranks finished")
+
+
 def test_unknown_events_fall_back_to_their_fields() -> None:
     event = {"event": "custom", "ts": "2026-01-01T00:00:00+00:00", "mono": 0, "job_id": "1", "attempt": 0, "x": 3}
     assert timeline.describe(event) == "x=3"

@@ -67,6 +67,8 @@ class AttemptTracker:
     last_step: int | None = None
     hellos: int = 0
     preempted: bool = False
+    finished_ranks: set[int] = field(default_factory=set)   # said bye with status DONE
+    teardown_errors: list[dict[str, Any]] = field(default_factory=list)  # for the loop to record
 
     def __post_init__(self) -> None:
         for node in self.nodes:
@@ -127,6 +129,7 @@ class AttemptTracker:
             rv = self._rank(body, node, now)
             rv.phase, rv.phase_since = Phase.DONE, now
             if body.get("status") == ExitStatus.DONE:
+                self.finished_ranks.add(rv.rank)
                 # one rank finished its loop: the others are closing too (final save, draining
                 # promotions or test loads without step progress): give them the stopping allowance
                 for other in self.ranks.values():
@@ -151,6 +154,13 @@ class AttemptTracker:
             if rc == ExitStatus.RANK_NAN:
                 return Failure(kind=FailureKind.NAN, node=node, step=self.current_step(),
                                suspects=(node,), detail="torchrun reported a NaN exit")
+            if self._all_finished_on(node):
+                # Every rank of the node finished its loop (final checkpoint committed) before
+                # torchrun failed: a crash in process teardown (a C++ abort at interpreter exit)
+                # loses nothing, and a restart would only resume to find nothing left to do.
+                self.done_nodes.add(node)
+                self.teardown_errors.append({"node": node, "rc": rc})
+                return None
             return classify_rank_exit(node=node, rank=None, rc=rc, step=self.current_step(),
                                       detail=f"torchrun on {node} exited rc={rc}")
         elif m == "preempt":
@@ -158,6 +168,10 @@ class AttemptTracker:
             return Failure(kind=FailureKind.PREEMPTED, node=node, step=self.current_step(),
                            detail=f"agent on {node} got signal {body.get('signal')}")
         return None
+
+    def _all_finished_on(self, node: str) -> bool:
+        on_node = [v.rank for v in self.ranks.values() if v.node == node]
+        return len(on_node) == self.nproc_per_node and set(on_node) <= self.finished_ranks
 
     def _rank(self, body: dict[str, Any], node: str, now: float) -> RankView:
         rank = int(body.get("rank", -1))

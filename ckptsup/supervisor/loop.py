@@ -197,6 +197,11 @@ class Supervisor:
             self.torchrun_pids.add(msg.body["pid"])
         had_first = tracker.first_step is not None
         failure = tracker.on_message(msg)
+        while tracker.teardown_errors:
+            error = tracker.teardown_errors.pop(0)
+            print(f"ckptsup: every rank on {error['node']} finished, then torchrun exited rc={error['rc']}: "
+                  "a crash in process teardown; nothing is lost, not restarting", flush=True)
+            self.emit(Event.TEARDOWN_ERROR, **error)
         if msg.m == "step":
             self._on_step(tracker, had_first, msg)
         return failure

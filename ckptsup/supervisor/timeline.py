@@ -23,7 +23,7 @@ TERMINAL = {"run_complete", "give_up"}
 PHASES = ("kill_s", "health_s", "launch_s", "rendezvous_s", "load_s", "first_step_s")
 STYLE = {"failure_detected": "bold red", "give_up": "bold red", "checkpoint_rejected": "red",
          "checkpoint_failed": "red", "node_excluded": "yellow", "requeue": "bold yellow",
-         "requeue_updated": "yellow", "preemption": "yellow", "restart_done": "green",
+         "requeue_updated": "yellow", "preemption": "yellow", "teardown_error": "yellow", "restart_done": "green",
          "run_complete": "bold green", "first_step": "green", "launch": "cyan",
          "supervisor_start": "cyan", "allocation": "cyan"}
 
@@ -93,6 +93,9 @@ def describe(event: Mapping[str, Any]) -> str:
         return f"pending job NOT updated: {g('error', '')}"
     if name == "give_up":
         return f"gave up: {g('reason', '')}"
+    if name == "teardown_error":
+        return (f"torchrun on {g('node', '?')} exited rc={g('rc', '?')} after all its ranks finished: "
+                "a crash in process teardown, nothing lost, not restarted")
     if name == "launch":
         return f"launch on {_nodes(g('nodes'))}" + (f" [{g('path')}]" if g("path") else "") + \
             (f" ({_extras(e, ('nodes', 'path'))})" if _extras(e, ("nodes", "path")) else "")
