@@ -58,6 +58,14 @@ def test_rank_sigkill_is_detected_within_a_second_and_the_fast_path_finishes_the
     assert no_rank_left(tmp_path)
 
 
+def test_a_rank_aborting_after_it_finished_is_a_teardown_error_and_the_run_completes(tmp_path, cfg):
+    proc, events = launch(tmp_path, cfg, "--steps", "6", "--abort-at-exit")
+    assert proc.returncode == 0, proc.stdout + proc.stderr
+    assert named(events, "teardown_error") and named(events, "run_complete")
+    assert not named(events, "failure_detected") and [e["attempt"] for e in named(events, "launch")] == [0]
+    assert "a crash in process teardown" in proc.stdout
+
+
 def test_stopped_rank_is_detected_as_a_hang_within_timeout_plus_two_seconds(tmp_path, cfg):
     proc, events = launch(tmp_path, cfg, "--steps", "12", "--hang-at", "4", "--once")
     assert proc.returncode == 0, proc.stderr

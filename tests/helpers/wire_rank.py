@@ -27,6 +27,7 @@ def main() -> int:
     p.add_argument("--nan-at", type=int, default=-1)
     p.add_argument("--once", action="store_true", help="inject the fault only on the first attempt")
     p.add_argument("--fault-rank", type=int, default=1)
+    p.add_argument("--abort-at-exit", action="store_true", help="rank --fault-rank aborts (SIGABRT) after its bye")
     p.add_argument("--commit-every", type=int, default=0, help="report a checkpoint_committed event every K steps")
     p.add_argument("--out", required=True)
     a = p.parse_args()
@@ -107,6 +108,9 @@ def main() -> int:
         send("step", {"rank": rank, "step": step, "step_time_s": time.monotonic() - t0, "loss_finite": True})
     send("bye", {"rank": rank, "status": 0})
     (out / f"rank{rank}.done").write_text(json.dumps({"attempt": attempt}))
+    if a.abort_at_exit and rank == a.fault_rank:
+        time.sleep(0.5)  # the bye reaches the supervisor first, as it does after a real close()
+        os.abort()  # like a C++ std::terminate in interpreter teardown
     return 0
 
 
