@@ -62,7 +62,7 @@ VARS: tuple[Var, ...] = (
     Var(name="CKPTSUP_CONFIG_JSON", set_by="supervisor", read_by="agent, hooks", meaning="path of the effective config (JSON) the supervisor resolved"),
     Var(name="CKPTSUP_SITE_CONFIG", set_by="user/site", read_by="config", meaning="site TOML (else /etc/ckptsup/site.toml, else shipped default)"),
     Var(name="CKPTSUP_CHECKPOINT_DIR", set_by="supervisor", read_by="hooks", meaning="shared-tier checkpoint_dir holding step_<N>/"),
-    Var(name="CKPTSUP_NODE_LOCAL_DIR", set_by="agent", read_by="hooks", meaning="node-local tier directory ({node}/{job_id} expanded)"),
+    Var(name="CKPTSUP_NODE_LOCAL_DIR", set_by="user/site", read_by="hooks", meaning="overrides [storage] node_local (already expanded); unset: the hooks expand node_local with CKPTSUP_NODE and the job id"),
     Var(name="CKPTSUP_RESUME_FROM", set_by="supervisor", read_by="hooks", meaning="step_<N> directory validated (levels 1-2) before relaunch; empty = fresh start"),
     Var(name="CKPTSUP_SAVE_EVERY_STEPS", set_by="supervisor", read_by="hooks", meaning="save every N steps (0 = off)"),
     Var(name="CKPTSUP_SAVE_EVERY_S", set_by="supervisor", read_by="hooks", meaning="initial time-based interval; later changes arrive over the channel"),

@@ -144,10 +144,3 @@ def test_socket_dirs_of_killed_agents_on_this_host_are_swept_and_no_others(tmp_p
     removed = sweep_stale_socket_dirs(tmp_path, host="n1", alive=lambda pid: pid == 222)
     assert removed == [dead] and not dead.exists()
     assert live.exists() and other_host.exists() and dashed_host.exists()
-
-
-def test_ranks_get_the_node_local_dir_with_this_agents_node_filled_in(agent):
-    agent.spec.env["CKPTSUP_NODE_LOCAL_DIR"] = "/scratch/{node}/job7"
-    assert agent.rank_env({})["CKPTSUP_NODE_LOCAL_DIR"] == "/scratch/n1/job7"
-    del agent.spec.env["CKPTSUP_NODE_LOCAL_DIR"]
-    assert "CKPTSUP_NODE_LOCAL_DIR" not in agent.rank_env({})

@@ -87,7 +87,7 @@ def reference(tmp_path_factory) -> str:
 
 def test_rank_sigkill_restarts_fast_and_ends_bit_identical(tmp_path, reference):
     # with the node-local cache on: the fast path restarts on the same node, so the resume reads
-    # the local copies the agent pointed the ranks at ({node} filled in by the agent)
+    # the local copies (the hooks expand {node} and {job_id} from the config the supervisor passes)
     local = tmp_path / "scratch"
     proc, run, out = start(tmp_path, extra_toml=f'[storage]\nnode_local = "{local}/{{node}}/{{job_id}}"\n')
     wait_for_commit(run, 10)

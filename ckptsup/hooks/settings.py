@@ -47,7 +47,7 @@ def resolve_settings(*, env: RankEnv, checkpoint_dir: str | None = None, save_ev
         directory = Path(env.run_dir) / "checkpoints"
     else:
         directory = Path(config.run.run_dir.replace("{job_id}", env.job_id)) / "checkpoints"
-    # the agent's CKPTSUP_NODE_LOCAL_DIR (already expanded) first, else [storage] node_local
+    # an explicit CKPTSUP_NODE_LOCAL_DIR (already expanded) first, else [storage] node_local for this node
     node_local = Path(env.node_local_dir) if env.node_local_dir else node_local_root(config.storage, node=env.node, job_id=env.job_id)
     return Settings(checkpoint_dir=directory, save_every_steps=ckpt.save_every_steps, save_every_s=ckpt.save_every_s,
                     async_save=ckpt.async_save, hash_algorithm=ckpt.hash_algorithm, jitter_s=ckpt.jitter_s,

@@ -42,7 +42,6 @@ EXIT_CONFIRM_S = 0.3  # a dropped rank connection becomes a crash report unless 
 
 
 SOCKET_DIR_PREFIX = "ckptsup-agent-"
-NODE_LOCAL_VAR = "CKPTSUP_NODE_LOCAL_DIR"
 
 
 def socket_dir_prefix(host: str | None = None, pid: int | None = None) -> str:
@@ -165,8 +164,6 @@ class Agent:
         env.update(extra)
         env["CKPTSUP_RANK_SOCKET"] = str(self.sock_path)
         env["CKPTSUP_NODE"] = self.node
-        if NODE_LOCAL_VAR in env:  # the supervisor expanded {job_id}; {node} is ours to fill in
-            env[NODE_LOCAL_VAR] = env[NODE_LOCAL_VAR].replace("{node}", self.node)
         env["PYTHONUNBUFFERED"] = "1"
         return env
 

@@ -13,7 +13,6 @@ from typing import TYPE_CHECKING, Any
 
 from ..checkpoint.catalog import Status, list_checkpoints
 from ..checkpoint.commit import parse_step
-from ..checkpoint.tiers import node_local_root
 from ..checkpoint.validate import quarantine, validate
 from ..config import Config
 from ..env import ExitStatus
@@ -55,9 +54,6 @@ def rank_env(sv: "Supervisor", resume_from: str) -> dict[str, str]:
         "CKPTSUP_SAVE_EVERY_S": f"{sv.interval.current_s():g}",
         "CKPTSUP_PREEMPT_BUDGET_S": f"{sv.interval.preempt_budget_s():.1f}",
     })
-    local = node_local_root(cfg.storage, node="{node}", job_id=sv.placement.job_id)
-    if local is not None:  # {node} stays for each agent to fill in with its own node's name
-        env["CKPTSUP_NODE_LOCAL_DIR"] = str(local)
     if "CKPTSUP_SITE_CONFIG" in os.environ:
         env["CKPTSUP_SITE_CONFIG"] = os.environ["CKPTSUP_SITE_CONFIG"]
     return env
