@@ -6,17 +6,14 @@ the newest checkpoint and completes; no rank of the killed attempt is left runni
 from __future__ import annotations
 
 import shutil
-import subprocess
-import sys
 import time
 
 import psutil
 import pytest
 
 from ckptsup.events import read_events
-from ckptsup.slurm.devconf import SPANNING
 
-from test_watchdog_template import TRAIN, wait_events
+from test_watchdog_template import submit_train_job, wait_events
 
 pytestmark = [pytest.mark.slurm, pytest.mark.torch]
 
@@ -37,16 +34,7 @@ def job_processes(job: str, **env_match: str) -> list[psutil.Process]:
 
 
 def test_sigkilled_supervisor_is_requeued_by_the_batch_script_and_resumes(dev_cluster, tmp_path):
-    run_dir = tmp_path / "run"
-    job_toml = tmp_path / "job.toml"
-    job_toml.write_text(f'[slurm]\nspare_partition = "{SPANNING}"\n')
-    script = tmp_path / "job.sbatch"
-    subprocess.run([sys.executable, "-m", "ckptsup.cli", "sbatch", "--config", str(job_toml), "--nodes", "2",
-                    "--spares", "0", "--partition", "main", "--run-dir", str(run_dir), "--output", str(script),
-                    str(TRAIN), "--steps", "300", "--step-sleep-s", "0.1", "--save-every-steps", "20"],
-                   check=True, capture_output=True, text=True)
-    run_dir.mkdir(mode=0o700)
-    job = dev_cluster.client.submit(script)
+    job, run_dir = submit_train_job(dev_cluster, tmp_path, steps=300)
     try:
         wait_events(run_dir, "first_step", 1, 120)
         wait_events(run_dir, "checkpoint_committed", 1, 60)

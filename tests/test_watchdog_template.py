@@ -34,17 +34,23 @@ def wait_events(run_dir: Path, name: str, n: int, timeout: float) -> None:
         time.sleep(0.3)
 
 
-def test_batch_host_death_is_recovered_by_the_watchdog_twice_in_a_row(dev_cluster, tmp_path):
+def submit_train_job(dev_cluster, tmp_path: Path, *, steps: int, extra_toml: str = "") -> tuple[str, Path]:
+    """examples/train.py through `ckptsup sbatch` (2 nodes in main, no spare, the spanning
+    partition for requeues), submitted to the dev cluster: (job id, run dir)."""
     run_dir = tmp_path / "run"
     job_toml = tmp_path / "job.toml"
-    job_toml.write_text(f'[slurm]\nspare_partition = "{SPANNING}"\n[supervisor]\nlease_stale_s = 3.0\n')
+    job_toml.write_text(f'[slurm]\nspare_partition = "{SPANNING}"\n' + extra_toml)
     script = tmp_path / "job.sbatch"
     subprocess.run([sys.executable, "-m", "ckptsup.cli", "sbatch", "--config", str(job_toml), "--nodes", "2",
                     "--spares", "0", "--partition", "main", "--run-dir", str(run_dir), "--output", str(script),
-                    str(TRAIN), "--steps", "400", "--step-sleep-s", "0.1", "--save-every-steps", "20"],
+                    str(TRAIN), "--steps", str(steps), "--step-sleep-s", "0.1", "--save-every-steps", "20"],
                    check=True, capture_output=True, text=True)
     run_dir.mkdir(mode=0o700)
-    job = dev_cluster.client.submit(script)
+    return dev_cluster.client.submit(script), run_dir
+
+
+def test_batch_host_death_is_recovered_by_the_watchdog_twice_in_a_row(dev_cluster, tmp_path):
+    job, run_dir = submit_train_job(dev_cluster, tmp_path, steps=400, extra_toml="[supervisor]\nlease_stale_s = 3.0\n")
     killed = []
     try:
         for round_ in (1, 2):
