@@ -299,3 +299,21 @@ def test_concurrent_validations_of_one_checkpoint_all_pass_and_record_cleanly(tm
     assert len(results) == 6 and all(r.ok for r in results), [r.problems for r in results]
     assert json.loads((step_dir / VALIDATION_NAME).read_text())["ok"] is True
     assert not [p for p in step_dir.iterdir() if p.name.endswith(".tmp")]
+
+
+def test_check_present_finds_missing_truncated_and_symlinked_files_without_hashing(ckdir: Path) -> None:
+    from ckptsup.checkpoint.manifest import load_manifest
+    from ckptsup.checkpoint.validate import check_present
+
+    step = ckdir / "step_30"
+    manifest = load_manifest(step)
+    assert check_present(step, manifest) == []
+    first, second, third = (step / f.path for f in manifest.files[:3])
+    first.unlink()
+    with open(second, "r+b") as fh:
+        fh.truncate(1)
+    third.unlink()
+    third.symlink_to(ckdir / "step_20" / manifest.files[2].path)
+    problems = check_present(step, manifest)
+    assert len(problems) == 3
+    assert "missing" in problems[0] and "size 1 !=" in problems[1] and "not a regular file" in problems[2]

@@ -89,18 +89,32 @@ def _is_validation_tmp(name: str) -> bool:
     return name.startswith(f".{VALIDATION_NAME}.") and name.endswith(".tmp")
 
 
+def _presence_problem(step_dir: Path, entry: FileEntry) -> str | None:
+    """A listed file that is missing, not a regular file, or not its manifest size."""
+    try:
+        st = os.lstat(step_dir / entry.path)
+    except FileNotFoundError:
+        return f"{entry.path}: missing"
+    if not stat.S_ISREG(st.st_mode):
+        return f"{entry.path}: not a regular file (symlink or special file refused)"
+    if st.st_size != entry.size:
+        return f"{entry.path}: size {st.st_size} != {entry.size} in the manifest (truncated or overwritten)"
+    return None
+
+
+def check_present(step_dir: Path, manifest: Manifest) -> list[str]:
+    """Level 1 without the hashes: every listed file present, regular and of its size (what can
+    change after an earlier full validation, checked in a stat per file)."""
+    return [problem for entry in manifest.files if (problem := _presence_problem(step_dir, entry))]
+
+
 def _check_file(step_dir: Path, entry: FileEntry, items: list[ItemEntry]) -> tuple[list[str], list[str], int]:
     """(file problems, item problems, bytes hashed) for one listed file; the items stored in it
     are hashed in the same read (their mismatches belong to level 2: the index is structure)."""
     full = step_dir / entry.path
-    try:
-        st = os.lstat(full)
-    except FileNotFoundError:
-        return [f"{entry.path}: missing"], [], 0
-    if not stat.S_ISREG(st.st_mode):
-        return [f"{entry.path}: not a regular file (symlink or special file refused)"], [], 0
-    if st.st_size != entry.size:
-        return [f"{entry.path}: size {st.st_size} != {entry.size} in the manifest (truncated or overwritten)"], [], 0
+    problem = _presence_problem(step_dir, entry)
+    if problem is not None:
+        return [problem], [], 0
     try:
         actual, _, item_hashes = hash_file_and_ranges(full, algorithm_of(entry.hash),
                                                       [(it.offset, it.length, algorithm_of(it.hash)) for it in items])

@@ -94,22 +94,13 @@ def pick_resume(sv: "Supervisor") -> str:
 def recheck(step_dir: Path) -> list[str]:
     """Manifest, every listed file present with its size, and the structure (JSON only)."""
     from ..checkpoint.manifest import load_manifest
-    from ..checkpoint.validate import check_level2
+    from ..checkpoint.validate import check_level2, check_present
 
     try:
         manifest = load_manifest(step_dir)
     except CkptsupError as err:
         return [str(err)]
-    problems = []
-    for entry in manifest.files:
-        try:
-            size = os.lstat(step_dir / entry.path).st_size
-        except FileNotFoundError:
-            problems.append(f"{entry.path}: missing")
-            continue
-        if size != entry.size:
-            problems.append(f"{entry.path}: size {size} != {entry.size} in the manifest")
-    return problems or check_level2(step_dir, manifest)
+    return check_present(step_dir, manifest) or check_level2(step_dir, manifest)
 
 
 def log_tail(attempt_dir: Path, lines: int = 3) -> str:
