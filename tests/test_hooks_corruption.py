@@ -185,3 +185,21 @@ def test_a_checkpoint_that_does_not_fit_the_model_stops_resume_instead_of_starti
     finally:
         run.close(final_save=False)
     assert (ck / "step_4").is_dir() and not (ck / "quarantine").exists()  # a good checkpoint is not quarantined
+
+
+def test_the_writers_read_back_hashes_each_item_and_refuses_a_shard_shorter_than_its_items(tmp_path: Path) -> None:
+    from ckptsup.checkpoint.hashing import hash_bytes
+    from ckptsup.hooks.writer import hash_file_and_items
+
+    data = os.urandom(3000)
+    shard = tmp_path / "__0_0.distcp"
+    shard.write_bytes(data)
+    items = [("b@0", 1000, 2000), ("a@0", 0, 1000), ("empty@0", 3000, 0)]
+    size, whole, hashes = hash_file_and_items(shard, items, "xxh3-128", copy_to=tmp_path / "copy")
+    assert size == 3000 and whole == hash_bytes(data, "xxh3-128")
+    assert hashes == {"a@0": hash_bytes(data[:1000], "xxh3-128"), "b@0": hash_bytes(data[1000:], "xxh3-128"),
+                      "empty@0": hash_bytes(b"", "xxh3-128")}
+    assert (tmp_path / "copy").read_bytes() == data
+    shard.write_bytes(data[:2500])  # DCP's metadata says more than the file holds
+    with pytest.raises(CheckpointError, match="is 2500 bytes but DCP says item b@0 ends at 3000"):
+        hash_file_and_items(shard, items, "xxh3-128")

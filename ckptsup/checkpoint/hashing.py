@@ -11,7 +11,7 @@ from __future__ import annotations
 import hashlib
 import os
 import zlib
-from typing import Protocol
+from typing import Callable, Protocol
 
 import xxhash
 
@@ -119,10 +119,12 @@ def hash_file(path: str | os.PathLike[str], algorithm: str = DEFAULT_ALGORITHM, 
 
 
 def hash_file_and_ranges(path: str | os.PathLike[str], algorithm: str,
-                         ranges: list[tuple[int, int, str]]) -> tuple[str, int, list[str]]:
+                         ranges: list[tuple[int, int, str]],
+                         sink: Callable[[memoryview], None] | None = None) -> tuple[str, int, list[str]]:
     """One sequential read of a file: (file hash, size, [hash of each (offset, length, algorithm)
     range]). Ranges may come in any order and may overlap; a range past the end of the file
-    hashes what exists (the caller compares lengths). Never follows a symlink."""
+    hashes what exists (the caller compares lengths). Never follows a symlink. `sink` gets every
+    chunk as it is hashed (to copy exactly the bytes that were hashed)."""
     order = sorted(range(len(ranges)), key=lambda i: ranges[i][0])
     file_h = new_hasher(algorithm)
     range_h = [new_hasher(ranges[i][2]) for i in range(len(ranges))]
@@ -139,6 +141,8 @@ def hash_file_and_ranges(path: str | os.PathLike[str], algorithm: str,
             if got == 0:
                 break
             chunk = view[:got]
+            if sink is not None:
+                sink(chunk)
             file_h.update(chunk)
             end = pos + got
             j = k

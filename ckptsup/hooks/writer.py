@@ -29,7 +29,7 @@ from pathlib import Path
 from typing import Any, Callable
 
 from ..checkpoint.commit import abort, commit, make_tmp_dir
-from ..checkpoint.hashing import hash_file, new_hasher
+from ..checkpoint.hashing import hash_file, hash_file_and_ranges
 from ..checkpoint.local_cache import LocalCopy, manifest_digest
 from ..checkpoint.manifest import METADATA_NAME, FileEntry, ItemEntry, Manifest
 from ..errors import CheckpointError
@@ -41,7 +41,6 @@ log = logging.getLogger("ckptsup.hooks")
 # Fault injection for tests (kill during an async save): seconds to sleep after the shards are
 # written and before the commit. Never set in production.
 TEST_DELAY_ENV = "CKPTSUP_TEST_SAVE_DELAY_S"
-READ_CHUNK = 8 << 20
 
 
 def item_key(index: Any) -> str:
@@ -82,50 +81,33 @@ def hash_file_and_items(path: Path, items: list[tuple[str, int, int]], algorithm
     (key, offset, length), non-overlapping. With copy_to, the same read also writes the bytes to
     that new file (0600, fsynced), so the hashes are of exactly what was copied; a failure to
     write it raises CopyTargetError."""
-    items = sorted(items, key=lambda it: it[1])
-    file_h = new_hasher(algorithm)
-    item_h = [new_hasher(algorithm) for _ in items]
-    buf = bytearray(READ_CHUNK)
-    view = memoryview(buf)
-    pos, i = 0, 0
-    with open(path, "rb", buffering=0) as fh:
-        out = None if copy_to is None else _to_target(copy_to, lambda: os.open(
-            copy_to, os.O_WRONLY | os.O_CREAT | os.O_EXCL | os.O_NOFOLLOW, 0o600))
-        try:
-            while True:
-                n = fh.readinto(buf)
-                if not n:
-                    break
-                chunk = view[:n]
-                if out is not None:
-                    rest = chunk
-                    while rest:
-                        rest = rest[_to_target(copy_to, lambda: os.write(out, rest)):]
-                file_h.update(chunk)
-                start, end = pos, pos + n
-                while i < len(items):
-                    _, off, length = items[i]
-                    if off >= end:
-                        break
-                    lo, hi = max(off, start), min(off + length, end)
-                    if hi > lo:
-                        item_h[i].update(chunk[lo - start:hi - start])
-                    if off + length <= end:
-                        i += 1
-                    else:
-                        break
-                pos = end
-            if out is not None:
-                _to_target(copy_to, lambda: os.fsync(out))
-        finally:
-            if out is not None:
-                os.close(out)
-    while i < len(items) and items[i][2] == 0 and items[i][1] <= pos:
-        i += 1
-    if i < len(items):
-        raise CheckpointError(f"{path.name} is {pos} bytes but DCP says item {items[i][0]} ends at "
-                              f"{items[i][1] + items[i][2]}: the shard was not fully written")
-    return pos, file_h.hexdigest(), {key: h.hexdigest() for (key, _, _), h in zip(items, item_h)}
+    fds: list[int] = []  # the copy, created once the source is open (a missing source is not the target's fault)
+
+    def target() -> int:
+        if not fds:
+            fds.append(_to_target(copy_to, lambda: os.open(copy_to, os.O_WRONLY | os.O_CREAT | os.O_EXCL | os.O_NOFOLLOW, 0o600)))
+        return fds[0]
+
+    def write(chunk: memoryview) -> None:
+        rest, out = chunk, target()
+        while rest:
+            rest = rest[_to_target(copy_to, lambda: os.write(out, rest)):]
+
+    try:
+        whole, size, hashes = hash_file_and_ranges(path, algorithm, [(off, length, algorithm) for _, off, length in items],
+                                                    sink=None if copy_to is None else write)
+        if copy_to is not None:
+            out = target()  # an empty source still gets its (empty) copy
+            _to_target(copy_to, lambda: os.fsync(out))
+    finally:
+        for fd in fds:
+            os.close(fd)
+    short = [(off, key, length) for key, off, length in items if off + length > size]
+    if short:
+        off, key, length = min(short)
+        raise CheckpointError(f"{path.name} is {size} bytes but DCP says item {key} ends at "
+                              f"{off + length}: the shard was not fully written")
+    return size, whole, {key: h for (key, _, _), h in zip(items, hashes)}
 
 
 def _file_owner(relative_path: str, world_size: int) -> int:
