@@ -5,6 +5,7 @@ would. Unreadable paths are tried as the `nobody` user (root reads everything)."
 
 from __future__ import annotations
 
+import functools
 import json
 import os
 import shutil
@@ -75,10 +76,21 @@ def sandbox():
     shutil.rmtree(root)
 
 
+@functools.cache
+def assert_nobody_can_run_ckptsup() -> None:
+    """The as-nobody cases run the checkout's ckptsup: a checkout nobody cannot reach (a 0700
+    parent, e.g. a `mktemp -d` clone) fails them all; say that instead of a confusing refusal."""
+    probe = subprocess.run([*AS_NOBODY, CKPTSUP, "--help"], capture_output=True, text=True, timeout=60)
+    assert probe.returncode == 0, (f"user nobody cannot run {CKPTSUP} ({probe.stderr.strip()[-200:]}); "
+                                   "make the checkout's parent directories traversable (chmod o+x)")
+
+
 def run_ckptsup(args: list[str], cwd: Path, *, as_nobody: bool = False) -> subprocess.CompletedProcess[str]:
     env = dict(os.environ, SLURM_CONF=str(cwd / "no-such-slurm.conf"), COLUMNS="200")
     env.pop("CKPTSUP_CONFIG", None)
     prefix = AS_NOBODY if as_nobody else []
+    if prefix:
+        assert_nobody_can_run_ckptsup()
     return subprocess.run([*prefix, CKPTSUP, *args], cwd=cwd, env=env, capture_output=True, text=True, timeout=60)
 
 
