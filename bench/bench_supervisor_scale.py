@@ -21,7 +21,7 @@ from pathlib import Path
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 from ckptsup.config import SupervisorConfig  # noqa: E402
 from ckptsup.supervisor.attempt import AttemptTracker  # noqa: E402
-from ckptsup.supervisor.channel import AgentStep, CommandSender  # noqa: E402
+from ckptsup.supervisor.agent_step import AgentStep, CommandSender  # noqa: E402
 
 SIMULATOR = r'''
 import sys, time

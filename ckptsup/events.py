@@ -120,6 +120,19 @@ class EventWriter:
             self._fd = None
 
 
+def parse_ts(value: Any) -> float | None:
+    """An event's `ts` (ISO 8601; naive means UTC, as utc_now_iso writes) → POSIX seconds, or None."""
+    if not isinstance(value, str):
+        return None
+    try:
+        moment = _dt.datetime.fromisoformat(value.strip().replace("Z", "+00:00"))
+    except ValueError:
+        return None
+    if moment.tzinfo is None:
+        moment = moment.replace(tzinfo=_dt.timezone.utc)
+    return moment.timestamp()
+
+
 def parse_line(line: str) -> dict[str, Any] | None:
     """One line → event dict, or None for a blank, torn or foreign line (never raises)."""
     line = line.strip()

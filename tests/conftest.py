@@ -206,7 +206,7 @@ INTEGRATION_FILES = frozenset({
     "test_accounting_real.py",
     "test_elastic.py",
     "test_hooks_api.py",
-    "test_hooks_channel.py",
+    "test_hooks_agent_socket.py",
     "test_hooks_corruption.py",
     "test_hooks_disk_full.py",
     "test_hooks_node_local.py",

@@ -91,7 +91,7 @@ def test_exit_codes_classify_into_crash_nan_or_nothing():
 
 def test_after_a_rank_finishes_the_others_get_the_stopping_allowance():
     from ckptsup.supervisor.attempt import AttemptTracker
-    from ckptsup.supervisor.channel import Message
+    from ckptsup.supervisor.agent_step import Message
 
     cfg = SupervisorConfig(hang_timeout_s=5, save_timeout_s=600.0, node_silence_s=1e9)
     t = AttemptTracker(attempt=0, nodes=("n1",), nproc_per_node=2, config=cfg, started=0.0)
@@ -115,7 +115,7 @@ def test_the_hang_timeout_is_clamped_below_the_attempts_collective_timeout():
 @pytest.mark.parametrize("finished, crash", [((0, 1), False), ((1,), True), ((), True)])
 def test_torchrun_failing_after_every_rank_of_the_node_finished_is_a_teardown_error_not_a_crash(finished, crash):
     from ckptsup.supervisor.attempt import AttemptTracker
-    from ckptsup.supervisor.channel import Message
+    from ckptsup.supervisor.agent_step import Message
 
     cfg = SupervisorConfig(hang_timeout_s=5, save_timeout_s=600.0, node_silence_s=1e9)
     t = AttemptTracker(attempt=0, nodes=("n1",), nproc_per_node=2, config=cfg, started=0.0)

@@ -7,7 +7,7 @@ writer.py    async sharded save: staging, DCP write, hashing, cross-rank agreeme
 reader.py    verifying DCP reader: manifest checks before any unpickling, per-item hashes
 loader.py    all-or-nothing load of one checkpoint on every rank
 sampler.py   ResumableDistributedSampler (global sample index; elastic resume)
-channel.py   rank -> agent socket; signals.py preemption flags; report.py events
+agent_socket.py  rank -> agent socket; signals.py preemption flags; event_sink.py where events go
 process_group.py  init_process_group with the supervisor's timeouts
 testload.py  `python -m ckptsup.hooks.testload STEP_DIR` (validation level 3)
 """

@@ -34,9 +34,9 @@ from ..checkpoint.validate import quarantine
 from ..env import ExitStatus, read_rank_env
 from ..errors import CheckpointError, CkptsupError
 from ..events import Event
-from .channel import RankChannel
+from .agent_socket import RankChannel
 from .process_group import new_gloo_group, set_steady_timeout
-from .report import Reporter
+from .event_sink import Reporter
 from .settings import Settings, resolve_settings
 from .signals import StopFlag, emergency_save_fits
 from .state import TrainingState, check_dataloader, isolate_loader_rng

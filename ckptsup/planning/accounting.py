@@ -15,8 +15,8 @@ import statistics
 from dataclasses import dataclass, field
 from typing import Any, Iterable
 
-from . import timeline as tl
-from .timeline import Attempt, EndReason, Span, SpanKind, num
+from . import spans as tl
+from .spans import Attempt, EndReason, Span, SpanKind, num
 
 CATEGORIES = (
     "checkpoint_stall",    # blocking part of saves (stall_s)

@@ -30,7 +30,7 @@ from typing import Any, Callable
 
 from ..errors import ConfigError
 from .interval import daly_interval
-from .timeline import devices_of, num
+from .spans import devices_of, num
 from .units import format_duration
 
 

@@ -289,7 +289,7 @@ def _print_sim(r: dict[str, Any]) -> None:
 def report(run_dir: str, as_json: bool, png: str | None, html_path: str | None, prom: str | None,
            price: float | None, job_config: str | None) -> None:
     """Where a run's time went: goodput, badput by category, in hours and dollars."""
-    from . import report as rp
+    from . import goodput_report as rp
 
     path = Path(run_dir)
     events = rp.read_run(path)

@@ -13,7 +13,7 @@ from typing import Any
 
 from ..config import SupervisorConfig
 from ..env import ExitStatus
-from .channel import Message
+from .agent_step import Message
 from .detection import (NodeView, Phase, RankView, StepWindow, classify_rank_exit, detect_hang,
                         detect_node_down, hang_timeout, nan_failure)
 from .observations import Failure, FailureKind

@@ -58,8 +58,8 @@ def log(run_dir: str, as_json: bool, follow: bool, show_all: bool) -> None:
     exclusions, requeues."""
     from rich.console import Console
 
-    from ..events import follow_events, read_events
-    from . import timeline
+    from ..events import follow_events, parse_ts, read_events
+    from . import restart_log as timeline
 
     path = _run_dir(run_dir)
     if not follow:
@@ -78,7 +78,7 @@ def log(run_dir: str, as_json: bool, follow: bool, show_all: bool) -> None:
         else:
             row_list = timeline.rows([event], show_all=show_all, start=start)
             if start is None:
-                start = timeline.parse_ts(event.get("ts"))
+                start = parse_ts(event.get("ts"))
             for row in row_list:
                 console.print(timeline.row_text(row))
         if event.get("event") in TERMINAL_EXIT:

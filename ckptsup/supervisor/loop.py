@@ -26,7 +26,7 @@ from ..rundir import RunDir, RunState, RunStatus
 from . import recovery
 from .agent import LaunchSpec
 from .attempt import AttemptTracker, Marks
-from .channel import AgentStep, CommandSender, Message
+from .agent_step import AgentStep, CommandSender, Message
 from .observations import AttemptResult, Failure, FailureKind, History, Observation, Outcome, RecoveryPath
 from .placement import Placement
 from .policy import GiveUp, Requeue, RestartInAllocation, decide

@@ -8,7 +8,7 @@ same file across requeues, and `mono` is only comparable on one host).
 
 from __future__ import annotations
 
-import datetime as _dt
+from ..events import parse_ts
 import statistics
 from dataclasses import dataclass, field
 from typing import Any, Iterable, Mapping
@@ -26,13 +26,6 @@ STYLE = {"failure_detected": "bold red", "give_up": "bold red", "checkpoint_reje
          "requeue_updated": "yellow", "preemption": "yellow", "teardown_error": "yellow", "restart_done": "green",
          "run_complete": "bold green", "first_step": "green", "launch": "cyan",
          "supervisor_start": "cyan", "allocation": "cyan"}
-
-
-def parse_ts(ts: Any) -> _dt.datetime | None:
-    try:
-        return _dt.datetime.fromisoformat(str(ts))
-    except ValueError:
-        return None
 
 
 def _s(value: Any) -> str:
@@ -137,7 +130,7 @@ class Row:
 
 
 def rows(events: Iterable[Mapping[str, Any]], *, show_all: bool = False,
-         start: _dt.datetime | None = None) -> list[Row]:
+         start: float | None = None) -> list[Row]:
     out = []
     for e in events:
         when = parse_ts(e.get("ts"))
@@ -145,7 +138,7 @@ def rows(events: Iterable[Mapping[str, Any]], *, show_all: bool = False,
             start = when
         if not show_all and e.get("event") in HIDDEN_BY_DEFAULT:
             continue
-        rel = (when - start).total_seconds() if (when is not None and start is not None) else None
+        rel = (when - start) if (when is not None and start is not None) else None
         out.append(Row(t_s=rel, ts=str(e.get("ts", "")), attempt=e.get("attempt"),
                        event=str(e.get("event")), text=describe(e)))
     return out
@@ -190,7 +183,7 @@ def summarize(events: Iterable[Mapping[str, Any]]) -> Summary:
             key = "back_s" if name == "supervisor_start" else "first_step_s"
             when = parse_ts(e.get("ts"))
             if key not in requeues[-1] and when is not None and ("back_s" in requeues[-1] or key == "back_s"):
-                requeues[-1][key] = round((when - requeues[-1]["_at"]).total_seconds(), 3)
+                requeues[-1][key] = round(when - requeues[-1]["_at"], 3)
         elif name == "give_up":
             outcome = f"gave up: {e.get('reason', '')}"
         elif name == "run_complete":

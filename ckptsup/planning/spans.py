@@ -18,12 +18,13 @@ span they happened in; accounting.py turns spans and claims into categories.
 
 from __future__ import annotations
 
-import datetime as _dt
 import enum
 import math
 import statistics
 from dataclasses import dataclass, field
 from typing import Any, Iterable
+
+from ..events import parse_ts
 
 CLOCK_TOLERANCE_S = 2.0
 PHASES = ("kill", "health", "launch", "rendezvous", "load", "first_step")
@@ -90,19 +91,6 @@ def num(ev: dict[str, Any], key: str, default: float | None = None) -> float | N
     if value is None or not math.isfinite(value):
         return default
     return float(value)
-
-
-def parse_ts(value: Any) -> float | None:
-    if not isinstance(value, str):
-        return None
-    text = value.strip().replace("Z", "+00:00")
-    try:
-        moment = _dt.datetime.fromisoformat(text)
-    except ValueError:
-        return None
-    if moment.tzinfo is None:
-        moment = moment.replace(tzinfo=_dt.timezone.utc)
-    return moment.timestamp()
 
 
 def place_events(events: list[dict[str, Any]]) -> list[tuple[float, dict[str, Any]]]:

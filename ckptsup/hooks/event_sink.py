@@ -10,7 +10,7 @@ from typing import Any
 
 from ..env import RankEnv
 from ..events import Event, EventWriter, make_event
-from .channel import RankChannel
+from .agent_socket import RankChannel
 
 log = logging.getLogger("ckptsup.hooks")
 

@@ -19,7 +19,7 @@ from hooks_helpers import base_env, private_dir, train_argv
 
 from ckptsup import wire
 from ckptsup.env import ExitStatus
-from ckptsup.hooks.channel import RankChannel
+from ckptsup.hooks.agent_socket import RankChannel
 
 pytestmark = pytest.mark.torch
 
