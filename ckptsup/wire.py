@@ -11,27 +11,13 @@ Transport:
 
 Frame: {"m": <type>, "seq": <int>, "body": {...}, "mac": <hex>}
 
-Message types (m):
-  rank → agent:  hello {rank, local_rank, world_size, node, pid}
-                 step {rank, step, step_time_s, loss_finite: bool}
-                 phase {rank, phase: init|load|train|save|stopping, step}
-                 nan {rank, step, loss}
-                 event {record}          # an events.jsonl record for the supervisor to append
-                 bye {rank, status}
-  agent → supervisor: hb {node, ranks_alive, last_step, phase}, rank_exit {node, rank, rc},
-                 torchrun_exit {node, rc}, and every rank message forwarded with {node} added
-  supervisor → agent → ranks (commands):
-                 stop_at {step, reason, save: bool, budget_s}   # agreed stop step (preemption)
-                 save_now {reason}
-                 set_interval {interval_s, save_every_steps}
-                 dump_fr {path}
-                 kill {}                  # agent only: kill torchrun and ranks now
-                 restart {attempt, resume_from, env}   # agent only: fast path relaunch
-                 exit {}
+Message kinds (m) are `MessageKind`; which hop carries each is `HOPS`, and docs/contracts.md
+lists the same table (a test holds them together). A rank's `phase` is a `Phase`.
 """
 
 from __future__ import annotations
 
+import enum
 import hashlib
 import hmac
 import json
@@ -39,6 +25,72 @@ from dataclasses import dataclass, field
 from typing import Any, Callable
 
 MAX_FRAME_BYTES = 64 * 1024
+
+
+class Hop(enum.StrEnum):
+    RANK_TO_AGENT = "rank → agent"            # forwarded to the supervisor with {node, agent} added
+    AGENT_TO_SUPERVISOR = "agent → supervisor"
+    COMMAND = "supervisor → agent"            # FORWARDED_COMMANDS go on to every rank of the node
+
+
+class MessageKind(enum.StrEnum):
+    """Every frame type. StrEnum, so a member formats, hashes and compares as its value."""
+
+    # rank → agent
+    HELLO = "hello"                  # {rank, local_rank, world_size, node, pid}
+    STEP = "step"                    # {rank, step, step_time_s, loss_finite}
+    PHASE = "phase"                  # {rank, phase: Phase, step}
+    NAN = "nan"                      # {rank, step, loss}
+    EVENT = "event"                  # {record}: an events.jsonl record for the supervisor to append
+    BYE = "bye"                      # {rank, status: ExitStatus}
+    # agent → supervisor (every body also carries {node, agent})
+    HB = "hb"                        # {ranks_alive, last_step, phase, stopped_ranks, torchrun, dropped, attempt}
+    LAUNCHED = "launched"            # {attempt, pid}: torchrun started (its pid, to reap if the agent dies)
+    RANK_EXIT = "rank_exit"          # {rank, rc, pid, step, age_s, detail}
+    TORCHRUN_EXIT = "torchrun_exit"  # {rc, step, preempted?}
+    KILLED = "killed"                # {kill_s}: answer to kill
+    RESTARTED = "restarted"          # {attempt, kill_s}: answer to restart
+    PREEMPT = "preempt"              # {signal, budget_s}: the agent itself got SIGTERM
+    # supervisor → agent (→ ranks)
+    STOP_AT = "stop_at"              # {reason, save, budget_s}: stop at an agreed step (preemption)
+    SAVE_NOW = "save_now"            # {reason}
+    SET_INTERVAL = "set_interval"    # {interval_s}
+    DUMP_FR = "dump_fr"              # {path}
+    KILL = "kill"                    # {grace}: agent only: kill torchrun and the ranks now
+    RESTART = "restart"              # {attempt, spec: LaunchSpec as JSON}: agent only: fast-path relaunch
+    EXIT = "exit"                    # {}: agent only: kill the ranks and exit
+
+
+HOPS: dict[MessageKind, Hop] = {
+    **{k: Hop.RANK_TO_AGENT for k in (MessageKind.HELLO, MessageKind.STEP, MessageKind.PHASE,
+                                       MessageKind.NAN, MessageKind.EVENT, MessageKind.BYE)},
+    **{k: Hop.AGENT_TO_SUPERVISOR for k in (MessageKind.HB, MessageKind.LAUNCHED, MessageKind.RANK_EXIT,
+                                             MessageKind.TORCHRUN_EXIT, MessageKind.KILLED,
+                                             MessageKind.RESTARTED, MessageKind.PREEMPT)},
+    **{k: Hop.COMMAND for k in (MessageKind.STOP_AT, MessageKind.SAVE_NOW, MessageKind.SET_INTERVAL,
+                                 MessageKind.DUMP_FR, MessageKind.KILL, MessageKind.RESTART, MessageKind.EXIT)},
+}
+FORWARDED_COMMANDS = frozenset({MessageKind.STOP_AT, MessageKind.SAVE_NOW, MessageKind.SET_INTERVAL,
+                                MessageKind.DUMP_FR})
+
+
+class Phase(enum.StrEnum):
+    """What a rank is doing (`phase` frames). INIT → LOAD? → TRAIN ⇄ SAVE → STOPPING | DONE."""
+
+    INIT = "init"
+    LOAD = "load"
+    TRAIN = "train"
+    SAVE = "save"
+    STOPPING = "stopping"
+    DONE = "done"
+
+    @classmethod
+    def parse(cls, value: Any) -> "Phase":
+        """Lenient: an unknown phase from a newer rank counts as training (hang-checked)."""
+        try:
+            return cls(value)
+        except ValueError:
+            return cls.TRAIN
 
 
 class FrameError(ValueError):
@@ -49,7 +101,7 @@ def _mac(secret: bytes, m: str, seq: int, body_json: str) -> str:
     return hmac.new(secret, f"{m}\n{seq}\n{body_json}".encode(), hashlib.sha256).hexdigest()
 
 
-def encode(m: str, body: dict[str, Any], *, seq: int, secret: bytes) -> bytes:
+def encode(m: MessageKind, body: dict[str, Any], *, seq: int, secret: bytes) -> bytes:
     body_json = json.dumps(body, separators=(",", ":"), sort_keys=True, default=str)
     frame = {"m": m, "seq": seq, "body": body, "mac": _mac(secret, m, seq, body_json)}
     data = (json.dumps(frame, separators=(",", ":"), sort_keys=True, default=str) + "\n").encode()
@@ -58,7 +110,7 @@ def encode(m: str, body: dict[str, Any], *, seq: int, secret: bytes) -> bytes:
     return data
 
 
-def decode(line: bytes | str, *, secret: bytes) -> tuple[str, int, dict[str, Any]]:
+def decode(line: bytes | str, *, secret: bytes) -> tuple[MessageKind, int, dict[str, Any]]:
     """→ (m, seq, body). Raises FrameError; never anything else."""
     if isinstance(line, str):
         line = line.encode()
@@ -74,7 +126,10 @@ def decode(line: bytes | str, *, secret: bytes) -> tuple[str, int, dict[str, Any
     body_json = json.dumps(body, separators=(",", ":"), sort_keys=True, default=str)
     if not hmac.compare_digest(mac, _mac(secret, m, seq, body_json)):
         raise FrameError("bad MAC (wrong secret or tampered frame)")
-    return m, seq, body
+    try:
+        return MessageKind(m), seq, body
+    except ValueError:
+        raise FrameError(f"unknown message kind {m[:40]!r}") from None
 
 
 @dataclass
@@ -101,7 +156,7 @@ class FrameReader:
     guard: ReplayGuard = field(default_factory=ReplayGuard)
     _buf: bytes = b""
 
-    def feed(self, data: bytes) -> list[tuple[str, dict[str, Any]]]:
+    def feed(self, data: bytes) -> list[tuple[MessageKind, dict[str, Any]]]:
         """→ the accepted (m, body) frames completed by `data`. Raises FrameError when the
         unterminated rest grows past a few frames (a flood, not a peer of ours)."""
         self._buf += data
@@ -111,7 +166,7 @@ class FrameReader:
             raise FrameError("unterminated frame flood")
         return [frame for frame in map(self.accept, lines) if frame is not None]
 
-    def accept(self, line: bytes) -> tuple[str, dict[str, Any]] | None:
+    def accept(self, line: bytes) -> tuple[MessageKind, dict[str, Any]] | None:
         if not line.strip():
             return None
         try:

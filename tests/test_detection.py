@@ -5,7 +5,8 @@ import pytest
 
 from ckptsup.config import SupervisorConfig
 from ckptsup.env import ExitStatus
-from ckptsup.supervisor.detection import (NodeView, Phase, RankView, StepWindow, allowance, classify_rank_exit,
+from ckptsup.wire import Phase
+from ckptsup.supervisor.detection import (NodeView, RankView, StepWindow, allowance, classify_rank_exit,
                                           detect_hang, detect_node_down, hang_timeout, percentile)
 from ckptsup.supervisor.observations import FailureKind
 

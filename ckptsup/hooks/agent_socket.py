@@ -20,6 +20,7 @@ from pathlib import Path
 from typing import Any, Callable
 
 from .. import wire
+from ..wire import MessageKind
 from ..rundir import read_secret
 
 log = logging.getLogger("ckptsup.hooks")
@@ -90,7 +91,7 @@ class RankChannel:
     def connected(self) -> bool:
         return self._sock is not None
 
-    def send(self, m: str, body: dict[str, Any]) -> None:
+    def send(self, m: MessageKind, body: dict[str, Any]) -> None:
         if self._sock is None:
             return
         with self._send_lock:
@@ -136,20 +137,20 @@ class RankChannel:
     def _count_drop(self) -> None:
         self.dropped += 1
 
-    def handle(self, m: str, body: dict[str, Any]) -> None:
+    def handle(self, m: MessageKind, body: dict[str, Any]) -> None:
         cmds = self.commands
         with cmds.lock:
-            if m == "stop_at":
+            if m == MessageKind.STOP_AT:
                 cmds.stop_at = dict(body)
-            elif m == "save_now":
+            elif m == MessageKind.SAVE_NOW:
                 cmds.save_now = str(body.get("reason", "requested"))
-            elif m == "set_interval":
+            elif m == MessageKind.SET_INTERVAL:
                 cmds.interval = dict(body)
-        if m == "dump_fr":
+        if m == MessageKind.DUMP_FR:
             directory = body.get("path") or self.fr_dump_dir
             if directory:
                 try:
                     path = dump_flight_recorder(directory, self.rank)
-                    self.send("event", {"record": {"event": "fr_dumped", "rank": self.rank, "path": str(path)}})
+                    self.send(MessageKind.EVENT, {"record": {"event": "fr_dumped", "rank": self.rank, "path": str(path)}})
                 except (OSError, RuntimeError) as err:
                     log.warning("ckptsup: flight recorder dump failed: %s", err)

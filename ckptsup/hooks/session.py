@@ -38,6 +38,7 @@ from .agent_socket import RankChannel
 from .process_group import new_gloo_group, set_steady_timeout
 from .event_sink import Reporter
 from .settings import Settings, resolve_settings
+from ..wire import MessageKind, Phase
 from .signals import StopFlag, emergency_save_fits
 from .state import TrainingState, check_dataloader, isolate_loader_rng
 from .writer import CheckpointWriter, SaveResult, WriterConfig
@@ -87,9 +88,9 @@ class Run:
         self.channel = RankChannel(socket_path=env.rank_socket, secret_file=env.secret_file, rank=self.rank,
                                    fr_dump_dir=env.fr_dump_dir)
         self.reporter = Reporter(env=env, rank=self.rank, channel=self.channel)
-        self.channel.send("hello", {"rank": self.rank, "local_rank": int(os.environ.get("LOCAL_RANK", "0")), "world_size": self.world_size,
+        self.channel.send(MessageKind.HELLO, {"rank": self.rank, "local_rank": int(os.environ.get("LOCAL_RANK", "0")), "world_size": self.world_size,
                                     "node": env.node, "pid": os.getpid()})
-        self.channel.send("phase", {"rank": self.rank, "phase": "init", "step": 0})
+        self.channel.send(MessageKind.PHASE, {"rank": self.rank, "phase": Phase.INIT, "step": 0})
         multi = self.distributed and self.world_size > 1
         self.control_pg = new_gloo_group(settings.save_timeout_s) if multi else None
         save_pg = new_gloo_group(settings.save_timeout_s) if multi else None
@@ -138,7 +139,7 @@ class Run:
         corrupt one, quarantine it and fall back to the previous. Returns the next step."""
         from .loader import is_corruption, load_checkpoint
 
-        self.channel.send("phase", {"rank": self.rank, "phase": "load", "step": 0})
+        self.channel.send(MessageKind.PHASE, {"rank": self.rank, "phase": Phase.LOAD, "step": 0})
         start = self.clock()
         candidates = self._broadcast(self._candidates() if self.rank == 0 else None)
         for path in candidates:
@@ -149,14 +150,14 @@ class Run:
                 self.load_tiers = self._sum_over_ranks(self._load_tiers)
                 self.reporter.emit("checkpoint_loaded", step=self.next_step, path=str(path),
                                    load_s=round(self.clock() - start, 3), **self.load_tiers)
-                self.channel.send("phase", {"rank": self.rank, "phase": "train", "step": self.next_step})
+                self.channel.send(MessageKind.PHASE, {"rank": self.rank, "phase": Phase.TRAIN, "step": self.next_step})
                 return self.next_step
             log.error("ckptsup: cannot resume from %s: %s", path, error)
             if not is_corruption(error):
                 raise error
             if self.rank == 0:
                 self._reject(Path(path), error)
-        self.channel.send("phase", {"rank": self.rank, "phase": "train", "step": 0})
+        self.channel.send(MessageKind.PHASE, {"rank": self.rank, "phase": Phase.TRAIN, "step": 0})
         return 0
 
     def _candidates(self) -> list[str]:
@@ -232,7 +233,7 @@ class Run:
             save = self._sync(step, now) or save
         stop = self.agreed_stop is not None and step >= self.agreed_stop
         # every step: the supervisor's crash-loop rule compares the exact step of a failure
-        self.channel.send("step", {"rank": self.rank, "step": step, "step_time_s": step_time, "loss_finite": True})
+        self.channel.send(MessageKind.STEP, {"rank": self.rank, "step": step, "step_time_s": step_time, "loss_finite": True})
         if not self.first_step_seen:
             self.first_step_seen = True
             self.reporter.emit(Event.FIRST_STEP, step=step)
@@ -287,7 +288,7 @@ class Run:
         """Only this rank knows; its exit (or error) ends the others' next collective."""
         self.writer.wait()
         value = _loss_value(loss)
-        self.channel.send("nan", {"rank": self.rank, "step": step, "loss": str(value)})
+        self.channel.send(MessageKind.NAN, {"rank": self.rank, "step": step, "loss": str(value)})
         message = f"rank {self.rank} saw a non-finite loss ({value}) at step {step}"
         if self.channel.connected:
             self._exit(ExitStatus.RANK_NAN, message)
@@ -306,12 +307,12 @@ class Run:
         self.last_save_time = self.clock()
         self.jitter_s = self.jitter_rng.uniform(0, self.settings.jitter_s)
         if blocking:
-            self.channel.send("phase", {"rank": self.rank, "phase": "save", "step": step})
+            self.channel.send(MessageKind.PHASE, {"rank": self.rank, "phase": Phase.SAVE, "step": step})
         result = self.writer.save(step=step, device_state=self.state.model_optim_state(),
                                   side_state=self.state.side_state(step=step, meta={"reason": reason}),
                                   blocking=blocking, extra_meta={"reason": reason})
         if blocking:
-            self.channel.send("phase", {"rank": self.rank, "phase": "train", "step": step})
+            self.channel.send(MessageKind.PHASE, {"rank": self.rank, "phase": Phase.TRAIN, "step": step})
         return result
 
     def _on_save_result(self, result: SaveResult) -> None:
@@ -334,7 +335,7 @@ class Run:
     def _stop(self, step: int) -> None:
         preempted = self.preempted
         command = self.channel.commands.stop_at or {}
-        self.channel.send("phase", {"rank": self.rank, "phase": "stopping", "step": step})
+        self.channel.send(MessageKind.PHASE, {"rank": self.rank, "phase": Phase.STOPPING, "step": step})
         self.writer.wait()
         want = preempted or bool(command.get("save", True))
         budget = command.get("budget_s", self.env.preempt_budget_s)
@@ -372,7 +373,7 @@ class Run:
         if self.keeper is not None:
             self.keeper.close(timeout_s=drain_s)  # at a preemption, never wait for promotions
             self.keeper = None
-        self.channel.send("bye", {"rank": self.rank, "status": status})
+        self.channel.send(MessageKind.BYE, {"rank": self.rank, "status": status})
         self.channel.close()
         self.stop.uninstall()
         if self.lock is not None:
@@ -385,12 +386,12 @@ class Run:
             return
         # Draining saves, promotions and test loads make no step progress: tell the supervisor,
         # so that its stopping allowance (not the hang timeout) applies, even to a single rank.
-        stopping = {"rank": self.rank, "phase": "stopping", "step": self.next_step}
-        self.channel.send("phase", stopping)
+        stopping = {"rank": self.rank, "phase": Phase.STOPPING, "step": self.next_step}
+        self.channel.send(MessageKind.PHASE, stopping)
         self.writer.wait()
         if final_save and self.next_step > 0:
             self.save(reason="final", blocking=True)
-            self.channel.send("phase", stopping)  # a blocking save reports "train" when it ends
+            self.channel.send(MessageKind.PHASE, stopping)  # a blocking save reports "train" when it ends
         if self.keeper is not None:
             self.keeper.close(timeout_s=self.settings.save_timeout_s)  # drain promotions and test loads
             self.keeper = None

@@ -30,6 +30,7 @@ from typing import Any, BinaryIO, Callable
 import psutil
 
 from .. import wire
+from ..wire import MessageKind, Phase
 from ..env import ExitStatus
 from ..rundir import read_secret
 from .spec import LaunchSpec
@@ -115,7 +116,7 @@ class Agent:
         self.torchrun_reported = True
         self.standby: Standby | None = None
         self.last_step: int | None = None
-        self.phase = "init"
+        self.phase = Phase.INIT
         self.dropped = 0
         self.term_signal: int | None = None
         self.exit_requested = False
@@ -125,7 +126,7 @@ class Agent:
         self.launched_at: float | None = None
 
     # ---- output -------------------------------------------------------------------------------
-    def send(self, m: str, body: dict[str, Any]) -> None:
+    def send(self, m: MessageKind, body: dict[str, Any]) -> None:
         self.seq += 1
         body = {**body, "node": self.node, "agent": self.instance}
         try:
@@ -134,7 +135,7 @@ class Agent:
         except BrokenPipeError:
             self.exit_requested = True  # the supervisor is gone
 
-    def to_ranks(self, m: str, body: dict[str, Any]) -> None:
+    def to_ranks(self, m: MessageKind, body: dict[str, Any]) -> None:
         for conn in list(self.conns.values()):
             self.seq += 1
             try:
@@ -174,10 +175,10 @@ class Agent:
         self.torchrun = standby.launch(argv=self.torchrun_argv(), env=self.rank_env(extra_env),
                                        cwd=self.spec.cwd, log=log)
         self.torchrun_reported = False
-        self.phase = "init"
+        self.phase = Phase.INIT
         self.last_step = None
         self.stopped_ranks = set()
-        self.send("launched", {"attempt": self.attempt, "pid": self.torchrun.pid})
+        self.send(MessageKind.LAUNCHED, {"attempt": self.attempt, "pid": self.torchrun.pid})
         self.launched_at = time.monotonic()  # the next standby warms up once this attempt steps
 
     def kill_torchrun(self, grace: float) -> float:
@@ -235,16 +236,16 @@ class Agent:
         self.dropped += 1
 
     def _rank_frame(self, conn: RankConn, m: str, body: dict[str, Any]) -> None:
-        if m == "hello":
+        if m == MessageKind.HELLO:
             conn.rank, conn.pid = body.get("rank"), body.get("pid")
-        elif m == "step":
+        elif m == MessageKind.STEP:
             step = body.get("step")
             if isinstance(step, int) and (self.last_step is None or step > self.last_step):
                 self.last_step = step
-            self.phase = "train"
-        elif m == "phase":
-            self.phase = str(body.get("phase", self.phase))
-        elif m == "bye":
+            self.phase = Phase.TRAIN
+        elif m == MessageKind.PHASE:
+            self.phase = Phase.parse(body.get("phase", self.phase))
+        elif m == MessageKind.BYE:
             conn.said_bye = True
         self.send(m, body)
 
@@ -270,19 +271,19 @@ class Agent:
         targets = body.get("nodes")
         if targets is not None and self.node not in targets:
             return
-        if m == "kill":
+        if m == MessageKind.KILL:
             kill_s = self.kill_torchrun(float(body.get("grace", 0)))
-            self.send("killed", {"kill_s": kill_s})
-        elif m == "restart":
+            self.send(MessageKind.KILLED, {"kill_s": kill_s})
+        elif m == MessageKind.RESTART:
             kill_s = self.kill_torchrun(0) if self.torchrun is not None else 0.0
             self.attempt = int(body["attempt"])
             if body.get("spec"):
                 self.spec = LaunchSpec(**body["spec"]) if isinstance(body["spec"], dict) else LaunchSpec.read(body["spec"])
             self.start_torchrun(dict(body.get("env", {})))
-            self.send("restarted", {"attempt": self.attempt, "kill_s": kill_s})
-        elif m == "exit":
+            self.send(MessageKind.RESTARTED, {"attempt": self.attempt, "kill_s": kill_s})
+        elif m == MessageKind.EXIT:
             self.exit_requested = True
-        elif m in ("stop_at", "save_now", "set_interval", "dump_fr"):
+        elif m in wire.FORWARDED_COMMANDS:
             self.to_ranks(m, {k: v for k, v in body.items() if k != "nodes"})
 
     # ---- periodic -----------------------------------------------------------------------------
@@ -314,12 +315,12 @@ class Agent:
             else:
                 code = None if status is GONE else status
                 what = "died without saying goodbye" if code is None else describe_exit(code)
-                self.send("rank_exit", {"rank": rank, "rc": code, "pid": pid, "step": self.last_step,
+                self.send(MessageKind.RANK_EXIT, {"rank": rank, "rc": code, "pid": pid, "step": self.last_step,
                                         "age_s": now - seen, "detail": f"rank {rank} (pid {pid}) {what}"})
         self.pending_exits = keep
         if self.torchrun is not None and not self.torchrun_reported and rc is not None:
             self.torchrun_reported = True
-            self.send("torchrun_exit", {"rc": rc, "step": self.last_step})
+            self.send(MessageKind.TORCHRUN_EXIT, {"rc": rc, "step": self.last_step})
         stopped = set()
         for conn in self.conns.values():
             if conn.pid is None or conn.rank is None:
@@ -334,7 +335,7 @@ class Agent:
     def heartbeat(self) -> None:
         ranks = sorted(c.rank for c in self.conns.values() if c.rank is not None)
         running = self.torchrun is not None and self.torchrun.poll() is None
-        self.send("hb", {"ranks_alive": ranks, "last_step": self.last_step, "phase": self.phase,
+        self.send(MessageKind.HB, {"ranks_alive": ranks, "last_step": self.last_step, "phase": self.phase,
                          "stopped_ranks": sorted(self.stopped_ranks), "torchrun": running,
                          "dropped": self.dropped, "attempt": self.attempt})
 
@@ -345,14 +346,14 @@ class Agent:
         """SIGTERM: Slurm preempts (every step process got it). Ask ranks to stop and save if
         the budget allows, wait for torchrun up to its shutdown timeout, report, exit."""
         budget = float(self.spec.env.get("CKPTSUP_PREEMPT_BUDGET_S", "0") or 0)
-        self.send("preempt", {"signal": self.term_signal, "budget_s": budget})
-        self.to_ranks("stop_at", {"reason": "preempted", "save": True, "budget_s": budget})
+        self.send(MessageKind.PREEMPT, {"signal": self.term_signal, "budget_s": budget})
+        self.to_ranks(MessageKind.STOP_AT, {"reason": "preempted", "save": True, "budget_s": budget})
         deadline = time.monotonic() + max(budget, 1.0)
         while self.torchrun is not None and self.torchrun.poll() is None and time.monotonic() < deadline:
             self._pump(0.1)
         rc = self.torchrun.poll() if self.torchrun is not None else None
         self.kill_torchrun(0)
-        self.send("torchrun_exit", {"rc": rc, "step": self.last_step, "preempted": True})
+        self.send(MessageKind.TORCHRUN_EXIT, {"rc": rc, "step": self.last_step, "preempted": True})
         return ExitStatus.PREEMPTED
 
     def _pump(self, timeout: float) -> None:

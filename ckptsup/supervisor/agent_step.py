@@ -8,6 +8,7 @@ Commands go down as frames on the step's stdin (srun --input=all hands them to e
 
 from __future__ import annotations
 
+import enum
 import os
 import queue
 import subprocess
@@ -18,13 +19,20 @@ from pathlib import Path
 from typing import Any, Sequence
 
 from .. import wire
+from ..wire import MessageKind
 from .processes import terminate
+
+
+class StepSignal(enum.StrEnum):
+    """What the supervisor's reader of an agent step queues besides frames (never on the wire)."""
+
+    EOF = "step_eof"   # {rc}: the step's stdout closed; every agent of it is gone
 
 
 @dataclass(frozen=True, kw_only=True)
 class Message:
     recv: float          # supervisor monotonic time of receipt
-    m: str
+    m: MessageKind | StepSignal
     body: dict[str, Any]
     step_id: int         # which AgentStep it came from (messages of a replaced step are stale)
 
@@ -41,7 +49,7 @@ class CommandSender:
         self.seq = int(time.time() * 1000)  # a later supervisor of the same run starts higher
         self.lock = threading.Lock()
 
-    def frame(self, m: str, body: dict[str, Any]) -> bytes:
+    def frame(self, m: MessageKind, body: dict[str, Any]) -> bytes:
         with self.lock:
             self.seq += 1
             return wire.encode(m, body, seq=self.seq, secret=self.secret)
@@ -87,10 +95,10 @@ class AgentStep:
                 self.dropped += 1
                 continue
             self.inbox.put(Message(recv=recv, m=m, body=body, step_id=self.step_id))
-        self.inbox.put(Message(recv=time.monotonic(), m="step_eof", body={"rc": self.proc.wait()},
+        self.inbox.put(Message(recv=time.monotonic(), m=StepSignal.EOF, body={"rc": self.proc.wait()},
                                step_id=self.step_id))
 
-    def send(self, m: str, body: dict[str, Any] | None = None, *, nodes: Sequence[str] | None = None) -> bool:
+    def send(self, m: MessageKind, body: dict[str, Any] | None = None, *, nodes: Sequence[str] | None = None) -> bool:
         body = dict(body or {})
         if nodes is not None:
             body["nodes"] = list(nodes)
@@ -108,7 +116,7 @@ class AgentStep:
 
     def close(self, grace: float) -> int | None:
         """Ask the agents to exit (they kill their ranks), then terminate the step."""
-        self.send("exit")
+        self.send(MessageKind.EXIT)
         try:
             if self.proc.stdin is not None:
                 self.proc.stdin.close()

@@ -14,7 +14,8 @@ from typing import Any
 from ..config import SupervisorConfig
 from ..env import ExitStatus
 from .agent_step import Message
-from .detection import (NodeView, Phase, RankView, StepWindow, classify_rank_exit, detect_hang,
+from ..wire import MessageKind, Phase
+from .detection import (NodeView, RankView, StepWindow, classify_rank_exit, detect_hang,
                         detect_node_down, hang_timeout, nan_failure)
 from .observations import Failure, FailureKind
 
@@ -104,28 +105,28 @@ class AttemptTracker:
             return None  # an agent of a node not in this attempt (a late frame of an old step)
         view.last_heard = now
         m = msg.m
-        if m == "hb":
+        if m == MessageKind.HB:
             stopped = set(body.get("stopped_ranks") or ())
             for rank in self.ranks.values():
                 if rank.node == node:
                     rank.stopped = rank.rank in stopped
-        elif m == "hello":
+        elif m == MessageKind.HELLO:
             rank = int(body.get("rank", -1))
             self.ranks[rank] = RankView(rank=rank, node=node, phase=Phase.INIT, phase_since=now,
                                         last_progress=now)
             self.hellos += 1
             if self.hellos >= self.world_size and self.marks.all_hello is None:
                 self.marks.all_hello = now
-        elif m == "phase":
+        elif m == MessageKind.PHASE:
             rv = self._rank(body, node, now)
             rv.phase, rv.phase_since = Phase.parse(body.get("phase")), now
             if rv.phase in (Phase.LOAD, Phase.TRAIN) and self.marks.rendezvous_done is None:
                 self.marks.rendezvous_done = now
             if rv.phase is Phase.TRAIN and self.marks.train_start is None:
                 self.marks.train_start = now
-        elif m == "step":
+        elif m == MessageKind.STEP:
             return self._on_step(body, node, now)
-        elif m == "bye":
+        elif m == MessageKind.BYE:
             rv = self._rank(body, node, now)
             rv.phase, rv.phase_since = Phase.DONE, now
             if body.get("status") == ExitStatus.DONE:
@@ -135,15 +136,15 @@ class AttemptTracker:
                 for other in self.ranks.values():
                     if other.phase is Phase.TRAIN:
                         other.phase, other.phase_since = Phase.STOPPING, now
-        elif m == "nan":
+        elif m == MessageKind.NAN:
             return nan_failure(node=node, rank=int(body.get("rank", -1)), step=int(body.get("step", -1)),
                                loss=body.get("loss"))
-        elif m == "rank_exit":
+        elif m == MessageKind.RANK_EXIT:
             failure = classify_rank_exit(node=node, rank=body.get("rank"), rc=body.get("rc"),
                                          step=self.current_step(), age_s=float(body.get("age_s") or 0.0),
                                          detail=str(body.get("detail", "")))
             return failure
-        elif m == "torchrun_exit":
+        elif m == MessageKind.TORCHRUN_EXIT:
             rc = body.get("rc")
             if body.get("preempted"):
                 self.done_nodes.add(node)
@@ -163,7 +164,7 @@ class AttemptTracker:
                 return None
             return classify_rank_exit(node=node, rank=None, rc=rc, step=self.current_step(),
                                       detail=f"torchrun on {node} exited rc={rc}")
-        elif m == "preempt":
+        elif m == MessageKind.PREEMPT:
             self.preempted = True
             return Failure(kind=FailureKind.PREEMPTED, node=node, step=self.current_step(),
                            detail=f"agent on {node} got signal {body.get('signal')}")

@@ -10,33 +10,14 @@ Init, checkpoint load and blocking save are not steps: each phase has its own, l
 
 from __future__ import annotations
 
-import enum
 import math
 from dataclasses import dataclass, field
 from typing import Iterable, Mapping, Sequence
 
 from ..config import AUTO, SupervisorConfig
 from ..env import ExitStatus
+from ..wire import Phase
 from .observations import Failure, FailureKind
-
-
-class Phase(str, enum.Enum):
-    """What a rank is doing (wire `phase` frames). Transitions: INIT → LOAD? → TRAIN ⇄ SAVE →
-    STOPPING | DONE."""
-
-    INIT = "init"
-    LOAD = "load"
-    TRAIN = "train"
-    SAVE = "save"
-    STOPPING = "stopping"
-    DONE = "done"
-
-    @classmethod
-    def parse(cls, value: str | None) -> "Phase":
-        try:
-            return cls(value)
-        except ValueError:
-            return cls.TRAIN
 
 
 @dataclass(kw_only=True)

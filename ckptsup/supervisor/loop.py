@@ -26,7 +26,8 @@ from ..rundir import RunDir, RunState, RunStatus
 from . import recovery
 from .agent import LaunchSpec
 from .attempt import AttemptTracker, Marks
-from .agent_step import AgentStep, CommandSender, Message
+from ..wire import MessageKind
+from .agent_step import AgentStep, CommandSender, Message, StepSignal
 from .observations import AttemptResult, Failure, FailureKind, History, Observation, Outcome, RecoveryPath
 from .placement import Placement
 from .policy import GiveUp, Requeue, RestartInAllocation, decide
@@ -181,7 +182,7 @@ class Supervisor:
         tracker, step = self.tracker, self.step
         if tracker is None or step is None or msg.step_id != step.step_id:
             return None  # a message from a replaced step
-        if msg.m == "step_eof":
+        if msg.m is StepSignal.EOF:
             if tracker.complete or tracker.preempted:
                 return None
             if not self.placement.in_slurm:
@@ -190,10 +191,10 @@ class Supervisor:
             # Slurm kills a step that includes a dead node: health checks find which one
             return Failure(kind=FailureKind.NODE_DOWN, node=None, step=tracker.current_step(), suspects=self.active,
                            detail=f"agent step ended unexpectedly (rc={msg.body.get('rc')})")
-        if msg.m == "event":
+        if msg.m == MessageKind.EVENT:
             self._forward_event(msg.body.get("record"))
             return None
-        if msg.m == "launched" and isinstance(msg.body.get("pid"), int):
+        if msg.m == MessageKind.LAUNCHED and isinstance(msg.body.get("pid"), int):
             self.torchrun_pids.add(msg.body["pid"])
         had_first = tracker.first_step is not None
         failure = tracker.on_message(msg)
@@ -202,7 +203,7 @@ class Supervisor:
             print(f"ckptsup: every rank on {error['node']} finished, then torchrun exited rc={error['rc']}: "
                   "a crash in process teardown; nothing is lost, not restarting", flush=True)
             self.emit(Event.TEARDOWN_ERROR, **error)
-        if msg.m == "step":
+        if msg.m == MessageKind.STEP:
             self._on_step(tracker, had_first, msg)
         return failure
 
@@ -242,7 +243,7 @@ class Supervisor:
     def _set_interval(self, interval_s: float, why: str) -> None:
         interval_s = round(interval_s, 3)
         if self.step is not None:
-            self.step.send("set_interval", {"interval_s": interval_s})
+            self.step.send(MessageKind.SET_INTERVAL, {"interval_s": interval_s})
         assert self.writer is not None
         self.writer.emit(Event.INTERVAL_CHANGED, interval_s=interval_s, why=why)
 
@@ -276,7 +277,7 @@ class Supervisor:
             self.tracker.marks = marks_from
         self.tracker.marks.launch_sent = now
         if path == RecoveryPath.FAST.value and self.step is not None:
-            self.step.send("restart", {"attempt": self.state.attempt, "spec": spec.to_json()})
+            self.step.send(MessageKind.RESTART, {"attempt": self.state.attempt, "spec": spec.to_json()})
         else:
             if self.step is not None:
                 self.step.abandon()
@@ -367,7 +368,7 @@ class Supervisor:
             return []
         dead = {failure.node} if failure.kind is FailureKind.NODE_DOWN else set()
         waiting = {n for n in self.active if n not in dead}
-        if not step.alive() or not step.send("kill", {"grace": 0}):
+        if not step.alive() or not step.send(MessageKind.KILL, {"grace": 0}):
             self._kill_orphans()
             return []
         deadline = self.clock() + min(self.sup.node_silence_s, max(2.0, 3 * self.sup.heartbeat_interval_s))
@@ -378,9 +379,9 @@ class Supervisor:
                 if not step.alive():
                     break
                 continue
-            if msg.step_id == step.step_id and msg.m == "killed":
+            if msg.step_id == step.step_id and msg.m == MessageKind.KILLED:
                 waiting.discard(msg.node)
-            elif msg.m == "event":
+            elif msg.m == MessageKind.EVENT:
                 self._forward_event(msg.body.get("record"))
         return sorted(waiting) if len(waiting) < len(self.active) else []
 

@@ -177,7 +177,7 @@ def dump_flight_recorder(sv: "Supervisor") -> None:
                                and sv.config.sbatch.gpus_per_node > 0):
         return
     path = sv.run_dir.attempt_dir(sv.state.attempt) / "flight_recorder"
-    sv.step.send("dump_fr", {"path": str(path)})
+    sv.step.send(MessageKind.DUMP_FR, {"path": str(path)})
     waiting = set(sv.tracker.ranks) if sv.tracker is not None else set()
     deadline = sv.clock() + DUMP_WAIT_S
     while waiting and sv.clock() < deadline:
@@ -185,7 +185,7 @@ def dump_flight_recorder(sv: "Supervisor") -> None:
             msg = sv.inbox.get(timeout=0.05)
         except queue.Empty:
             continue
-        record = msg.body.get("record") if msg.m == "event" else None
+        record = msg.body.get("record") if msg.m == MessageKind.EVENT else None
         if isinstance(record, dict) and record.get("event") == "fr_dumped":
             waiting.discard(record.get("rank"))
 
@@ -199,7 +199,7 @@ def stop_for_preemption(sv: "Supervisor", failure: Failure) -> ExitStatus:
     sv.emit(Event.PREEMPTION, **plan.as_event())
     step = sv.step
     if step is not None and step.alive():
-        step.send("stop_at", {"reason": kind.value, "save": plan.emergency_save,
+        step.send(MessageKind.STOP_AT, {"reason": kind.value, "save": plan.emergency_save,
                               "budget_s": plan.budget_s})
         deadline = sv.clock() + plan.budget_s + sv.sup.kill_grace_s
         waiting = set(sv.active)
@@ -208,11 +208,11 @@ def stop_for_preemption(sv: "Supervisor", failure: Failure) -> ExitStatus:
                 msg = sv.inbox.get(timeout=0.1)
             except queue.Empty:
                 continue
-            if msg.m == "event":
+            if msg.m == MessageKind.EVENT:
                 sv._forward_event(msg.body.get("record"))
-            elif msg.m == "torchrun_exit":
+            elif msg.m == MessageKind.TORCHRUN_EXIT:
                 waiting.discard(msg.node)
-        step.send("kill", {"grace": 0})
+        step.send(MessageKind.KILL, {"grace": 0})
     return requeue(sv, Requeue(reason=f"{kind.value}: {failure.detail}", preempted=True))
 
 
