@@ -36,6 +36,7 @@ class Event(str, enum.Enum):
     CHECKPOINT_REJECTED = "checkpoint_rejected"    # step, level, reason
     CHECKPOINT_PROMOTED = "checkpoint_promoted"    # step, tier
     FAILURE_DETECTED = "failure_detected"  # kind, node, rank, detect_s
+    FAILURE_ATTRIBUTED = "failure_attributed"  # kind, node, was_kind, was_node, detail: what the policy found it was
     NODE_EXCLUDED = "node_excluded"        # node, reason
     RESTART_DONE = "restart_done"          # restart_s, resume_step, phases{kill_s, health_s, launch_s, rendezvous_s, load_s, first_step_s}
     REQUEUE = "requeue"                    # reason, excluded
@@ -45,6 +46,7 @@ class Event(str, enum.Enum):
     INTERVAL_CHANGED = "interval_changed"  # interval_s, why
     PREEMPTION = "preemption"              # signal, budget_s, emergency_save: bool
     HEALTH_CHECK = "health_check"          # node, name, ok, detail
+    FR_DUMPED = "fr_dumped"                # rank, path: a rank wrote its flight-recorder trace
     TEARDOWN_ERROR = "teardown_error"      # node, rc: torchrun failed after every rank of the node finished
 
 

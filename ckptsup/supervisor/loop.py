@@ -1,11 +1,13 @@
-"""The supervisor loop: launch agents, fold their messages into the attempt's view, detect, ask the
-pure policy, carry the action out (DESIGN §1, §5). Owns the run dir's state, events and lease.
+"""The supervisor loop: launch agents, fold their messages into the attempt's view, detect, ask
+the pure policy (`decide`), carry the action out. Owns the run dir's state, events and lease.
 
-Recovery, in order: failure_detected → kill the attempt's ranks (SIGKILL: their state is in the
-last checkpoint; a stopped rank would never see SIGTERM) → health checks on suspects → decide →
-exclude blamed nodes → pick the newest checkpoint that validates (levels 1-2; a bad one is
-quarantined) → fast path (restart torchrun inside the agents) or node path (new agent step with
-srun --overlap) → restart_done with the phase breakdown at the first step after resume.
+Recovery, in order: failure_detected → dump the flight recorder (hang) → kill the attempt's
+ranks (SIGKILL: their state is in the last checkpoint; a stopped rank would never see SIGTERM),
+which doubles as a liveness probe of every agent → decide (it may first ask for health checks on
+suspects) → exclude blamed nodes → the newest checkpoint that validates (levels 1-2; a bad one is
+quarantined) → fast path (restart torchrun inside the agents), node path (new agent step on
+healthy nodes and spares), requeue or give up → restart_done with the phase breakdown at the
+first step after resume. docs/architecture.md tells the whole story.
 """
 
 from __future__ import annotations
@@ -17,25 +19,44 @@ import threading
 import time
 from dataclasses import dataclass, replace
 from pathlib import Path
-from typing import Any, Callable
+from typing import Any, Callable, Protocol, Sequence
 
 from ..config import Resolved, write_config_json
 from ..env import ExitStatus
-from ..events import Event, EventWriter
+from ..errors import CkptsupError
+from ..events import Event, EventWriter, read_events
 from ..rundir import RunDir, RunState, RunStatus
+from ..wire import MessageKind
 from . import recovery
 from .agent import LaunchSpec
-from .attempt import AttemptTracker, Marks
-from ..wire import MessageKind
 from .agent_step import AgentStep, CommandSender, Message, StepSignal
+from .attempt import AttemptTracker, Marks
+from .interval_tuner import IntervalTuner
 from .observations import AttemptResult, Failure, FailureKind, History, Observation, Outcome, RecoveryPath
 from .placement import Placement
-from .policy import GiveUp, Requeue, RestartInAllocation, decide
+from .policy import Action, CheckHealth, Continue, GiveUp, Requeue, RestartInAllocation, decide
+from .preemption import StopKind, plan_stop, stop_kind
 
 TICK_S = 0.05
 STEP_PROGRESS_EVERY_S = 5.0
-KILL_ACK_TIMEOUT_S = 5.0
+DUMP_WAIT_S = 2.0       # ranks' hooks thread writes the flight recorder; we do not wait longer than this
+STEP_TIMES_KEPT = 64    # step times carried across restarts and requeues (state.json) for the timeouts
 OWN_EVENTS = frozenset({Event.FIRST_STEP.value, Event.STEP_PROGRESS.value, Event.RUN_COMPLETE.value})
+
+
+class Step(Protocol):
+    """What the loop needs of a running set of agents (agent_step.AgentStep; a fake in tests)."""
+
+    step_id: int
+
+    def send(self, m: MessageKind, body: dict[str, Any] | None = None, *,
+             nodes: Sequence[str] | None = None) -> bool: ...
+    def alive(self) -> bool: ...
+    def close(self, grace: float) -> int | None: ...
+    def abandon(self) -> None: ...
+
+
+StepFactory = Callable[..., Step]   # keywords: argv, env, nodes, secret, sender, inbox, log_path
 
 
 @dataclass(kw_only=True)
@@ -48,7 +69,9 @@ class Job:
 
 class Supervisor:
     def __init__(self, *, resolved: Resolved, job: Job, run_dir: RunDir, placement: Placement,
-                 clock: Callable[[], float] = time.monotonic, sleep: Callable[[float], None] = time.sleep) -> None:
+                 clock: Callable[[], float] = time.monotonic, sleep: Callable[[float], None] = time.sleep,
+                 step_factory: StepFactory = AgentStep,
+                 health_checker: recovery.HealthChecker | None = None) -> None:
         self.resolved = resolved
         self.config = resolved.config
         self.sup = resolved.config.supervisor
@@ -57,12 +80,15 @@ class Supervisor:
         self.placement = placement
         self.clock = clock
         self.sleep = sleep
+        self.step_factory = step_factory
+        self.health_checker = health_checker or recovery.health_checker(
+            self.config, run_dir=run_dir.path, job_id=placement.job_id, in_slurm=placement.in_slurm)
         self.secret = run_dir.read_secret()
         self.sender = CommandSender(self.secret)
         self.inbox: "queue.Queue[Message]" = queue.Queue()
         self.state: RunState = run_dir.load_state()
         self.writer: EventWriter | None = None
-        self.step: AgentStep | None = None
+        self.step: Step | None = None
         self.tracker: AttemptTracker | None = None
         self.history: list[AttemptResult] = [AttemptResult.from_record(r) for r in self.state.failures
                                              if isinstance(r, dict)]
@@ -72,7 +98,8 @@ class Supervisor:
         self.stop_signal: int | None = None
         self.lease_stop = threading.Event()
         self.last_progress_event = 0.0
-        self.interval = recovery.IntervalTuner(self.config)
+        self.ckpt_dir = recovery.checkpoint_dir(self.config, run_dir.path, placement.job_id)
+        self.interval = IntervalTuner(self.config)
         self.interval.grace_time_s = placement.grace_time_s
 
     # ---- bookkeeping --------------------------------------------------------------------------
@@ -83,6 +110,19 @@ class Supervisor:
         change = self.interval.observe(record)
         if change is not None:
             self._set_interval(*change)
+
+    def _save_state(self) -> None:
+        if self.tracker is not None and self.tracker.step_window.samples:
+            self.state.measured["step_times"] = [round(x, 6) for x in
+                                                 self.tracker.step_window.samples[-STEP_TIMES_KEPT:]]
+        self.run_dir.save_state(self.state)
+
+    def _step_times(self) -> list[float]:
+        """Measured step times: this attempt's, else the last ones kept (also across requeues)."""
+        if self.tracker is not None and self.tracker.step_window.samples:
+            return list(self.tracker.step_window.samples)
+        kept = self.state.measured.get("step_times")
+        return [float(x) for x in kept if isinstance(x, (int, float))] if isinstance(kept, list) else []
 
     def _lease_loop(self) -> None:
         host = socket.gethostname()
@@ -98,8 +138,9 @@ class Supervisor:
 
     # ---- the run ------------------------------------------------------------------------------
     def run(self) -> ExitStatus:
-        self._start()
+        previous = {sig: signal.signal(sig, self._on_signal) for sig in (signal.SIGTERM, signal.SIGUSR1, signal.SIGINT)}
         try:
+            self._start()
             return self._run()
         finally:
             self.lease_stop.set()
@@ -107,20 +148,22 @@ class Supervisor:
                 self.step.close(self.sup.kill_grace_s)
             if self.writer is not None:
                 self.writer.close()
+            for sig, handler in previous.items():
+                signal.signal(sig, handler)
 
     def _start(self) -> None:
         first = not self.run_dir.state_path.exists()
+        earlier = [] if first else read_events(self.run_dir.path)
         self.state.epoch += 1
         if not first:
             self.state.attempt += 1
         self.state.status = RunStatus.RUNNING
         self.run_dir.save_state(self.state)
         write_config_json(self.resolved, self.run_dir.config_json_path)
+        self.interval.seed(earlier)
         self.writer = EventWriter(run_dir=self.run_dir.path, job_id=self.placement.job_id,
                                   attempt=self.state.attempt, epoch=self.state.epoch)
         threading.Thread(target=self._lease_loop, name="lease", daemon=True).start()
-        for sig in (signal.SIGTERM, signal.SIGUSR1, signal.SIGINT):
-            signal.signal(sig, self._on_signal)
         usable = [n for n in self.placement.nodes if n not in self.state.excluded_nodes]
         self.emit(Event.SUPERVISOR_START, script=self.job.script, resumed=not first,
                   in_slurm=self.placement.in_slurm, excluded=sorted(self.state.excluded_nodes))
@@ -130,18 +173,10 @@ class Supervisor:
                   active=self.job.nodes_needed)
 
     def _run(self) -> ExitStatus:
-        usable = [n for n in self.placement.nodes if n not in self.state.excluded_nodes]
-        unhealthy = recovery.health(self, usable)
-        for node, why in unhealthy.items():
-            self._exclude(node, f"health: {why}")
-        usable = [n for n in usable if n not in unhealthy]
-        if len(usable) < self.job.nodes_needed:
-            failure = Failure(kind=FailureKind.NODE_DOWN, detail="too few healthy nodes at start")
-            return self._carry_out(failure, Requeue(exclude=tuple(sorted(self.state.excluded_nodes)),
-                                                    reason=f"{len(usable)} healthy node(s), {self.job.nodes_needed} needed")
-                                   if self.placement.in_slurm else
-                                   GiveUp(reason=f"{len(usable)} healthy node(s), {self.job.nodes_needed} needed"))
-        self._launch(tuple(usable[: self.job.nodes_needed]), path="initial")
+        usable = tuple(n for n in self.placement.nodes if n not in self.state.excluded_nodes)
+        status = self._carry_out(self._decide(self._observe(None, starting=True, spares=usable)))
+        if status is not None:
+            return status
         while True:
             failure = self._pump()
             tracker = self.tracker
@@ -150,7 +185,7 @@ class Supervisor:
                 self.emit(Event.RUN_COMPLETE, step=tracker.last_step if tracker.last_step is not None
                           else tracker.resume_step - 1)
                 self.state.status = RunStatus.DONE
-                self.run_dir.save_state(self.state)
+                self._save_state()
                 return ExitStatus.DONE
             if failure is None and self.stop_signal is not None:
                 failure = Failure(kind=FailureKind.PREEMPTED, step=tracker.current_step(),
@@ -178,6 +213,24 @@ class Supervisor:
             except queue.Empty:
                 return failure
 
+    def _await(self, done: Callable[[Message], bool], deadline: float,
+               until: Callable[[], bool] = lambda: False) -> bool:
+        """Wait for a message of the current step that `done` accepts (or for `until()`), at most
+        until `deadline`. Every wait forwards ranks' events to the restart log on the way."""
+        step_id = self.step.step_id if self.step is not None else None
+        while self.clock() < deadline:
+            if until():
+                return True
+            try:
+                msg = self.inbox.get(timeout=TICK_S)
+            except queue.Empty:
+                continue
+            if msg.m is MessageKind.EVENT:
+                self._forward_event(msg.body.get("record"))
+            if msg.step_id == step_id and done(msg):
+                return True
+        return until()
+
     def _handle(self, msg: Message) -> Failure | None:
         tracker, step = self.tracker, self.step
         if tracker is None or step is None or msg.step_id != step.step_id:
@@ -191,10 +244,10 @@ class Supervisor:
             # Slurm kills a step that includes a dead node: health checks find which one
             return Failure(kind=FailureKind.NODE_DOWN, node=None, step=tracker.current_step(), suspects=self.active,
                            detail=f"agent step ended unexpectedly (rc={msg.body.get('rc')})")
-        if msg.m == MessageKind.EVENT:
+        if msg.m is MessageKind.EVENT:
             self._forward_event(msg.body.get("record"))
             return None
-        if msg.m == MessageKind.LAUNCHED and isinstance(msg.body.get("pid"), int):
+        if msg.m is MessageKind.LAUNCHED and isinstance(msg.body.get("pid"), int):
             self.torchrun_pids.add(msg.body["pid"])
         had_first = tracker.first_step is not None
         failure = tracker.on_message(msg)
@@ -203,7 +256,7 @@ class Supervisor:
             print(f"ckptsup: every rank on {error['node']} finished, then torchrun exited rc={error['rc']}: "
                   "a crash in process teardown; nothing is lost, not restarting", flush=True)
             self.emit(Event.TEARDOWN_ERROR, **error)
-        if msg.m == MessageKind.STEP:
+        if msg.m is MessageKind.STEP:
             self._on_step(tracker, had_first, msg)
         return failure
 
@@ -238,7 +291,6 @@ class Supervisor:
             for key in ("stall_s", "write_s"):
                 if isinstance(record.get(key), (int, float)):
                     self.state.measured[key] = float(record[key])
-            self.interval.note_save(record)
 
     def _set_interval(self, interval_s: float, why: str) -> None:
         interval_s = round(interval_s, 3)
@@ -247,48 +299,27 @@ class Supervisor:
         assert self.writer is not None
         self.writer.emit(Event.INTERVAL_CHANGED, interval_s=interval_s, why=why)
 
-    # ---- launching ----------------------------------------------------------------------------
-    def _spec(self, nodes: tuple[str, ...], resume_from: str) -> tuple[LaunchSpec, Path]:
-        attempt_dir = self.run_dir.attempt_dir(self.state.attempt)
-        env = recovery.rank_env(self, resume_from)
-        spec = LaunchSpec(script=self.job.script, script_args=list(self.job.script_args),
-                          nproc_per_node=self.sup.nproc_per_node, nnodes=len(nodes),
-                          rdzv_endpoint=self.placement.rdzv_endpoint(nodes[0], self.sup.rdzv_port, self.state.attempt),
-                          rdzv_id=f"ckptsup-{self.placement.job_id}-{self.state.attempt}",
-                          node_addrs={n: self.placement.addrs.get(n, n) for n in nodes}, env=env,
-                          log_dir=str(attempt_dir), heartbeat_interval_s=self.sup.heartbeat_interval_s,
-                          shutdown_timeout_s=max(60.0, self.sup.kill_grace_s, self.interval.preempt_window_s()),
-                          kill_grace_s=self.sup.kill_grace_s, cwd=self.job.cwd, rdzv_backend=self.sup.rdzv_backend)
-        path = attempt_dir / "launch.json"
-        spec.write(path)
-        return spec, path
+    # ---- deciding -----------------------------------------------------------------------------
+    def _observe(self, failure: Failure | None, **fields: Any) -> Observation:
+        spares = tuple(n for n in self.placement.nodes if n not in self.active and n not in self.state.excluded_nodes)
+        base = dict(failure=failure, active=self.active, spares=spares, excluded=frozenset(self.state.excluded_nodes),
+                    nodes_needed=self.job.nodes_needed, can_requeue=self.placement.in_slurm,
+                    restarts_used=self.state.restarts, agents_alive=self.step is not None and self.step.alive())
+        return Observation(**{**base, **fields})
 
-    def _launch(self, nodes: tuple[str, ...], *, path: str, resume_from: str | None = None,
-                marks_from: Marks | None = None) -> None:
-        if resume_from is None:
-            resume_from = recovery.pick_resume(self)
-        hang_cap = recovery.attempt_timeouts(self).hang_cap_s
-        spec, spec_path = self._spec(nodes, resume_from)
-        now = self.clock()
-        self.tracker = AttemptTracker(attempt=self.state.attempt, nodes=nodes, nproc_per_node=self.sup.nproc_per_node,
-                                      config=self.sup, started=now, resume_step=recovery.resume_step(resume_from),
-                                      hang_cap_s=hang_cap)
-        if marks_from is not None:
-            self.tracker.marks = marks_from
-        self.tracker.marks.launch_sent = now
-        if path == RecoveryPath.FAST.value and self.step is not None:
-            self.step.send(MessageKind.RESTART, {"attempt": self.state.attempt, "spec": spec.to_json()})
-        else:
-            if self.step is not None:
-                self.step.abandon()
-            log = self.run_dir.attempt_dir(self.state.attempt) / "agents.log"
-            self.step = AgentStep(argv=self.placement.agent_argv(nodes, str(spec_path), self.state.attempt),
-                                  env=self.placement.agent_env(nodes[0]), nodes=nodes, secret=self.secret,
-                                  sender=self.sender, inbox=self.inbox, log_path=log)
-        self.active = nodes
-        spares = [n for n in self.placement.nodes if n not in nodes and n not in self.state.excluded_nodes]
-        self.emit(Event.LAUNCH, nodes=list(nodes), path=path, spares=spares, resume_from=resume_from or None,
-                  world_size=len(nodes) * self.sup.nproc_per_node)
+    def _decide(self, obs: Observation) -> Action:
+        """`decide`, answering its request for health checks when it makes one."""
+        history = History(attempts=tuple(self.history))
+        action = decide(obs, history, self.sup)
+        if isinstance(action, CheckHealth):
+            unhealthy = {}
+            for node, result in self.health_checker(list(action.nodes)).items():
+                self.emit(Event.HEALTH_CHECK, node=node, ok=result.ok, detail=result.summary())
+                if not result.ok:
+                    unhealthy[node] = result.summary()
+            action = decide(replace(obs, unhealthy=frozenset(unhealthy), health_detail=tuple(sorted(unhealthy.items()))),
+                            history, self.sup)
+        return action
 
     # ---- recovery -----------------------------------------------------------------------------
     def _recover(self, failure: Failure) -> ExitStatus | None:
@@ -298,66 +329,58 @@ class Supervisor:
         self.emit(Event.FAILURE_DETECTED, kind=failure.kind, node=failure.node, rank=failure.rank,
                   step=failure.step, detect_s=round(failure.detect_s, 4), detail=failure.detail)
         if failure.kind is FailureKind.PREEMPTED:
-            return recovery.stop_for_preemption(self, failure)
+            return self._carry_out(self._decide(self._observe(failure)))
         if failure.kind is FailureKind.HANG:
-            recovery.dump_flight_recorder(self)
+            self._dump_flight_recorder()
         silent = self._kill_attempt(failure)
         t_killed = self.clock()
-        if silent and self.tracker is not None:
-            node = silent[0]
-            last = self.tracker.node_views[node].last_heard
-            failure = Failure(kind=FailureKind.NODE_DOWN, node=node, step=failure.step, detect_s=t_killed - last,
-                              suspects=tuple(silent), detail=f"agent did not answer the kill ({failure.kind.value} "
-                                                              f"on {failure.node} was the first symptom)")
-            self.emit(Event.FAILURE_DETECTED, kind=failure.kind, node=node, rank=None, step=failure.step,
-                      detect_s=round(failure.detect_s, 4), detail=failure.detail)
-        unhealthy = recovery.health(self, recovery.suspects(failure, self.history, self.active))
-        if failure.kind is FailureKind.NODE_DOWN and failure.node is None and unhealthy:
-            failure = replace(failure, node=sorted(unhealthy)[0])
-        t_health = self.clock()
+        silent_for = t_killed - tracker.node_views[silent[0]].last_heard if silent else 0.0
         result = AttemptResult(attempt=self.state.attempt, outcome=Outcome.FAILED, start_step=tracker.resume_step,
                                last_step=tracker.last_step, failure=failure)
         self.history.append(result)
-        self.state.failures.append(result.to_record())
-        spares = tuple(n for n in self.placement.nodes
-                       if n not in self.active and n not in self.state.excluded_nodes)
-        obs = Observation(failure=failure, active=self.active, spares=spares,
-                          excluded=frozenset(self.state.excluded_nodes), unhealthy=frozenset(unhealthy),
-                          nodes_needed=self.job.nodes_needed, can_requeue=self.placement.in_slurm,
-                          restarts_used=self.state.restarts)
-        action = decide(obs, History(attempts=tuple(self.history)), self.sup)
-        blamed = action.exclude if isinstance(action, RestartInAllocation) else \
-            action.newly_excluded if isinstance(action, Requeue) else ()
-        for node in blamed:
-            self._exclude(node, unhealthy.get(node) or failure.kind.value)
-        marks = Marks(detect=t_detect, killed=t_killed, health_done=t_health)
-        return self._carry_out(failure, action, marks=marks, t_detect=t_detect)
+        action = self._decide(self._observe(failure, silent=tuple(silent), silent_for_s=silent_for))
+        attributed = getattr(action, "failure", None) or failure
+        self.history[-1] = replace(result, failure=attributed)
+        self.state.failures.append(self.history[-1].to_record())
+        if (attributed.kind, attributed.node) != (failure.kind, failure.node):
+            self.emit(Event.FAILURE_ATTRIBUTED, kind=attributed.kind, node=attributed.node, was_kind=failure.kind,
+                      was_node=failure.node, detect_s=round(attributed.detect_s, 4), detail=attributed.detail)
+        marks = Marks(detect=t_detect, killed=t_killed, health_done=self.clock())
+        return self._carry_out(action, marks=marks)
 
-    def _carry_out(self, failure: Failure, action: Any, *, marks: Marks | None = None, t_detect: float | None = None) -> ExitStatus | None:
-        if isinstance(action, GiveUp):
-            self.emit(Event.GIVE_UP, reason=action.reason, kind=failure.kind)
-            self.state.status = RunStatus.GAVE_UP
-            self.run_dir.save_state(self.state)
-            print(f"ckptsup: giving up: {action.reason}", flush=True)
-            print(recovery.log_tail(self.run_dir.attempt_dir(self.state.attempt)), flush=True)
-            return ExitStatus.GIVE_UP
-        if isinstance(action, Requeue):
-            return recovery.requeue(self, action)
-        assert isinstance(action, RestartInAllocation)
-        if action.backoff_s > 0:
-            self.sleep(action.backoff_s)
-        self.state.restarts += 1
-        self.state.attempt += 1
-        self.state.epoch += 1
-        self.run_dir.save_state(self.state)
-        self.restart = {"detect": t_detect if t_detect is not None else self.clock(), "path": action.path.value,
-                        "kind": failure.kind.value, "backoff_s": action.backoff_s,
-                        "nodes": list(action.nodes)}
-        path = action.path
-        if path is RecoveryPath.FAST and (self.step is None or not self.step.alive()):
-            path = RecoveryPath.NODE  # the agents themselves are gone: start new ones
-        self._launch(action.nodes, path=path.value, marks_from=marks)
-        return None
+    def _carry_out(self, action: Action, *, marks: Marks | None = None) -> ExitStatus | None:
+        for node, why in getattr(action, "reasons", ()):
+            self._exclude(node, why)
+        match action:
+            case GiveUp(reason=reason, failure=failure):
+                self.emit(Event.GIVE_UP, reason=reason, kind=failure.kind if failure else None)
+                self.state.status = RunStatus.GAVE_UP
+                self._save_state()
+                print(f"ckptsup: giving up: {reason}", flush=True)
+                print(recovery.log_tail(self.run_dir.attempt_dir(self.state.attempt)), flush=True)
+                return ExitStatus.GIVE_UP
+            case Requeue(preempted=True):
+                kind = self._stop_for_preemption()
+                return self._requeue(replace(action, reason=f"{kind.value}: {action.reason}"))
+            case Requeue():
+                return self._requeue(action)
+            case RestartInAllocation(path=RecoveryPath.INITIAL, nodes=nodes):
+                self._launch(nodes, path=RecoveryPath.INITIAL)
+                return None
+            case RestartInAllocation(nodes=nodes, path=path, backoff_s=backoff_s, failure=failure):
+                if backoff_s > 0:
+                    self.sleep(backoff_s)
+                self.state.restarts += 1
+                self.state.attempt += 1
+                self.state.epoch += 1
+                self._save_state()
+                assert marks is not None and failure is not None
+                self.restart = {"detect": marks.detect, "path": path.value, "kind": failure.kind.value,
+                                "backoff_s": backoff_s, "nodes": list(nodes)}
+                self._launch(nodes, path=path, marks_from=marks)
+                return None
+            case Continue() | CheckHealth():
+                raise AssertionError(f"{action} is not carried out")  # _decide answers CheckHealth itself
 
     def _kill_attempt(self, failure: Failure) -> list[str]:
         """SIGKILL every rank of the attempt and wait (bounded) for each live agent's ack. The ack
@@ -371,19 +394,140 @@ class Supervisor:
         if not step.alive() or not step.send(MessageKind.KILL, {"grace": 0}):
             self._kill_orphans()
             return []
-        deadline = self.clock() + min(self.sup.node_silence_s, max(2.0, 3 * self.sup.heartbeat_interval_s))
-        while waiting and self.clock() < deadline:
-            try:
-                msg = self.inbox.get(timeout=TICK_S)
-            except queue.Empty:
-                if not step.alive():
-                    break
-                continue
-            if msg.step_id == step.step_id and msg.m == MessageKind.KILLED:
+
+        def acked(msg: Message) -> bool:
+            if msg.m is MessageKind.KILLED:
                 waiting.discard(msg.node)
-            elif msg.m == MessageKind.EVENT:
-                self._forward_event(msg.body.get("record"))
+            return False
+
+        deadline = self.clock() + min(self.sup.node_silence_s, max(2.0, 3 * self.sup.heartbeat_interval_s))
+        self._await(acked, deadline, until=lambda: not waiting or not step.alive())
         return sorted(waiting) if len(waiting) < len(self.active) else []
+
+    def _dump_flight_recorder(self) -> None:
+        """Before killing hung ranks, ask their hooks thread to dump the flight recorder (NCCL keeps
+        one; gloo on CPU does not, so without GPUs there is nothing to wait for). Waits for every
+        rank's `fr_dumped` or DUMP_WAIT_S, whichever comes first."""
+        nccl = self.config.nccl
+        if self.step is None or not (nccl.dump_on_timeout and nccl.flight_recorder_entries > 0
+                                     and self.config.sbatch.gpus_per_node > 0):
+            return
+        self.step.send(MessageKind.DUMP_FR, {"path": str(self.run_dir.attempt_dir(self.state.attempt) / "flight_recorder")})
+        waiting = set(self.tracker.ranks) if self.tracker is not None else set()
+
+        def dumped(msg: Message) -> bool:
+            record = msg.body.get("record") if msg.m is MessageKind.EVENT else None
+            if isinstance(record, dict) and record.get("event") == "fr_dumped":
+                waiting.discard(record.get("rank"))
+            return False
+
+        self._await(dumped, self.clock() + DUMP_WAIT_S, until=lambda: not waiting)
+
+    def _stop_for_preemption(self) -> StopKind:
+        """Ask the ranks to agree on a stop step and save if it fits; wait (bounded) for every
+        node's torchrun to exit; then kill what is left."""
+        kind = stop_kind(self.stop_signal) if self.stop_signal is not None else StopKind.PREEMPTION
+        tracker = self.tracker
+        plan = plan_stop(kind=kind, config=self.config, save_s=self.state.measured.get("stall_s"),
+                         grace_time_s=self.interval.grace_time_s,
+                         step_p99_s=tracker.step_window.p99() if tracker else None)
+        self.emit(Event.PREEMPTION, **plan.as_event())
+        step = self.step
+        if step is None or not step.alive():
+            return kind
+        step.send(MessageKind.STOP_AT, {"reason": kind.value, "save": plan.emergency_save, "budget_s": plan.budget_s})
+        waiting = set(self.active)
+
+        def exited(msg: Message) -> bool:
+            if msg.m is MessageKind.TORCHRUN_EXIT:
+                waiting.discard(msg.node)
+            return False
+
+        self._await(exited, self.clock() + plan.budget_s + self.sup.kill_grace_s,
+                    until=lambda: not waiting or not step.alive())
+        step.send(MessageKind.KILL, {"grace": 0})
+        return kind
+
+    def _requeue(self, action: Requeue) -> ExitStatus:
+        """Inside Slurm: the fenced requeue (excluded nodes, spanning partition). Outside: nothing
+        can requeue; a preempted local run exits PREEMPTED, anything else gives up."""
+        if not self.placement.in_slurm:
+            if action.preempted:
+                self.state.status = RunStatus.STOPPED
+                self._save_state()
+                return ExitStatus.PREEMPTED
+            self.emit(Event.GIVE_UP, reason=f"requeue needed ({action.reason}) but not inside Slurm")
+            self.state.status = RunStatus.GAVE_UP
+            self._save_state()
+            return ExitStatus.GIVE_UP
+        from .requeue import RequeueRefused, requeue_job
+
+        if self.step is not None:
+            self.step.abandon()  # ranks are already killed; srun may hang on a dead node's step: don't wait
+            self.step = None
+        self._save_state()
+        if self.writer is not None:
+            self.writer.close()  # requeue_job appends the fenced `requeue` event itself
+        try:
+            requeue_job(self.placement.slurm, self.run_dir, self.placement.job_id, action.reason,
+                        exclude=list(action.exclude), partition=self.config.slurm.spare_partition or None)
+        except RequeueRefused as err:
+            self.state = self.run_dir.load_state()
+            self.emit(Event.GIVE_UP, reason=str(err))
+            self.state.status = RunStatus.GAVE_UP
+            self.run_dir.save_state(self.state)
+            print(f"ckptsup: {err}", flush=True)
+            return ExitStatus.GIVE_UP
+        except CkptsupError as err:  # e.g. Slurm already requeued a preempted job: the template retries
+            print(f"ckptsup: requeue failed: {err}; leaving it to the batch script", flush=True)
+        return ExitStatus.PREEMPTED if action.preempted else ExitStatus.REQUEUE
+
+    # ---- launching ----------------------------------------------------------------------------
+    def _spec(self, nodes: tuple[str, ...], resume_from: str, timeouts: Any) -> tuple[LaunchSpec, Path]:
+        attempt_dir = self.run_dir.attempt_dir(self.state.attempt)
+        env = recovery.rank_env(self.config, run_dir=self.run_dir.path, config_json=self.run_dir.config_json_path,
+                                secret_path=self.run_dir.secret_path, ckpt_dir=self.ckpt_dir,
+                                job_id=self.placement.job_id, attempt=self.state.attempt, epoch=self.state.epoch,
+                                resume_from=resume_from, timeouts=timeouts, save_every_s=self.interval.current_s(),
+                                preempt_budget_s=self.interval.preempt_budget_s())
+        spec = LaunchSpec(script=self.job.script, script_args=list(self.job.script_args),
+                          nproc_per_node=self.sup.nproc_per_node, nnodes=len(nodes),
+                          rdzv_endpoint=self.placement.rdzv_endpoint(nodes[0], self.sup.rdzv_port, self.state.attempt),
+                          rdzv_id=f"ckptsup-{self.placement.job_id}-{self.state.attempt}",
+                          node_addrs={n: self.placement.addrs.get(n, n) for n in nodes}, env=env,
+                          log_dir=str(attempt_dir), heartbeat_interval_s=self.sup.heartbeat_interval_s,
+                          shutdown_timeout_s=max(60.0, self.sup.kill_grace_s, self.interval.preempt_window_s()),
+                          kill_grace_s=self.sup.kill_grace_s, cwd=self.job.cwd, rdzv_backend=self.sup.rdzv_backend)
+        path = attempt_dir / "launch.json"
+        spec.write(path)
+        return spec, path
+
+    def _launch(self, nodes: tuple[str, ...], *, path: RecoveryPath, marks_from: Marks | None = None) -> None:
+        resume_from = recovery.pick_resume(self.ckpt_dir, self.emit)
+        timeouts = recovery.attempt_timeouts(self.config, step_times=self._step_times(),
+                                             save_s=self.state.measured.get("stall_s"))
+        spec, spec_path = self._spec(nodes, resume_from, timeouts)
+        now = self.clock()
+        self.tracker = AttemptTracker(attempt=self.state.attempt, nodes=nodes, nproc_per_node=self.sup.nproc_per_node,
+                                      config=self.sup, started=now, resume_step=recovery.resume_step(resume_from),
+                                      hang_cap_s=timeouts.hang_cap_s)
+        if marks_from is not None:
+            self.tracker.marks = marks_from
+        self.tracker.marks.launch_sent = now
+        if path is RecoveryPath.FAST and self.step is not None:
+            # a failed send means the agents just died: their step's EOF is the next failure
+            self.step.send(MessageKind.RESTART, {"attempt": self.state.attempt, "spec": spec.to_json()})
+        else:
+            if self.step is not None:
+                self.step.abandon()
+            log = self.run_dir.attempt_dir(self.state.attempt) / "agents.log"
+            self.step = self.step_factory(argv=self.placement.agent_argv(nodes, str(spec_path), self.state.attempt),
+                                          env=self.placement.agent_env(nodes[0]), nodes=nodes, secret=self.secret,
+                                          sender=self.sender, inbox=self.inbox, log_path=log)
+        self.active = nodes
+        spares = [n for n in self.placement.nodes if n not in nodes and n not in self.state.excluded_nodes]
+        self.emit(Event.LAUNCH, nodes=list(nodes), path=path.value, spares=spares, resume_from=resume_from or None,
+                  world_size=len(nodes) * self.sup.nproc_per_node)
 
     def _kill_orphans(self) -> None:
         """Local mode, agent gone: its torchrun (own session) and ranks would live on. Slurm
@@ -400,7 +544,8 @@ class Supervisor:
         if node in self.state.excluded_nodes:
             return
         self.state.excluded_nodes[node] = reason
-        self.run_dir.save_state(self.state)
-        drained = recovery.drain(self, node, reason)
+        self._save_state()
+        may_drain = self.placement.in_slurm and self.config.slurm.drain_bad_nodes
+        drained = recovery.drain(self.placement.slurm if may_drain else None, node, reason,
+                                 job_id=self.placement.job_id)
         self.emit(Event.NODE_EXCLUDED, node=node, reason=reason, drained=drained)
-

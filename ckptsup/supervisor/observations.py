@@ -17,6 +17,7 @@ __all__ = ["FailureKind", "Failure", "Outcome", "AttemptResult", "Observation", 
 class RecoveryPath(str, enum.Enum):
     """How a restart inside the allocation happens (DESIGN §1)."""
 
+    INITIAL = "initial"  # the first launch of this allocation
     FAST = "fast"   # same nodes: restart torchrun inside the running agents
     NODE = "node"   # node set changes: a new agent step (srun --overlap) on healthy nodes + spares
 
@@ -91,16 +92,22 @@ class AttemptResult:
 
 @dataclass(frozen=True, kw_only=True)
 class Observation:
-    """The world as the policy sees it after a failure (or at a tick, with failure=None)."""
+    """The world as the policy sees it: at start-up (`starting`, nothing launched: every usable
+    node is in `spares`), after a failure, or at a tick (failure=None)."""
 
     failure: Failure | None
     active: tuple[str, ...]               # nodes of the current attempt, in rank order
-    spares: tuple[str, ...] = ()          # healthy allocated nodes not in use
+    spares: tuple[str, ...] = ()          # allocated nodes not in use and not excluded
     excluded: frozenset[str] = frozenset()  # every node the job must never use again
-    unhealthy: frozenset[str] = frozenset()  # suspects that failed their health check now
+    unhealthy: frozenset[str] | None = None  # nodes that failed their health check now; None: not checked
+    health_detail: tuple[tuple[str, str], ...] = ()  # (node, why) for the unhealthy ones
     nodes_needed: int = 1
     can_requeue: bool = False              # inside Slurm with requeue allowed
     restarts_used: int = 0
+    starting: bool = False
+    silent: tuple[str, ...] = ()           # nodes whose agent neither answered the kill nor spoke
+    silent_for_s: float = 0.0              # how long the first of them had been silent
+    agents_alive: bool = True              # the agent step still runs (the fast path needs it)
 
 
 @dataclass(frozen=True, kw_only=True)

@@ -17,11 +17,11 @@ Rules, in order:
 
 from __future__ import annotations
 
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, replace
 from typing import Union
 
 from ..config import SupervisorConfig
-from .observations import AttemptResult, FailureKind, History, Observation, Outcome, RecoveryPath
+from .observations import AttemptResult, Failure, FailureKind, History, Observation, Outcome, RecoveryPath
 
 
 @dataclass(frozen=True, kw_only=True)
@@ -30,11 +30,21 @@ class Continue:
 
 
 @dataclass(frozen=True, kw_only=True)
+class CheckHealth:
+    """Health-check these nodes, then decide again with `Observation.unhealthy` filled in."""
+
+    nodes: tuple[str, ...]
+    failure: Failure | None = field(default=None, compare=False)   # as attributed so far
+
+
+@dataclass(frozen=True, kw_only=True)
 class RestartInAllocation:
     nodes: tuple[str, ...]
     path: RecoveryPath
     exclude: tuple[str, ...] = ()    # newly blamed nodes to exclude (and drain) first
     backoff_s: float = 0.0
+    reasons: tuple[tuple[str, str], ...] = field(default=(), compare=False)  # (node, why) per exclude
+    failure: Failure | None = field(default=None, compare=False)            # as attributed
 
 
 @dataclass(frozen=True, kw_only=True)
@@ -43,54 +53,151 @@ class Requeue:
     reason: str = ""
     preempted: bool = False
     newly_excluded: tuple[str, ...] = field(default=())
+    reasons: tuple[tuple[str, str], ...] = field(default=(), compare=False)
+    failure: Failure | None = field(default=None, compare=False)
 
 
 @dataclass(frozen=True, kw_only=True)
 class GiveUp:
     reason: str
+    failure: Failure | None = field(default=None, compare=False)
 
 
-Action = Union[Continue, RestartInAllocation, Requeue, GiveUp]
+Action = Union[Continue, CheckHealth, RestartInAllocation, Requeue, GiveUp]
 
 # Failures that count toward the "same failure at the same step" crash loop.
 _LOOP_KINDS = frozenset({FailureKind.CRASH, FailureKind.HANG, FailureKind.NAN, FailureKind.USER_ERROR})
 
 
 def decide(obs: Observation, history: History, config: SupervisorConfig) -> Action:
+    """What to do now. `history` ends with the attempt that just failed (its raw failure)."""
+    if obs.starting:
+        return _start(obs)
     failure = obs.failure
     if failure is None:
         return Continue()
     if failure.kind is FailureKind.PREEMPTED:
-        return Requeue(reason=failure.detail or "preempted", preempted=True)
+        return Requeue(reason=failure.detail or "preempted", preempted=True, failure=failure)
 
+    failure = attribute(failure, obs)
+    if obs.unhealthy is None:
+        nodes = suspects(failure, history, obs.active)
+        if nodes:
+            return CheckHealth(nodes=nodes, failure=failure)
+    unhealthy = obs.unhealthy or frozenset()
+    if failure.kind is FailureKind.NODE_DOWN and failure.node is None and unhealthy:
+        failure = replace(failure, node=sorted(unhealthy)[0])
+    history = _with_last(history, failure)
+
+    data_nan = nan_follows_data(history, obs.excluded)
+    if data_nan is not None:
+        return GiveUp(reason=data_nan, failure=replace(failure, kind=FailureKind.USER_ERROR))
     loop_reason = crash_loop(history, config.crash_loop_threshold)
     if loop_reason is not None:
-        return GiveUp(reason=loop_reason)
+        if loop_reason.startswith("user error"):
+            failure = replace(failure, kind=FailureKind.USER_ERROR)
+        return GiveUp(reason=loop_reason, failure=failure)
     if obs.restarts_used >= config.max_restarts:
         return GiveUp(reason=f"restart budget spent ({obs.restarts_used} of supervisor.max_restarts="
-                             f"{config.max_restarts}); last failure: {failure.kind.value}")
+                             f"{config.max_restarts}); last failure: {failure.kind.value}", failure=failure)
 
     replaceable = bool(obs.spares) or obs.can_requeue
-    blamed = set(obs.unhealthy)
+    blamed = {n: f"health: {unhealthy_why}" for n, unhealthy_why in obs.health_detail if n in unhealthy}
+    blamed.update({n: "health check failed" for n in unhealthy if n not in blamed})
     if failure.kind is FailureKind.NODE_DOWN and failure.node:
-        blamed.add(failure.node)
+        blamed.setdefault(failure.node, FailureKind.NODE_DOWN.value)
     if failure.kind is FailureKind.NAN and failure.node and replaceable:
-        blamed.add(failure.node)
-    excluded = set(obs.excluded) | blamed
-    new = tuple(sorted(blamed - set(obs.excluded)))
+        blamed.setdefault(failure.node, FailureKind.NAN.value)
+    excluded = set(obs.excluded) | set(blamed)
+    new = tuple(sorted(set(blamed) - set(obs.excluded)))
+    reasons = tuple((n, blamed[n]) for n in new)
 
     candidates = [n for n in obs.active if n not in excluded]
     candidates += [n for n in obs.spares if n not in excluded and n not in candidates]
     if len(candidates) >= obs.nodes_needed:
         nodes = tuple(candidates[: obs.nodes_needed])
-        path = RecoveryPath.FAST if nodes == tuple(obs.active) else RecoveryPath.NODE
-        return RestartInAllocation(nodes=nodes, path=path, exclude=new,
-                                   backoff_s=backoff_s(history, config))
+        same = nodes == tuple(obs.active) and obs.agents_alive
+        return RestartInAllocation(nodes=nodes, path=RecoveryPath.FAST if same else RecoveryPath.NODE,
+                                   exclude=new, backoff_s=backoff_s(history, config), reasons=reasons,
+                                   failure=failure)
     if obs.can_requeue:
-        return Requeue(exclude=tuple(sorted(excluded)), newly_excluded=new,
+        return Requeue(exclude=tuple(sorted(excluded)), newly_excluded=new, reasons=reasons, failure=failure,
                        reason=f"{len(candidates)} healthy node(s) left, {obs.nodes_needed} needed")
     return GiveUp(reason=f"{len(candidates)} healthy node(s) left of {obs.nodes_needed} needed and "
-                         f"no requeue outside Slurm; last failure: {failure.kind.value}")
+                         f"no requeue outside Slurm; last failure: {failure.kind.value}", failure=failure)
+
+
+def _start(obs: Observation) -> Action:
+    """Start-up: health-check every usable node, then launch on the first healthy ones."""
+    usable = [n for n in obs.spares if n not in obs.excluded]
+    if obs.unhealthy is None:
+        return CheckHealth(nodes=tuple(usable))
+    detail = dict(obs.health_detail)
+    bad = tuple(sorted(n for n in usable if n in obs.unhealthy))
+    reasons = tuple((n, f"health: {detail.get(n, 'check failed')}") for n in bad)
+    healthy = [n for n in usable if n not in obs.unhealthy]
+    if len(healthy) >= obs.nodes_needed:
+        return RestartInAllocation(nodes=tuple(healthy[: obs.nodes_needed]), path=RecoveryPath.INITIAL,
+                                   exclude=bad, reasons=reasons)
+    why = f"{len(healthy)} healthy node(s), {obs.nodes_needed} needed"
+    if obs.can_requeue:
+        return Requeue(exclude=tuple(sorted(set(obs.excluded) | set(bad))), newly_excluded=bad,
+                       reasons=reasons, reason=why,
+                       failure=Failure(kind=FailureKind.NODE_DOWN, detail="too few healthy nodes at start"))
+    return GiveUp(reason=why, failure=Failure(kind=FailureKind.NODE_DOWN, detail="too few healthy nodes at start"))
+
+
+def attribute(failure: Failure, obs: Observation) -> Failure:
+    """Agents that neither answered the kill nor spoke are on dead nodes: whatever the first
+    symptom was (often a peer's crash), the failure is that node's death."""
+    if not obs.silent:
+        return failure
+    node = obs.silent[0]
+    return Failure(kind=FailureKind.NODE_DOWN, node=node, step=failure.step, detect_s=obs.silent_for_s,
+                   suspects=tuple(obs.silent), detail=f"agent did not answer the kill ({failure.kind.value} "
+                                                      f"on {failure.node} was the first symptom)")
+
+
+def suspects(failure: Failure, earlier: History, active: tuple[str, ...]) -> tuple[str, ...]:
+    """Nodes to health-check after a failure. A first crash is the software's until shown
+    otherwise (fast path, no check); a hang, or a crash on a node that also failed the attempt
+    before, makes the node suspect. Blamed nodes (dead, NaN) are excluded without a check.
+    `earlier` ends with the attempt that just failed."""
+    if failure.kind is FailureKind.HANG or (failure.kind is FailureKind.NODE_DOWN and failure.node is None):
+        nodes = list(failure.suspects)
+    elif failure.kind is FailureKind.CRASH:
+        attempts = earlier.attempts[:-1]
+        before = attempts[-1].failure if attempts else None
+        repeat = before is not None and before.node is not None and before.node == failure.node
+        nodes = list(failure.suspects) if repeat else []
+    else:
+        nodes = []
+    return tuple(n for n in nodes if n in active)
+
+
+def nan_follows_data(history: History, excluded: frozenset[str] = frozenset()) -> str | None:
+    """A NaN at the same step as an earlier NaN, on another node, follows the data: the job's
+    fault, not either node's (a NaN that follows a node is that node's)."""
+    attempts = [a.failure for a in history.attempts if a.failure is not None]
+    if not attempts or attempts[-1].kind is not FailureKind.NAN:
+        return None
+    last = attempts[-1]
+    for earlier in reversed(attempts[:-1]):
+        if earlier.kind is FailureKind.NAN and earlier.step == last.step and earlier.node != last.node:
+            why = (f"user error: non-finite loss at step {last.step} on {earlier.node}, then on {last.node}: "
+                   f"it follows the data, not a node; fix the job (data, learning rate, loss scaling)")
+            if earlier.node in excluded:
+                why += (f"; {earlier.node} was excluded after the first one: `scontrol update "
+                        f"nodename={earlier.node} state=resume` returns it if it was drained")
+            return why
+    return None
+
+
+def _with_last(history: History, failure: Failure) -> History:
+    if not history.attempts:
+        return history
+    *before, last = history.attempts
+    return History(attempts=(*before, replace(last, failure=failure)))
 
 
 def crash_loop(history: History, threshold: int) -> str | None:
@@ -108,11 +215,11 @@ def crash_loop(history: History, threshold: int) -> str | None:
             same += 1
         if same >= threshold:
             return (f"user error: {last.kind.value} at step {last.step} {same} times in a row "
-                    f"(supervisor.crash_loop_threshold={threshold}); fix the job, nothing was drained")
+                    f"(supervisor.crash_loop_threshold={threshold}); fix the job; no node is blamed for it")
     stuck = _trailing_without_progress(attempts)
     if stuck >= threshold:
         return (f"no progress across {stuck} attempts (supervisor.crash_loop_threshold={threshold}); "
-                f"last failure: {last.kind.value}; fix the job, nothing was drained")
+                f"last failure: {last.kind.value}; fix the job; no node is blamed for it")
     return None
 
 

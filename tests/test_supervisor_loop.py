@@ -1,0 +1,417 @@
+"""The supervisor loop in-process: a scripted agent step (FakeStep), a fake health checker and a
+clock that advances on every read, so every policy path and every wait runs in milliseconds.
+The real-process tier (test_supervisor_local.py, test_supervisor_slurm.py) keeps covering the
+same paths through real agents, torchrun and Slurm."""
+
+from __future__ import annotations
+
+import signal
+from dataclasses import dataclass, field
+from typing import Any
+
+import pytest
+
+from ckptsup.config import load_config
+from ckptsup.env import ExitStatus
+from ckptsup.events import Event, read_events
+from ckptsup.rundir import RunDir, RunStatus
+from ckptsup.supervisor import loop as loop_mod
+from ckptsup.supervisor.agent_step import Message, StepSignal
+from ckptsup.supervisor.health import NodeHealth
+from ckptsup.supervisor.loop import Job, Supervisor
+from ckptsup.supervisor.placement import Placement
+from ckptsup.wire import MessageKind, Phase
+
+
+class Clock:
+    """Advances `tick` seconds on every read: waits end after a bounded number of reads."""
+
+    def __init__(self, tick: float = 0.05) -> None:
+        self.now, self.tick = 1000.0, tick
+
+    def __call__(self) -> float:
+        self.now += self.tick
+        return self.now
+
+
+@dataclass
+class Fault:
+    kind: str              # crash | nan | hang | node_death | preempt | exit0
+    step: int
+    node: str = "n1"
+
+
+@dataclass
+class World:
+    """Plays every attempt: ranks say hello and step from 0 to `steps`, unless the fault scripted
+    for that launch (0 = the first) strikes at its step."""
+
+    clock: Clock
+    steps: int = 6
+    nproc: int = 1
+    faults: dict[int, Fault] = field(default_factory=dict)
+    launches: int = 0
+    steps_made: list[int] = field(default_factory=list)  # how many step factories were called
+    sent: list[tuple[int, MessageKind, dict[str, Any]]] = field(default_factory=list)
+
+    def factory(self, *, nodes, inbox, **_: Any) -> "FakeStep":
+        self.steps_made.append(len(self.steps_made))
+        step = FakeStep(world=self, nodes=tuple(nodes), inbox=inbox, step_id=100 + len(self.steps_made))
+        step.play()
+        return step
+
+
+@dataclass
+class FakeStep:
+    world: World
+    nodes: tuple[str, ...]
+    inbox: Any
+    step_id: int
+    dead: set[str] = field(default_factory=set)
+    running: bool = True
+
+    def put(self, m, node: str, **body: Any) -> None:
+        self.inbox.put(Message(recv=self.world.clock(), m=m, body={"node": node, **body}, step_id=self.step_id))
+
+    def play(self) -> None:
+        world = self.world
+        fault = world.faults.get(world.launches)
+        world.launches += 1
+        for node in self.nodes:
+            self.put(MessageKind.HB, node)
+        ranks = [(node, i * world.nproc + r) for i, node in enumerate(self.nodes) for r in range(world.nproc)]
+        for node, rank in ranks:
+            self.put(MessageKind.HELLO, node, rank=rank)
+            self.put(MessageKind.PHASE, node, rank=rank, phase=Phase.TRAIN, step=0)
+        for step in range(world.steps):
+            if fault is not None and step == fault.step:
+                return self.strike(fault, ranks)
+            for node, rank in ranks:
+                self.put(MessageKind.STEP, node, rank=rank, step=step, step_time_s=0.01, loss_finite=True)
+        if fault is not None and fault.kind == "exit0":
+            return
+        for node, rank in ranks:
+            self.put(MessageKind.BYE, node, rank=rank, status=0)
+        for node in self.nodes:
+            self.put(MessageKind.TORCHRUN_EXIT, node, rc=0)
+
+    def strike(self, fault: Fault, ranks: list[tuple[str, int]]) -> None:
+        rank = next(r for n, r in ranks if n == fault.node)
+        if fault.kind == "crash":
+            self.put(MessageKind.RANK_EXIT, fault.node, rank=rank, rc=1, detail=f"rank {rank} exited rc=1")
+        elif fault.kind == "nan":
+            self.put(MessageKind.STEP, fault.node, rank=rank, step=fault.step, step_time_s=0.01, loss_finite=False)
+        elif fault.kind == "node_death":
+            self.dead.add(fault.node)  # silent from now on; a peer's crash is the first symptom
+            peer_node, peer = next((n, r) for n, r in ranks if n != fault.node)
+            self.put(MessageKind.RANK_EXIT, peer_node, rank=peer, rc=1, detail="peer lost")
+        elif fault.kind == "preempt":
+            self.put(MessageKind.PREEMPT, fault.node, signal=int(signal.SIGTERM), budget_s=0)
+        # hang: nothing more is said
+
+    # -- the Step protocol --
+    def send(self, m: MessageKind, body: dict[str, Any] | None = None, *, nodes=None) -> bool:
+        body = dict(body or {})
+        self.world.sent.append((self.step_id, m, body))
+        if not self.running:
+            return False
+        live = [n for n in self.nodes if n not in self.dead]
+        if m is MessageKind.KILL:
+            for node in live:
+                self.put(MessageKind.KILLED, node, kill_s=0.0)
+        elif m is MessageKind.RESTART:
+            self.play()
+        elif m is MessageKind.STOP_AT:
+            for node in live:
+                self.put(MessageKind.TORCHRUN_EXIT, node, rc=0, preempted=True)
+        return True
+
+    def alive(self) -> bool:
+        return self.running
+
+    def close(self, grace: float) -> int | None:
+        self.running = False
+        return 0
+
+    def abandon(self) -> None:
+        self.running = False
+
+
+class FakeSlurm:
+    def __init__(self) -> None:
+        self.drained: list[str] = []
+
+    def drain(self, node: str, reason: str) -> bool:
+        self.drained.append(node)
+        return True
+
+
+def healthy(unhealthy: dict[str, str] | None = None, calls: list | None = None):
+    bad = unhealthy or {}
+
+    def check(nodes: list[str]) -> dict[str, NodeHealth]:
+        if calls is not None:
+            calls.append(list(nodes))
+        return {n: NodeHealth(node=n, error=bad.get(n, "")) for n in nodes}
+
+    return check
+
+
+@pytest.fixture(autouse=True)
+def fast_ticks(monkeypatch):
+    monkeypatch.setattr(loop_mod, "TICK_S", 0.001)
+
+
+@pytest.fixture
+def site(tmp_path, monkeypatch):
+    path = tmp_path / "site.toml"
+    path.write_text("[supervisor]\nhang_min_s = 3.0\nheartbeat_interval_s = 0.5\nnode_silence_s = 4.0\n"
+                    "[checkpoint]\nadaptive_interval = false\n[health]\nenabled = true\n")
+    monkeypatch.setenv("CKPTSUP_SITE_CONFIG", str(path))
+    return path
+
+
+def supervisor(tmp_path, world: World, *, nodes=("n1",), needed=1, in_slurm=False, health=None,
+               flags: dict | None = None, slurm=None) -> Supervisor:
+    resolved = load_config(flags={"supervisor.nproc_per_node": world.nproc, **(flags or {})})
+    run = RunDir.create(tmp_path / "run")
+    placement = Placement(job_id="77", nodes=tuple(nodes), addrs={n: "127.0.0.1" for n in nodes},
+                          in_slurm=in_slurm, slurm=slurm, here="n1")
+    job = Job(script=str(tmp_path / "train.py"), script_args=[], cwd=str(tmp_path), nodes_needed=needed)
+    return Supervisor(resolved=resolved, job=job, run_dir=run, placement=placement, clock=world.clock,
+                      sleep=lambda s: None, step_factory=world.factory, health_checker=health or healthy())
+
+
+def names(tmp_path) -> list[str]:
+    return [e["event"] for e in read_events(tmp_path / "run")]
+
+
+def of(tmp_path, event: Event) -> list[dict]:
+    return [e for e in read_events(tmp_path / "run") if e["event"] == event.value]
+
+
+def test_a_clean_run_completes_on_its_first_launch(tmp_path, site):
+    world = World(clock=Clock())
+    assert supervisor(tmp_path, world).run() is ExitStatus.DONE
+    [launch] = of(tmp_path, Event.LAUNCH)
+    assert launch["path"] == "initial" and of(tmp_path, Event.RUN_COMPLETE)[0]["step"] == 5
+    assert RunDir(path=tmp_path / "run").load_state().status is RunStatus.DONE
+
+
+def test_a_crash_restarts_on_the_fast_path_without_a_health_check(tmp_path, site):
+    calls: list = []
+    world = World(clock=Clock(), faults={0: Fault("crash", 3)})
+    assert supervisor(tmp_path, world, health=healthy(calls=calls)).run() is ExitStatus.DONE
+    assert [e["path"] for e in of(tmp_path, Event.LAUNCH)] == ["initial", "fast"]
+    assert len(world.steps_made) == 1  # the same agents restarted torchrun
+    assert calls == [["n1"]]            # the start-up check only: a first crash is the software's
+    [done] = of(tmp_path, Event.RESTART_DONE)
+    assert done["kind"] == "crash" and set(done["phases"]) >= {"kill_s", "health_s", "launch_s"}
+
+
+def test_too_few_healthy_nodes_at_start_requeues_inside_slurm_excluding_them(tmp_path, site, monkeypatch):
+    asked: list = []
+    monkeypatch.setattr("ckptsup.supervisor.requeue.requeue_job",
+                        lambda client, run_dir, job_id, reason, *, exclude, partition: asked.append((reason, exclude)))
+    slurm = FakeSlurm()
+    world = World(clock=Clock())
+    sv = supervisor(tmp_path, world, nodes=("n1", "n2"), needed=2, in_slurm=True, slurm=slurm,
+                    health=healthy({"n2": "disk full"}))
+    assert sv.run() is ExitStatus.REQUEUE
+    assert world.steps_made == []  # nothing was launched
+    assert asked == [("1 healthy node(s), 2 needed", ["n2"])]
+    [excluded] = of(tmp_path, Event.NODE_EXCLUDED)
+    assert excluded["node"] == "n2" and excluded["reason"] == "health: disk full" and slurm.drained == ["n2"]
+
+
+def test_too_few_healthy_nodes_at_start_gives_up_outside_slurm(tmp_path, site):
+    world = World(clock=Clock())
+    assert supervisor(tmp_path, world, health=healthy({"n1": "no GPU"})).run() is ExitStatus.GIVE_UP
+    [give_up] = of(tmp_path, Event.GIVE_UP)
+    assert give_up["reason"] == "0 healthy node(s), 1 needed" and world.steps_made == []
+
+
+def test_an_unhealthy_node_at_start_is_replaced_by_a_spare(tmp_path, site):
+    world = World(clock=Clock())
+    sv = supervisor(tmp_path, world, nodes=("n1", "n2", "n3"), needed=2, in_slurm=True, slurm=FakeSlurm(),
+                    health=healthy({"n1": "bad"}))
+    assert sv.run() is ExitStatus.DONE
+    assert of(tmp_path, Event.LAUNCH)[0]["nodes"] == ["n2", "n3"]
+
+
+def test_a_silent_node_after_the_kill_is_attributed_node_down_and_a_spare_takes_over(tmp_path, site):
+    slurm = FakeSlurm()
+    world = World(clock=Clock(), faults={0: Fault("node_death", 2, node="n2")})
+    sv = supervisor(tmp_path, world, nodes=("n1", "n2", "n3"), needed=2, in_slurm=True, slurm=slurm)
+    assert sv.run() is ExitStatus.DONE
+    [detected] = of(tmp_path, Event.FAILURE_DETECTED)
+    assert detected["kind"] == "crash" and detected["node"] == "n1"
+    [attributed] = of(tmp_path, Event.FAILURE_ATTRIBUTED)
+    assert (attributed["kind"], attributed["node"], attributed["was_kind"]) == ("node_down", "n2", "crash")
+    assert [e["path"] for e in of(tmp_path, Event.LAUNCH)] == ["initial", "node"]
+    assert of(tmp_path, Event.LAUNCH)[1]["nodes"] == ["n1", "n3"] and slurm.drained == ["n2"]
+    assert len(world.steps_made) == 2
+    state = RunDir(path=tmp_path / "run").load_state()
+    assert state.failures[-1]["kind"] == "node_down" and "n2" in state.excluded_nodes
+
+
+def test_a_hang_is_detected_by_the_clock_and_its_suspect_is_health_checked(tmp_path, site):
+    calls: list = []
+    world = World(clock=Clock(tick=0.25), faults={0: Fault("hang", 2)})
+    assert supervisor(tmp_path, world, health=healthy(calls=calls)).run() is ExitStatus.DONE
+    [failure] = of(tmp_path, Event.FAILURE_DETECTED)
+    assert failure["kind"] == "hang"
+    assert calls == [["n1"], ["n1"]]  # start-up, then the hung node
+    assert [e["path"] for e in of(tmp_path, Event.LAUNCH)] == ["initial", "fast"]
+
+
+def test_a_hung_node_that_fails_its_check_is_excluded_and_replaced(tmp_path, site):
+    calls: list = []
+    state = {"checked": 0}
+
+    def check(nodes):
+        calls.append(list(nodes))
+        state["checked"] += 1
+        bad = "n1" if state["checked"] > 1 else None  # healthy at start, sick after the hang
+        return {n: NodeHealth(node=n, error="gpu fell off the bus" if n == bad else "") for n in nodes}
+
+    world = World(clock=Clock(tick=0.25), faults={0: Fault("hang", 2)})
+    sv = supervisor(tmp_path, world, nodes=("n1", "n2", "n3"), needed=2, in_slurm=True, slurm=FakeSlurm(),
+                    health=check)
+    assert sv.run() is ExitStatus.DONE
+    [excluded] = of(tmp_path, Event.NODE_EXCLUDED)
+    assert excluded["node"] == "n1" and excluded["reason"] == "health: gpu fell off the bus"
+    assert of(tmp_path, Event.LAUNCH)[1]["nodes"] == ["n2", "n3"]
+
+
+def test_preemption_goes_through_decide_stops_the_ranks_and_requeues(tmp_path, site, monkeypatch):
+    asked: list = []
+    monkeypatch.setattr("ckptsup.supervisor.requeue.requeue_job",
+                        lambda client, run_dir, job_id, reason, *, exclude, partition: asked.append(reason))
+    world = World(clock=Clock(), faults={0: Fault("preempt", 3)})
+    sv = supervisor(tmp_path, world, nodes=("n1",), in_slurm=True, slurm=FakeSlurm())
+    assert sv.run() is ExitStatus.PREEMPTED
+    assert [m for _, m, _ in world.sent][:2] == [MessageKind.STOP_AT, MessageKind.KILL]
+    assert len(asked) == 1 and asked[0].startswith("preemption")
+    assert of(tmp_path, Event.PREEMPTION) and RunDir(path=tmp_path / "run").load_state().failures == []
+
+
+def test_a_stop_signal_to_the_supervisor_is_a_preemption_outside_slurm_too(tmp_path, site):
+    world = World(clock=Clock(), faults={0: Fault("hang", 3)})
+    sv = supervisor(tmp_path, world)
+    original = sv._pump
+
+    def pump():
+        if sv.tracker is not None and sv.tracker.last_step == 2:
+            sv.stop_signal = signal.SIGUSR1
+        return original()
+
+    sv._pump = pump  # type: ignore[method-assign]
+    assert sv.run() is ExitStatus.PREEMPTED
+    [preemption] = of(tmp_path, Event.PREEMPTION)
+    assert preemption["signal"] == "time_limit"
+    assert RunDir(path=tmp_path / "run").load_state().status is RunStatus.STOPPED
+
+
+def test_dead_agents_turn_the_fast_path_into_the_node_path(tmp_path, site):
+    world = World(clock=Clock(), faults={0: Fault("crash", 2)})
+    sv = supervisor(tmp_path, world)
+    original = world.factory
+
+    def factory(**kw):
+        step = original(**kw)
+        if len(world.steps_made) == 1:
+            step.running_after_kill = False
+            send = step.send
+
+            def send_then_die(m, body=None, *, nodes=None):
+                ok = send(m, body, nodes=nodes)
+                if m is MessageKind.KILL:
+                    step.running = False
+                    step.inbox.put(Message(recv=world.clock(), m=StepSignal.EOF, body={"rc": 1},
+                                           step_id=step.step_id))
+                return ok
+
+            step.send = send_then_die  # type: ignore[method-assign]
+        return step
+
+    sv.step_factory = factory
+    assert sv.run() is ExitStatus.DONE
+    assert [e["path"] for e in of(tmp_path, Event.LAUNCH)] == ["initial", "node"]
+    assert len(world.steps_made) == 2
+
+
+def test_the_same_crash_at_the_same_step_gives_up_as_a_user_error(tmp_path, site):
+    world = World(clock=Clock(), faults={i: Fault("crash", 3) for i in range(5)})
+    assert supervisor(tmp_path, world).run() is ExitStatus.GIVE_UP
+    [give_up] = of(tmp_path, Event.GIVE_UP)
+    assert "user error: crash at step 3 3 times in a row" in give_up["reason"] and give_up["kind"] == "user_error"
+    assert of(tmp_path, Event.FAILURE_ATTRIBUTED)[-1]["kind"] == "user_error"
+    assert RunDir(path=tmp_path / "run").load_state().status is RunStatus.GAVE_UP
+
+
+def test_a_nan_that_follows_the_data_gives_up_at_the_second_node_without_draining_it(tmp_path, site):
+    slurm = FakeSlurm()
+    world = World(clock=Clock(), faults={0: Fault("nan", 4, node="n1"), 1: Fault("nan", 4, node="n3"),
+                                         2: Fault("nan", 4, node="n4")})
+    sv = supervisor(tmp_path, world, nodes=("n1", "n2", "n3", "n4"), needed=2, in_slurm=True, slurm=slurm)
+    assert sv.run() is ExitStatus.GIVE_UP
+    assert slurm.drained == ["n1"]  # the first NaN is soft evidence against its node, no more
+    [give_up] = of(tmp_path, Event.GIVE_UP)
+    assert "follows the data" in give_up["reason"] and "n1 was excluded" in give_up["reason"]
+    assert give_up["kind"] == "user_error" and len(of(tmp_path, Event.LAUNCH)) == 2
+
+
+def test_the_restart_budget_is_honoured(tmp_path, site):
+    world = World(clock=Clock(), faults={i: Fault("crash", i + 1) for i in range(5)})
+    sv = supervisor(tmp_path, world, flags={"supervisor.max_restarts": 2})
+    assert sv.run() is ExitStatus.GIVE_UP
+    assert "restart budget spent (2 of supervisor.max_restarts=2)" in of(tmp_path, Event.GIVE_UP)[0]["reason"]
+
+
+@pytest.mark.parametrize("fault, command, flags", [
+    (Fault("crash", 2), MessageKind.KILL, {}),
+    (Fault("hang", 2), MessageKind.DUMP_FR, {"sbatch.gpus_per_node": 1}),
+], ids=["kill-wait", "flight-recorder-wait"])
+def test_ranks_events_are_forwarded_during_every_wait(tmp_path, site, fault, command, flags):
+    world = World(clock=Clock(tick=0.25), faults={0: fault})
+    sv = supervisor(tmp_path, world, flags=flags)
+    original = world.factory
+
+    def factory(**kw):
+        step = original(**kw)
+        send = step.send
+
+        def send_and_report(m, body=None, *, nodes=None):
+            if m is command:
+                step.put(MessageKind.EVENT, "n1", record={"event": "checkpoint_committed", "step": 1, "stall_s": 0.5})
+                step.put(MessageKind.EVENT, "n1", record={"event": "fr_dumped", "rank": 0, "path": "x"})
+            return send(m, body, nodes=nodes)
+
+        step.send = send_and_report  # type: ignore[method-assign]
+        return step
+
+    sv.step_factory = factory
+    assert sv.run() is ExitStatus.DONE
+    assert [e["step"] for e in of(tmp_path, Event.CHECKPOINT_COMMITTED)] == [1]
+    assert len(of(tmp_path, Event.FR_DUMPED)) == 1
+    assert RunDir(path=tmp_path / "run").load_state().measured["stall_s"] == 0.5
+
+
+def test_step_times_are_kept_in_state_json_and_set_the_next_allocations_timeouts(tmp_path, site):
+    world = World(clock=Clock(), steps=12)
+    assert supervisor(tmp_path, world).run() is ExitStatus.DONE
+    kept = RunDir(path=tmp_path / "run").load_state().measured["step_times"]
+    assert kept and all(x == 0.01 for x in kept)
+    sv = supervisor(tmp_path, World(clock=Clock()))  # the next allocation of the same run
+    env = {}
+    original = sv._spec
+
+    def spec(nodes, resume_from, timeouts):
+        env.update(timeouts=timeouts)
+        return original(nodes, resume_from, timeouts)
+
+    sv._spec = spec  # type: ignore[method-assign]
+    sv.run()
+    timeouts = env["timeouts"]
+    assert timeouts.collective_s < timeouts.collective_init_s  # two-phase from the first launch
