@@ -37,25 +37,28 @@ def checkpoint_dir(sv: "Supervisor") -> Path:
 
 def rank_env(sv: "Supervisor", resume_from: str) -> dict[str, str]:
     """Everything ranks learn from the supervisor (env.py); the agent adds RANK_SOCKET and NODE."""
+    from .. import env as envvars
+
     state, cfg = sv.state, sv.config
     timeouts = attempt_timeouts(sv)
     env = nccl_env(cfg, run_dir=sv.run_dir.path, attempt=state.attempt, timeouts=timeouts)
     ckpt = checkpoint_dir(sv)
+    # the constants, not RankEnv.to_environ: RESUME_FROM="" (fresh start) must be set, not omitted
     env.update({
-        "CKPTSUP_RUN_DIR": str(sv.run_dir.path),
-        "CKPTSUP_JOB_ID": sv.placement.job_id,
-        "CKPTSUP_ATTEMPT": str(state.attempt),
-        "CKPTSUP_EPOCH": str(state.epoch),
-        "CKPTSUP_CONFIG_JSON": str(sv.run_dir.config_json_path),
-        "CKPTSUP_CHECKPOINT_DIR": str(ckpt),
-        "CKPTSUP_RESUME_FROM": resume_from,
-        "CKPTSUP_SECRET_FILE": str(sv.run_dir.secret_path),
-        "CKPTSUP_SAVE_EVERY_STEPS": str(cfg.checkpoint.save_every_steps),
-        "CKPTSUP_SAVE_EVERY_S": f"{sv.interval.current_s():g}",
-        "CKPTSUP_PREEMPT_BUDGET_S": f"{sv.interval.preempt_budget_s():.1f}",
+        envvars.RUN_DIR: str(sv.run_dir.path),
+        envvars.JOB_ID: sv.placement.job_id,
+        envvars.ATTEMPT: str(state.attempt),
+        envvars.EPOCH: str(state.epoch),
+        envvars.CONFIG_JSON: str(sv.run_dir.config_json_path),
+        envvars.CHECKPOINT_DIR: str(ckpt),
+        envvars.RESUME_FROM: resume_from,
+        envvars.SECRET_FILE: str(sv.run_dir.secret_path),
+        envvars.SAVE_EVERY_STEPS: str(cfg.checkpoint.save_every_steps),
+        envvars.SAVE_EVERY_S: f"{sv.interval.current_s():g}",
+        envvars.PREEMPT_BUDGET_S: f"{sv.interval.preempt_budget_s():.1f}",
     })
-    if "CKPTSUP_SITE_CONFIG" in os.environ:
-        env["CKPTSUP_SITE_CONFIG"] = os.environ["CKPTSUP_SITE_CONFIG"]
+    if envvars.SITE_CONFIG in os.environ:
+        env[envvars.SITE_CONFIG] = os.environ[envvars.SITE_CONFIG]
     return env
 
 
