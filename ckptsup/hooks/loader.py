@@ -25,6 +25,7 @@ from .dcp_errors import failure_errors, one_line, root_cause
 
 log = logging.getLogger("ckptsup.hooks")
 
+
 def _fresh_copy(targets: dict[str, Any]) -> dict[str, Any]:
     from torch.distributed._state_dict_utils import _create_cpu_state_dict
 

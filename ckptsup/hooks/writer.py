@@ -39,6 +39,7 @@ from .local_stage import LocalStaging
 
 log = logging.getLogger("ckptsup.hooks")
 
+
 def item_key(index: Any) -> str:
     """Manifest key of one DCP item (MetadataIndex): fqn@chunk-offsets."""
     offset = ",".join(str(int(o)) for o in (index.offset or ()))
