@@ -21,9 +21,9 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any, Callable, Mapping
 
+from .env import SITE_CONFIG
 from .errors import ConfigError
 
-SITE_CONFIG_ENV = "CKPTSUP_SITE_CONFIG"
 SYSTEM_SITE_CONFIG = Path("/etc/ckptsup/site.toml")
 AUTO = "auto"
 SECRET_NAME = re.compile(r"(secret|password|passwd|token|credential|access_key|private_key)", re.I)
@@ -320,8 +320,8 @@ def shipped_default_config() -> Path:
 
 
 def site_config_path(env: Mapping[str, str]) -> Path:
-    if env.get(SITE_CONFIG_ENV):
-        return Path(env[SITE_CONFIG_ENV])
+    if env.get(SITE_CONFIG):
+        return Path(env[SITE_CONFIG])
     if SYSTEM_SITE_CONFIG.exists():
         return SYSTEM_SITE_CONFIG
     return shipped_default_config()

@@ -1,15 +1,24 @@
-"""Every environment variable of the supervisor ↔ agent ↔ rank contract, and the exit statuses.
+"""Every environment variable ckptsup sets or reads, and the exit statuses.
 
-This module is the single source of truth; docs/contracts.md renders the same tables. Nothing
-secret travels in the environment: the per-job HMAC secret lives in a 0600 file whose *path* is
-passed (CKPTSUP_SECRET_FILE).
+This module is the single source of truth; docs/contracts.md renders the same tables:
+
+- VARS: ckptsup's own CKPTSUP_* variables (the supervisor ↔ agent ↔ rank contract), each with a
+  module constant named without the prefix (RUN_DIR = "CKPTSUP_RUN_DIR"). Code outside this
+  module names them through those constants, never as string literals (tests/test_env.py).
+- EXTERNAL_VARS: the variables of Slurm, torch and others that ckptsup reads or sets, each with a
+  constant of the same name (SLURM_JOB_ID = "SLURM_JOB_ID").
+
+`RankEnv` is what a rank learns (`from_environ` / `to_environ`); `node_name` is the one way to
+name this node. Nothing secret travels in the environment: the per-job HMAC secret lives in a
+0600 file whose *path* is passed (CKPTSUP_SECRET_FILE).
 """
 
 from __future__ import annotations
 
 import enum
 import os
-from dataclasses import dataclass
+import socket
+from dataclasses import dataclass, fields
 from typing import Mapping
 
 
@@ -53,36 +62,127 @@ class Var:
     meaning: str
 
 
+PREFIX = "CKPTSUP_"
+
+# ---- ckptsup's own variables --------------------------------------------------------------------
+RUN_DIR = "CKPTSUP_RUN_DIR"
+JOB_ID = "CKPTSUP_JOB_ID"
+ATTEMPT = "CKPTSUP_ATTEMPT"
+EPOCH = "CKPTSUP_EPOCH"
+CONFIG_JSON = "CKPTSUP_CONFIG_JSON"
+SITE_CONFIG = "CKPTSUP_SITE_CONFIG"
+CHECKPOINT_DIR = "CKPTSUP_CHECKPOINT_DIR"
+NODE_LOCAL_DIR = "CKPTSUP_NODE_LOCAL_DIR"
+RESUME_FROM = "CKPTSUP_RESUME_FROM"
+SAVE_EVERY_STEPS = "CKPTSUP_SAVE_EVERY_STEPS"
+SAVE_EVERY_S = "CKPTSUP_SAVE_EVERY_S"
+RANK_SOCKET = "CKPTSUP_RANK_SOCKET"
+SECRET_FILE = "CKPTSUP_SECRET_FILE"
+NODE = "CKPTSUP_NODE"
+COLLECTIVE_TIMEOUT_INIT_S = "CKPTSUP_COLLECTIVE_TIMEOUT_INIT_S"
+COLLECTIVE_TIMEOUT_S = "CKPTSUP_COLLECTIVE_TIMEOUT_S"
+FR_DUMP_DIR = "CKPTSUP_FR_DUMP_DIR"
+PREEMPT_BUDGET_S = "CKPTSUP_PREEMPT_BUDGET_S"
+TEST_SAVE_DELAY_S = "CKPTSUP_TEST_SAVE_DELAY_S"
+TEST_LOAD_DELAY_S = "CKPTSUP_TEST_LOAD_DELAY_S"
+
 # fmt: off
 VARS: tuple[Var, ...] = (
-    Var(name="CKPTSUP_RUN_DIR", set_by="supervisor", read_by="agent, hooks", meaning="run directory (shared FS, 0700)"),
-    Var(name="CKPTSUP_JOB_ID", set_by="supervisor", read_by="agent, hooks", meaning="Slurm job id, or 'local'"),
-    Var(name="CKPTSUP_ATTEMPT", set_by="supervisor", read_by="agent, hooks", meaning="attempt number (0-based, counts every restart and requeue)"),
-    Var(name="CKPTSUP_EPOCH", set_by="supervisor", read_by="hooks", meaning="fencing epoch; a commit with an older epoch than state.json is refused"),
-    Var(name="CKPTSUP_CONFIG_JSON", set_by="supervisor", read_by="agent, hooks", meaning="path of the effective config (JSON) the supervisor resolved"),
-    Var(name="CKPTSUP_SITE_CONFIG", set_by="user/site", read_by="config", meaning="site TOML (else /etc/ckptsup/site.toml, else shipped default)"),
-    Var(name="CKPTSUP_CHECKPOINT_DIR", set_by="supervisor", read_by="hooks", meaning="shared-tier checkpoint_dir holding step_<N>/"),
-    Var(name="CKPTSUP_NODE_LOCAL_DIR", set_by="user/site", read_by="hooks", meaning="overrides [storage] node_local (already expanded); unset: the hooks expand node_local with CKPTSUP_NODE and the job id"),
-    Var(name="CKPTSUP_RESUME_FROM", set_by="supervisor", read_by="hooks", meaning="step_<N> directory validated (levels 1-2) before relaunch; empty = fresh start"),
-    Var(name="CKPTSUP_SAVE_EVERY_STEPS", set_by="supervisor", read_by="hooks", meaning="save every N steps (0 = off)"),
-    Var(name="CKPTSUP_SAVE_EVERY_S", set_by="supervisor", read_by="hooks", meaning="initial time-based interval; later changes arrive over the channel"),
-    Var(name="CKPTSUP_RANK_SOCKET", set_by="agent", read_by="hooks", meaning="node-local Unix socket (in a 0700 dir) for rank heartbeats and commands"),
-    Var(name="CKPTSUP_SECRET_FILE", set_by="supervisor", read_by="agent, hooks", meaning="path of the 0600 per-job HMAC secret (never the secret itself)"),
-    Var(name="CKPTSUP_NODE", set_by="agent", read_by="hooks", meaning="this node's Slurm name (hostname outside Slurm)"),
-    Var(name="CKPTSUP_COLLECTIVE_TIMEOUT_INIT_S", set_by="supervisor", read_by="hooks.init_process_group", meaning="collective timeout during init and the first steps"),
-    Var(name="CKPTSUP_COLLECTIVE_TIMEOUT_S", set_by="supervisor", read_by="hooks.init_process_group", meaning="steady-state collective timeout (derived from step/save time, above the supervisor hang/save deadlines; docs/timeouts.md)"),
-    Var(name="CKPTSUP_FR_DUMP_DIR", set_by="supervisor", read_by="hooks", meaning="flight-recorder dump directory in the run dir"),
-    Var(name="CKPTSUP_PREEMPT_BUDGET_S", set_by="supervisor", read_by="hooks", meaning="seconds the ranks have for an emergency save after a stop command"),
+    Var(name=RUN_DIR, set_by="supervisor, sbatch template", read_by="agent, hooks", meaning="run directory (shared FS, 0700)"),
+    Var(name=JOB_ID, set_by="supervisor", read_by="agent, hooks", meaning="Slurm job id, or 'local'"),
+    Var(name=ATTEMPT, set_by="supervisor", read_by="agent, hooks", meaning="attempt number (0-based, counts every restart and requeue)"),
+    Var(name=EPOCH, set_by="supervisor", read_by="hooks", meaning="fencing epoch; a commit with an older epoch than state.json is refused"),
+    Var(name=CONFIG_JSON, set_by="supervisor", read_by="agent, hooks", meaning="path of the effective config (JSON) the supervisor resolved"),
+    Var(name=SITE_CONFIG, set_by="user/site", read_by="config", meaning="site TOML (else /etc/ckptsup/site.toml, else shipped default)"),
+    Var(name=CHECKPOINT_DIR, set_by="supervisor", read_by="hooks", meaning="shared-tier checkpoint_dir holding step_<N>/"),
+    Var(name=NODE_LOCAL_DIR, set_by="user/site", read_by="hooks", meaning="overrides [storage] node_local (already expanded); unset: the hooks expand node_local with CKPTSUP_NODE and the job id"),
+    Var(name=RESUME_FROM, set_by="supervisor", read_by="hooks", meaning="step_<N> directory validated (levels 1-2) before relaunch; empty = fresh start"),
+    Var(name=SAVE_EVERY_STEPS, set_by="supervisor", read_by="hooks", meaning="save every N steps (0 = off)"),
+    Var(name=SAVE_EVERY_S, set_by="supervisor", read_by="hooks", meaning="initial time-based interval; later changes arrive over the channel"),
+    Var(name=RANK_SOCKET, set_by="agent", read_by="hooks", meaning="node-local Unix socket (in a 0700 dir) for rank heartbeats and commands"),
+    Var(name=SECRET_FILE, set_by="supervisor", read_by="agent, hooks", meaning="path of the 0600 per-job HMAC secret (never the secret itself)"),
+    Var(name=NODE, set_by="agent; supervisor (local mode); health checks (for site commands)", read_by="hooks, agent, health checks", meaning="this node's name; unset: SLURMD_NODENAME, else the hostname (node_name())"),
+    Var(name=COLLECTIVE_TIMEOUT_INIT_S, set_by="supervisor", read_by="hooks.init_process_group", meaning="collective timeout during init and the first steps"),
+    Var(name=COLLECTIVE_TIMEOUT_S, set_by="supervisor", read_by="hooks.init_process_group", meaning="steady-state collective timeout (derived from step/save time, above the supervisor hang/save deadlines; docs/timeouts.md)"),
+    Var(name=FR_DUMP_DIR, set_by="supervisor", read_by="hooks", meaning="flight-recorder dump directory in the run dir"),
+    Var(name=PREEMPT_BUDGET_S, set_by="supervisor", read_by="agent, hooks", meaning="seconds the ranks have for an emergency save after a stop command"),
+    Var(name=TEST_SAVE_DELAY_S, set_by="tests", read_by="hooks (writer)", meaning="fault injection: sleep between writing the shards and the commit; never set in production"),
+    Var(name=TEST_LOAD_DELAY_S, set_by="tests", read_by="hooks (loader)", meaning="fault injection: sleep before loading a checkpoint; never set in production"),
 )
 # fmt: on
 
 NAMES = frozenset(v.name for v in VARS)
 
+# ---- other programs' variables that ckptsup reads or sets -------------------------------------
+SLURM_JOB_ID = "SLURM_JOB_ID"
+SLURM_JOB_NODELIST = "SLURM_JOB_NODELIST"
+SLURM_NODELIST = "SLURM_NODELIST"
+SLURMD_NODENAME = "SLURMD_NODENAME"
+SLURM_RESTART_COUNT = "SLURM_RESTART_COUNT"
+SLURM_JOB_NUM_NODES = "SLURM_JOB_NUM_NODES"
+SLURM_NNODES = "SLURM_NNODES"
+SLURM_CPUS_ON_NODE = "SLURM_CPUS_ON_NODE"
+SLURM_JOB_PARTITION = "SLURM_JOB_PARTITION"
+SLURM_JOB_NAME = "SLURM_JOB_NAME"
+SLURM_SUBMIT_DIR = "SLURM_SUBMIT_DIR"
+SLURM_CONF = "SLURM_CONF"
+LOCAL_RANK = "LOCAL_RANK"
+PYTHONUNBUFFERED = "PYTHONUNBUFFERED"
+TORCH_NCCL_ASYNC_ERROR_HANDLING = "TORCH_NCCL_ASYNC_ERROR_HANDLING"
+TORCH_NCCL_ENABLE_MONITORING = "TORCH_NCCL_ENABLE_MONITORING"
+TORCH_NCCL_HEARTBEAT_TIMEOUT_SEC = "TORCH_NCCL_HEARTBEAT_TIMEOUT_SEC"
+TORCH_NCCL_DUMP_ON_TIMEOUT = "TORCH_NCCL_DUMP_ON_TIMEOUT"
+TORCH_NCCL_TRACE_BUFFER_SIZE = "TORCH_NCCL_TRACE_BUFFER_SIZE"
+TORCH_FR_BUFFER_SIZE = "TORCH_FR_BUFFER_SIZE"
+TORCH_NCCL_DEBUG_INFO_TEMP_FILE = "TORCH_NCCL_DEBUG_INFO_TEMP_FILE"
+TORCH_FR_DUMP_TEMP_FILE = "TORCH_FR_DUMP_TEMP_FILE"
+TORCH_NCCL_WAIT_TIMEOUT_DUMP_MILSEC = "TORCH_NCCL_WAIT_TIMEOUT_DUMP_MILSEC"
+AWS_ACCESS_KEY_ID = "AWS_ACCESS_KEY_ID"
+AWS_SECRET_ACCESS_KEY = "AWS_SECRET_ACCESS_KEY"
+
+# fmt: off
+EXTERNAL_VARS: tuple[Var, ...] = (
+    Var(name=SLURM_JOB_ID, set_by="Slurm", read_by="supervisor, hooks, health checks, ckptsup requeue/ops, sbatch template", meaning="the job id; set means inside an allocation; the rank's job id when CKPTSUP_JOB_ID is unset"),
+    Var(name=SLURM_JOB_NODELIST, set_by="Slurm", read_by="supervisor (allocation), sbatch template", meaning="the allocation's nodes (a hostlist)"),
+    Var(name=SLURM_NODELIST, set_by="Slurm", read_by="supervisor (allocation)", meaning="older name of SLURM_JOB_NODELIST, read when that is unset"),
+    Var(name=SLURMD_NODENAME, set_by="Slurm", read_by="node_name(), supervisor (allocation), sbatch template", meaning="this node's Slurm name; in the batch script, the batch host"),
+    Var(name=SLURM_RESTART_COUNT, set_by="Slurm", read_by="supervisor (allocation), sbatch template", meaning="requeue count, informative only (state.json counts attempts)"),
+    Var(name=SLURM_JOB_NUM_NODES, set_by="Slurm", read_by="supervisor (allocation)", meaning="node count of the allocation"),
+    Var(name=SLURM_NNODES, set_by="Slurm", read_by="supervisor (allocation)", meaning="older name of SLURM_JOB_NUM_NODES, read when that is unset"),
+    Var(name=SLURM_CPUS_ON_NODE, set_by="Slurm", read_by="supervisor (allocation)", meaning="CPUs of this node in the allocation"),
+    Var(name=SLURM_JOB_PARTITION, set_by="Slurm", read_by="supervisor (allocation)", meaning="partition, for its preemption GraceTime"),
+    Var(name=SLURM_JOB_NAME, set_by="Slurm", read_by="supervisor (allocation)", meaning="job name"),
+    Var(name=SLURM_SUBMIT_DIR, set_by="Slurm", read_by="supervisor (allocation)", meaning="directory sbatch was run from"),
+    Var(name=SLURM_CONF, set_by="user, ckptsup dev-cluster", read_by="Slurm commands (slurm.client)", meaning="slurm.conf to use; the dev cluster is reached through it"),
+    Var(name=LOCAL_RANK, set_by="torchrun", read_by="hooks", meaning="the rank's index on its node"),
+    Var(name=PYTHONUNBUFFERED, set_by="agent", read_by="Python (torchrun, ranks)", meaning="unbuffered rank output, so the per-node rank log is live"),
+    Var(name=TORCH_NCCL_ASYNC_ERROR_HANDLING, set_by="supervisor", read_by="torch", meaning="[nccl] async_error_handling: what a failed collective does (3 = skip cleanup, tear down)"),
+    Var(name=TORCH_NCCL_ENABLE_MONITORING, set_by="supervisor", read_by="torch", meaning="1: the heartbeat monitor watches NCCL's watchdog thread"),
+    Var(name=TORCH_NCCL_HEARTBEAT_TIMEOUT_SEC, set_by="supervisor", read_by="torch", meaning="watchdog-of-the-watchdog timeout (docs/timeouts.md)"),
+    Var(name=TORCH_NCCL_DUMP_ON_TIMEOUT, set_by="supervisor", read_by="torch", meaning="1: dump the flight recorder on a collective timeout"),
+    Var(name=TORCH_NCCL_TRACE_BUFFER_SIZE, set_by="supervisor", read_by="torch", meaning="flight-recorder entries (0 = off)"),
+    Var(name=TORCH_FR_BUFFER_SIZE, set_by="supervisor", read_by="torch", meaning="newer name of TORCH_NCCL_TRACE_BUFFER_SIZE (both are set)"),
+    Var(name=TORCH_NCCL_DEBUG_INFO_TEMP_FILE, set_by="supervisor", read_by="torch", meaning="flight-recorder dump prefix <run_dir>/attempt-<N>/flight_recorder/rank_"),
+    Var(name=TORCH_FR_DUMP_TEMP_FILE, set_by="supervisor", read_by="torch", meaning="newer name of TORCH_NCCL_DEBUG_INFO_TEMP_FILE (both are set)"),
+    Var(name=TORCH_NCCL_WAIT_TIMEOUT_DUMP_MILSEC, set_by="supervisor", read_by="torch", meaning="how long a timed-out rank waits for the flight-recorder dump before it aborts"),
+    Var(name=AWS_ACCESS_KEY_ID, set_by="user", read_by="boto3 (S3 tier)", meaning="S3 credentials; preferred over [storage] s3_access_key_id"),
+    Var(name=AWS_SECRET_ACCESS_KEY, set_by="user", read_by="boto3 (S3 tier)", meaning="S3 credentials; preferred over [storage] s3_secret_access_key"),
+)
+# fmt: on
+
+
+def node_name(environ: Mapping[str, str] | None = None) -> str:
+    """This node's name: CKPTSUP_NODE (the agent's, also a test's override), else Slurm's
+    SLURMD_NODENAME, else the hostname. Every part of ckptsup names nodes this way so that the
+    agent, the hooks and the health checks agree."""
+    environ = os.environ if environ is None else environ
+    return environ.get(NODE) or environ.get(SLURMD_NODENAME) or socket.gethostname()
+
 
 @dataclass(frozen=True, kw_only=True)
 class RankEnv:
     """What a rank learns from the supervisor. Every field has a standalone default so that
-    `attach` also works under plain torchrun or python."""
+    `attach` also works under plain torchrun or python. Field `x` is variable CKPTSUP_X."""
 
     run_dir: str | None
     job_id: str
@@ -106,6 +206,37 @@ class RankEnv:
     def supervised(self) -> bool:
         return self.rank_socket is not None
 
+    @classmethod
+    def from_environ(cls, environ: Mapping[str, str] | None = None) -> "RankEnv":
+        """Read `environ` (default os.environ); unset or empty variables take the defaults.
+        Raises ConfigError for a number that does not parse."""
+        env = os.environ if environ is None else environ
+        return cls(
+            run_dir=_opt(env, RUN_DIR),
+            job_id=env.get(JOB_ID) or env.get(SLURM_JOB_ID) or "local",
+            attempt=_num(env, ATTEMPT, int) or 0,
+            epoch=_num(env, EPOCH, int) or 0,
+            config_json=_opt(env, CONFIG_JSON),
+            checkpoint_dir=_opt(env, CHECKPOINT_DIR),
+            node_local_dir=_opt(env, NODE_LOCAL_DIR),
+            resume_from=_opt(env, RESUME_FROM),
+            save_every_steps=_num(env, SAVE_EVERY_STEPS, int),
+            save_every_s=_num(env, SAVE_EVERY_S, float),
+            rank_socket=_opt(env, RANK_SOCKET),
+            secret_file=_opt(env, SECRET_FILE),
+            node=node_name(env),
+            collective_timeout_init_s=_num(env, COLLECTIVE_TIMEOUT_INIT_S, float),
+            collective_timeout_s=_num(env, COLLECTIVE_TIMEOUT_S, float),
+            fr_dump_dir=_opt(env, FR_DUMP_DIR),
+            preempt_budget_s=_num(env, PREEMPT_BUDGET_S, float),
+        )
+
+    def to_environ(self) -> dict[str, str]:
+        """The variables that from_environ reads back as this RankEnv. None fields are left out
+        (unset reads as the default); an empty string would read back as None."""
+        # field `x` is CKPTSUP_X; str() of an int or float reads back exactly through int() / float()
+        return {PREFIX + f.name.upper(): str(value) for f in fields(self) if (value := getattr(self, f.name)) is not None}
+
 
 def _opt(env: Mapping[str, str], name: str) -> str | None:
     value = env.get(name, "")
@@ -122,28 +253,3 @@ def _num(env: Mapping[str, str], name: str, kind: type):
         from .errors import ConfigError
 
         raise ConfigError(f"environment {name}={raw!r} is not a {kind.__name__}; unset it or fix the value") from None
-
-
-def read_rank_env(env: Mapping[str, str] | None = None) -> RankEnv:
-    env = os.environ if env is None else env
-    import socket
-
-    return RankEnv(
-        run_dir=_opt(env, "CKPTSUP_RUN_DIR"),
-        job_id=env.get("CKPTSUP_JOB_ID") or env.get("SLURM_JOB_ID") or "local",
-        attempt=_num(env, "CKPTSUP_ATTEMPT", int) or 0,
-        epoch=_num(env, "CKPTSUP_EPOCH", int) or 0,
-        config_json=_opt(env, "CKPTSUP_CONFIG_JSON"),
-        checkpoint_dir=_opt(env, "CKPTSUP_CHECKPOINT_DIR"),
-        node_local_dir=_opt(env, "CKPTSUP_NODE_LOCAL_DIR"),
-        resume_from=_opt(env, "CKPTSUP_RESUME_FROM"),
-        save_every_steps=_num(env, "CKPTSUP_SAVE_EVERY_STEPS", int),
-        save_every_s=_num(env, "CKPTSUP_SAVE_EVERY_S", float),
-        rank_socket=_opt(env, "CKPTSUP_RANK_SOCKET"),
-        secret_file=_opt(env, "CKPTSUP_SECRET_FILE"),
-        node=env.get("CKPTSUP_NODE") or env.get("SLURMD_NODENAME") or socket.gethostname(),
-        collective_timeout_init_s=_num(env, "CKPTSUP_COLLECTIVE_TIMEOUT_INIT_S", float),
-        collective_timeout_s=_num(env, "CKPTSUP_COLLECTIVE_TIMEOUT_S", float),
-        fr_dump_dir=_opt(env, "CKPTSUP_FR_DUMP_DIR"),
-        preempt_budget_s=_num(env, "CKPTSUP_PREEMPT_BUDGET_S", float),
-    )

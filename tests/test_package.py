@@ -7,7 +7,7 @@ import sys
 
 import pytest
 
-from ckptsup.env import ExitStatus, read_rank_env, should_requeue
+from ckptsup.env import ExitStatus, RankEnv, should_requeue
 from ckptsup.errors import ConfigError
 
 
@@ -27,13 +27,13 @@ def test_requeue_decision_follows_exit_status_table(rc: int, requeue: bool) -> N
 
 
 def test_rank_env_defaults_outside_supervisor() -> None:
-    env = read_rank_env({})
+    env = RankEnv.from_environ({})
     assert env.job_id == "local" and env.attempt == 0 and not env.supervised
 
 
 def test_rank_env_bad_number_is_config_error() -> None:
     with pytest.raises(ConfigError, match="CKPTSUP_ATTEMPT='x' is not a int"):
-        read_rank_env({"CKPTSUP_ATTEMPT": "x"})
+        RankEnv.from_environ({"CKPTSUP_ATTEMPT": "x"})
 
 
 def test_every_contract_command_has_help() -> None:
@@ -46,13 +46,15 @@ def test_every_contract_command_has_help() -> None:
         assert name in proc.stdout
 
 
-def test_contracts_doc_lists_every_env_var_and_exit_status() -> None:
+def test_contracts_doc_renders_both_env_tables_and_every_exit_status() -> None:
     from pathlib import Path
 
-    from ckptsup.env import VARS
+    from ckptsup.env import EXTERNAL_VARS, VARS
 
     text = (Path(__file__).resolve().parent.parent / "docs" / "contracts.md").read_text()
-    for var in VARS:
-        assert f"`{var.name}`" in text
+    own, _, external = text.partition("`ckptsup.env.EXTERNAL_VARS`")
+    for table, section in ((VARS, own), (EXTERNAL_VARS, external)):
+        for var in table:  # the doc's row is env.py's row, word for word
+            assert f"| `{var.name}` | {var.set_by} | {var.read_by} | {var.meaning} |" in section, var.name
     for status in ExitStatus:
         assert f"| {int(status)} | {status.name} |" in text

@@ -19,12 +19,11 @@ import warnings
 from pathlib import Path
 from typing import Any
 
+from ..env import TEST_LOAD_DELAY_S
 from ..errors import CheckpointError, CkptsupError, ManifestError, ValidationError
 from .dcp_errors import failure_errors, one_line, root_cause
 
 log = logging.getLogger("ckptsup.hooks")
-
-TEST_DELAY_ENV = "CKPTSUP_TEST_LOAD_DELAY_S"  # fault injection (kill during a load); tests only
 
 
 def _fresh_copy(targets: dict[str, Any]) -> dict[str, Any]:
@@ -83,7 +82,7 @@ def load_checkpoint(run: Any, path: Path) -> Exception | None:
     error = _agree(run, path, error)
     if error is not None:
         return error
-    delay = float(os.environ.get(TEST_DELAY_ENV, "0") or 0)
+    delay = float(os.environ.get(TEST_LOAD_DELAY_S, "0") or 0)
     if delay > 0:
         print(f"ckptsup-test: rank {run.rank} delaying the load of {path.name}", file=sys.stderr, flush=True)
         time.sleep(delay)

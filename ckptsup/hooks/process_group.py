@@ -14,7 +14,7 @@ import datetime
 import logging
 from typing import Any
 
-from ..env import read_rank_env
+from ..env import RankEnv
 
 log = logging.getLogger("ckptsup.hooks")
 
@@ -32,7 +32,7 @@ def init_process_group(backend: str | None = None, *, timeout_s: float | None = 
 
     if dist.is_initialized():
         return dist.group.WORLD
-    env = read_rank_env()
+    env = RankEnv.from_environ()
     if backend is None:
         backend = "nccl" if torch.cuda.is_available() else "gloo"
     timeout = _timedelta(timeout_s if timeout_s is not None else env.collective_timeout_init_s)
@@ -48,7 +48,7 @@ def set_steady_timeout(seconds: float | None = None, group: Any = None) -> bool:
     import torch.distributed as dist
 
     if seconds is None:
-        seconds = read_rank_env().collective_timeout_s
+        seconds = RankEnv.from_environ().collective_timeout_s
     if seconds is None or not (dist.is_available() and dist.is_initialized()):
         return False
     setter = getattr(dist.distributed_c10d, "_set_pg_timeout", None)

@@ -31,7 +31,7 @@ from typing import Any, Callable
 from ..checkpoint.catalog import Status, list_checkpoints
 from ..checkpoint.commit import WriterLock
 from ..checkpoint.validate import quarantine
-from ..env import ExitStatus, read_rank_env
+from ..env import LOCAL_RANK, ExitStatus, RankEnv
 from ..errors import CheckpointError, CkptsupError
 from ..events import Event
 from .agent_socket import RankChannel
@@ -62,7 +62,7 @@ def attach(*, model: Any, optimizer: Any = None, lr_scheduler: Any = None, datal
            save_every_steps: int | None = None, save_every_s: float | None = None, **overrides: Any) -> "Run":
     """Attach ckptsup to a training loop. Keyword overrides win over the supervisor's environment,
     which wins over the config files; any other [checkpoint] key may be passed too."""
-    env = read_rank_env()
+    env = RankEnv.from_environ()
     settings = resolve_settings(env=env, checkpoint_dir=checkpoint_dir, save_every_steps=save_every_steps,
                                 save_every_s=save_every_s, overrides=overrides)
     check_dataloader(dataloader, allow_stateless=settings.allow_stateless_dataloader)
@@ -88,7 +88,7 @@ class Run:
         self.channel = RankChannel(socket_path=env.rank_socket, secret_file=env.secret_file, rank=self.rank,
                                    fr_dump_dir=env.fr_dump_dir)
         self.reporter = Reporter(env=env, rank=self.rank, channel=self.channel)
-        self.channel.send(MessageKind.HELLO, {"rank": self.rank, "local_rank": int(os.environ.get("LOCAL_RANK", "0")), "world_size": self.world_size,
+        self.channel.send(MessageKind.HELLO, {"rank": self.rank, "local_rank": int(os.environ.get(LOCAL_RANK, "0")), "world_size": self.world_size,
                                     "node": env.node, "pid": os.getpid()})
         self.channel.send(MessageKind.PHASE, {"rank": self.rank, "phase": Phase.INIT, "step": 0})
         multi = self.distributed and self.world_size > 1
@@ -104,7 +104,7 @@ class Run:
             WriterConfig(checkpoint_dir=settings.checkpoint_dir, rank=self.rank, world_size=self.world_size,
                          job_id=env.job_id, attempt=env.attempt, epoch=env.epoch, run_dir=env.run_dir,
                          algorithm=settings.hash_algorithm, mesh={"dp": self.world_size},
-                         node_local_dir=settings.node_local_dir, local_rank=int(os.environ.get("LOCAL_RANK", "0")),
+                         node_local_dir=settings.node_local_dir, local_rank=int(os.environ.get(LOCAL_RANK, "0")),
                          keep_local=settings.config.checkpoint.keep_last if settings.config is not None else 3),
             process_group=save_pg, on_result=self._on_save_result, clock=clock)
         # rank 0 looks after committed checkpoints: promotion to slower tiers, retention, level-3 test loads

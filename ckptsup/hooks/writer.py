@@ -32,15 +32,12 @@ from ..checkpoint.commit import abort, commit, make_tmp_dir
 from ..checkpoint.hashing import hash_file, hash_file_and_ranges
 from ..checkpoint.local_cache import LocalCopy, manifest_digest
 from ..checkpoint.manifest import METADATA_NAME, FileEntry, ItemEntry, Manifest
+from ..env import TEST_SAVE_DELAY_S
 from ..errors import CheckpointError
 from .dcp_errors import failure_errors, one_line
 from .local_stage import LocalStaging
 
 log = logging.getLogger("ckptsup.hooks")
-
-# Fault injection for tests (kill during an async save): seconds to sleep after the shards are
-# written and before the commit. Never set in production.
-TEST_DELAY_ENV = "CKPTSUP_TEST_SAVE_DELAY_S"
 
 
 def item_key(index: Any) -> str:
@@ -310,7 +307,8 @@ class CheckpointWriter:
             with warnings.catch_warnings():
                 warnings.filterwarnings("ignore", message=".*assuming the intent is to save in a single process.*")
                 metadata = dcp.save(staged, storage_writer=writer, process_group=self.pg, no_dist=self.pg is None)
-            delay = float(os.environ.get(TEST_DELAY_ENV, "0") or 0)
+            # fault injection for tests (kill during an async save); never set in production
+            delay = float(os.environ.get(TEST_SAVE_DELAY_S, "0") or 0)
             if delay > 0:
                 print(f"ckptsup-test: rank {cfg.rank} delaying the commit of step {step}", file=sys.stderr, flush=True)
                 time.sleep(delay)

@@ -10,6 +10,7 @@ from typing import Mapping
 
 import hostlist
 
+from .. import env as envvars
 from ..errors import ConfigError, NotInAllocationError
 
 
@@ -33,7 +34,7 @@ class Allocation:
 
 
 def in_allocation(env: Mapping[str, str]) -> bool:
-    return bool(env.get("SLURM_JOB_ID"))
+    return bool(env.get(envvars.SLURM_JOB_ID))
 
 
 def _int(env: Mapping[str, str], name: str, default: int | None) -> int | None:
@@ -48,27 +49,27 @@ def _int(env: Mapping[str, str], name: str, default: int | None) -> int | None:
 
 def allocation_from_env(env: Mapping[str, str]) -> Allocation:
     """Read the allocation. Raises NotInAllocationError outside one."""
-    job_id = env.get("SLURM_JOB_ID", "")
+    job_id = env.get(envvars.SLURM_JOB_ID, "")
     if not job_id:
         raise NotInAllocationError("not inside a Slurm allocation (SLURM_JOB_ID is unset); "
                                    "submit with `ckptsup sbatch --submit` or run locally")
-    nodelist = env.get("SLURM_JOB_NODELIST") or env.get("SLURM_NODELIST") or ""
+    nodelist = env.get(envvars.SLURM_JOB_NODELIST) or env.get(envvars.SLURM_NODELIST) or ""
     try:
         nodes = hostlist.expand_hostlist(nodelist) if nodelist else []
     except hostlist.BadHostlist:
         raise ConfigError(f"environment SLURM_JOB_NODELIST={nodelist!r} is not a Slurm hostlist") from None
-    here = env.get("SLURMD_NODENAME", "")
+    here = env.get(envvars.SLURMD_NODENAME, "")
     # read from the batch script (the supervisor's home), SLURMD_NODENAME is the batch host
     batch_host = here or (nodes[0] if nodes else "")
     return Allocation(
         job_id=job_id,
         nodes=nodes,
         batch_host=batch_host,
-        restart_count=_int(env, "SLURM_RESTART_COUNT", 0) or 0,
-        num_nodes=_int(env, "SLURM_JOB_NUM_NODES", None) or _int(env, "SLURM_NNODES", None) or len(nodes),
-        cpus_on_node=_int(env, "SLURM_CPUS_ON_NODE", None),
-        partition=env.get("SLURM_JOB_PARTITION", ""),
-        job_name=env.get("SLURM_JOB_NAME", ""),
-        submit_dir=env.get("SLURM_SUBMIT_DIR", ""),
+        restart_count=_int(env, envvars.SLURM_RESTART_COUNT, 0) or 0,
+        num_nodes=_int(env, envvars.SLURM_JOB_NUM_NODES, None) or _int(env, envvars.SLURM_NNODES, None) or len(nodes),
+        cpus_on_node=_int(env, envvars.SLURM_CPUS_ON_NODE, None),
+        partition=env.get(envvars.SLURM_JOB_PARTITION, ""),
+        job_name=env.get(envvars.SLURM_JOB_NAME, ""),
+        submit_dir=env.get(envvars.SLURM_SUBMIT_DIR, ""),
         node=here,
     )

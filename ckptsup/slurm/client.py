@@ -24,6 +24,7 @@ from typing import Callable, Mapping, Sequence
 import hostlist
 import tenacity
 
+from ..env import SLURM_CONF
 from ..errors import SlurmCommandError
 from . import parsers
 from .allocation import Allocation, allocation_from_env
@@ -43,7 +44,7 @@ Runner = Callable[[list[str], float, Mapping[str, str]], CommandResult]
 
 def subprocess_runner(argv: list[str], timeout_s: float, env: Mapping[str, str]) -> CommandResult:
     """Run one Slurm command; a timeout becomes rc=124 with a transient-looking stderr."""
-    conf = env.get("SLURM_CONF")
+    conf = env.get(SLURM_CONF)
     if conf and not os.path.exists(conf):
         # Slurm would fall back to a DNS lookup and hang until the timeout, retried as transient
         return CommandResult(argv=argv, returncode=1, stdout="",

@@ -26,6 +26,7 @@ from typing import Callable
 
 import psutil
 
+from ..env import SLURM_CONF
 from ..errors import DevClusterError
 from .client import SlurmClient
 from .daemons import Daemon, not_zombie, reap
@@ -71,7 +72,7 @@ class DevCluster:
 
     def env(self) -> dict[str, str]:
         env = dict(os.environ)
-        env["SLURM_CONF"] = str(self.conf)
+        env[SLURM_CONF] = str(self.conf)
         return env
 
     def client(self) -> SlurmClient:

@@ -31,7 +31,7 @@ import psutil
 
 from .. import wire
 from ..wire import MessageKind, Phase
-from ..env import ExitStatus
+from ..env import NODE, PREEMPT_BUDGET_S, PYTHONUNBUFFERED, RANK_SOCKET, SECRET_FILE, ExitStatus, node_name
 from ..rundir import read_secret
 from .spec import LaunchSpec
 from .standby import Standby
@@ -163,9 +163,9 @@ class Agent:
         env = dict(os.environ)
         env.update(self.spec.env)
         env.update(extra)
-        env["CKPTSUP_RANK_SOCKET"] = str(self.sock_path)
-        env["CKPTSUP_NODE"] = self.node
-        env["PYTHONUNBUFFERED"] = "1"
+        env[RANK_SOCKET] = str(self.sock_path)
+        env[NODE] = self.node
+        env[PYTHONUNBUFFERED] = "1"
         return env
 
     def start_torchrun(self, extra_env: dict[str, str]) -> None:
@@ -345,7 +345,7 @@ class Agent:
     def _preempted(self) -> int:
         """SIGTERM: Slurm preempts (every step process got it). Ask ranks to stop and save if
         the budget allows, wait for torchrun up to its shutdown timeout, report, exit."""
-        budget = float(self.spec.env.get("CKPTSUP_PREEMPT_BUDGET_S", "0") or 0)
+        budget = float(self.spec.env.get(PREEMPT_BUDGET_S, "0") or 0)
         self.send(MessageKind.PREEMPT, {"signal": self.term_signal, "budget_s": budget})
         self.to_ranks(MessageKind.STOP_AT, {"reason": "preempted", "save": True, "budget_s": budget})
         deadline = time.monotonic() + max(budget, 1.0)
@@ -399,17 +399,13 @@ class Agent:
         shutil.rmtree(self.sock_dir, ignore_errors=True)
 
 
-def node_name() -> str:
-    return os.environ.get("CKPTSUP_NODE") or os.environ.get("SLURMD_NODENAME") or socket.gethostname()
-
-
 def run_agent(*, spec_path: str, attempt: int, launch: bool = True) -> int:
     spec = LaunchSpec.read(spec_path)
-    secret_file = spec.env.get("CKPTSUP_SECRET_FILE") or os.environ.get("CKPTSUP_SECRET_FILE")
+    secret_file = spec.env.get(SECRET_FILE) or os.environ.get(SECRET_FILE)
     if not secret_file:
         from ..errors import ConfigError
 
-        raise ConfigError("the agent needs CKPTSUP_SECRET_FILE; it is started by `ckptsup launch`, not by hand")
+        raise ConfigError(f"the agent needs {SECRET_FILE}; it is started by `ckptsup launch`, not by hand")
     agent = Agent(spec=spec, node=node_name(), secret=read_secret(secret_file), out=sys.stdout.buffer,
                   inp=sys.stdin.buffer, attempt=attempt)
     return agent.run(launch=launch)

@@ -9,7 +9,7 @@ from pathlib import Path
 
 import click
 
-from ..env import ExitStatus
+from ..env import SLURM_JOB_ID, ExitStatus
 from ..errors import CkptsupError, ConfigError
 
 
@@ -43,7 +43,7 @@ def launch(nproc_per_node: int | None, nodes: int | None, job_config: str | None
     script_path = Path(script)
     if not script_path.is_file():
         raise UsageError(f"script {script} does not exist; pass the path of your training script")
-    in_slurm = bool(os.environ.get("SLURM_JOB_ID"))
+    in_slurm = bool(os.environ.get(SLURM_JOB_ID))
     placement = Placement.from_slurm(os.environ, resolved.config.slurm) if in_slurm else Placement.local()
     sup = resolved.config.supervisor
     needed = sup.nodes or max(1, len(placement.nodes) - (resolved.config.sbatch.spares if in_slurm else 0))

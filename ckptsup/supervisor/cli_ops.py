@@ -12,6 +12,7 @@ from pathlib import Path
 
 import click
 
+from ..env import SLURM_JOB_ID
 from ..errors import ConfigError
 from ..rundir import CONFIG_JSON, RunDir
 
@@ -27,7 +28,7 @@ def _run_dir(path: str) -> Path:
 
 
 def _job_id(job_id: str | None) -> str:
-    job_id = job_id or os.environ.get("SLURM_JOB_ID")
+    job_id = job_id or os.environ.get(SLURM_JOB_ID)
     if not job_id:
         raise ConfigError("no Slurm job id: pass --job-id or run inside the job (SLURM_JOB_ID)")
     return job_id

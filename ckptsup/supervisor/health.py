@@ -21,7 +21,6 @@ import json
 import os
 import shlex
 import shutil
-import socket
 import subprocess
 import sys
 import threading
@@ -32,6 +31,7 @@ from pathlib import Path
 from typing import Any, Callable, Iterable, Mapping, Sequence
 
 from ..config import Config, load_config, read_config_json
+from ..env import NODE, SLURM_JOB_ID, node_name
 from ..errors import CkptsupError
 from ..rundir import CONFIG_JSON
 
@@ -206,10 +206,10 @@ def check_gpus(mode: str, expected: int, timeout_s: float,
 def run_local_checks(config: Config, paths: CheckPaths, *, node: str | None = None,
                      which: Callable[[str], str | None] = shutil.which) -> list[CheckResult]:
     """Every check on this node; never raises for an unhealthy node (that is data)."""
-    node = node or os.environ.get("SLURMD_NODENAME") or socket.gethostname()
+    node = node or node_name()
     health = config.health
     results: list[CheckResult] = []
-    env = {**os.environ, "CKPTSUP_NODE": node}
+    env = {**os.environ, NODE: node}
     for command in health.commands:
         try:
             argv = shlex.split(command)
@@ -306,8 +306,8 @@ def _main(argv: Sequence[str] | None = None) -> int:
     parser.add_argument("--node", default=None)
     parser.add_argument("--job-id", default=None)
     args = parser.parse_args(argv)
-    node = args.node or os.environ.get("SLURMD_NODENAME") or socket.gethostname()
-    job_id = args.job_id or os.environ.get("SLURM_JOB_ID", "local")
+    node = args.node or node_name()
+    job_id = args.job_id or os.environ.get(SLURM_JOB_ID, "local")
     try:
         config = effective_config(args.run_dir)
     except CkptsupError as err:  # reported as this node's result, one line

@@ -38,6 +38,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any, Iterable
 
+from .. import env as envvars
 from ..config import AUTO, Config
 from .detection import hang_timeout, percentile
 
@@ -140,18 +141,18 @@ def nccl_env(config: Config, *, run_dir: str | Path, attempt: int,
     prefix = str(flight_recorder_dir(run_dir, attempt) / "rank_")
     dump = "1" if (nccl.dump_on_timeout and entries > 0) else "0"
     env: dict[str, Any] = {
-        "TORCH_NCCL_ASYNC_ERROR_HANDLING": int(nccl.async_error_handling),
-        "TORCH_NCCL_ENABLE_MONITORING": 1,
-        "TORCH_NCCL_HEARTBEAT_TIMEOUT_SEC": int(math.ceil(t.heartbeat_s)),
-        "TORCH_NCCL_DUMP_ON_TIMEOUT": dump,
-        "TORCH_NCCL_TRACE_BUFFER_SIZE": entries,
-        "TORCH_FR_BUFFER_SIZE": entries,
-        "TORCH_NCCL_DEBUG_INFO_TEMP_FILE": prefix,
-        "TORCH_FR_DUMP_TEMP_FILE": prefix,
-        "TORCH_NCCL_WAIT_TIMEOUT_DUMP_MILSEC": int(t.dump_wait_s * 1000),
-        "CKPTSUP_FR_DUMP_DIR": str(flight_recorder_dir(run_dir, attempt)),
-        "CKPTSUP_COLLECTIVE_TIMEOUT_INIT_S": _num(t.collective_init_s),
-        "CKPTSUP_COLLECTIVE_TIMEOUT_S": _num(t.collective_s),
+        envvars.TORCH_NCCL_ASYNC_ERROR_HANDLING: int(nccl.async_error_handling),
+        envvars.TORCH_NCCL_ENABLE_MONITORING: 1,
+        envvars.TORCH_NCCL_HEARTBEAT_TIMEOUT_SEC: int(math.ceil(t.heartbeat_s)),
+        envvars.TORCH_NCCL_DUMP_ON_TIMEOUT: dump,
+        envvars.TORCH_NCCL_TRACE_BUFFER_SIZE: entries,
+        envvars.TORCH_FR_BUFFER_SIZE: entries,
+        envvars.TORCH_NCCL_DEBUG_INFO_TEMP_FILE: prefix,
+        envvars.TORCH_FR_DUMP_TEMP_FILE: prefix,
+        envvars.TORCH_NCCL_WAIT_TIMEOUT_DUMP_MILSEC: int(t.dump_wait_s * 1000),
+        envvars.FR_DUMP_DIR: str(flight_recorder_dir(run_dir, attempt)),
+        envvars.COLLECTIVE_TIMEOUT_INIT_S: _num(t.collective_init_s),
+        envvars.COLLECTIVE_TIMEOUT_S: _num(t.collective_s),
     }
     return {k: str(v) for k, v in env.items()}
 

@@ -10,6 +10,7 @@ import sys
 from dataclasses import dataclass, field
 from typing import Any, Mapping, Sequence
 
+from ..env import JOB_ID, NODE, node_name
 from ..errors import CkptsupError, ConfigError
 
 
@@ -50,8 +51,8 @@ class Placement:
 
     @classmethod
     def local(cls) -> "Placement":
-        node = os.environ.get("CKPTSUP_NODE") or socket.gethostname()
-        return cls(job_id=os.environ.get("CKPTSUP_JOB_ID", "local"), nodes=(node,), addrs={node: "127.0.0.1"})
+        node = node_name()
+        return cls(job_id=os.environ.get(JOB_ID, "local"), nodes=(node,), addrs={node: "127.0.0.1"})
 
     @classmethod
     def from_slurm(cls, env: Mapping[str, str], slurm_config: Any) -> "Placement":
@@ -101,5 +102,5 @@ class Placement:
     def agent_env(self, node_hint: str | None) -> dict[str, str]:
         env = dict(os.environ)
         if not self.in_slurm and node_hint:
-            env["CKPTSUP_NODE"] = node_hint
+            env[NODE] = node_hint
         return env

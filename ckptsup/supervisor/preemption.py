@@ -21,6 +21,7 @@ import signal as _signal
 from dataclasses import dataclass
 
 from ..config import Config
+from ..env import PREEMPT_BUDGET_S
 
 STOP_RESERVE_S = 5.0  # stop the ranks, exit, `scontrol requeue`: measured well under this
 
@@ -45,7 +46,7 @@ class StopPlan:
     reason: str
 
     def env(self) -> dict[str, str]:
-        return {"CKPTSUP_PREEMPT_BUDGET_S": f"{self.budget_s:.1f}"}
+        return {PREEMPT_BUDGET_S: f"{self.budget_s:.1f}"}
 
     def as_event(self) -> dict[str, object]:
         """Fields of the `preemption` event."""

@@ -13,6 +13,7 @@ from typing import Any, Callable, Iterable
 from ..checkpoint.catalog import Status, list_checkpoints
 from ..checkpoint.commit import parse_step
 from ..checkpoint.validate import quarantine, validate
+from .. import env as envvars
 from ..config import Config
 from ..errors import CkptsupError
 from ..events import Event
@@ -33,21 +34,22 @@ def rank_env(config: Config, *, run_dir: Path, config_json: Path, secret_path: P
              preempt_budget_s: float) -> dict[str, str]:
     """Everything ranks learn from the supervisor (env.py); the agent adds RANK_SOCKET and NODE."""
     env = nccl_env(config, run_dir=run_dir, attempt=attempt, timeouts=timeouts)
+    # the constants, not RankEnv.to_environ: RESUME_FROM="" (fresh start) must be set, not omitted
     env.update({
-        "CKPTSUP_RUN_DIR": str(run_dir),
-        "CKPTSUP_JOB_ID": job_id,
-        "CKPTSUP_ATTEMPT": str(attempt),
-        "CKPTSUP_EPOCH": str(epoch),
-        "CKPTSUP_CONFIG_JSON": str(config_json),
-        "CKPTSUP_CHECKPOINT_DIR": str(ckpt_dir),
-        "CKPTSUP_RESUME_FROM": resume_from,
-        "CKPTSUP_SECRET_FILE": str(secret_path),
-        "CKPTSUP_SAVE_EVERY_STEPS": str(config.checkpoint.save_every_steps),
-        "CKPTSUP_SAVE_EVERY_S": f"{save_every_s:g}",
-        "CKPTSUP_PREEMPT_BUDGET_S": f"{preempt_budget_s:.1f}",
+        envvars.RUN_DIR: str(run_dir),
+        envvars.JOB_ID: job_id,
+        envvars.ATTEMPT: str(attempt),
+        envvars.EPOCH: str(epoch),
+        envvars.CONFIG_JSON: str(config_json),
+        envvars.CHECKPOINT_DIR: str(ckpt_dir),
+        envvars.RESUME_FROM: resume_from,
+        envvars.SECRET_FILE: str(secret_path),
+        envvars.SAVE_EVERY_STEPS: str(config.checkpoint.save_every_steps),
+        envvars.SAVE_EVERY_S: f"{save_every_s:g}",
+        envvars.PREEMPT_BUDGET_S: f"{preempt_budget_s:.1f}",
     })
-    if "CKPTSUP_SITE_CONFIG" in os.environ:
-        env["CKPTSUP_SITE_CONFIG"] = os.environ["CKPTSUP_SITE_CONFIG"]
+    if envvars.SITE_CONFIG in os.environ:
+        env[envvars.SITE_CONFIG] = os.environ[envvars.SITE_CONFIG]
     return env
 
 

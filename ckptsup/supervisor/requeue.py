@@ -40,7 +40,7 @@ from typing import Any, Callable, Protocol, Sequence
 
 from ..errors import CkptsupError
 from ..events import Event, EventWriter
-from ..env import ExitStatus
+from ..env import SLURM_JOB_ID, ExitStatus
 from ..rundir import FINISHED, RunDir, RunStatus
 
 CLAIM_PREFIX = "requeue.claim-"
@@ -193,7 +193,7 @@ def requeue_job(client: RequeueClient, run_dir: str | os.PathLike[str] | RunDir,
         writer.close()
 
     if detach is None:
-        detach = os.environ.get("SLURM_JOB_ID") == job_id
+        detach = os.environ.get(SLURM_JOB_ID) == job_id
     base = dict(job_id=job_id, requeued=True, epoch=state.epoch, excluded=excluded,
                 partition=partition, phases=phases)
     if detach:

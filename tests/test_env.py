@@ -1,0 +1,130 @@
+"""env.py is the single source of truth for environment variables: RankEnv both ways, one
+node_name, a constant per variable, and no CKPTSUP_* literal in the code outside env.py."""
+
+from __future__ import annotations
+
+import ast
+import dataclasses
+from pathlib import Path
+
+import pytest
+
+from ckptsup import env
+from ckptsup.env import EXTERNAL_VARS, NAMES, PREFIX, VARS, RankEnv, node_name
+
+PACKAGE = Path(env.__file__).resolve().parent
+
+FULL = RankEnv(run_dir="/runs/7", job_id="7", attempt=3, epoch=5, config_json="/runs/7/config.json",
+               checkpoint_dir="/runs/7/checkpoints", node_local_dir="/local/7", resume_from="/runs/7/checkpoints/step_40",
+               save_every_steps=20, save_every_s=123.25, rank_socket="/tmp/ckptsup-n1-x/ranks.sock",
+               secret_file="/runs/7/secret", node="n1", collective_timeout_init_s=600.0,
+               collective_timeout_s=97.125, fr_dump_dir="/runs/7/attempt-3/flight_recorder", preempt_budget_s=30.5)
+EMPTY = RankEnv(run_dir=None, job_id="local", attempt=0, epoch=0, config_json=None, checkpoint_dir=None,
+                node_local_dir=None, resume_from=None, save_every_steps=None, save_every_s=None, rank_socket=None,
+                secret_file=None, node="n2", collective_timeout_init_s=None, collective_timeout_s=None,
+                fr_dump_dir=None, preempt_budget_s=None)
+
+
+@pytest.mark.parametrize("rank_env", [FULL, EMPTY], ids=["full", "mostly-empty"])
+def test_rank_env_round_trips_through_the_environment(rank_env: RankEnv) -> None:
+    environ = rank_env.to_environ()
+    assert all(isinstance(v, str) for v in environ.values())
+    assert RankEnv.from_environ(environ) == rank_env
+
+
+def test_to_environ_leaves_out_unset_fields_and_uses_contract_names() -> None:
+    assert EMPTY.to_environ() == {"CKPTSUP_JOB_ID": "local", "CKPTSUP_ATTEMPT": "0", "CKPTSUP_EPOCH": "0",
+                                  "CKPTSUP_NODE": "n2"}
+    assert FULL.to_environ()["CKPTSUP_SAVE_EVERY_S"] == "123.25"
+
+
+def test_every_rank_env_field_is_a_contract_variable() -> None:
+    assert all(getattr(FULL, f.name) is not None for f in dataclasses.fields(RankEnv))  # FULL sets all
+    assert len(FULL.to_environ()) == len(dataclasses.fields(RankEnv))
+    assert set(FULL.to_environ()) <= NAMES
+
+
+def test_node_name_prefers_ckptsup_node_then_slurmd_nodename_then_hostname(monkeypatch) -> None:
+    import socket
+
+    monkeypatch.setattr(socket, "gethostname", lambda: "host-a")
+    assert node_name({"CKPTSUP_NODE": "n1", "SLURMD_NODENAME": "s1"}) == "n1"
+    assert node_name({"SLURMD_NODENAME": "s1"}) == "s1"
+    assert node_name({"CKPTSUP_NODE": "", "SLURMD_NODENAME": ""}) == "host-a"
+    assert node_name({}) == "host-a"
+    monkeypatch.setenv("CKPTSUP_NODE", "from-os-environ")
+    assert node_name() == "from-os-environ"
+    assert RankEnv.from_environ({"SLURMD_NODENAME": "s1"}).node == "s1"
+
+
+def test_local_placement_and_health_checks_name_the_node_through_node_name(monkeypatch, tmp_path) -> None:
+    """Before: Placement.local ignored SLURMD_NODENAME, the health checks ignored CKPTSUP_NODE."""
+    import sys
+
+    from ckptsup.config import Config
+    from ckptsup.rundir import RunDir
+    from ckptsup.supervisor.health import CheckPaths, run_local_checks
+    from ckptsup.supervisor.placement import Placement
+
+    monkeypatch.delenv("CKPTSUP_NODE", raising=False)
+    monkeypatch.setenv("SLURMD_NODENAME", "s1")
+    assert Placement.local().nodes == ("s1",)
+    monkeypatch.setenv("CKPTSUP_NODE", "n7")
+    assert Placement.local().nodes == ("n7",)
+    config = Config()
+    config.health.check_gpus = "off"
+    config.health.commands = [f"{sys.executable} -c \"import os; print(os.environ['CKPTSUP_NODE'])\""]
+    config.storage.min_free_gb = 0.001
+    run = RunDir.create(tmp_path / "run").path
+    results = run_local_checks(config, CheckPaths(run_dir=run, tiers={}))
+    assert results[0].detail == "n7"
+
+
+def test_every_variable_has_a_constant_and_every_constant_a_table_row() -> None:
+    for var in VARS:
+        assert var.name.startswith(PREFIX)
+        assert getattr(env, var.name.removeprefix(PREFIX)) == var.name, var.name
+    for var in EXTERNAL_VARS:
+        assert not var.name.startswith(PREFIX)
+        assert getattr(env, var.name) == var.name, var.name
+    tabled = NAMES | {v.name for v in EXTERNAL_VARS}
+    constants = {name: value for name, value in vars(env).items()
+                 if name.isupper() and isinstance(value, str) and value.isupper() and value != PREFIX}
+    assert set(constants.values()) == tabled, "a constant in env.py without a row in VARS / EXTERNAL_VARS"
+    assert len(tabled) == len(VARS) + len(EXTERNAL_VARS), "a variable listed twice"
+
+
+def _docstrings(tree: ast.Module) -> set[int]:
+    """ids of the Constant nodes that are module, class or function docstrings."""
+    found = set()
+    for node in ast.walk(tree):
+        if isinstance(node, (ast.Module, ast.ClassDef, ast.FunctionDef, ast.AsyncFunctionDef)) and node.body:
+            first = node.body[0]
+            if isinstance(first, ast.Expr) and isinstance(first.value, ast.Constant) and isinstance(first.value.value, str):
+                found.add(id(first.value))
+    return found
+
+
+def ckptsup_literals(path: Path, root: Path = PACKAGE.parent) -> list[str]:
+    """file:line of every string constant (f-string parts included) naming a CKPTSUP_ variable."""
+    tree = ast.parse(path.read_text(), filename=str(path))
+    docstrings = _docstrings(tree)
+    rel = path.relative_to(root)
+    return [f"{rel}:{node.lineno}: {node.value!r}" for node in ast.walk(tree)
+            if isinstance(node, ast.Constant) and isinstance(node.value, str) and PREFIX in node.value
+            and id(node) not in docstrings]
+
+
+def test_the_literal_finder_sees_f_strings_and_skips_docstrings(tmp_path) -> None:
+    sample = tmp_path / "sample.py"
+    sample.write_text('"""CKPTSUP_RUN_DIR in the module docstring."""\n'
+                      'class C:\n    """CKPTSUP_NODE in a class docstring."""\n'
+                      'def f(x):\n    """CKPTSUP_NODE in a function docstring."""\n'
+                      '    return f"CKPTSUP_{x}", "CKPTSUP_NODE"  # CKPTSUP_EPOCH in a comment\n')
+    assert sorted(ckptsup_literals(sample, root=tmp_path)) == ["sample.py:6: 'CKPTSUP_'", "sample.py:6: 'CKPTSUP_NODE'"]
+
+
+def test_no_ckptsup_variable_name_is_spelled_outside_env_py() -> None:
+    found = [hit for path in sorted(PACKAGE.rglob("*.py")) if path != PACKAGE / "env.py"
+             for hit in ckptsup_literals(path)]
+    assert not found, "use the constants of ckptsup/env.py instead of:\n" + "\n".join(found)
