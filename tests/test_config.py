@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import json
+import re
 import subprocess
 import sys
 from pathlib import Path
@@ -137,3 +138,49 @@ def test_shipped_default_toml_lists_every_knob() -> None:
     for dotted in field_help():
         section, key = dotted.split(".")
         assert f"\n{key} = " in text, f"{dotted} missing from default.toml"
+
+
+def show(capsys, monkeypatch, site: Path, *args: str) -> str:
+    from ckptsup.cli import main
+
+    monkeypatch.setenv("CKPTSUP_SITE_CONFIG", str(site))
+    main(["config", "show", *args])
+    return capsys.readouterr().out
+
+
+def test_config_show_prints_the_derived_nccl_settings_and_why_a_timeout_was_lifted(tmp_path: Path, capsys,
+                                                                                    monkeypatch) -> None:
+    # below the load allowance (600 s) + margin (27 s): docs/timeouts.md §3 says it is lifted to 627 s
+    site = write(tmp_path / "site.toml", "[nccl]\ncollective_timeout_init_s = 600\n")
+    out = show(capsys, monkeypatch, site)
+    configured, header, derived = out.partition("\nderived by the supervisor")
+    assert header, "config show has no derived section"
+    assert re.search(r"^nccl\.collective_timeout_init_s\s+600\.0\s", configured, re.M)  # as configured
+    for key, value in (("nccl.collective_timeout_init_s (effective)", "627.0"),
+                       ("nccl.collective_timeout_s (effective)", "627.0"),   # no step measured: steady = init
+                       ("env TORCH_NCCL_ASYNC_ERROR_HANDLING", '"3"'),
+                       ("env TORCH_NCCL_HEARTBEAT_TIMEOUT_SEC", '"120"'),
+                       ("env TORCH_FR_BUFFER_SIZE", '"2000"'),
+                       ("env TORCH_FR_DUMP_TEMP_FILE", '"<run_dir>/attempt-0/flight_recorder/rank_"'),
+                       ("env CKPTSUP_COLLECTIVE_TIMEOUT_INIT_S", '"627"')):
+        assert re.search(rf"^{re.escape(key)}\s+{re.escape(value)}\s", derived, re.M), key
+    assert re.search(r'^note\s+"collective_timeout_init_s 600s lifted to 627s', derived, re.M)
+
+
+def test_config_show_json_has_the_derived_rows_after_the_configured_ones(tmp_path: Path, capsys,
+                                                                          monkeypatch) -> None:
+    site = write(tmp_path / "site.toml", "[nccl]\ncollective_timeout_init_s = 600\n")
+    rows = json.loads(show(capsys, monkeypatch, site, "--json"))
+    by_key = {r["key"]: r for r in rows}
+    assert by_key["nccl.collective_timeout_init_s"]["value"] == 600.0  # what the site configured
+    assert by_key["nccl.collective_timeout_init_s (effective)"]["value"] == 627.0
+    assert by_key["env TORCH_NCCL_DUMP_ON_TIMEOUT"]["value"] == "1"
+    assert any(r["key"] == "note" and "lifted to 627s" in r["value"] for r in rows)
+
+
+def test_config_show_lifts_nothing_at_the_shipped_init_timeout(tmp_path: Path, capsys, monkeypatch) -> None:
+    site = write(tmp_path / "site.toml", "[nccl]\ncollective_timeout_init_s = 900\n")
+    rows = json.loads(show(capsys, monkeypatch, site, "--json"))
+    by_key = {r["key"]: r["value"] for r in rows}
+    assert by_key["nccl.collective_timeout_init_s (effective)"] == 900.0
+    assert not any("lifted" in r["value"] for r in rows if r["key"] == "note")

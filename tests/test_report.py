@@ -103,3 +103,69 @@ def test_dir_without_events_is_one_line(capsys, tmp_path):
 def test_unwritable_output_is_one_line(capsys, run_dir, tmp_path):
     code, _, err = run_cli(capsys, "report", str(run_dir), "--png", str(tmp_path / "missing-dir" / "x.png"))
     assert code == 2 and "cannot write" in err and len(err.strip().splitlines()) == 1
+
+
+def short_run():
+    """A 40 s run: one attempt, a few steps, one checkpoint."""
+    from test_accounting import ev
+
+    a1 = dict(attempt=1, mono_base=1000.0)
+    return [
+        ev(0, "supervisor_start", **a1),
+        ev(0, "allocation", nodes=1, gpus_per_node=4, spares=0, **a1),
+        ev(0, "launch", nodes=1, path="initial", **a1),
+        ev(5, "first_step", step=0, **a1),
+        ev(20, "step_progress", step=9, step_time_s=1.5, **a1),
+        ev(22, "checkpoint_committed", step=10, stall_s=1.0, write_s=1.0, bytes=1_000, **a1),
+        ev(38, "step_progress", step=19, step_time_s=1.5, **a1),
+        ev(40, "run_complete", **a1),
+    ]
+
+
+@pytest.fixture()
+def rendered(monkeypatch):
+    """The figures `ckptsup report --png` saves, to read the axes the code set."""
+    from matplotlib.figure import Figure
+
+    figures = []
+    savefig = Figure.savefig
+
+    def spy(fig, *args, **kwargs):
+        figures.append(fig)
+        return savefig(fig, *args, **kwargs)
+
+    monkeypatch.setattr(Figure, "savefig", spy)
+    return figures
+
+
+@pytest.mark.parametrize("span_s, unit", [(0.0, "s"), (40.0, "s"), (119.0, "s"), (121.0, "min"),
+                                          (1530.0, "min"), (7199.0, "min"), (7201.0, "h"), (3 * 86400.0, "h")])
+def test_time_axis_unit_follows_the_span(span_s, unit):
+    from ckptsup.planning.goodput_report import time_axis_unit
+
+    name, seconds = time_axis_unit(span_s)
+    assert name == unit
+    assert seconds == {"s": 1.0, "min": 60.0, "h": 3600.0}[unit]
+
+
+def test_png_of_a_40s_run_has_its_time_axis_in_seconds(capsys, tmp_path, rendered):
+    rd = tmp_path / "run"
+    rd.mkdir(mode=0o700)
+    (rd / EVENTS_FILE).write_text("".join(json.dumps(e) + "\n" for e in short_run()))
+    target = tmp_path / "short.png"
+    code, _, err = run_cli(capsys, "report", str(rd), "--png", str(target))
+    assert code == 0, err
+    assert target.read_bytes()[:8] == b"\x89PNG\r\n\x1a\n"
+    (fig,) = rendered
+    timeline = fig.axes[0]
+    assert timeline.get_xlabel() == "wall time since first event (s)"
+    steps = timeline.get_lines()[0]
+    assert max(steps.get_xdata()) == pytest.approx(38.0)  # the values are in seconds too, not 38/3600
+
+
+def test_png_of_a_25_minute_run_reads_in_minutes(capsys, run_dir, tmp_path, rendered):
+    code, _, err = run_cli(capsys, "report", str(run_dir), "--png", str(tmp_path / "long.png"))
+    assert code == 0, err
+    (fig,) = rendered
+    assert fig.axes[0].get_xlabel() == "wall time since first event (min)"
+    assert max(fig.axes[0].get_lines()[0].get_xdata()) == pytest.approx(1525 / 60)

@@ -3,7 +3,6 @@ newest validated checkpoint or anything protected (being validated or promoted).
 
 from __future__ import annotations
 
-import random
 import sys
 from datetime import datetime, timedelta, timezone
 from pathlib import Path
@@ -12,7 +11,7 @@ import pytest
 
 from ckptsup.checkpoint.catalog import list_checkpoints
 from ckptsup.checkpoint.retention import (
-    PROMOTING, VALIDATED, VALIDATING, Candidate, apply_retention, daily_keepers, jittered, plan_retention,
+    PROMOTING, VALIDATED, VALIDATING, Candidate, apply_retention, daily_keepers, plan_retention,
 )
 from ckptsup.checkpoint.synthetic import write_synthetic
 from ckptsup.checkpoint.validate import validate
@@ -103,14 +102,6 @@ def test_dry_run_deletes_nothing_and_incomplete_dirs_are_left_alone(tmp_path: Pa
     assert len(list_checkpoints(ckdir)) == 5
     apply_retention(ckdir, keep_last=1, keep_daily_days=0, clock=lambda: NOW)
     assert [i.step for i in list_checkpoints(ckdir)] == [1, 5]
-
-
-def test_jitter_stays_within_its_bound_and_spreads_saves() -> None:
-    rng = random.Random(7)
-    values = [jittered(600.0, 30.0, rng) for _ in range(1000)]
-    assert all(600.0 <= v < 630.0 for v in values)
-    assert max(values) - min(values) > 25.0
-    assert jittered(600.0, 0.0, rng) == 600.0
 
 
 def _pass_level3(step_dir: Path) -> None:

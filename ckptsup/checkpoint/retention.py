@@ -8,7 +8,6 @@ mistaken for a checkpoint.
 from __future__ import annotations
 
 import os
-import random
 import shutil
 import uuid
 from dataclasses import dataclass, field
@@ -72,14 +71,6 @@ def plan_retention(checkpoints: Sequence[Candidate | tuple], *, keep_last: int, 
     keep |= set(protected) & {c.step for c in cands}
     delete = [c.step for c in cands if c.step not in keep]
     return sorted(keep), delete
-
-
-def jittered(interval_s: float, jitter_s: float, rng: random.Random | None = None) -> float:
-    """interval + uniform[0, jitter): spreads many jobs' saves so they do not hit the shared file
-    system in the same minute."""
-    if jitter_s <= 0:
-        return interval_s
-    return interval_s + (rng or random).uniform(0.0, jitter_s)
 
 
 @dataclass(kw_only=True)

@@ -51,6 +51,35 @@ MAX_SYNC_EVERY = 1000
 NO_STOP = 1 << 62
 
 
+class SaveTimer:
+    """When the next time-based save is due: `interval_s` after the last save (or resume) plus a
+    delay drawn in [0, jitter_s] per period, so jobs started together do not all write to the
+    shared file system in the same second.
+
+    The draw comes from the job's seed (job id and attempt) and the step, never from each rank's
+    own stream: the ranks save when the first of them is due (a max-reduce), and independent
+    per-rank draws would shrink a large job's jitter to about jitter_s / world_size. A private
+    Random per draw also leaves the global stream, which user code may depend on, untouched.
+    """
+
+    def __init__(self, *, jitter_s: float, seed: str, now: float, step: int) -> None:
+        self.jitter_s = jitter_s
+        self.seed = seed
+        self.restart(now, step=step)
+
+    def restart(self, now: float, *, step: int) -> None:
+        """A new period from `now`; every rank passes the same step, so draws the same delay."""
+        self.start = now
+        self.delay_s = random.Random(f"{self.seed}:{step}").uniform(0.0, self.jitter_s)
+
+    def due_at(self, interval_s: float) -> float:
+        """The interval is read at each check, so a set_interval applies to the running period."""
+        return self.start + interval_s + self.delay_s
+
+    def due(self, now: float, interval_s: float) -> bool:
+        return interval_s > 0 and now >= self.due_at(interval_s)
+
+
 class NonFiniteLossError(CkptsupError):
     """A rank saw a non-finite loss (NaN/inf)."""
 
@@ -113,9 +142,8 @@ class Run:
         self.stop.install()
         self.next_step = 0          # steps completed = the N of the next checkpoint
         self.last_saved_step: int | None = None
-        self.last_save_time = clock()
-        self.jitter_rng = random.Random()  # never the global stream: user code may depend on it
-        self.jitter_s = self.jitter_rng.uniform(0, settings.jitter_s)
+        self.save_timer = SaveTimer(jitter_s=settings.jitter_s, seed=f"{env.job_id}:{env.attempt}",
+                                    now=clock(), step=0)
         self.agreed_stop: int | None = None
         self.next_sync = 0
         self.step_time_ema: float | None = None
@@ -146,7 +174,7 @@ class Run:
             error = load_checkpoint(self, Path(path))
             if error is None:
                 self.next_step = self.last_saved_step = self._loaded_step
-                self.last_save_time = self.clock()
+                self.save_timer.restart(self.clock(), step=self.next_step)
                 self.load_tiers = self._sum_over_ranks(self._load_tiers)
                 self.reporter.emit("checkpoint_loaded", step=self.next_step, path=str(path),
                                    load_s=round(self.clock() - start, 3), **self.load_tiers)
@@ -251,7 +279,7 @@ class Run:
         times: a time-based save or save_now, a stop step, a preemption signal, an interval
         change, and when to sync next (about every CONTROL_INTERVAL_S). Returns: save now."""
         s = self.settings
-        time_due = s.save_every_s > 0 and now - self.last_save_time >= s.save_every_s + self.jitter_s
+        time_due = self.save_timer.due(now, s.save_every_s)
         save_flag = 1 if (self.channel.commands.take_save_now() or time_due) else 0
         every = 1
         if self.step_time_ema and self.control_pg is not None:  # alone, a rank decides every step for free
@@ -304,8 +332,7 @@ class Run:
         blocking = (not self.settings.async_save) if blocking is None else blocking
         step = self.next_step
         self.last_saved_step = step
-        self.last_save_time = self.clock()
-        self.jitter_s = self.jitter_rng.uniform(0, self.settings.jitter_s)
+        self.save_timer.restart(self.clock(), step=step)
         if blocking:
             self.channel.send(MessageKind.PHASE, {"rank": self.rank, "phase": Phase.SAVE, "step": step})
         result = self.writer.save(step=step, device_state=self.state.model_optim_state(),

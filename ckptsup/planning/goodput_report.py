@@ -139,6 +139,23 @@ def render_png(rep: dict[str, Any], path: str | os.PathLike[str]) -> None:
     Path(path).write_bytes(png_bytes(rep))
 
 
+def time_axis_unit(span_s: float) -> tuple[str, float]:
+    """(unit, seconds per unit) for a timeline `span_s` long: s below 2 min, min below 2 h, else h.
+
+    So a 40 s test run does not read 0.002 h and a 3-day run does not read 259,200 s.
+    """
+    if span_s < 120:
+        return "s", 1.0
+    if span_s < 7200:
+        return "min", 60.0
+    return "h", 3600.0
+
+
+def _timeline_span_s(tl: dict[str, Any]) -> float:
+    """Seconds from the first event to the end of the last attempt (every point lies inside)."""
+    return max((end for _, end, *_ in tl.get("attempts", [])), default=0.0)
+
+
 def png_bytes(rep: dict[str, Any]) -> bytes:
     import matplotlib
 
@@ -146,29 +163,30 @@ def png_bytes(rep: dict[str, Any]) -> bytes:
     import matplotlib.pyplot as plt
 
     tl = rep["timeline"]
+    unit, per_unit = time_axis_unit(_timeline_span_s(tl))
     fig, (ax, bar) = plt.subplots(2, 1, figsize=(11, 6.5), gridspec_kw={"height_ratios": [3, 1]})
     try:
-        hours = lambda s: s / 3600.0  # noqa: E731
+        scaled = lambda s: s / per_unit  # noqa: E731
         for i, (start, end, attempt, reason) in enumerate(tl.get("attempts", [])):
-            ax.axvspan(hours(start), hours(end), color="tab:blue" if i % 2 == 0 else "tab:cyan", alpha=0.06)
+            ax.axvspan(scaled(start), scaled(end), color="tab:blue" if i % 2 == 0 else "tab:cyan", alpha=0.06)
             if i:
                 prev_end = tl["attempts"][i - 1][1]
                 if start > prev_end:
-                    ax.axvspan(hours(prev_end), hours(start), color="grey", alpha=0.25,
+                    ax.axvspan(scaled(prev_end), scaled(start), color="grey", alpha=0.25,
                                label="queued (not paid)" if i == 1 else None)
         prog = tl.get("progress", [])
         if prog:
-            ax.plot([hours(t) for t, _ in prog], [math.nan if s is None else s for _, s in prog], ".-", ms=3, lw=1,
+            ax.plot([scaled(t) for t, _ in prog], [math.nan if s is None else s for _, s in prog], ".-", ms=3, lw=1,
                     label="training step (restarts resume from the checkpoint)")
         ck = [(t, s) for t, s in tl.get("checkpoints", []) if s is not None]
         if ck:
-            ax.plot([hours(t) for t, _ in ck], [s for _, s in ck], "g^", ms=6, label="checkpoint committed")
+            ax.plot([scaled(t) for t, _ in ck], [s for _, s in ck], "g^", ms=6, label="checkpoint committed")
         for j, (t, kind) in enumerate(tl.get("failures", [])):
-            ax.axvline(hours(t), color="red", ls="--", lw=1, label="failure" if j == 0 else None)
-            ax.annotate(kind, (hours(t), 0), rotation=90, fontsize=7, color="red", va="bottom")
+            ax.axvline(scaled(t), color="red", ls="--", lw=1, label="failure" if j == 0 else None)
+            ax.annotate(kind, (scaled(t), 0), rotation=90, fontsize=7, color="red", va="bottom")
         for j, (t, _) in enumerate(tl.get("restarts", [])):
-            ax.axvline(hours(t), color="orange", ls=":", lw=1.2, label="restart done" if j == 0 else None)
-        ax.set_xlabel("wall time since first event (h)")
+            ax.axvline(scaled(t), color="orange", ls=":", lw=1.2, label="restart done" if j == 0 else None)
+        ax.set_xlabel(f"wall time since first event ({unit})")
         ax.set_ylabel("step")
         ax.set_title(f"job {rep['job_id']}: progress, goodput {format_pct(rep['goodput_fraction'])}")
         if ax.get_legend_handles_labels()[0]:   # a run with no progress yet has nothing to label

@@ -169,7 +169,11 @@ def derived_rows(config: Config, *, run_dir: str | Path = "<run_dir>", attempt: 
     rows = [{"key": "supervisor.hang_timeout_s (effective)", "value": t.hang_s,
              "source": "derived: max(hang_min_s, hang_step_factor x p99 step)"},
             {"key": "supervisor.save_allowance_s (effective)", "value": t.save_allowance_s,
-             "source": "derived: min(save_timeout_s, max(hang, 3 x slowest save))"}]
+             "source": "derived: min(save_timeout_s, max(hang, 3 x slowest save))"},
+            {"key": "nccl.collective_timeout_init_s (effective)", "value": t.collective_init_s,
+             "source": "derived: max(configured, max(init, load allowance, hang) + margin)"},
+            {"key": "nccl.collective_timeout_s (effective)", "value": t.collective_s,
+             "source": "derived: max(hang, save allowance) + margin; the init value until a step is measured"}]
     for name, value in nccl_env(config, run_dir=run_dir, attempt=attempt, timeouts=t).items():
         rows.append({"key": f"env {name}", "value": value, "source": "derived (docs/timeouts.md)"})
     rows += [{"key": "note", "value": note, "source": "nccl.derive_timeouts"} for note in t.notes]
