@@ -28,7 +28,7 @@ import time
 from pathlib import Path
 
 from ckptsup.config import Config, Resolved, write_config_json
-from ckptsup.events import read_events
+from ckptsup.events import Event, read_events
 from ckptsup.rundir import RunDir
 from ckptsup.slurm.devcluster import DevCluster
 from ckptsup.slurm.devconf import SPANNING, ClusterSpec
@@ -98,7 +98,7 @@ class Bench:
         return info if info and info.state is JobState.RUNNING and info.restart_count >= restarts else None
 
     def requeue_ts(self, rd: RunDir) -> float:
-        event = wait(lambda: next((e for e in read_events(rd.path) if e["event"] == "requeue"), None), 120)
+        event = wait(lambda: next((e for e in read_events(rd.path) if e["event"] == Event.REQUEUE), None), 120)
         return dt.datetime.fromisoformat(event["ts"]).timestamp()
 
     def inline(self) -> dict:

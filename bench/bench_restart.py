@@ -23,6 +23,8 @@ from pathlib import Path
 sys.path.insert(0, str(Path(__file__).resolve().parent))
 from faultbench import TRAIN, have_ft_launcher, run_one  # noqa: E402
 
+from ckptsup.events import Event, FailureKind  # noqa: E402
+
 CKPTSUP = [sys.executable, "-m", "ckptsup.cli"]
 
 
@@ -68,21 +70,21 @@ def node_path(cluster: Path, port_base: str) -> None:
         return [json.loads(x) for x in path.read_text().splitlines() if x.strip()] if path.exists() else []
 
     deadline = time.monotonic() + 240
-    while not any(e["event"] == "checkpoint_committed" and e.get("step", 0) >= 20 for e in evts()):
+    while not any(e["event"] == Event.CHECKPOINT_COMMITTED and e.get("step", 0) >= 20 for e in evts()):
         if time.monotonic() > deadline:
             print("node path: the job did not checkpoint in time; skipped")
             return
         time.sleep(0.3)
-    victim = [e for e in evts() if e["event"] == "launch"][0]["nodes"][1]
+    victim = [e for e in evts() if e["event"] == Event.LAUNCH][0]["nodes"][1]
     killed = time.time()
     subprocess.run([*CKPTSUP, "dev-cluster", "kill-node", victim, "--dir", str(cluster)], check=True, env=env,
                    stdout=subprocess.DEVNULL)
     deadline = time.monotonic() + 180
-    before = len([e for e in evts() if e["event"] == "failure_detected"])
-    while not any(e["event"] == "restart_done" and e["path"] == "node" for e in evts()) and time.monotonic() < deadline:
+    before = len([e for e in evts() if e["event"] == Event.FAILURE_DETECTED])
+    while not any(e["event"] == Event.RESTART_DONE and e["path"] == "node" for e in evts()) and time.monotonic() < deadline:
         time.sleep(0.3)
-    done = [e for e in evts() if e["event"] == "restart_done" and e["path"] == "node"]
-    down = [e for e in evts() if e["event"] == "failure_detected" and e["kind"] == "node_down"]
+    done = [e for e in evts() if e["event"] == Event.RESTART_DONE and e["path"] == "node"]
+    down = [e for e in evts() if e["event"] == Event.FAILURE_DETECTED and e["kind"] == FailureKind.NODE_DOWN]
     subprocess.run(["scancel", job], env=env, check=False)
     subprocess.run([*CKPTSUP, "dev-cluster", "revive-node", victim, "--dir", str(cluster)], env=env, check=False,
                    stdout=subprocess.DEVNULL)
@@ -91,7 +93,7 @@ def node_path(cluster: Path, port_base: str) -> None:
         return
     import datetime as dt
 
-    first = [e for e in evts() if e["event"] == "failure_detected"][before]
+    first = [e for e in evts() if e["event"] == Event.FAILURE_DETECTED][before]
     seen = dt.datetime.fromisoformat(first["ts"]).timestamp() - killed
     r = done[0]
     print(f"node path  ckptsup     node kill→first detection {seen:5.2f}  "

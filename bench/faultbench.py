@@ -24,6 +24,8 @@ from pathlib import Path
 
 import psutil
 
+from ckptsup.events import Event
+
 ROOT = Path(__file__).resolve().parents[1]
 TRAIN = ROOT / "examples" / "train.py"
 NVRX_TRAIN = ROOT / "bench" / "nvrx_train.py"
@@ -135,10 +137,10 @@ def run_one(tool: str, fault: str, base: Path, *, cap_s: float, hang_timeout_s: 
             time.sleep(0.02)
         if tool == "ckptsup":
             evts = events(work)
-            failure = next((e for e in evts if e["event"] == "failure_detected"), None)
+            failure = next((e for e in evts if e["event"] == Event.FAILURE_DETECTED), None)
             if failure is not None:
                 result.detect_s = failure["mono"] - t0
-            restart = next((e for e in evts if e["event"] == "restart_done"), None)
+            restart = next((e for e in evts if e["event"] == Event.RESTART_DONE), None)
             if restart is not None:
                 result.phases = restart["phases"]
         elif result.acted_s is not None:

@@ -23,12 +23,15 @@ EVENTS_FILE = "events.jsonl"
 
 
 class Event(str, enum.Enum):
-    """Event names that are part of the contract (DESIGN §3). Add more freely."""
+    """Every event name written to events.jsonl (DESIGN §3; docs/contracts.md lists them, and a test
+    holds the two together). Writers pass members; readers compare members (Event is a str, so
+    `record["event"] == Event.RUN_COMPLETE` holds for the string "run_complete"). Format a member
+    into text with `.value`: in Python 3.11 f"{Event.RUN_COMPLETE}" is "Event.RUN_COMPLETE"."""
 
-    SUPERVISOR_START = "supervisor_start"
+    SUPERVISOR_START = "supervisor_start"  # script, resumed, in_slurm, excluded: a supervisor process started
     ALLOCATION = "allocation"            # nodes, gpus_per_node, spares
     LAUNCH = "launch"                    # nodes, path: initial | fast | node
-    FIRST_STEP = "first_step"
+    FIRST_STEP = "first_step"            # step, since_launch_s
     STEP_PROGRESS = "step_progress"      # step, step_time_s
     CHECKPOINT_COMMITTED = "checkpoint_committed"  # step, stall_s, write_s, bytes
     CHECKPOINT_FAILED = "checkpoint_failed"        # step, reason
@@ -39,15 +42,38 @@ class Event(str, enum.Enum):
     FAILURE_ATTRIBUTED = "failure_attributed"  # kind, node, was_kind, was_node, detail: what the policy found it was
     NODE_EXCLUDED = "node_excluded"        # node, reason
     RESTART_DONE = "restart_done"          # restart_s, resume_step, phases{kill_s, health_s, launch_s, rendezvous_s, load_s, first_step_s}
-    REQUEUE = "requeue"                    # reason, excluded
+    REQUEUE = "requeue"                    # reason, by, excluded, partition, phases
     REQUEUE_UPDATED = "requeue_updated"    # pending-job updates after a requeue: wait_pending_s, update_s, excluded, partition, ok
-    GIVE_UP = "give_up"                    # reason
-    RUN_COMPLETE = "run_complete"
+    GIVE_UP = "give_up"                    # reason, kind | by
+    RUN_COMPLETE = "run_complete"          # step
     INTERVAL_CHANGED = "interval_changed"  # interval_s, why
     PREEMPTION = "preemption"              # signal, budget_s, emergency_save: bool
     HEALTH_CHECK = "health_check"          # node, name, ok, detail
-    FR_DUMPED = "fr_dumped"                # rank, path: a rank wrote its flight-recorder trace
     TEARDOWN_ERROR = "teardown_error"      # node, rc: torchrun failed after every rank of the node finished
+    CHECKPOINT_LOADED = "checkpoint_loaded"  # step, path, load_s, read_local_files, read_shared_files, local_fallback_files
+    ELASTIC_RESUME = "elastic_resume"      # step, saved_world_size, world_size, rng: resumed at another world size
+    FR_DUMPED = "fr_dumped"                # rank, path: a rank wrote its flight-recorder trace (dump_fr)
+
+    @classmethod
+    def parse(cls, name: object) -> "Event | None":
+        """The member `name` is (a member or its string value), else None. For names that arrive
+        from elsewhere (a rank's record, a file): an unknown one must not crash the reader."""
+        if isinstance(name, cls):
+            return name
+        if isinstance(name, str):
+            return cls._value2member_map_.get(name)  # type: ignore[return-value]
+        return None
+
+    @classmethod
+    def coerce(cls, name: object) -> "Event":
+        """The member `name` is, for a writer: TypeError for a non-string, ValueError for a
+        name that is not a member (add it here and to docs/contracts.md first)."""
+        if not isinstance(name, str):
+            raise TypeError(f"an event name is an Event member, not {type(name).__name__}")
+        event = cls.parse(name)
+        if event is None:
+            raise ValueError(f"unknown event name {name!r}: add it to ckptsup.events.Event and docs/contracts.md")
+        return event
 
 
 class FailureKind(str, enum.Enum):
@@ -66,11 +92,13 @@ def utc_now_iso() -> str:
     return _dt.datetime.now(_dt.timezone.utc).isoformat(timespec="milliseconds")
 
 
-def make_event(name: str | Event, *, job_id: str, attempt: int, mono: float | None = None,
+def make_event(name: Event | str, *, job_id: str, attempt: int, mono: float | None = None,
                ts: str | None = None, **fields: Any) -> dict[str, Any]:
-    event = name.value if isinstance(name, Event) else str(name)
+    """One record. `name` is an Event member (or its value, for a forwarded record); anything else
+    raises (Event.coerce), so no writer can put a name into the log that readers do not know."""
+    event = Event.coerce(name)
     record: dict[str, Any] = {
-        "event": event,
+        "event": event.value,
         "ts": ts or utc_now_iso(),
         "mono": time.monotonic() if mono is None else mono,
         "job_id": str(job_id),
@@ -102,7 +130,7 @@ class EventWriter:
             self._fd = os.open(self.path, os.O_WRONLY | os.O_APPEND | os.O_CREAT, 0o600)
         return self._fd
 
-    def emit(self, name: str | Event, **fields: Any) -> dict[str, Any]:
+    def emit(self, name: Event | str, **fields: Any) -> dict[str, Any]:
         if self.epoch is not None:
             fields.setdefault("epoch", self.epoch)
         record = make_event(name, job_id=self.job_id, attempt=self.attempt, **fields)

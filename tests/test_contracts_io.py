@@ -28,7 +28,7 @@ def test_events_carry_required_fields_and_epoch(tmp_path: Path) -> None:
 
 def test_torn_and_foreign_lines_are_skipped(tmp_path: Path) -> None:
     writer = EventWriter(run_dir=tmp_path, job_id="1", attempt=0)
-    writer.emit("launch")
+    writer.emit(Event.LAUNCH)
     writer.close()
     with open(tmp_path / "events.jsonl", "a") as fh:
         fh.write('["not", "an", "event"]\n{"event": "x"}\n{"event": "launch", "ts": "t", "mo')
@@ -37,10 +37,10 @@ def test_torn_and_foreign_lines_are_skipped(tmp_path: Path) -> None:
 
 def test_follow_yields_appended_events(tmp_path: Path) -> None:
     writer = EventWriter(run_dir=tmp_path, job_id="1", attempt=0)
-    writer.emit("a")
-    writer.emit("b")
+    writer.emit(Event.LAUNCH)
+    writer.emit(Event.FIRST_STEP)
     names = [e["event"] for e in follow_events(tmp_path, poll_s=0.01, stop_after_idle_s=0.05)]
-    assert names == ["a", "b"]
+    assert names == ["launch", "first_step"]
 
 
 def test_wire_roundtrip_and_rejections() -> None:

@@ -386,6 +386,7 @@ def test_ranks_events_are_forwarded_during_every_wait(tmp_path, site, fault, com
             if m is command:
                 step.put(MessageKind.EVENT, "n1", record={"event": "checkpoint_committed", "step": 1, "stall_s": 0.5})
                 step.put(MessageKind.EVENT, "n1", record={"event": "fr_dumped", "rank": 0, "path": "x"})
+                step.put(MessageKind.EVENT, "n1", record={"event": "from_a_newer_ckptsup", "rank": 0})
             return send(m, body, nodes=nodes)
 
         step.send = send_and_report  # type: ignore[method-assign]
@@ -395,6 +396,7 @@ def test_ranks_events_are_forwarded_during_every_wait(tmp_path, site, fault, com
     assert sv.run() is ExitStatus.DONE
     assert [e["step"] for e in of(tmp_path, Event.CHECKPOINT_COMMITTED)] == [1]
     assert len(of(tmp_path, Event.FR_DUMPED)) == 1
+    assert "from_a_newer_ckptsup" not in names(tmp_path)  # dropped with a log line, not a crash
     assert RunDir(path=tmp_path / "run").load_state().measured["stall_s"] == 0.5
 
 

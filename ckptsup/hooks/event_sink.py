@@ -26,9 +26,11 @@ class Reporter:
             self._writer = EventWriter(run_dir=Path(env.run_dir), job_id=env.job_id, attempt=env.attempt,
                                        epoch=env.epoch)
 
-    def emit(self, name: Event | str, *, all_ranks: bool = False, **fields: Any) -> None:
+    def emit(self, name: Event, *, all_ranks: bool = False, **fields: Any) -> None:
         """Rank 0's events reach the restart log; `all_ranks` also sends other ranks' copies up
-        the channel (the supervisor de-duplicates by rank)."""
+        the channel (the supervisor de-duplicates by rank). `name` must be an Event member (or
+        its value): every rank checks, whichever path the event then takes (Event.coerce)."""
+        name = Event.coerce(name)
         if self.rank != 0 and not all_ranks:
             return
         fields.setdefault("rank", self.rank)
@@ -37,8 +39,7 @@ class Reporter:
             self.channel.send(MessageKind.EVENT, {"record": record})
         elif self._writer is not None:
             self._writer.emit(name, **fields)
-        label = name.value if isinstance(name, Event) else name
-        log.info("ckptsup event %s %s", label, fields)
+        log.info("ckptsup event %s %s", name.value, fields)
 
     def close(self) -> None:
         if self._writer is not None:

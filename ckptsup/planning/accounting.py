@@ -15,6 +15,7 @@ import statistics
 from dataclasses import dataclass, field
 from typing import Any, Iterable
 
+from ..events import Event, FailureKind
 from . import spans as tl
 from .spans import Attempt, EndReason, Span, SpanKind, num
 
@@ -29,7 +30,7 @@ CATEGORIES = (
     "idle_spares",         # hot spares held, × their devices
     "other",               # recovery time no event explains
 )
-NOT_FAILURES = ("user_error",)
+NOT_FAILURES = (FailureKind.USER_ERROR,)
 
 
 @dataclass(kw_only=True)
@@ -109,7 +110,7 @@ def account(events: Iterable[dict[str, Any]]) -> Accounting:
         return acc
     resumes = _resume_points(attempts)
     commits = sorted((t, num(ev, "step")) for a in attempts for t, ev in a.events
-                     if ev.get("event") == "checkpoint_committed" and num(ev, "step") is not None)
+                     if ev.get("event") == Event.CHECKPOINT_COMMITTED and num(ev, "step") is not None)
     active_total = 0.0
     for index, attempt in enumerate(attempts):
         if not attempt.devices:
@@ -187,9 +188,9 @@ def _resume_points(attempts: list[Attempt]) -> list[tuple[float, float | None]]:
     for attempt in attempts:
         for t, ev in attempt.events:
             name = ev.get("event")
-            if name == "restart_done" and "resume_step" in ev:
+            if name == Event.RESTART_DONE and "resume_step" in ev:
                 points.append((t, num(ev, "resume_step")))
-            elif name == "first_step" and num(ev, "step") is not None:
+            elif name == Event.FIRST_STEP and num(ev, "step") is not None:
                 points.append((t, num(ev, "step")))
     points.sort(key=lambda p: p[0])
     return points
@@ -250,18 +251,18 @@ def _step_time(span: Span, points: list[tuple[float, float]]) -> float | None:
 def _collect(acc: Accounting, attempt: Attempt) -> None:
     for _, ev in attempt.events:
         name = ev.get("event")
-        if name == "checkpoint_committed":
+        if name == Event.CHECKPOINT_COMMITTED:
             acc.stalls_s.append(num(ev, "stall_s", 0.0) or 0.0)
             if num(ev, "write_s") is not None:
                 acc.writes_s.append(num(ev, "write_s") or 0.0)
             if num(ev, "bytes") is not None:
                 acc.checkpoint_bytes.append(num(ev, "bytes") or 0.0)
-        elif name == "failure_detected":
+        elif name == Event.FAILURE_DETECTED:
             kind = str(ev.get("kind") or "unknown")
             acc.failures[kind] = acc.failures.get(kind, 0) + 1
             if num(ev, "detect_s") is not None:
                 acc.detects_s.append(num(ev, "detect_s") or 0.0)
-        elif name == "restart_done" and num(ev, "restart_s") is not None:
+        elif name == Event.RESTART_DONE and num(ev, "restart_s") is not None:
             acc.restarts_s.append(num(ev, "restart_s") or 0.0)
 
 
@@ -269,7 +270,7 @@ def _attempt_row(attempt: Attempt) -> dict[str, Any]:
     return {"attempt": attempt.attempt, "attempts": attempt.attempt_numbers, "start": attempt.start, "wall_s": attempt.end - attempt.start,
             "end_reason": attempt.end_reason.value, "active_devices": attempt.devices[-1][1],
             "spare_devices": attempt.devices[-1][2],
-            "failures": sum(1 for _, e in attempt.events if e.get("event") == "failure_detected")}
+            "failures": sum(1 for _, e in attempt.events if e.get("event") == Event.FAILURE_DETECTED)}
 
 
 def _timeline(attempts: list[Attempt]) -> dict[str, list[Any]]:
@@ -284,18 +285,18 @@ def _timeline(attempts: list[Attempt]) -> dict[str, list[Any]]:
         for t, ev in attempt.events:
             name, rel = ev.get("event"), t - t0
             step = num(ev, "step")
-            if name in ("step_progress", "first_step") and step is not None:
+            if name in (Event.STEP_PROGRESS, Event.FIRST_STEP) and step is not None:
                 out["progress"].append([rel, step])
-            elif name == "checkpoint_committed":
+            elif name == Event.CHECKPOINT_COMMITTED:
                 out["checkpoints"].append([rel, step])
-            elif name == "failure_detected":
+            elif name == Event.FAILURE_DETECTED:
                 out["failures"].append([rel, str(ev.get("kind") or "unknown")])
                 out["progress"].append([rel, None])  # break the progress line at a failure
-            elif name == "restart_done":
+            elif name == Event.RESTART_DONE:
                 out["restarts"].append([rel, num(ev, "resume_step")])
                 if num(ev, "resume_step") is not None:
                     out["progress"].append([rel, num(ev, "resume_step")])
-            elif name == "interval_changed":
+            elif name == Event.INTERVAL_CHANGED:
                 out["intervals"].append([rel, num(ev, "interval_s"), str(ev.get("why") or "")])
     return out
 

@@ -29,6 +29,7 @@ from dataclasses import dataclass, field
 from typing import Any, Callable
 
 from ..errors import ConfigError
+from ..events import Event, FailureKind
 from .interval import daly_interval
 from .spans import devices_of, num
 from .units import format_duration
@@ -91,23 +92,23 @@ class AdaptiveInterval:
     def observe(self, event: dict[str, Any]) -> tuple[float, str] | None:
         """Feed one event; returns (jittered interval_s, why) when the target moved enough."""
         self._accrue()
-        name = event.get("event")
-        if name == "checkpoint_committed":
+        name = Event.parse(event.get("event"))
+        if name is Event.CHECKPOINT_COMMITTED:
             stall = num(event, "stall_s")
             if stall is not None and stall > 0:
                 self.stalls.append(stall)
             write = num(event, "write_s")
             if write is not None and write >= 0:
                 self.writes.append(write)
-        elif name == "failure_detected" and event.get("kind") != "user_error":
+        elif name is Event.FAILURE_DETECTED and event.get("kind") != FailureKind.USER_ERROR:
             self.failures += 1
-        elif name == "allocation":
+        elif name is Event.ALLOCATION:
             devices = devices_of(event)
             if devices is not None and devices[0] > 0:
                 self.devices = devices[0]  # the active ones: the gang whose failures stop the job
         else:
             return None
-        return self._retarget(str(name))
+        return self._retarget(name.value)
 
     def seed(self, history: list[dict[str, Any]]) -> None:
         """Start from what earlier attempts of this run saw (events.jsonl after a requeue): their

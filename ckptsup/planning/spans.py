@@ -24,11 +24,11 @@ import statistics
 from dataclasses import dataclass, field
 from typing import Any, Iterable
 
-from ..events import parse_ts
+from ..events import Event, FailureKind, parse_ts
 
 CLOCK_TOLERANCE_S = 2.0
 PHASES = ("kill", "health", "launch", "rendezvous", "load", "first_step")
-TERMINAL = ("requeue", "give_up", "run_complete")   # the events that end an attempt (EndReason)
+TERMINAL = (Event.REQUEUE, Event.GIVE_UP, Event.RUN_COMPLETE)   # the events that end an attempt (EndReason)
 
 
 class EndReason(str, enum.Enum):
@@ -36,9 +36,9 @@ class EndReason(str, enum.Enum):
     terminal events' names."""
 
     OPEN = "open"
-    REQUEUE = "requeue"
-    GIVE_UP = "give_up"
-    RUN_COMPLETE = "run_complete"
+    REQUEUE = Event.REQUEUE.value
+    GIVE_UP = Event.GIVE_UP.value
+    RUN_COMPLETE = Event.RUN_COMPLETE.value
 
 
 class SpanKind(str, enum.Enum):
@@ -119,7 +119,7 @@ def group_allocations(events: Iterable[dict[str, Any]]) -> list[list[dict[str, A
     by_attempt: dict[int, list[dict[str, Any]]] = {}
     supervised = False
     for ev in events:
-        if ev.get("event") == "supervisor_start":
+        if ev.get("event") == Event.SUPERVISOR_START:
             supervised = True
             groups.append([ev])
             continue
@@ -128,7 +128,7 @@ def group_allocations(events: Iterable[dict[str, Any]]) -> list[list[dict[str, A
             continue
         attempt = num(ev, "attempt")
         key = int(attempt) if attempt is not None else -1
-        if ev.get("event") == "requeue" and key not in by_attempt and by_attempt:
+        if ev.get("event") == Event.REQUEUE and key not in by_attempt and by_attempt:
             key = list(by_attempt)[-1]
         if key not in by_attempt:
             by_attempt[key] = []
@@ -189,19 +189,19 @@ def build_attempt(events: list[dict[str, Any]], *, default_devices: tuple[float,
 
     for t, ev in placed:
         name = ev.get("event")
-        if name == "allocation":
+        if name == Event.ALLOCATION:
             dev = devices_of(ev)
             if dev is not None:
                 devices.append((t, dev[0], dev[1]))
                 per_node, held_nodes = _per_node(ev), (dev[0] + dev[1]) / _per_node(ev)
                 down.clear()
-        elif name == "launch" and isinstance(ev.get("nodes"), list) and held_nodes is not None:
+        elif name == Event.LAUNCH and isinstance(ev.get("nodes"), list) and held_nodes is not None:
             # a (re)launch on other nodes: a dead node has left the allocation (Slurm removes
             # it under --no-kill); every other node held but not launched on is idle
             active_nodes = float(len(ev["nodes"]))
             held = max(active_nodes, held_nodes - len(down))
             devices.append((t, active_nodes * per_node, (held - active_nodes) * per_node))
-        elif name in ("first_step", "step_progress"):
+        elif name in (Event.FIRST_STEP, Event.STEP_PROGRESS):
             # `step` is the 0-based index of the step just completed: step + 1 steps are done
             index = num(ev, "step")
             done = None if index is None else index + 1
@@ -209,7 +209,7 @@ def build_attempt(events: list[dict[str, Any]], *, default_devices: tuple[float,
                 switch(SpanKind.RUNNING, t, step=done)
             if done is not None:
                 cur.samples.append((t, done, num(ev, "step_time_s")))
-        elif name == "restart_done":
+        elif name == Event.RESTART_DONE:
             phases = ev.get("phases") if isinstance(ev.get("phases"), dict) else {}
             target = cur if cur.kind is not SpanKind.RUNNING else _last_recovery(spans)
             if target is not None:
@@ -226,9 +226,9 @@ def build_attempt(events: list[dict[str, Any]], *, default_devices: tuple[float,
                 switch(SpanKind.RUNNING, t, step=done)
             elif cur.start_step is None:
                 cur.start_step = done
-        elif name == "failure_detected":
+        elif name == Event.FAILURE_DETECTED:
             detect = max(0.0, num(ev, "detect_s", 0.0) or 0.0)
-            if ev.get("kind") == "node_down" and isinstance(ev.get("node"), str):
+            if ev.get("kind") == FailureKind.NODE_DOWN and isinstance(ev.get("node"), str):
                 down.add(ev["node"])
             if cur.kind is SpanKind.RUNNING:
                 at_failure = num(ev, "step")  # the step being worked on = steps done
@@ -239,12 +239,12 @@ def build_attempt(events: list[dict[str, Any]], *, default_devices: tuple[float,
                 cur.detect_s += t - cur.start
             else:
                 cur.detect_s += detect  # a second failure while recovering
-        elif name in ("checkpoint_committed", "checkpoint_failed"):
+        elif name in (Event.CHECKPOINT_COMMITTED, Event.CHECKPOINT_FAILED):
             stall = num(ev, "stall_s", 0.0) or 0.0
             if stall > 0:
                 cur.stalls.append((t, stall))
             saved = num(ev, "step")
-            if name == "checkpoint_committed" and saved is not None and cur.kind is SpanKind.RUNNING:
+            if name == Event.CHECKPOINT_COMMITTED and saved is not None and cur.kind is SpanKind.RUNNING:
                 # the state was captured before the stall (sync) or before the background write
                 # (async): max(stall, write) before the commit, to within the stall
                 taken = t - max(stall, num(ev, "write_s", 0.0) or 0.0)
@@ -252,7 +252,7 @@ def build_attempt(events: list[dict[str, Any]], *, default_devices: tuple[float,
                     cur.anchors.append((taken, saved))
         elif name in TERMINAL:
             end_reason = EndReason(name)
-            if cur.kind is SpanKind.RUNNING and name != "run_complete":
+            if cur.kind is SpanKind.RUNNING and name != Event.RUN_COMPLETE:
                 cur.interrupted = True
                 switch(SpanKind.FAILURE, t)
     cur.end = end

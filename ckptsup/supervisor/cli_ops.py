@@ -14,9 +14,10 @@ import click
 
 from ..env import SLURM_JOB_ID
 from ..errors import ConfigError
+from ..events import Event
 from ..rundir import CONFIG_JSON, RunDir
 
-TERMINAL_EXIT = {"run_complete", "give_up"}
+TERMINAL_EXIT = {Event.RUN_COMPLETE, Event.GIVE_UP}
 STARTUP_WAIT_S = 120.0  # how long the watchdog waits for the supervisor to create the run dir
 
 

@@ -41,7 +41,7 @@ TICK_S = 0.05
 STEP_PROGRESS_EVERY_S = 5.0
 DUMP_WAIT_S = 2.0       # ranks' hooks thread writes the flight recorder; we do not wait longer than this
 STEP_TIMES_KEPT = 64    # step times carried across restarts and requeues (state.json) for the timeouts
-OWN_EVENTS = frozenset({Event.FIRST_STEP.value, Event.STEP_PROGRESS.value, Event.RUN_COMPLETE.value})
+OWN_EVENTS = frozenset({Event.FIRST_STEP, Event.STEP_PROGRESS, Event.RUN_COMPLETE})
 
 
 class Step(Protocol):
@@ -103,7 +103,7 @@ class Supervisor:
         self.interval.grace_time_s = placement.grace_time_s
 
     # ---- bookkeeping --------------------------------------------------------------------------
-    def emit(self, name: Event | str, **fields: Any) -> None:
+    def emit(self, name: Event, **fields: Any) -> None:
         assert self.writer is not None
         self.writer.attempt, self.writer.epoch = self.state.attempt, self.state.epoch
         record = self.writer.emit(name, **fields)
@@ -281,13 +281,18 @@ class Supervisor:
 
     def _forward_event(self, record: Any) -> None:
         """Append a rank's event (checkpoint_committed, …) to the restart log. The supervisor
-        writes first_step / step_progress / run_complete itself from what it saw."""
-        if not isinstance(record, dict) or "event" not in record or record["event"] in OWN_EVENTS:
+        writes first_step / step_progress / run_complete itself from what it saw; a name it does
+        not know (a rank of another ckptsup version) is logged and dropped."""
+        name = Event.parse(record.get("event")) if isinstance(record, dict) else None
+        if name is None:
+            print(f"ckptsup: dropped a rank event of unknown name: {str(record)[:120]}", flush=True)
+            return
+        if name in OWN_EVENTS:
             return
         fields = {k: v for k, v in record.items() if k not in ("event", "ts", "mono", "job_id", "attempt", "epoch")}
         fields["rank_ts"] = record.get("ts")
-        self.emit(str(record["event"]), **fields)
-        if record["event"] == Event.CHECKPOINT_COMMITTED.value:
+        self.emit(name, **fields)
+        if name is Event.CHECKPOINT_COMMITTED:
             for key in ("stall_s", "write_s"):
                 if isinstance(record.get(key), (int, float)):
                     self.state.measured[key] = float(record[key])
@@ -417,7 +422,7 @@ class Supervisor:
 
         def dumped(msg: Message) -> bool:
             record = msg.body.get("record") if msg.m is MessageKind.EVENT else None
-            if isinstance(record, dict) and record.get("event") == "fr_dumped":
+            if isinstance(record, dict) and record.get("event") == Event.FR_DUMPED:
                 waiting.discard(record.get("rank"))
             return False
 

@@ -8,7 +8,6 @@ same file across requeues, and `mono` is only comparable on one host).
 
 from __future__ import annotations
 
-from ..events import parse_ts
 import statistics
 from dataclasses import dataclass, field
 from typing import Any, Iterable, Mapping
@@ -17,15 +16,17 @@ from rich.console import Console
 from rich.table import Table
 from rich.text import Text
 
+from ..events import Event, parse_ts
+
 BASE_FIELDS = {"event", "ts", "mono", "job_id", "attempt", "epoch"}
-HIDDEN_BY_DEFAULT = {"step_progress"}
-TERMINAL = {"run_complete", "give_up"}
+HIDDEN_BY_DEFAULT = {Event.STEP_PROGRESS}
+TERMINAL = {Event.RUN_COMPLETE, Event.GIVE_UP}
 PHASES = ("kill_s", "health_s", "launch_s", "rendezvous_s", "load_s", "first_step_s")
-STYLE = {"failure_detected": "bold red", "give_up": "bold red", "checkpoint_rejected": "red",
-         "checkpoint_failed": "red", "node_excluded": "yellow", "requeue": "bold yellow",
-         "requeue_updated": "yellow", "preemption": "yellow", "teardown_error": "yellow", "restart_done": "green",
-         "run_complete": "bold green", "first_step": "green", "launch": "cyan",
-         "supervisor_start": "cyan", "allocation": "cyan"}
+STYLE = {Event.FAILURE_DETECTED: "bold red", Event.GIVE_UP: "bold red", Event.CHECKPOINT_REJECTED: "red",
+         Event.CHECKPOINT_FAILED: "red", Event.NODE_EXCLUDED: "yellow", Event.REQUEUE: "bold yellow",
+         Event.REQUEUE_UPDATED: "yellow", Event.PREEMPTION: "yellow", Event.TEARDOWN_ERROR: "yellow",
+         Event.RESTART_DONE: "green", Event.RUN_COMPLETE: "bold green", Event.FIRST_STEP: "green",
+         Event.LAUNCH: "cyan", Event.SUPERVISOR_START: "cyan", Event.ALLOCATION: "cyan"}  # looked up by the plain name
 
 
 def _s(value: Any) -> str:
@@ -59,63 +60,63 @@ def describe(event: Mapping[str, Any]) -> str:
     e = event
     name = e.get("event")
     g = e.get
-    if name == "failure_detected":
+    if name == Event.FAILURE_DETECTED:
         where = " ".join(x for x in (f"node {g('node')}" if g("node") else "",
                                       f"rank {g('rank')}" if g("rank") is not None else "") if x)
         latency = f", detected in {float(g('detect_s')):.2f}s" if isinstance(g("detect_s"), (int, float)) else ""
         extra = _extras(e, ("kind", "node", "rank", "detect_s"))
         return f"{g('kind', '?')} {where}{latency}".replace("  ", " ") + (f" ({extra})" if extra else "")
-    if name == "node_excluded":
+    if name == Event.NODE_EXCLUDED:
         return f"{g('node')} excluded: {g('reason', '')}"
-    if name == "restart_done":
+    if name == Event.RESTART_DONE:
         text = f"restarted in {_s(g('restart_s'))}, resume step {g('resume_step')}"
         if isinstance(g("phases"), Mapping):
             text += f" ({phases_text(g('phases'))})"
         if g("path"):
             text += f" [{g('path')} path]"
         return text
-    if name == "requeue":
+    if name == Event.REQUEUE:
         text = f"requeued by {g('by', '?')}: {g('reason', '')}; excluded {_nodes(g('excluded'))}"
         if g("partition"):
             text += f"; partition {g('partition')}"
         return text
-    if name == "requeue_updated":
+    if name == Event.REQUEUE_UPDATED:
         if g("ok"):
             return (f"pending job updated: waited {_s(g('wait_pending_s'))} for PENDING, update "
                     f"{_s(g('update_s'))}; {_s(g('total_s'))} after the requeue; excluded {_nodes(g('excluded'))}")
         return f"pending job NOT updated: {g('error', '')}"
-    if name == "give_up":
+    if name == Event.GIVE_UP:
         return f"gave up: {g('reason', '')}"
-    if name == "teardown_error":
+    if name == Event.TEARDOWN_ERROR:
         return (f"torchrun on {g('node', '?')} exited rc={g('rc', '?')} after all its ranks finished: "
                 "a crash in process teardown, nothing lost, not restarted")
-    if name == "launch":
+    if name == Event.LAUNCH:
         return f"launch on {_nodes(g('nodes'))}" + (f" [{g('path')}]" if g("path") else "") + \
             (f" ({_extras(e, ('nodes', 'path'))})" if _extras(e, ("nodes", "path")) else "")
-    if name == "allocation":
+    if name == Event.ALLOCATION:
         return (f"allocation {_nodes(g('nodes'))}, {g('gpus_per_node', 0)} GPU(s)/node, "
                 f"spares {_nodes(g('spares'))}")
-    if name == "checkpoint_committed":
+    if name == Event.CHECKPOINT_COMMITTED:
         size = g("bytes")
         mb = f", {size / 1e6:.1f} MB" if isinstance(size, (int, float)) else ""
         return f"checkpoint step {g('step')} committed (stall {_s(g('stall_s'))}, write {_s(g('write_s'))}{mb})"
-    if name in ("checkpoint_validated", "checkpoint_rejected"):
-        verdict = "validated" if name == "checkpoint_validated" else "REJECTED"
+    if name in (Event.CHECKPOINT_VALIDATED, Event.CHECKPOINT_REJECTED):
+        verdict = "validated" if name == Event.CHECKPOINT_VALIDATED else "REJECTED"
         why = f": {g('reason')}" if g("reason") else ""
         return f"checkpoint step {g('step')} {verdict} (level {g('level', '?')}){why}"
-    if name == "first_step":
+    if name == Event.FIRST_STEP:
         return "first step" + (f" {g('step')}" if g("step") is not None else "") + \
             (f" ({_extras(e, ('step',))})" if _extras(e, ("step",)) else "")
-    if name == "step_progress":
+    if name == Event.STEP_PROGRESS:
         return f"step {g('step')} ({_s(g('step_time_s'))}/step)"
-    if name == "interval_changed":
+    if name == Event.INTERVAL_CHANGED:
         return f"checkpoint interval {_s(g('interval_s'))}: {g('why', '')}"
-    if name == "preemption":
+    if name == Event.PREEMPTION:
         save = "emergency save" if g("emergency_save") else "no emergency save"
         return f"{g('signal', '?')}: budget {_s(g('budget_s'))}, {save}" + (f" ({g('why')})" if g("why") else "")
-    if name == "health_check":
+    if name == Event.HEALTH_CHECK:
         return f"health {g('node')}: {g('name')} {'ok' if g('ok') else 'FAILED'} {g('detail', '')}".rstrip()
-    if name == "run_complete":
+    if name == Event.RUN_COMPLETE:
         return "run complete" + (f" ({_extras(e)})" if _extras(e) else "")
     return _extras(e)
 
@@ -139,8 +140,9 @@ def rows(events: Iterable[Mapping[str, Any]], *, show_all: bool = False,
         if not show_all and e.get("event") in HIDDEN_BY_DEFAULT:
             continue
         rel = (when - start) if (when is not None and start is not None) else None
+        name = e.get("event")
         out.append(Row(t_s=rel, ts=str(e.get("ts", "")), attempt=e.get("attempt"),
-                       event=str(e.get("event")), text=describe(e)))
+                       event=name.value if isinstance(name, Event) else str(name), text=describe(e)))
     return out
 
 
@@ -164,31 +166,31 @@ def summarize(events: Iterable[Mapping[str, Any]]) -> Summary:
     outcome = "running"
     for e in events:
         name = e.get("event")
-        if name == "failure_detected":
+        if name == Event.FAILURE_DETECTED:
             failures.append({k: e.get(k) for k in ("kind", "node", "rank", "detect_s")})
-        elif name == "restart_done":
+        elif name == Event.RESTART_DONE:
             restarts.append({"restart_s": e.get("restart_s"), "resume_step": e.get("resume_step"),
                              "phases": dict(e.get("phases") or {})})
-        elif name == "node_excluded":
+        elif name == Event.NODE_EXCLUDED:
             excluded.append((str(e.get("node")), str(e.get("reason", ""))))
-        elif name == "requeue":
+        elif name == Event.REQUEUE:
             requeues.append({"reason": e.get("reason"), "by": e.get("by"), "excluded": e.get("excluded"),
                              "_at": parse_ts(e.get("ts"))})
             outcome = "requeued"
-        elif name == "requeue_updated" and requeues:
+        elif name == Event.REQUEUE_UPDATED and requeues:
             requeues[-1]["total_s"] = e.get("total_s")
             requeues[-1]["updated"] = bool(e.get("ok"))
         # the next batch run, timed from the requeue on the wall clock (another host wrote it)
-        if name in ("supervisor_start", "first_step") and requeues and requeues[-1].get("_at") is not None:
-            key = "back_s" if name == "supervisor_start" else "first_step_s"
+        if name in (Event.SUPERVISOR_START, Event.FIRST_STEP) and requeues and requeues[-1].get("_at") is not None:
+            key = "back_s" if name == Event.SUPERVISOR_START else "first_step_s"
             when = parse_ts(e.get("ts"))
             if key not in requeues[-1] and when is not None and ("back_s" in requeues[-1] or key == "back_s"):
                 requeues[-1][key] = round(when - requeues[-1]["_at"], 3)
-        elif name == "give_up":
+        elif name == Event.GIVE_UP:
             outcome = f"gave up: {e.get('reason', '')}"
-        elif name == "run_complete":
+        elif name == Event.RUN_COMPLETE:
             outcome = "complete"
-        elif name in ("launch", "supervisor_start") and outcome == "requeued":
+        elif name in (Event.LAUNCH, Event.SUPERVISOR_START) and outcome == "requeued":
             outcome = "running"
     for r in requeues:
         r.pop("_at", None)
