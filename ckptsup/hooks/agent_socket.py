@@ -20,6 +20,7 @@ from pathlib import Path
 from typing import Any, Callable
 
 from .. import wire
+from ..events import Event
 from ..rundir import read_secret
 
 log = logging.getLogger("ckptsup.hooks")
@@ -150,6 +151,6 @@ class RankChannel:
             if directory:
                 try:
                     path = dump_flight_recorder(directory, self.rank)
-                    self.send("event", {"record": {"event": "fr_dumped", "rank": self.rank, "path": str(path)}})
+                    self.send("event", {"record": {"event": Event.FR_DUMPED.value, "rank": self.rank, "path": str(path)}})
                 except (OSError, RuntimeError) as err:
                     log.warning("ckptsup: flight recorder dump failed: %s", err)

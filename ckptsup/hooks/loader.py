@@ -20,6 +20,7 @@ from pathlib import Path
 from typing import Any
 
 from ..errors import CheckpointError, CkptsupError, ManifestError, ValidationError
+from ..events import Event
 from .dcp_errors import failure_errors, one_line, root_cause
 
 log = logging.getLogger("ckptsup.hooks")
@@ -101,7 +102,7 @@ def load_checkpoint(run: Any, path: Path) -> Exception | None:
     run._loaded_step = int(meta.get("step", 0))
     run._load_tiers = reader.tier_counts()
     if not meta.get("same_world", True) and run.rank == 0:
-        run.reporter.emit("elastic_resume", step=run._loaded_step, saved_world_size=meta.get("saved_world_size"),
+        run.reporter.emit(Event.ELASTIC_RESUME, step=run._loaded_step, saved_world_size=meta.get("saved_world_size"),
                           world_size=run.world_size, rng="re-derived from (step, rank)")
     log.info("ckptsup: rank %d resumed from %s (step %d, %d bytes verified; files read: %d node-local, %d shared, "
              "%d node-local copies fell back to shared)", run.rank, path, run._loaded_step, reader.bytes_read,

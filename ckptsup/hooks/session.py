@@ -147,7 +147,7 @@ class Run:
                 self.next_step = self.last_saved_step = self._loaded_step
                 self.last_save_time = self.clock()
                 self.load_tiers = self._sum_over_ranks(self._load_tiers)
-                self.reporter.emit("checkpoint_loaded", step=self.next_step, path=str(path),
+                self.reporter.emit(Event.CHECKPOINT_LOADED, step=self.next_step, path=str(path),
                                    load_s=round(self.clock() - start, 3), **self.load_tiers)
                 self.channel.send("phase", {"rank": self.rank, "phase": "train", "step": self.next_step})
                 return self.next_step
