@@ -1,9 +1,10 @@
 """The restart log: schema, writer and reader of `events.jsonl`.
 
-One JSON object per line, append-only. Every event has at least `event`, `ts` (wall clock,
-ISO-8601 UTC), `mono` (monotonic seconds on the writing host), `job_id`, `attempt`; fenced writers
-add `epoch`. One process writes a run's file at a time (DESIGN §2): the supervisor; the hooks only
-when no supervisor runs; a requeuer in the supervisor's absence appends one fenced `requeue`.
+One JSON object per line, append-only. Every event has at least `event`, `ts` (wall clock, ISO-8601
+UTC), `mono` (monotonic seconds on the writing host), `job_id`, `attempt`; fenced writers add
+`epoch`. One process writes a run's file at a time (docs/architecture.md §Message hops): the
+supervisor; the hooks only when no supervisor runs; a requeuer in the supervisor's absence appends
+one fenced `requeue`.
 
 planning/ reads this module, so it must never import the supervisor.
 """
@@ -23,7 +24,7 @@ EVENTS_FILE = "events.jsonl"
 
 
 class Event(str, enum.Enum):
-    """Event names that are part of the contract (DESIGN §3). Add more freely."""
+    """Event names that are part of the contract (docs/contracts.md §Restart log). Add more freely."""
 
     SUPERVISOR_START = "supervisor_start"
     ALLOCATION = "allocation"            # nodes, gpus_per_node, spares

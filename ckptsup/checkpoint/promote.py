@@ -1,4 +1,4 @@
-"""Background promotion of committed checkpoints to slower tiers (DESIGN §4).
+"""Background promotion of committed checkpoints to slower tiers (docs/checkpoint-core.md §Tiers).
 
 One worker thread, a bounded queue (storage.promote_queue_size: when full, the oldest waiting
 checkpoint is skipped, since a newer one supersedes it), retries with tenacity

@@ -1,7 +1,7 @@
-"""Storage tiers (DESIGN §4): node-local directory -> shared file system -> S3-compatible store,
-fastest first. The commit happens on the shared tier; every tier keeps the same commit rule (a
-copy exists only once its manifest is in place, written last), so a half-copied step is never
-mistaken for a checkpoint on any tier (orbax#394 is the counterexample).
+"""Storage tiers (docs/checkpoint-core.md §Tiers): node-local directory -> shared file system ->
+S3-compatible store, fastest first. The commit happens on the shared tier; every tier keeps the same
+commit rule (a copy exists only once its manifest is in place, written last), so a half-copied step
+is never mistaken for a checkpoint on any tier (orbax#394 is the counterexample).
 
 Copies verify as they read: each file is hashed while it is copied and compared with the
 manifest, so a tier never publishes bytes that differ from what was committed.

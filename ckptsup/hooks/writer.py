@@ -1,4 +1,4 @@
-"""Sharded, asynchronous saves with the commit protocol of DESIGN §4.
+"""Sharded, asynchronous saves with the commit protocol (docs/checkpoint-core.md §Commit protocol).
 
 Main thread (the only stall): copy the state into host buffers that are allocated once and reused
 (pinned when the state lives on a GPU). Background thread, on a gloo process group of its own:
