@@ -22,7 +22,7 @@ from tenacity import RetryError, Retrying, retry_if_exception, stop_after_attemp
 
 from ..errors import CheckpointError, CkptsupError
 from .manifest import load_manifest
-from .tiers import Tier, TierError
+from .tier_base import Tier, TierError
 
 
 @dataclass(kw_only=True)

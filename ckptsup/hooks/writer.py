@@ -418,6 +418,6 @@ def _space_hint(directory: Path) -> str:
 def _versions() -> dict[str, str]:
     import torch
 
-    from .. import __version__
+    from .._version import __version__
 
     return {"torch": torch.__version__, "ckptsup": __version__}
