@@ -5,7 +5,6 @@ torch); this module only parses, calls and renders errors as one line."""
 from __future__ import annotations
 
 import importlib
-import json
 import sys
 from typing import Any
 
@@ -26,7 +25,7 @@ COMMANDS: dict[str, str] = {
     "ckpt": "ckptsup.checkpoint.cli:ckpt",
     "sbatch": "ckptsup.slurm.cli:sbatch",
     "dev-cluster": "ckptsup.slurm.cli:dev_cluster",
-    "config": "ckptsup.cli:config",
+    "config": "ckptsup.supervisor.cli_ops:config",
 }
 
 
@@ -62,38 +61,6 @@ def _not_yet(name: str) -> click.Command:
 @click.version_option(package_name="ckptsup")
 def cli() -> None:
     """ckptsup: a Slurm-native supervisor and checkpoint library for PyTorch training."""
-
-
-@click.group()
-def config() -> None:
-    """Inspect the effective configuration."""
-
-
-@config.command("show")
-@click.option("--config", "job_config", type=click.Path(dir_okay=False), help="job TOML (layered over the site config)")
-@click.option("--json", "as_json", is_flag=True, help="machine-readable output")
-def config_show(job_config: str | None, as_json: bool) -> None:
-    """Print every effective value with where it came from (secrets redacted), then what the
-    supervisor derives from them for a first attempt: the collective timeouts, the TORCH_NCCL_* /
-    TORCH_FR_* environment, and why a configured value was lifted (docs/timeouts.md)."""
-    from .config import load_config
-    from .supervisor.nccl import derived_rows
-
-    resolved = load_config(job_config=job_config)
-    rows = resolved.rows(redact=True)
-    derived = derived_rows(resolved.config)  # no step or save measured yet, as at a first launch
-    if as_json:
-        click.echo(json.dumps(rows + derived, indent=2))
-        return
-    width = max(len(r["key"]) for r in rows + derived)
-    _echo_rows(rows, width)
-    click.echo("\nderived by the supervisor for a first attempt (no step or save measured yet):")
-    _echo_rows(derived, width)
-
-
-def _echo_rows(rows: list[dict[str, Any]], width: int) -> None:
-    for row in rows:
-        click.echo(f"{row['key']:<{width}}  {json.dumps(row['value']):<28}  ({row['source']})")
 
 
 def main(argv: list[str] | None = None) -> Any:

@@ -1,9 +1,10 @@
 """The restart log: schema, writer and reader of `events.jsonl`.
 
-One JSON object per line, append-only. Every event has at least `event`, `ts` (wall clock,
-ISO-8601 UTC), `mono` (monotonic seconds on the writing host), `job_id`, `attempt`; fenced writers
-add `epoch`. One process writes a run's file at a time (DESIGN §2): the supervisor; the hooks only
-when no supervisor runs; a requeuer in the supervisor's absence appends one fenced `requeue`.
+One JSON object per line, append-only. Every event has at least `event`, `ts` (wall clock, ISO-8601
+UTC), `mono` (monotonic seconds on the writing host), `job_id`, `attempt`; fenced writers add
+`epoch`. One process writes a run's file at a time (docs/architecture.md §Message hops): the
+supervisor; the hooks only when no supervisor runs; a requeuer in the supervisor's absence appends
+one fenced `requeue`.
 
 planning/ reads this module, so it must never import the supervisor.
 """
@@ -23,8 +24,8 @@ EVENTS_FILE = "events.jsonl"
 
 
 class Event(str, enum.Enum):
-    """Every event name written to events.jsonl (DESIGN §3; docs/contracts.md lists them, and a test
-    holds the two together). Writers pass members; readers compare members (Event is a str, so
+    """Every event name written to events.jsonl, listed in docs/contracts.md §Restart log; a test
+    holds the two together. Writers pass members; readers compare members (Event is a str, so
     `record["event"] == Event.RUN_COMPLETE` holds for the string "run_complete"). Format a member
     into text with `.value`: in Python 3.11 f"{Event.RUN_COMPLETE}" is "Event.RUN_COMPLETE"."""
 
@@ -38,6 +39,9 @@ class Event(str, enum.Enum):
     CHECKPOINT_VALIDATED = "checkpoint_validated"  # step, level
     CHECKPOINT_REJECTED = "checkpoint_rejected"    # step, level, reason
     CHECKPOINT_PROMOTED = "checkpoint_promoted"    # step, tier
+    CHECKPOINT_LOADED = "checkpoint_loaded"        # step, path, load_s, read_local_files, read_shared_files, local_fallback_files
+    ELASTIC_RESUME = "elastic_resume"              # step, saved_world_size, world_size (hooks: resumed at another world size)
+    FR_DUMPED = "fr_dumped"                        # rank, path (the hooks thread wrote the flight recorder)
     FAILURE_DETECTED = "failure_detected"  # kind, node, rank, detect_s
     FAILURE_ATTRIBUTED = "failure_attributed"  # kind, node, was_kind, was_node, detail: what the policy found it was
     NODE_EXCLUDED = "node_excluded"        # node, reason
@@ -50,9 +54,6 @@ class Event(str, enum.Enum):
     PREEMPTION = "preemption"              # signal, budget_s, emergency_save: bool
     HEALTH_CHECK = "health_check"          # node, name, ok, detail
     TEARDOWN_ERROR = "teardown_error"      # node, rc: torchrun failed after every rank of the node finished
-    CHECKPOINT_LOADED = "checkpoint_loaded"  # step, path, load_s, read_local_files, read_shared_files, local_fallback_files
-    ELASTIC_RESUME = "elastic_resume"      # step, saved_world_size, world_size, rng: resumed at another world size
-    FR_DUMPED = "fr_dumped"                # rank, path: a rank wrote its flight-recorder trace (dump_fr)
 
     @classmethod
     def parse(cls, name: object) -> "Event | None":

@@ -1,4 +1,5 @@
-"""The run directory: one per job, on the shared file system, surviving requeues (DESIGN §3).
+"""The run directory: one per job, on the shared file system, surviving requeues
+(docs/contracts.md §Run directory).
 
     <run_dir>/            0700
       events.jsonl        the restart log (events.py)

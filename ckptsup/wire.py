@@ -1,4 +1,4 @@
-"""Messages between ranks, agents and the supervisor (DESIGN §1).
+"""Messages between ranks, agents and the supervisor (docs/architecture.md §Message hops; docs/contracts.md §Wire frames).
 
 Transport:
 - ranks → agent: a node-local Unix *stream* socket (path in CKPTSUP_RANK_SOCKET, inside a 0700

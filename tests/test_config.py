@@ -150,7 +150,7 @@ def show(capsys, monkeypatch, site: Path, *args: str) -> str:
 
 def test_config_show_prints_the_derived_nccl_settings_and_why_a_timeout_was_lifted(tmp_path: Path, capsys,
                                                                                     monkeypatch) -> None:
-    # below the load allowance (600 s) + margin (27 s): docs/timeouts.md §3 says it is lifted to 627 s
+    # below the load allowance (600 s) + margin (27 s): docs/timeouts.md §3, which says it is lifted to 627 s
     site = write(tmp_path / "site.toml", "[nccl]\ncollective_timeout_init_s = 600\n")
     out = show(capsys, monkeypatch, site)
     configured, header, derived = out.partition("\nderived by the supervisor")

@@ -211,8 +211,8 @@ def test_reports_show_values_never_member_reprs(tmp_path: Path) -> None:
 
 def _documented_events() -> tuple[list[str], str]:
     text = (ROOT / "docs" / "contracts.md").read_text(encoding="utf-8")
-    match = re.search(r"^## Events \(`ckptsup\.events\.Event`\)\n(.*?)(?=^## )", text, re.S | re.M)
-    assert match, "docs/contracts.md has no '## Events (`ckptsup.events.Event`)' section"
+    match = re.search(r"^## Restart log \(`events\.jsonl`, `ckptsup\.events\.Event`\)\n(.*?)(?=^## )", text, re.S | re.M)
+    assert match, "docs/contracts.md has no '## Restart log (`events.jsonl`, `ckptsup.events.Event`)' section"
     section = match.group(1)
     return re.findall(r"^\| `([a-z_]+)` \|", section, re.M), section
 

@@ -1,5 +1,6 @@
-"""Bit-exact resume with 2 data-parallel ranks (DESIGN §4: with 2 ranks gloo's all-reduce sum is
-order-free, so an interrupted run can equal an uninterrupted one bit for bit on CPU).
+"""Bit-exact resume with 2 data-parallel ranks (docs/training.md §Bit-exact resume: with 2 ranks
+gloo's all-reduce sum is order-free, so an interrupted run can equal an uninterrupted one bit for
+bit on CPU).
 
 Each test compares a run that is SIGKILLed (every process: torchrun and both ranks) and resumed
 with one uninterrupted run of the same N steps: parameters, optimizer state and the sample ids of

@@ -1,4 +1,5 @@
-"""Slurm behaviours ckptsup relies on, through SlurmClient, on the real dev cluster (DESIGN §7)."""
+"""Slurm behaviours ckptsup relies on, through SlurmClient, on the real dev cluster
+(docs/slurm.md §Seen on the dev cluster)."""
 
 from __future__ import annotations
 
@@ -44,7 +45,8 @@ def test_requeue_then_exclude_and_start_now_runs_the_job_elsewhere_at_once(dev_c
     fx = dev_cluster
     job = fx.submit(SLEEPER, "--requeue")
     first = fx.wait_for(lambda: running_on(fx, job), 20, what="job running")
-    # Slurm refuses node exclusion on a running job: requeue first (DESIGN §7)
+    # Slurm refuses node exclusion on a running job: requeue first
+    # (docs/slurm.md §Seen on the dev cluster)
     with pytest.raises(SlurmCommandError, match="no longer pending"):
         fx.client.update_job(job, exc_nodes=first)
     fx.client.requeue(job)

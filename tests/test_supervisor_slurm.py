@@ -1,7 +1,7 @@
 """The supervisor on the real dev cluster, submitted through the sbatch template: node death with
 a hot spare (in-allocation node-path restart, detection never waits for Slurm's DOWN) and without
 one (requeue excluding the node). Each run ends with the parameters of an uninterrupted 2-rank
-reference run (DESIGN §4), and with the events that explain it."""
+reference run (docs/training.md §Bit-exact resume), and with the events that explain it."""
 from __future__ import annotations
 
 import datetime as dt

@@ -1,7 +1,7 @@
-"""`ckptsup launch examples/train.py` locally with 2 gloo ranks (DESIGN §4: with 2 data-parallel
-ranks an interrupted run can equal an uninterrupted one bit for bit). Faults are injected from
-outside (SIGKILL / SIGSTOP of a real rank) or by train.py's flags; every run must end with the
-reference parameters, or give up as the policy says."""
+"""`ckptsup launch examples/train.py` locally with 2 gloo ranks (docs/training.md §Bit-exact resume:
+with 2 data-parallel ranks an interrupted run can equal an uninterrupted one bit for bit). Faults
+are injected from outside (SIGKILL / SIGSTOP of a real rank) or by train.py's flags; every run must
+end with the reference parameters, or give up as the policy says."""
 import json
 import signal
 import subprocess

@@ -1,7 +1,8 @@
 """The checkpoint catalog: what checkpoint_dir holds and which one to resume from.
 
-Choice is by step number and manifest, never by mtime or wall clock (clock skew, DESIGN §4).
-`.tmp-*` (interrupted saves), `.del-*` (being deleted) and quarantine/ are never candidates.
+Choice is by step number and manifest, never by mtime or wall clock (clock skew;
+docs/checkpoint-core.md §Validation). `.tmp-*` (interrupted saves), `.del-*` (being deleted) and
+quarantine/ are never candidates.
 
     status      meaning                                   transitions
     INCOMPLETE  step_<N>/ without a (valid) manifest      -> (never trusted; GC after checks)

@@ -1,7 +1,7 @@
-"""The commit protocol (DESIGN §4): write into a unique temporary directory, describe every file
-with size and hash, write manifest.json (fsync), rename the directory to step_<N> without ever
-replacing an existing one, fsync the parent. A directory without a valid manifest is never a
-checkpoint.
+"""The commit protocol (docs/checkpoint-core.md §Commit protocol): write into a unique temporary
+directory, describe every file with size and hash, write manifest.json (fsync), rename the directory
+to step_<N> without ever replacing an existing one, fsync the parent. A directory without a valid
+manifest is never a checkpoint.
 
 Two writers on one directory cannot mix shards: each writes its own temporary directory, the
 rename is RENAME_NOREPLACE, and an existing step_<N> from another checkpoint_id is refused. A

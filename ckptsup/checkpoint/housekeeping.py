@@ -1,6 +1,7 @@
-"""What happens to a checkpoint after its commit, off the training thread (DESIGN §4):
-promotion to slower tiers, retention on every tier, and level-3 test loads (every Nth commit and
-before a checkpoint becomes a daily keeper). One object, one call per commit:
+"""What happens to a checkpoint after its commit, off the training thread
+(docs/training.md §Saving): promotion to slower tiers, retention on every tier, and level-3 test
+loads (every Nth commit and before a checkpoint becomes a daily keeper). One object, one call per
+commit:
 
     keeper = Housekeeper.from_config(config, checkpoint_dir=..., job_id=..., emit=send_event)
     keeper.after_commit(step_dir)     # from the writer's background thread, after commit()

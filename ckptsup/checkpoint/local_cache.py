@@ -1,7 +1,7 @@
-"""The node-local cache tier (DESIGN §4): ranks write their shards on the node's own disk first,
-the save's background thread copies them to the shared tier (where the commit happens), and a
-restart on the same node reads a file's local copy when it belongs to the very checkpoint being
-loaded.
+"""The node-local cache tier (docs/checkpoint-core.md §Node-local cache): ranks write their shards
+on the node's own disk first, the save's background thread copies them to the shared tier (where the
+commit happens), and a restart on the same node reads a file's local copy when it belongs to the
+very checkpoint being loaded.
 
 Layout: one directory per local rank, so no two processes ever write the same path:
 

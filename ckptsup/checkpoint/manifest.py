@@ -1,4 +1,5 @@
-"""manifest.json: the one thing about a checkpoint that is ever trusted (DESIGN §4).
+"""manifest.json: the one thing about a checkpoint that is ever trusted
+(docs/checkpoint-core.md §On disk).
 
 It lists every file with its size and hash, DCP's item index (one entry per stored chunk: file,
 offset, length, hash) and the hash of DCP's `.metadata`, so validation levels 1-2 never unpickle

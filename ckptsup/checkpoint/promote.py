@@ -1,4 +1,4 @@
-"""Background promotion of committed checkpoints to slower tiers (DESIGN §4).
+"""Background promotion of committed checkpoints to slower tiers (docs/checkpoint-core.md §Tiers).
 
 One worker thread, a bounded queue (storage.promote_queue_size: when full, the oldest waiting
 checkpoint is skipped, since a newer one supersedes it), retries with tenacity
@@ -22,7 +22,7 @@ from tenacity import RetryError, Retrying, retry_if_exception, stop_after_attemp
 
 from ..errors import CheckpointError, CkptsupError
 from .manifest import load_manifest
-from .tiers import Tier, TierError
+from .tier_base import Tier, TierError
 
 
 @dataclass(kw_only=True)

@@ -1,8 +1,8 @@
-"""Retention (DESIGN §4): keep the last K checkpoints plus the newest one of each of the last D
-days, per tier. Never delete the newest validated checkpoint, nor one being validated or
-promoted (`protected`). The decision is a pure function; `apply_retention` is the effect, with
-the clock injected. Deletion renames to `.del-*` first, so a half-deleted directory is never
-mistaken for a checkpoint.
+"""Retention (docs/checkpoint-core.md §Retention): keep the last K checkpoints plus the newest one
+of each of the last D days, per tier. Never delete the newest validated checkpoint, nor one being
+validated or promoted (`protected`). The decision is a pure function; `apply_retention` is the
+effect, with the clock injected. Deletion renames to `.del-*` first, so a half-deleted directory is
+never mistaken for a checkpoint.
 """
 
 from __future__ import annotations

@@ -21,7 +21,7 @@ from ..errors import CheckpointError, ManifestError
 from .commit import abort, commit, make_tmp_dir, parse_step, step_dir_name
 from .hashing import CHUNK, algorithm_of, new_hasher
 from .manifest import MANIFEST_NAME, Manifest, load_manifest
-from .tiers import TierError, TierKind, expand_tier_path
+from .tier_base import TierError, TierKind, expand_tier_path
 
 HASH_META = "ckptsup-hash"
 MULTIPART_THRESHOLD = 64 << 20

@@ -1,19 +1,22 @@
-"""Storage tiers (DESIGN §4): node-local directory -> shared file system -> S3-compatible store,
-fastest first. The commit happens on the shared tier; every tier keeps the same commit rule (a
-copy exists only once its manifest is in place, written last), so a half-copied step is never
-mistaken for a checkpoint on any tier (orbax#394 is the counterexample).
+"""Storage tiers (docs/checkpoint-core.md §Tiers): node-local directory -> shared file system ->
+S3-compatible store, fastest first. The commit happens on the shared tier; every tier keeps the same
+commit rule (a copy exists only once its manifest is in place, written last), so a half-copied step
+is never mistaken for a checkpoint on any tier (orbax#394 is the counterexample).
 
 Copies verify as they read: each file is hashed while it is copied and compared with the
 manifest, so a tier never publishes bytes that differ from what was committed.
+
+The `Tier` protocol, `TierKind`, `TierError` and `expand_tier_path` live in tier_base.py, which
+s3tier.py builds on as well (re-exported here); this module imports s3tier.py only inside the
+factory, `tiers_from_config`, so boto3 stays optional.
 """
 
 from __future__ import annotations
 
-import enum
 import os
 import shutil
 from pathlib import Path
-from typing import Protocol, Sequence
+from typing import Sequence
 
 from ..errors import CheckpointError, ManifestError
 from .catalog import Status, list_checkpoints
@@ -21,45 +24,10 @@ from .commit import abort, commit, make_tmp_dir, step_dir_name
 from .hashing import CHUNK, algorithm_of, new_hasher
 from .manifest import Manifest, load_manifest
 from .retention import delete_step_dir
+from .tier_base import Tier, TierError, TierKind, expand_tier_path
 
-
-class TierError(CheckpointError):
-    """A tier could not be reached or answered with an error (network, credentials, server).
-    Transient by nature: the promoter retries it; restore skips to the next tier."""
-
-
-class TierKind(enum.Enum):
-    NODE_LOCAL = "node_local"
-    SHARED = "shared"
-    OBJECT = "object"
-
-
-class Tier(Protocol):
-    name: str
-    kind: TierKind
-
-    def put(self, step_dir: Path) -> None:
-        """Copy a committed step dir here; the manifest is published last."""
-
-    def has_copy(self, step: int, manifest: Manifest) -> bool:
-        """A complete copy of exactly this checkpoint (same checkpoint_id, sizes, hashes)."""
-
-    def fetch(self, step: int, dest_dir: Path) -> Path:
-        """Copy step_<N> into checkpoint dir dest_dir (verified); returns dest_dir/step_<N>."""
-
-    def list_steps(self) -> list[int]: ...
-
-    def delete(self, step: int) -> None: ...
-
-    def get_manifest(self, step: int) -> Manifest | None: ...
-
-
-def expand_tier_path(template: str, *, node: str = "", job_id: str = "") -> str:
-    """`{node}` and `{job_id}` in a tier path; anything else in braces is refused."""
-    try:
-        return template.format(node=node, job_id=job_id)
-    except (KeyError, IndexError, ValueError) as err:
-        raise CheckpointError(f"tier path {template!r}: only {{node}} and {{job_id}} may be used ({err})") from None
+__all__ = ["Tier", "TierError", "TierKind", "expand_tier_path", "copy_verified", "copy_step_dir", "LocalTier",
+           "restore_source", "node_local_root", "tiers_from_config"]
 
 
 def copy_verified(src: Path, dst: Path, expected_hash: str, *, size: int) -> None:

@@ -1,4 +1,5 @@
-"""Validation levels (DESIGN §4), recorded atomically in <step_dir>/validation.json.
+"""Validation levels (docs/checkpoint-core.md §Validation), recorded atomically in
+<step_dir>/validation.json.
 
 Level 1: every file of the manifest present, regular, right size and hash; no unlisted files.
 Level 2: structure, torch-free, never unpickling: every item's file is listed, offset+length lies

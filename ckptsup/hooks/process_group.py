@@ -1,4 +1,5 @@
-"""init_process_group with the supervisor's collective timeout (DESIGN §3, §5).
+"""init_process_group with the supervisor's collective timeout (docs/training.md §Process group;
+docs/timeouts.md §3).
 
 No environment variable sets init_process_group's timeout, so the supervisor passes
 CKPTSUP_COLLECTIVE_TIMEOUT_INIT_S (init and the first step: rendezvous, compilation, a checkpoint

@@ -9,7 +9,7 @@ which keeps every rank's batch count equal so DDP never waits on a rank with one
 
 Exact with `num_workers=0` (the sampler is pulled exactly as batches are consumed). With worker
 processes the loader prefetches indices; at the same world size torchdata's StatefulDataLoader
-state accounts for that, while an elastic resume uses this index (see DESIGN §4).
+state accounts for that, while an elastic resume uses this index (see docs/training.md §Resuming).
 """
 
 from __future__ import annotations

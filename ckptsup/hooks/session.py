@@ -1,4 +1,4 @@
-"""attach() → Run: the whole training-side integration (DESIGN §3).
+"""attach() → Run: the whole training-side integration (docs/training.md).
 
     run = ckptsup.attach(model=model, optimizer=opt, lr_scheduler=sched, dataloader=loader)
     step = run.resume()            # next step to run; 0 when nothing usable exists

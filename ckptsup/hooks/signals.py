@@ -1,5 +1,5 @@
-"""Preemption signals: the handler only sets a flag (DESIGN §8); the session reads it at the next
-step boundary, where the ranks agree on a stop step with a small all-reduce."""
+"""Preemption signals: the handler only sets a flag (docs/architecture.md §Conventions); the session
+reads it at the next step boundary, where the ranks agree on a stop step with a small all-reduce."""
 
 from __future__ import annotations
 

@@ -1,4 +1,4 @@
-"""What a checkpoint holds, and how it goes back (DESIGN §4).
+"""What a checkpoint holds, and how it goes back (docs/training.md §What a checkpoint holds).
 
 The DCP state dict has two parts:
 - `model` and `optim`: from torch.distributed.checkpoint.state_dict.get_state_dict, so DDP, FSDP2

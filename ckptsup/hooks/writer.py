@@ -1,4 +1,4 @@
-"""Sharded, asynchronous saves with the commit protocol of DESIGN §4.
+"""Sharded, asynchronous saves with the commit protocol (docs/checkpoint-core.md §Commit protocol).
 
 Main thread (the only stall): copy the state into host buffers that are allocated once and reused
 (pinned when the state lives on a GPU). Background thread, on a gloo process group of its own:
@@ -416,6 +416,6 @@ def _space_hint(directory: Path) -> str:
 def _versions() -> dict[str, str]:
     import torch
 
-    from .. import __version__
+    from .._version import __version__
 
     return {"torch": torch.__version__, "ckptsup": __version__}

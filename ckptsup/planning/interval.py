@@ -1,4 +1,5 @@
-"""Interval maths (DESIGN §6): Young, Daly, expected waste, spares, spot, storage. Pure functions.
+"""Interval maths (docs/planning.md §`ckptsup plan`): Young, Daly, expected waste, spares, spot,
+storage. Pure functions.
 
 Symbols: C the blocking cost of one checkpoint (s), M the job's MTBF (s), R the restart time (s),
 P the persist time of an async save (s; 0 for a synchronous one), T the compute time between
@@ -48,7 +49,8 @@ class Waste:
 
 def expected_waste(*, interval_s: float, stall_s: float, mtbf_s: float, restart_s: float,
                    persist_s: float = 0.0) -> Waste:
-    """First-order expected waste C/T + (T/2 + P + R)/M, split into its three parts (DESIGN §6).
+    """First-order expected waste C/T + (T/2 + P + R)/M, split into its three parts
+    (docs/planning.md §`ckptsup plan`).
 
     It is a fraction of paid time only while it is small; callers show it capped at 1."""
     _positive(interval_s=interval_s, mtbf_s=mtbf_s)
@@ -72,7 +74,7 @@ def job_mtbf_from_record(*, failures: float, over_s: float, on_gpus: int, gpus: 
 def recommended_spares(*, node_failures_per_s: float, replace_s: float, risk: float = 0.01,
                        max_spares: int = 10_000) -> int:
     """Smallest S such that P(more than S node failures within one replacement time) < risk,
-    with failures Poisson at the gang's node failure rate (DESIGN §6)."""
+    with failures Poisson at the gang's node failure rate (docs/planning.md §`ckptsup plan`)."""
     _non_negative(node_failures_per_s=node_failures_per_s, replace_s=replace_s)
     mean = node_failures_per_s * replace_s
     if mean == 0:
@@ -99,8 +101,9 @@ def poisson_tail(mean: float, spares: int) -> float:
 
 
 def cost_per_useful_hour(price: float, waste: float) -> float:
-    """$ per useful GPU-hour: price / (1 − waste). DESIGN §6's price × (1 + waste) is its first-order
-    form; the exact one matters for spot, whose waste can be large. Infinite when waste >= 1."""
+    """$ per useful GPU-hour: price / (1 − waste). price × (1 + waste) is its first-order form
+    (docs/planning.md §`ckptsup plan`); the exact one matters for spot, whose waste can be large.
+    Infinite when waste >= 1."""
     return math.inf if waste >= 1.0 else price / (1.0 - waste)
 
 

@@ -1,7 +1,7 @@
 """The Slurm allocation this process runs in, read from the environment Slurm sets.
 
 `SLURM_RESTART_COUNT` is informative only: the run directory's state.json is the source of truth
-for attempts (DESIGN §5)."""
+for attempts (docs/contracts.md §Run directory)."""
 
 from __future__ import annotations
 

@@ -1,4 +1,5 @@
-"""A real multi-node Slurm cluster on one machine (DESIGN §7), all of it under one directory.
+"""A real multi-node Slurm cluster on one machine (docs/slurm.md §The dev cluster), all of it under
+one directory.
 
 Daemons: our own munged (own key and socket: the system's munge is never touched), slurmctld,
 and one slurmd per node, each as PID 1's child in its own PID, mount and UTS namespace:

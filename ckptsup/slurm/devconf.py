@@ -11,7 +11,7 @@ The partition layout is the pattern a real site would copy for hot spares and re
 - ``highprio``  a higher PriorityTier over every node whose jobs take the nodes of ``lowprio``.
 
 preempt/partition_prio refuses a cluster-wide PreemptMode=OFF, so the cluster says REQUEUE and
-every partition except the two ``lowprio`` ones says OFF (DESIGN §7).
+every partition except the two ``lowprio`` ones says OFF (docs/slurm.md §Partitions).
 """
 
 from __future__ import annotations

@@ -9,6 +9,7 @@ import signal
 import sys
 import time
 from pathlib import Path
+from typing import Any
 
 import click
 
@@ -142,3 +143,35 @@ def requeue(run_dir: str, reason: str, exclude: tuple[str, ...], job_id: str | N
                    f"{','.join(result.excluded) or 'none'})")
     else:
         click.echo(f"ckptsup requeue: nothing to do: {result.why_skipped}")
+
+
+@click.group()
+def config() -> None:
+    """Inspect the effective configuration."""
+
+
+@config.command("show")
+@click.option("--config", "job_config", type=click.Path(dir_okay=False), help="job TOML (layered over the site config)")
+@click.option("--json", "as_json", is_flag=True, help="machine-readable output")
+def config_show(job_config: str | None, as_json: bool) -> None:
+    """Print every effective value with where it came from (secrets redacted), then what the
+    supervisor derives from them for a first attempt: the collective timeouts, the TORCH_NCCL_* /
+    TORCH_FR_* environment, and why a configured value was lifted (docs/timeouts.md)."""
+    from ..config import load_config
+    from .nccl import derived_rows
+
+    resolved = load_config(job_config=job_config)
+    rows = resolved.rows(redact=True)
+    derived = derived_rows(resolved.config)  # no step or save measured yet, as at a first launch
+    if as_json:
+        click.echo(json.dumps(rows + derived, indent=2))
+        return
+    width = max(len(r["key"]) for r in rows + derived)
+    _echo_rows(rows, width)
+    click.echo("\nderived by the supervisor for a first attempt (no step or save measured yet):")
+    _echo_rows(derived, width)
+
+
+def _echo_rows(rows: list[dict[str, Any]], width: int) -> None:
+    for row in rows:
+        click.echo(f"{row['key']:<{width}}  {json.dumps(row['value']):<28}  ({row['source']})")

@@ -15,7 +15,7 @@ __all__ = ["FailureKind", "Failure", "Outcome", "AttemptResult", "Observation", 
 
 
 class RecoveryPath(str, enum.Enum):
-    """How a restart inside the allocation happens (DESIGN §1)."""
+    """How an attempt of this allocation is launched (docs/architecture.md §Recovery paths)."""
 
     INITIAL = "initial"  # the first launch of this allocation
     FAST = "fast"   # same nodes: restart torchrun inside the running agents

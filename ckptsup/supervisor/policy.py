@@ -1,5 +1,5 @@
 """The recovery policy: a pure function from what was observed (and what happened before) to what
-to do. The loop only carries actions out (DESIGN §5).
+to do. The loop only carries actions out (docs/architecture.md §Decisions; docs/supervisor.md §Policy).
 
 Rules, in order:
 1. no failure → Continue.

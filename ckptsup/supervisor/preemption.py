@@ -1,5 +1,5 @@
 """Preemption and time-limit budget (pure): how much time the ranks have after a stop signal,
-and whether an emergency checkpoint fits in it (DESIGN §5).
+and whether an emergency checkpoint fits in it (docs/timeouts.md §5).
 
 * Time limit: the template's `--signal=B:USR1@<lead>` reaches the batch shell, which forwards
   it to the supervisor. Slurm sends it up to 60 s *early*, never late, so `signal_lead_s` is a

@@ -1,4 +1,5 @@
-"""The requeue path (DESIGN §5, §7): give the allocation back and come back without bad nodes.
+"""The requeue path (docs/architecture.md §Recovery paths; docs/timeouts.md §6): give the allocation
+back and come back without bad nodes.
 
     check   squeue --json: the job must be requeueable (not submitted with --no-requeue)
     claim   one requeuer per epoch: O_EXCL file `requeue.claim-<epoch>` in the run dir, so the

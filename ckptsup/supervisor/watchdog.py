@@ -1,4 +1,4 @@
-"""The watchdog step: covers the batch host's death (DESIGN §7).
+"""The watchdog step: covers the batch host's death (docs/timeouts.md §6).
 
 Under `--no-kill` Slurm removes a dead batch host from the job and kills the batch step, but
 leaves the job RUNNING on the other nodes with nobody to drive it. The batch script starts this
