@@ -47,7 +47,8 @@ class Event(str, enum.Enum):
     NODE_EXCLUDED = "node_excluded"        # node, reason
     RESTART_DONE = "restart_done"          # restart_s, resume_step, phases{kill_s, health_s, launch_s, rendezvous_s, load_s, first_step_s}
     REQUEUE = "requeue"                    # reason, by, excluded, partition, phases
-    REQUEUE_UPDATED = "requeue_updated"    # pending-job updates after a requeue: wait_pending_s, update_s, excluded, partition, ok
+    REQUEUE_UPDATED = "requeue_updated"    # pending-job updates after a requeue: wait_pending_s, update_s, excluded, partition, ok;
+    #                                        not ok and restarted: the job ran again first (nodes, job_partition, on_excluded)
     GIVE_UP = "give_up"                    # reason, kind | by
     RUN_COMPLETE = "run_complete"          # step
     INTERVAL_CHANGED = "interval_changed"  # interval_s, why

@@ -1,17 +1,26 @@
 """Every bad input to the commands of checkpoint/, planning/ and slurm/ (and `config show`) is
 refused with ONE stderr line `ckptsup: error: ...` that names the problem, a non-zero exit
 status, and never a traceback. Each case runs the installed `ckptsup` as a subprocess, as a user
-would. Unreadable paths are tried as the `nobody` user (root reads everything)."""
+would. Unreadable paths are tried as the `nobody` user (root reads everything).
+
+`nobody` often cannot reach the checkout or its venv at all: a clone in a 0700 directory (root's
+home, `mktemp -d` in CI). So the as-nobody cases run a copy of the checkout's ckptsup package and
+of its installed dependencies (the distributions its requirements need, not the extras) in a
+world-traversable venv on the same base interpreter, started by a copy of the venv's own
+`ckptsup` console script: the same code and the same entry point, reachable by nobody."""
 
 from __future__ import annotations
 
 import functools
+import importlib.metadata as metadata
 import json
 import os
+import re
 import shutil
 import subprocess
 import sys
 import tempfile
+import venv
 from pathlib import Path
 
 import pytest
@@ -76,22 +85,96 @@ def sandbox():
     shutil.rmtree(root)
 
 
+def _requirement_closure(name: str) -> list[metadata.Distribution]:
+    """The installed distributions `name`'s requirements need (recursively), extras left out."""
+    seen: dict[str, metadata.Distribution] = {}
+    todo = [name]
+    while todo:
+        req = todo.pop()
+        key = re.sub(r"[-_.]+", "-", req).lower()
+        if key in seen:
+            continue
+        seen[key] = dist = metadata.distribution(req)
+        for line in dist.requires or ():
+            dep, _, marker = line.partition(";")
+            if "extra" in marker:
+                continue
+            dep_name = re.match(r"\s*([A-Za-z0-9][A-Za-z0-9._-]*)", dep).group(1)
+            try:
+                metadata.distribution(dep_name)
+            except metadata.PackageNotFoundError:
+                if marker.strip():
+                    continue  # not needed on this interpreter (its marker is false here)
+                raise
+            todo.append(dep_name)
+    return [dist for key, dist in seen.items() if key != re.sub(r"[-_.]+", "-", name).lower()]
+
+
+def _world_readable(root: Path) -> None:
+    for path in [root, *root.rglob("*")]:
+        if path.is_symlink():
+            continue
+        mode = path.stat().st_mode
+        os.chmod(path, mode | 0o444 | (0o111 if path.is_dir() or mode & 0o100 else 0))
+
+
 @functools.cache
-def assert_nobody_can_run_ckptsup() -> None:
-    """The as-nobody cases run the checkout's ckptsup: a checkout nobody cannot reach (a 0700
-    parent, e.g. a `mktemp -d` clone) fails them all; say that instead of a confusing refusal."""
-    probe = subprocess.run([*AS_NOBODY, CKPTSUP, "--help"], capture_output=True, text=True, timeout=60)
-    assert probe.returncode == 0, (f"user nobody cannot run {CKPTSUP} ({probe.stderr.strip()[-200:]}); "
-                                   "make the checkout's parent directories traversable (chmod o+x)")
+def nobody_ckptsup() -> str:
+    """The `ckptsup` that user nobody runs (see the module docstring), built once per session in a
+    world-traversable temp dir: a venv on this interpreter's base, holding a copy of the checkout's
+    package (the one these tests import) and of its dependencies' installed files, plus a copy of
+    this venv's `ckptsup` console script. Checked to run, and to run that copy."""
+    import ckptsup
+
+    root = Path(tempfile.mkdtemp(prefix="ckptsup-as-nobody-"))
+    os.chmod(root, 0o755)
+    home = root / "venv"
+    venv.create(home, with_pip=False, symlinks=True)  # on sys._base_executable, no system site-packages
+    (site,) = home.glob("lib/python*/site-packages")
+    shutil.copytree(Path(ckptsup.__file__).parent, site / "ckptsup", ignore=shutil.ignore_patterns("__pycache__"))
+    for dist in _requirement_closure("ckptsup"):
+        for rel in dist.files or ():
+            if rel.parts[0] == ".." or "__pycache__" in rel.parts:
+                continue  # console scripts outside site-packages; caches are rebuilt
+            src = Path(dist.locate_file(rel))
+            if src.is_file():
+                (site / rel).parent.mkdir(parents=True, exist_ok=True)
+                shutil.copy2(src, site / rel)
+    script = Path(CKPTSUP).read_text().splitlines(keepends=True)
+    assert script[0].startswith("#!"), f"{CKPTSUP} is not a console script"
+    shim = home / "bin" / "ckptsup"
+    shim.write_text(f"#!{home / 'bin' / 'python'}\n" + "".join(script[1:]))
+    shim.chmod(0o755)
+    _world_readable(root)
+    import atexit
+
+    atexit.register(shutil.rmtree, root, ignore_errors=True)
+    probe = subprocess.run([*AS_NOBODY, str(home / "bin" / "python"), "-c", "import ckptsup; print(ckptsup.__file__)"],
+                           capture_output=True, text=True, timeout=60, cwd=root, env=nobody_env(dict(os.environ)))
+    assert probe.returncode == 0, (f"user nobody cannot run the interpreter {sys._base_executable} "
+                                   f"({probe.stderr.strip()[-200:]}); the as-nobody cases need a Python that "
+                                   "nobody can reach (e.g. a system python3 for the venv)")
+    assert probe.stdout.strip() == str(site / "ckptsup" / "__init__.py"), probe.stdout
+    helped = subprocess.run([*AS_NOBODY, str(shim), "--help"], capture_output=True, text=True, timeout=60, cwd=root,
+                            env=nobody_env(dict(os.environ)))
+    assert helped.returncode == 0, helped.stderr
+    return str(shim)
+
+
+def nobody_env(env: dict[str, str]) -> dict[str, str]:
+    """nobody runs the copy: a PYTHONPATH to the checkout would shadow it (or, unreachable, be skipped)."""
+    env.pop("PYTHONPATH", None)
+    return env
 
 
 def run_ckptsup(args: list[str], cwd: Path, *, as_nobody: bool = False) -> subprocess.CompletedProcess[str]:
     env = dict(os.environ, SLURM_CONF=str(cwd / "no-such-slurm.conf"), COLUMNS="200")
     env.pop("CKPTSUP_CONFIG", None)
-    prefix = AS_NOBODY if as_nobody else []
-    if prefix:
-        assert_nobody_can_run_ckptsup()
-    return subprocess.run([*prefix, CKPTSUP, *args], cwd=cwd, env=env, capture_output=True, text=True, timeout=60)
+    argv = [CKPTSUP, *args]
+    if as_nobody and AS_NOBODY:
+        argv = [*AS_NOBODY, nobody_ckptsup(), *args]
+        env = nobody_env(env)
+    return subprocess.run(argv, cwd=cwd, env=env, capture_output=True, text=True, timeout=60)
 
 
 def assert_one_line_refusal(proc: subprocess.CompletedProcess[str], needle: str) -> None:

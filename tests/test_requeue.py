@@ -13,6 +13,7 @@ from ckptsup.env import ExitStatus
 from ckptsup.errors import SlurmCommandError
 from ckptsup.events import read_events
 from ckptsup.rundir import RunDir
+from ckptsup.slurm.client import CommandResult, SlurmClient
 from ckptsup.supervisor import requeue as rq
 from ckptsup.supervisor.requeue import RequeueRefused, requeue_job
 
@@ -318,3 +319,182 @@ def test_the_first_runs_end_shown_briefly_as_completed_is_not_mistaken_for_a_res
                          detach=False, sleep=lambda s: None, wall=lambda: 1000.5)
     assert result.finish.ok, result.finish.error
     assert slurm.calls[-1] == ("update_job", "42", ("n1", "n7"), "spanning", True)
+
+
+class StartedBeforeUpdate(FakeSlurm):
+    """The race seen in CI after a dead batch host: the job is seen PENDING, then Slurm starts it
+    before the finisher's `scontrol update` arrives, which the real client (its runner faked)
+    turns into SlurmCommandError "Job is no longer pending execution". After each of the
+    `len(after_refusal)` refusals squeue shows the next of `after_refusal` (None: the job is gone;
+    PENDING: refused in a moment it was not pending, the next update applies)."""
+
+    def __init__(self, after_refusal: list, *, squeue_fails: bool = False, **kw):
+        super().__init__(**kw)
+        self.after_refusal = list(after_refusal)
+        self.answers: list = []
+        self.squeue_fails = squeue_fails
+
+    def job_info(self, job_id):
+        if not self.answers:
+            return super().job_info(job_id)
+        self.calls.append(("job_info", job_id))
+        if self.squeue_fails:
+            raise SlurmCommandError(["squeue", "--json", "--jobs"], 1, "slurm_load_jobs error: Unexpected message received")
+        return self.answers.pop(0)
+
+    def update_job(self, job_id, *, exc_nodes=None, partition=None, start_time_now=False):
+        if self.requeued and self.completing_polls == 0 and self.after_refusal:
+            self.answers.append(self.after_refusal.pop(0))
+            self.calls.append(("update_job refused", job_id))
+            client = SlurmClient(env={}, runner=lambda argv, timeout_s, env: CommandResult(
+                argv=argv, returncode=1, stdout="", stderr="slurm_update error: Job is no longer pending execution"))
+            client.update_job(job_id, exc_nodes=exc_nodes, partition=partition, start_time_now=start_time_now)
+        super().update_job(job_id, exc_nodes=exc_nodes, partition=partition, start_time_now=start_time_now)
+
+
+def landed_on(nodes, state="RUNNING", partition="main"):
+    info = FakeInfo(state=state, restart_count=1, partition=partition)
+    info.nodes, info.start_time = list(nodes), 1002
+    return info
+
+
+def test_a_job_slurm_started_between_the_pending_seen_and_the_update_is_recorded_as_restarted_at_once(tmp_path) -> None:
+    rd = run_dir(tmp_path)
+    slurm = StartedBeforeUpdate([landed_on(["n2", "n3"])], completing_polls=2)
+    result = requeue_job(slurm, rd, "42", "batch_host_lost", ["n1"], fake_clock(), partition="spanning",
+                         detach=False, sleep=lambda s: None, wall=lambda: 1000.5)
+    finish = result.finish
+    assert result.requeued and not finish.ok and "restarted at once" in finish.error, finish.error
+    assert "(running, partition main on n2,n3)" in finish.error and "none of the excluded" in finish.error
+    assert "no longer pending" in finish.error  # the refusal is kept, for the post-mortem
+    assert finish.restarted and finish.nodes == ("n2", "n3") and finish.on_excluded == ()
+    assert finish.job_partition == "main"
+    # one refused update, then one look where it landed: no fallback updates against a running job
+    assert [c[0] for c in slurm.calls[-2:]] == ["update_job refused", "job_info"]
+    assert not any(c[0] == "update_job" for c in slurm.calls)
+    event = read_events(rd.path)[-1]
+    assert event["event"] == "requeue_updated" and event["ok"] is False
+    assert event["restarted"] is True and event["nodes"] == ["n2", "n3"] and event["on_excluded"] == []
+    assert event["job_partition"] == "main" and event["error"] == finish.error
+    assert rd.load_state().status == "requeued"  # the requeue stands
+
+
+def test_a_start_between_pending_and_update_onto_an_excluded_node_says_so(tmp_path) -> None:
+    rd = run_dir(tmp_path)
+    slurm = StartedBeforeUpdate([landed_on(["n1", "n7"])], completing_polls=1)
+    result = requeue_job(slurm, rd, "42", "batch_host_lost", ["n1"], fake_clock(), partition="spanning",
+                         detach=False, sleep=lambda s: None, wall=lambda: 1000.5)
+    assert not result.finish.ok and "restarted at once" in result.finish.error
+    assert "holds excluded node(s) n1,n7, which the next supervisor refuses" in result.finish.error
+    assert result.finish.on_excluded == ("n1", "n7")
+    assert read_events(rd.path)[-1]["on_excluded"] == ["n1", "n7"]
+
+
+def test_a_refused_update_whose_job_shows_pending_again_is_retried_and_applied(tmp_path) -> None:
+    rd = run_dir(tmp_path)
+    slurm = StartedBeforeUpdate([FakeInfo(state="PENDING")], completing_polls=1)
+    result = requeue_job(slurm, rd, "42", "node_down", ["n2"], fake_clock(), partition="spanning",
+                         detach=False, sleep=lambda s: None, wall=lambda: 1000.5)
+    assert result.finish.ok and not result.finish.restarted, result.finish.error
+    assert [c[0] for c in slurm.calls[-3:]] == ["update_job refused", "job_info", "update_job"]
+    assert slurm.calls[-1] == ("update_job", "42", ("n2", "n7"), "spanning", True)
+
+
+@pytest.mark.parametrize("squeue_fails", [False, True])
+def test_a_job_gone_or_unreadable_after_the_refused_update_is_recorded_not_raised(tmp_path, squeue_fails) -> None:
+    rd = run_dir(tmp_path)
+    slurm = StartedBeforeUpdate([None], squeue_fails=squeue_fails, completing_polls=1)
+    result = requeue_job(slurm, rd, "42", "node_down", ["n2"], fake_clock(), detach=False,
+                         sleep=lambda s: None, wall=lambda: 1000.5)
+    assert not result.finish.ok and "no longer pending" in result.finish.error
+    assert ("squeue failed" if squeue_fails else "gone after it was seen pending") in result.finish.error
+    assert read_events(rd.path)[-1]["event"] == "requeue_updated"
+
+
+def test_the_cluster_tests_outcome_check_accepts_a_start_before_the_update_only_where_it_is_safe(tmp_path) -> None:
+    from test_requeue_cluster import check_finisher_outcomes
+
+    def record(landed):
+        rd = RunDir.create(tmp_path / f"run-{len(list(tmp_path.iterdir()))}")
+        requeue_job(StartedBeforeUpdate([landed], completing_polls=1), rd, "42", "batch_host_lost", ["n1"],
+                    fake_clock(), partition="spanning", detach=False, sleep=lambda s: None, wall=lambda: 1000.5)
+        return read_events(rd.path)
+
+    # landed away from the excluded node: accepted; the job stays in its own partition
+    events = record(landed_on(["n2", "n3"]))
+    check_finisher_outcomes([events[-1]], "main")
+    with pytest.raises(AssertionError):
+        check_finisher_outcomes([events[-1]], "mainspare")
+    # the CI failure's record: every update refused, nothing said about where the job landed
+    refused = dict(events[-1], restarted=False, nodes=[], on_excluded=[],
+                   error="update ['exc_nodes', 'partition', 'start_time_now'] refused: ... no longer pending execution")
+    with pytest.raises(AssertionError):
+        check_finisher_outcomes([refused], "main")
+    # landed on an excluded node: accepted only when the next supervisor refused it
+    events = record(landed_on(["n1", "n2"]))
+    (requeue,) = [e for e in events if e["event"] == "requeue"]
+    with pytest.raises(AssertionError, match="no supervisor ran"):
+        check_finisher_outcomes([events[-1]], "main")
+    nxt = requeue["epoch"] + 1
+    refusing = [{"event": "supervisor_start", "epoch": nxt, "excluded": ["n1"]},
+                {"event": "launch", "epoch": nxt, "nodes": ["n2", "n3"]}]
+    check_finisher_outcomes([events[-1]], "main", events + refusing)
+    using = [refusing[0], {"event": "launch", "epoch": nxt, "nodes": ["n1", "n2"]}]
+    with pytest.raises(AssertionError):
+        check_finisher_outcomes([events[-1]], "main", events + using)
+
+
+@pytest.mark.parametrize("needed", [2, 3])
+def test_the_next_supervisor_refuses_an_allocation_s_excluded_nodes(tmp_path, monkeypatch, needed) -> None:
+    """What the finisher's "holds excluded node(s) …, which the next supervisor refuses" rests on:
+    a supervisor started in an allocation that holds a node excluded in state.json never launches
+    there — it runs on the others, or requeues (excluding it again) when too few are left."""
+    import signal
+
+    from ckptsup.config import Config, Resolved
+    from ckptsup.env import ExitStatus
+    from ckptsup.supervisor.loop import Job, Supervisor
+    from ckptsup.supervisor.placement import Placement
+    from ckptsup.supervisor.policy import Requeue
+
+    rd = RunDir.create(tmp_path / "run")
+    state = rd.load_state()
+    state.epoch, state.status = 3, "requeued"
+    state.excluded_nodes = {"n1": "batch_host_lost"}
+    rd.save_state(state)
+    config = Config()
+    config.health.enabled = False
+    sv = Supervisor(resolved=Resolved(config=config, provenance={}),
+                    job=Job(script="train.py", script_args=[], cwd=str(tmp_path), nodes_needed=needed),
+                    run_dir=rd, placement=Placement(job_id="42", nodes=("n1", "n2", "n3"), in_slurm=True))
+    launched, carried = [], []
+
+    class Stop(Exception):
+        pass
+
+    def launch(nodes, **kw):
+        launched.append(nodes)
+        raise Stop
+
+    def requeue(action):
+        carried.append(action)
+        return ExitStatus.REQUEUE
+
+    monkeypatch.setattr(sv, "_launch", launch)
+    monkeypatch.setattr(sv, "_requeue", requeue)
+    handlers = {sig: signal.getsignal(sig) for sig in (signal.SIGTERM, signal.SIGUSR1, signal.SIGINT)}
+    try:
+        if needed == 2:
+            with pytest.raises(Stop):
+                sv.run()
+        else:
+            assert sv.run() == ExitStatus.REQUEUE
+    finally:
+        for sig, handler in handlers.items():
+            signal.signal(sig, handler)
+    start = [e for e in read_events(rd.path) if e["event"] == "supervisor_start"][0]
+    assert start["excluded"] == ["n1"] and start["epoch"] == 4
+    if needed == 2:
+        assert launched == [("n2", "n3")] and not carried
+    else:
+        assert not launched and isinstance(carried[0], Requeue) and "n1" in carried[0].exclude

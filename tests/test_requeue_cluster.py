@@ -21,14 +21,32 @@ from ckptsup.supervisor.requeue import RequeueRefused, requeue_job
 pytestmark = pytest.mark.slurm
 
 
-def check_finisher_outcomes(updates: list[dict], final_partition: str) -> None:
-    """Each requeue finisher either applied the pending-job updates or found the job restarted at
-    once away from the excluded nodes (Slurm skips its BeginTime hold when a dead batch host's
-    DOWN completes the requeue); the job is in the spanning partition exactly when one applied."""
+def check_finisher_outcomes(updates: list[dict], final_partition: str, events: list[dict] | None = None) -> None:
+    """Each requeue finisher either applied the pending-job updates, or found the job restarted at
+    once — seen running again before it was ever PENDING (Slurm skips its BeginTime hold when a
+    dead batch host's DOWN completes the requeue), or started between the PENDING it saw and its
+    update, which Slurm then refused ("no longer pending"). A restarted job's record names where
+    it landed; its new allocation avoids the excluded nodes, or — given the run's `events` — the
+    next supervisor refused the excluded ones it holds (never launched there). The job is in the
+    spanning partition exactly when one applied."""
     assert updates
     for update in updates:
-        assert update["ok"] or ("restarted at once" in update["error"]
-                                and "none of the excluded" in update["error"]), update
+        if update["ok"]:
+            continue
+        assert "restarted at once" in update["error"] and update["restarted"] is True, update
+        assert update["nodes"], update  # where it landed
+        on_excluded = set(update["nodes"]) & set(update["excluded"])
+        assert set(update["on_excluded"]) == on_excluded, update
+        if not on_excluded:
+            assert "none of the excluded" in update["error"], update
+            continue
+        assert "which the next supervisor refuses" in update["error"], update
+        assert events is not None, f"restarted on excluded node(s) {sorted(on_excluded)}, and no supervisor ran: {update}"
+        (requeue,) = [e for e in events if e["event"] == "requeue" and e["excluded"] == update["excluded"]]
+        later = [e for e in events if e["event"] in ("supervisor_start", "launch") and e["epoch"] > requeue["epoch"]]
+        starts = [e for e in later if e["event"] == "supervisor_start"]
+        assert starts and all(on_excluded <= set(e["excluded"]) for e in starts), (update, later)
+        assert all(not on_excluded & set(e["nodes"]) for e in later if e["event"] == "launch"), (update, later)
     assert final_partition == (SPANNING if any(u["ok"] for u in updates) else "main"), updates
 
 
@@ -166,5 +184,53 @@ def test_job_already_requeued_by_slurm_gets_the_updates_and_runs_at_once(dev_clu
         assert result.requeued and result.finish.ok
         assert first.nodes[0] not in again.nodes and again.partition == SPANNING
         assert [e["already_pending"] for e in read_events(rd.path) if e["event"] == "requeue"] == [True]
+    finally:
+        dev_cluster.client.cancel(job)
+
+
+class StartsBeforeTheUpdate:
+    """The real client, except that just before the finisher's first update the job is started
+    (StartTime=now alone, as Slurm itself does after a dead batch host's DOWN): the finisher's
+    update then meets Slurm's own refusal of a job that is no longer pending."""
+
+    def __init__(self, dev_cluster, job: str):
+        self.fx, self.job, self.started = dev_cluster, job, None
+
+    def job_info(self, job_id):
+        return self.fx.client.job_info(job_id)
+
+    def requeue(self, job_id):
+        self.fx.client.requeue(job_id)
+
+    def update_job(self, job_id, **kw):
+        if self.started is None:
+            self.fx.client.update_job(job_id, start_time_now=True)
+            self.started = self.fx.wait_for(lambda: running(self.fx, self.job, restarts=1), 30, interval=0.05,
+                                            what="the job started before the update")
+        self.fx.client.update_job(job_id, **kw)
+
+
+def test_a_job_slurm_starts_between_the_pending_seen_and_the_update_is_recorded_where_it_landed(dev_cluster, tmp_path):
+    rd = make_run_dir(tmp_path)
+    job = dev_cluster.submit("#!/bin/bash\nsrun sleep 300\n", "-N", "2", "-p", "main", "--requeue")
+    try:
+        first = dev_cluster.wait_for(lambda: running(dev_cluster, job), 30, what="job running")
+        bad = first.nodes[0]
+        client = StartsBeforeTheUpdate(dev_cluster, job)
+        result = requeue_job(client, rd, job, "node_down", [bad], partition=SPANNING, detach=False)
+        finish, again = result.finish, client.started
+        assert result.requeued and again is not None and not finish.ok, finish
+        assert finish.restarted and "restarted at once" in finish.error and "no longer pending" in finish.error
+        assert finish.nodes == tuple(again.nodes) and finish.job_partition == "main" == again.partition
+        assert set(finish.on_excluded) == {bad} & set(again.nodes)  # no ExcNodeList: it may be back on `bad`
+        (updated,) = [e for e in read_events(rd.path) if e["event"] == "requeue_updated"]
+        assert updated["ok"] is False and updated["nodes"] == list(again.nodes)
+        if bad in again.nodes:
+            assert "which the next supervisor refuses" in finish.error
+            with pytest.raises(AssertionError, match="no supervisor ran"):
+                check_finisher_outcomes([updated], again.partition)
+        else:
+            check_finisher_outcomes([updated], again.partition)
+        assert rd.load_state().status == "requeued"
     finally:
         dev_cluster.client.cancel(job)

@@ -73,7 +73,7 @@ def test_batch_host_death_is_recovered_by_the_watchdog_twice_in_a_row(dev_cluste
         assert resumed[0] is None and all(r for r in resumed[1:])  # resumed from a checkpoint each time
         info = dev_cluster.job(job)
         assert info.restart_count == 2
-        check_finisher_outcomes([e for e in events if e["event"] == "requeue_updated"], info.partition)
+        check_finisher_outcomes([e for e in events if e["event"] == "requeue_updated"], info.partition, events)
     finally:
         dev_cluster.client.cancel(job)
         for node in killed:

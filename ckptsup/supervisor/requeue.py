@@ -11,8 +11,10 @@ back and come back without bad nodes.
     event   one fenced `requeue` event (reason, excluded, by, phases)
     finish  once the job is PENDING: one `scontrol update` with ExcNodeList, Partition (the
             site's spanning partition) and StartTime=now; a `requeue_updated` event. A job that
-            Slurm restarted before it was ever seen PENDING (no hold after a dead batch host)
-            is recorded as such, not waited for.
+            Slurm restarted before it was ever seen PENDING (no hold after a dead batch host),
+            or started between the PENDING seen and the update (which Slurm then refuses: "Job
+            is no longer pending execution"), is recorded as restarted at once, with where it
+            landed, not waited for.
 
 Slurm refuses ExcNodeList/Partition on a job that is still running or completing, and the job
 only becomes pending after every process of it is gone — including whoever called requeue. So the
@@ -54,6 +56,8 @@ POLL_S = 0.2
 # Slurm's own 121 s BeginTime avoids it; we only wait for the second to turn over, twice.
 CREDENTIAL_SETTLE_S = 2.0
 ALREADY_PENDING = "pending execution"  # scontrol's refusal to requeue a job that is already pending
+NOT_PENDING = "no longer pending"      # scontrol's refusal to update a job that has started
+NOT_PENDING_RETRIES = 3                # a refused update whose job shows PENDING again is retried
 
 
 class RequeueRefused(CkptsupError):
@@ -101,6 +105,10 @@ class FinishResult:
     update_s: float
     total_s: float                 # from the `scontrol requeue` call to the updates done
     error: str = ""
+    restarted: bool = False        # Slurm ran the job again before the updates could be applied
+    nodes: tuple[str, ...] = ()    # ... on these nodes
+    on_excluded: tuple[str, ...] = ()  # ... of which these are excluded (the next supervisor refuses them)
+    job_partition: str = ""        # ... in this partition
 
 
 def _state_name(info: JobInfoLike | None) -> str:
@@ -218,9 +226,16 @@ def finish_requeue(client: RequeueClient, run_dir: RunDir, job_id: str, *, exclu
                    on_state: Callable[[str, float], None] = lambda state, waited_s: None) -> FinishResult:
     """Wait until the requeued job is PENDING, then one `scontrol update` with ExcNodeList,
     Partition and StartTime=now (StartTime lifts the 121 s BeginTime hold). Records a
-    `requeue_updated` event. Never raises for Slurm refusals: they are recorded."""
+    `requeue_updated` event. Never raises for Slurm refusals: they are recorded.
+
+    Three outcomes: the updates applied (ok); the job restarted at once, seen running again
+    before it was ever seen PENDING; or Slurm started it between the PENDING seen and the update
+    ("Job is no longer pending execution"). The last two are recorded alike — ok false,
+    `restarted`, the new run's nodes and partition and which excluded nodes it holds (the next
+    supervisor refuses those: it never uses a node excluded in state.json)."""
     t0 = clock()
     error = ""
+    landed: JobInfoLike | None = None  # the new run, when Slurm started it before the updates
     seen = None
     while True:
         info = client.job_info(job_id)
@@ -234,6 +249,7 @@ def finish_requeue(client: RequeueClient, run_dir: RunDir, job_id: str, *, exclu
             error = f"job {job_id} is gone before the updates could be applied"
             break
         if _restarted(info, state, restart_count, requeued_wall):
+            landed = info
             error = _restarted_error(info, job_id, state, exclude)
             break
         if clock() - t0 > deadline_s:
@@ -248,17 +264,24 @@ def finish_requeue(client: RequeueClient, run_dir: RunDir, job_id: str, *, exclu
             sleep(hold)
     t_hold = clock()
     if not error:
-        error = _apply_updates(client, job_id, exclude, partition)
+        error, landed = _update_pending(client, job_id, exclude, partition, sleep=sleep, poll_s=poll_s,
+                                        on_state=lambda st: on_state(st, clock() - t0))
     t_done = clock()
+    nodes = tuple(getattr(landed, "nodes", None) or ()) if landed is not None else ()
     result = FinishResult(ok=not error, wait_pending_s=t_pending - t0, hold_s=t_hold - t_pending,
-                          update_s=t_done - t_hold, total_s=t_done - requeued_mono, error=error)
+                          update_s=t_done - t_hold, total_s=t_done - requeued_mono, error=error,
+                          restarted=landed is not None, nodes=nodes,
+                          on_excluded=tuple(sorted(set(nodes) & set(exclude))),
+                          job_partition=str(getattr(landed, "partition", "") or "") if landed is not None else "")
     rs = run_dir.load_state()
     writer = EventWriter(run_dir=run_dir.path, job_id=job_id, attempt=rs.attempt, epoch=rs.epoch, fsync=True)
     try:
         writer.emit(Event.REQUEUE_UPDATED, ok=result.ok, excluded=list(exclude), partition=partition or "",
                     wait_pending_s=round(result.wait_pending_s, 4), hold_s=round(result.hold_s, 4),
                     update_s=round(result.update_s, 4),
-                    total_s=round(result.total_s, 4), error=error)
+                    total_s=round(result.total_s, 4), error=error, restarted=result.restarted,
+                    nodes=list(result.nodes), on_excluded=list(result.on_excluded),
+                    job_partition=result.job_partition)
     finally:
         writer.close()
     return result
@@ -275,18 +298,48 @@ def _restarted(info: JobInfoLike, state: str, restart_count: int, requeued_wall:
             and started is not None and started > requeued_wall)
 
 
-def _restarted_error(info: JobInfoLike, job_id: str, state: str, exclude: Sequence[str]) -> str:
+def _restarted_error(info: JobInfoLike, job_id: str, state: str, exclude: Sequence[str], *,
+                     refused: str = "") -> str:
     nodes = list(getattr(info, "nodes", None) or ())
     on_excluded = sorted(set(nodes) & set(exclude))
     where = f"partition {info.partition} on {','.join(nodes) or '?'}"
+    when = (f"after it was seen pending, so the updates were refused ({refused})" if refused
+            else "before the updates could be applied")
     tail = (f"; it holds excluded node(s) {','.join(on_excluded)}, which the next supervisor refuses"
             if on_excluded else "; none of the excluded nodes is in its allocation")
-    return f"job {job_id} restarted at once ({state.lower()}, {where}) before the updates could be applied{tail}"
+    return f"job {job_id} restarted at once ({state.lower()}, {where}) {when}{tail}"
 
 
-def _apply_updates(client: RequeueClient, job_id: str, exclude: Sequence[str], partition: str | None) -> str:
+def _update_pending(client: RequeueClient, job_id: str, exclude: Sequence[str], partition: str | None, *,
+                    on_state: Callable[[str], None] = lambda state: None, sleep: Callable[[float], None] = time.sleep,
+                    poll_s: float = POLL_S, retries: int = NOT_PENDING_RETRIES) -> tuple[str, JobInfoLike | None]:
+    """Apply the updates to the job seen PENDING. Slurm may start it in between (no BeginTime
+    hold after a dead batch host) and then refuses them: "Job is no longer pending execution".
+    Then look where it landed: (error, the new run's JobInfo) — recorded like a job restarted at
+    once. Returns ('', None) when the updates applied; never raises for Slurm's answers."""
+    for _ in range(retries + 1):
+        error, not_pending = _apply_updates(client, job_id, exclude, partition)
+        if not not_pending:
+            return error, None
+        try:
+            info = client.job_info(job_id)
+        except CkptsupError as err:
+            return f"{error}; then squeue failed, so where it runs is unknown: {err}", None
+        state = _state_name(info)
+        on_state(state)
+        if info is None:
+            return f"job {job_id} is gone after it was seen pending; updates not applied ({error})", None
+        if state != "PENDING":
+            return _restarted_error(info, job_id, state, exclude, refused=error), info
+        sleep(poll_s)  # pending again (refused in a moment it was not): try once more
+    return f"{error}; the job still shows pending after {retries + 1} refused updates", None
+
+
+def _apply_updates(client: RequeueClient, job_id: str, exclude: Sequence[str],
+                   partition: str | None) -> tuple[str, bool]:
     """All three in one update; if Slurm refuses (e.g. the partition), keep what it accepts:
-    the exclusion and StartTime matter most. Returns the error text, '' when all applied."""
+    the exclusion and StartTime matter most. Returns (the error text, '' when all applied;
+    whether Slurm refused because the job is no longer pending — then nothing more is tried)."""
     attempts: list[dict[str, Any]] = [
         {"exc_nodes": list(exclude), "partition": partition, "start_time_now": True},
         {"exc_nodes": list(exclude), "start_time_now": True},
@@ -300,9 +353,11 @@ def _apply_updates(client: RequeueClient, job_id: str, exclude: Sequence[str], p
             client.update_job(job_id, **kwargs)
         except CkptsupError as err:
             errors.append(f"update {sorted(k for k, v in kwargs.items() if v)} refused: {err}")
+            if NOT_PENDING in str(err).lower():
+                return "; ".join(errors), True
             continue
-        return "; ".join(errors)
-    return "; ".join(errors)
+        return "; ".join(errors), False
+    return "; ".join(errors), False
 
 
 def finisher_argv(*, run_dir: Path, job_id: str, exclude: Sequence[str], partition: str | None,
@@ -370,7 +425,9 @@ def _main(argv: Sequence[str] | None = None) -> int:
                             on_state=lambda state, waited_s: print(json.dumps(
                                 {"job_state": state, "waited_s": round(waited_s, 3)}), flush=True))
     print(json.dumps({"ok": result.ok, "wait_pending_s": result.wait_pending_s, "hold_s": result.hold_s,
-                      "update_s": result.update_s, "total_s": result.total_s, "error": result.error}),
+                      "update_s": result.update_s, "total_s": result.total_s, "error": result.error,
+                      "restarted": result.restarted, "nodes": list(result.nodes),
+                      "on_excluded": list(result.on_excluded)}),
           flush=True)
     return 0 if result.ok else 1
 
