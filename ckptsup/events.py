@@ -86,6 +86,12 @@ class FailureKind(str, enum.Enum):
     PREEMPTED = "preempted"
     USER_ERROR = "user_error"
 
+    @staticmethod
+    def counts_against_mtbf(kind: object) -> bool:
+        """Whether a failure of this kind (a member or its string; unknown ones count) is the
+        hardware's or the system's: preemptions and the job's own errors say nothing of the MTBF."""
+        return kind not in (FailureKind.PREEMPTED, FailureKind.USER_ERROR)
+
 
 REQUIRED_FIELDS = ("event", "ts", "mono", "job_id", "attempt")
 

@@ -56,7 +56,10 @@ def _check_entries(top: Path, *, recursive: bool, uid: int) -> None:
     with entries:
         for entry in entries:
             full = Path(entry.path)
-            st = entry.stat(follow_symlinks=False)
+            try:
+                st = entry.stat(follow_symlinks=False)
+            except FileNotFoundError:
+                continue  # gone since the listing: a concurrent validator's record being renamed into place
             if stat.S_ISLNK(st.st_mode):
                 raise TrustError(f"{full} is a symlink; checkpoints must not contain symlinks: remove it (`rm {full}`)")
             if not recursive:

@@ -30,7 +30,6 @@ CATEGORIES = (
     "idle_spares",         # hot spares held, × their devices
     "other",               # recovery time no event explains
 )
-NOT_FAILURES = (FailureKind.USER_ERROR,)
 
 
 @dataclass(kw_only=True)
@@ -57,7 +56,7 @@ class Accounting:
 
     @property
     def failure_count(self) -> int:
-        return sum(n for kind, n in self.failures.items() if kind not in NOT_FAILURES)
+        return sum(n for kind, n in self.failures.items() if FailureKind.counts_against_mtbf(kind))
 
     @property
     def observed_job_mtbf_s(self) -> float | None:
@@ -262,6 +261,14 @@ def _collect(acc: Accounting, attempt: Attempt) -> None:
             acc.failures[kind] = acc.failures.get(kind, 0) + 1
             if num(ev, "detect_s") is not None:
                 acc.detects_s.append(num(ev, "detect_s") or 0.0)
+        elif name == Event.FAILURE_ATTRIBUTED:
+            # the policy found what the detected failure was: count it as that instead
+            was, kind = str(ev.get("was_kind") or "unknown"), str(ev.get("kind") or "unknown")
+            if acc.failures.get(was, 0) > 0:
+                acc.failures[was] -= 1
+                if not acc.failures[was]:
+                    del acc.failures[was]
+            acc.failures[kind] = acc.failures.get(kind, 0) + 1
         elif name == Event.RESTART_DONE and num(ev, "restart_s") is not None:
             acc.restarts_s.append(num(ev, "restart_s") or 0.0)
 

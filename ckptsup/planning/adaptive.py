@@ -100,8 +100,11 @@ class AdaptiveInterval:
             write = num(event, "write_s")
             if write is not None and write >= 0:
                 self.writes.append(write)
-        elif name is Event.FAILURE_DETECTED and event.get("kind") != FailureKind.USER_ERROR:
+        elif name is Event.FAILURE_DETECTED and FailureKind.counts_against_mtbf(event.get("kind")):
             self.failures += 1
+        elif name is Event.FAILURE_ATTRIBUTED:
+            was, now = (FailureKind.counts_against_mtbf(event.get(k)) for k in ("was_kind", "kind"))
+            self.failures = max(0, self.failures + int(now) - int(was))
         elif name is Event.ALLOCATION:
             devices = devices_of(event)
             if devices is not None and devices[0] > 0:

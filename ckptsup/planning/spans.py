@@ -226,6 +226,9 @@ def build_attempt(events: list[dict[str, Any]], *, default_devices: tuple[float,
                 switch(SpanKind.RUNNING, t, step=done)
             elif cur.start_step is None:
                 cur.start_step = done
+        elif name == Event.FAILURE_ATTRIBUTED:
+            if ev.get("kind") == FailureKind.NODE_DOWN and isinstance(ev.get("node"), str):
+                down.add(ev["node"])  # the failure was this node's death (its agent fell silent)
         elif name == Event.FAILURE_DETECTED:
             detect = max(0.0, num(ev, "detect_s", 0.0) or 0.0)
             if ev.get("kind") == FailureKind.NODE_DOWN and isinstance(ev.get("node"), str):

@@ -66,6 +66,9 @@ def describe(event: Mapping[str, Any]) -> str:
         latency = f", detected in {float(g('detect_s')):.2f}s" if isinstance(g("detect_s"), (int, float)) else ""
         extra = _extras(e, ("kind", "node", "rank", "detect_s"))
         return f"{g('kind', '?')} {where}{latency}".replace("  ", " ") + (f" ({extra})" if extra else "")
+    if name == Event.FAILURE_ATTRIBUTED:
+        node = f" on {g('node')}" if g("node") else ""
+        return f"it was {g('kind', '?')}{node} (detected as {g('was_kind', '?')}): {g('detail', '')}"
     if name == Event.NODE_EXCLUDED:
         return f"{g('node')} excluded: {g('reason', '')}"
     if name == Event.RESTART_DONE:
@@ -168,6 +171,8 @@ def summarize(events: Iterable[Mapping[str, Any]]) -> Summary:
         name = e.get("event")
         if name == Event.FAILURE_DETECTED:
             failures.append({k: e.get(k) for k in ("kind", "node", "rank", "detect_s")})
+        elif name == Event.FAILURE_ATTRIBUTED and failures:
+            failures[-1].update(kind=e.get("kind"), node=e.get("node"))  # what the failure turned out to be
         elif name == Event.RESTART_DONE:
             restarts.append({"restart_s": e.get("restart_s"), "resume_step": e.get("resume_step"),
                              "phases": dict(e.get("phases") or {})})
