@@ -52,6 +52,7 @@ class Event(str, enum.Enum):
     GIVE_UP = "give_up"                    # reason, kind | by
     RUN_COMPLETE = "run_complete"          # step
     INTERVAL_CHANGED = "interval_changed"  # interval_s, why
+    COLLECTIVE_TIMEOUT_SET = "collective_timeout_set"  # collective_s, was_s, steps: steady timeout sent mid-attempt
     PREEMPTION = "preemption"              # signal, budget_s, emergency_save: bool
     HEALTH_CHECK = "health_check"          # node, name, ok, detail
     TEARDOWN_ERROR = "teardown_error"      # node, rc: torchrun failed after every rank of the node finished

@@ -55,6 +55,7 @@ class MessageKind(enum.StrEnum):
     STOP_AT = "stop_at"              # {reason, save, budget_s}: stop at an agreed step (preemption)
     SAVE_NOW = "save_now"            # {reason}
     SET_INTERVAL = "set_interval"    # {interval_s}
+    SET_TIMEOUT = "set_timeout"      # {collective_s}: the steady collective timeout, once steps are measured
     DUMP_FR = "dump_fr"              # {path}
     KILL = "kill"                    # {grace}: agent only: kill torchrun and the ranks now
     RESTART = "restart"              # {attempt, spec: LaunchSpec as JSON}: agent only: fast-path relaunch
@@ -68,10 +69,10 @@ HOPS: dict[MessageKind, Hop] = {
                                              MessageKind.TORCHRUN_EXIT, MessageKind.KILLED,
                                              MessageKind.RESTARTED, MessageKind.PREEMPT)},
     **{k: Hop.COMMAND for k in (MessageKind.STOP_AT, MessageKind.SAVE_NOW, MessageKind.SET_INTERVAL,
-                                 MessageKind.DUMP_FR, MessageKind.KILL, MessageKind.RESTART, MessageKind.EXIT)},
+                                 MessageKind.SET_TIMEOUT, MessageKind.DUMP_FR, MessageKind.KILL, MessageKind.RESTART, MessageKind.EXIT)},
 }
 FORWARDED_COMMANDS = frozenset({MessageKind.STOP_AT, MessageKind.SAVE_NOW, MessageKind.SET_INTERVAL,
-                                MessageKind.DUMP_FR})
+                                MessageKind.SET_TIMEOUT, MessageKind.DUMP_FR})
 
 
 class Phase(enum.StrEnum):

@@ -417,3 +417,18 @@ def test_step_times_are_kept_in_state_json_and_set_the_next_allocations_timeouts
     sv.run()
     timeouts = env["timeouts"]
     assert timeouts.collective_s < timeouts.collective_init_s  # two-phase from the first launch
+
+
+def test_a_first_launch_gets_its_steady_collective_timeout_once_steps_are_measured(tmp_path, site):
+    world = World(clock=Clock(), steps=loop_mod.STEADY_AFTER_STEPS + 5)
+    assert supervisor(tmp_path, world).run() is ExitStatus.DONE
+    sent = [body for _, m, body in world.sent if m is MessageKind.SET_TIMEOUT]
+    [event] = of(tmp_path, Event.COLLECTIVE_TIMEOUT_SET)
+    assert sent == [{"collective_s": event["collective_s"]}]
+    assert event["collective_s"] < event["was_s"] and event["steps"] == loop_mod.STEADY_AFTER_STEPS
+
+
+def test_a_launch_that_knew_its_step_times_sends_no_second_timeout(tmp_path, site):
+    world = World(clock=Clock(), steps=loop_mod.STEADY_AFTER_STEPS + 5, faults={0: Fault("crash", 13)})
+    assert supervisor(tmp_path, world).run() is ExitStatus.DONE
+    assert len([m for _, m, _ in world.sent if m is MessageKind.SET_TIMEOUT]) == 1  # the first launch only

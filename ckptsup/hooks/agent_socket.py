@@ -34,6 +34,7 @@ class Commands:
     stop_at: dict[str, Any] | None = None
     save_now: str | None = None
     interval: dict[str, Any] | None = None
+    timeout_s: float | None = None      # a steady collective timeout to apply (set_timeout)
     lock: threading.Lock = field(default_factory=threading.Lock)
 
     def take_save_now(self) -> str | None:
@@ -45,6 +46,13 @@ class Commands:
         with self.lock:
             interval, self.interval = self.interval, None
             return interval
+
+    def take_timeout(self) -> float | None:
+        if self.timeout_s is None:  # the common case, every step: no lock
+            return None
+        with self.lock:
+            timeout, self.timeout_s = self.timeout_s, None
+            return timeout
 
 
 def dump_flight_recorder(directory: str | os.PathLike[str], rank: int) -> Path | None:
@@ -147,6 +155,8 @@ class RankChannel:
                 cmds.save_now = str(body.get("reason", "requested"))
             elif m == MessageKind.SET_INTERVAL:
                 cmds.interval = dict(body)
+            elif m == MessageKind.SET_TIMEOUT and isinstance(body.get("collective_s"), (int, float)):
+                cmds.timeout_s = float(body["collective_s"])
         if m == MessageKind.DUMP_FR:
             directory = body.get("path") or self.fr_dump_dir
             if directory:

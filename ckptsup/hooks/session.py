@@ -266,6 +266,9 @@ class Run:
             self.first_step_seen = True
             self.reporter.emit(Event.FIRST_STEP, step=step)
             set_steady_timeout()
+        steady = self.channel.commands.take_timeout()
+        if steady is not None:  # the supervisor measured this attempt's steps (first launch: none before)
+            set_steady_timeout(steady)
         if self.rank == 0 and step_time is not None and now - self.last_progress >= PROGRESS_EVERY_S:
             self.last_progress = now
             self.reporter.emit(Event.STEP_PROGRESS, step=step, step_time_s=round(step_time, 6))

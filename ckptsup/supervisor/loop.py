@@ -32,6 +32,7 @@ from .agent import LaunchSpec
 from .agent_step import AgentStep, CommandSender, Message, StepSignal
 from .attempt import AttemptTracker, Marks
 from .interval_tuner import IntervalTuner
+from .nccl import Timeouts
 from .observations import AttemptResult, Failure, FailureKind, History, Observation, Outcome, RecoveryPath
 from .placement import Placement
 from .policy import Action, CheckHealth, Continue, GiveUp, Requeue, RestartInAllocation, decide
@@ -41,6 +42,7 @@ TICK_S = 0.05
 STEP_PROGRESS_EVERY_S = 5.0
 DUMP_WAIT_S = 2.0       # ranks' hooks thread writes the flight recorder; we do not wait longer than this
 STEP_TIMES_KEPT = 64    # step times carried across restarts and requeues (state.json) for the timeouts
+STEADY_AFTER_STEPS = 10  # steps measured before a launch that knew none gets its steady collective timeout
 OWN_EVENTS = frozenset({Event.FIRST_STEP, Event.STEP_PROGRESS, Event.RUN_COMPLETE})
 
 
@@ -99,6 +101,8 @@ class Supervisor:
         self.lease_stop = threading.Event()
         self.last_progress_event = 0.0
         self.ckpt_dir = recovery.checkpoint_dir(self.config, run_dir.path, placement.job_id)
+        self.timeouts: Timeouts | None = None   # the current attempt's collective timeouts
+        self.steady_pending = False             # launched before any step was measured
         self.interval = IntervalTuner(self.config)
         self.interval.grace_time_s = placement.grace_time_s
 
@@ -270,6 +274,8 @@ class Supervisor:
                 self.emit(Event.RESTART_DONE, restart_s=round(restart_s, 4), resume_step=tracker.first_step,
                           phases=tracker.marks.phases(), **restart)
                 self.state.measured["restart_s"] = round(restart_s, 4)
+        if self.steady_pending and len(tracker.step_window.samples) >= STEADY_AFTER_STEPS:
+            self._set_steady_timeout(tracker)
         now = msg.recv
         if now - self.last_progress_event >= STEP_PROGRESS_EVERY_S:
             self.last_progress_event = now
@@ -278,6 +284,21 @@ class Supervisor:
             self.emit(Event.STEP_PROGRESS, step=tracker.last_step, step_time_s=st,
                       step_p99_s=None if p99 is None else round(p99, 6),
                       hang_timeout_s=round(tracker.hang_timeout_s(), 3))
+
+    def _set_steady_timeout(self, tracker: AttemptTracker) -> None:
+        """A launch that knew no step time ran with steady = init (docs/timeouts.md §3): once this
+        attempt's steps are measured, tighten the ranks' collective timeout, and with it the hang
+        cap that keeps the supervisor's detection first."""
+        self.steady_pending = False
+        steady = recovery.attempt_timeouts(self.config, step_times=tracker.step_window.samples,
+                                           save_s=self.state.measured.get("stall_s"))
+        if self.timeouts is None or self.step is None or steady.collective_s >= self.timeouts.collective_s:
+            return
+        self.step.send(MessageKind.SET_TIMEOUT, {"collective_s": round(steady.collective_s, 3)})
+        tracker.hang_cap_s = steady.hang_cap_s
+        self.emit(Event.COLLECTIVE_TIMEOUT_SET, collective_s=round(steady.collective_s, 3),
+                  was_s=round(self.timeouts.collective_s, 3), steps=len(tracker.step_window.samples))
+        self.timeouts = steady
 
     def _forward_event(self, record: Any) -> None:
         """Append a rank's event (checkpoint_committed, …) to the restart log. The supervisor
@@ -509,8 +530,10 @@ class Supervisor:
 
     def _launch(self, nodes: tuple[str, ...], *, path: RecoveryPath, marks_from: Marks | None = None) -> None:
         resume_from = recovery.pick_resume(self.ckpt_dir, self.emit)
-        timeouts = recovery.attempt_timeouts(self.config, step_times=self._step_times(),
+        step_times = self._step_times()
+        timeouts = recovery.attempt_timeouts(self.config, step_times=step_times,
                                              save_s=self.state.measured.get("stall_s"))
+        self.timeouts, self.steady_pending = timeouts, not step_times
         spec, spec_path = self._spec(nodes, resume_from, timeouts)
         now = self.clock()
         self.tracker = AttemptTracker(attempt=self.state.attempt, nodes=nodes, nproc_per_node=self.sup.nproc_per_node,

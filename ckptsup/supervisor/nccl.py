@@ -22,8 +22,8 @@ The ordering we keep (docs/timeouts.md has the long version):
   timeout fired first, the watchdog would tear the process down (ASYNC_ERROR_HANDLING) before
   the supervisor could collect a coherent dump from every rank. So
       collective_s = max(hang_s, save_allowance_s) + detection slack + dump_wait_s + kill_grace_s.
-  Before any step was measured (first attempt) the steady value equals the init value: the
-  supervisor's hang detection is the primary detector, the collective timeout only a backstop.
+  Before any step was measured (a run's first launch) the steady value equals the init value;
+  the loop sends the derived one (`set_timeout`) once that attempt has measured its steps.
 * `collective_init_s` — init, rendezvous, checkpoint load and the first steps: at least the
   configured collective_timeout_init_s and always above the supervisor's init and load allowances
   plus the same slack, for the same reason.
