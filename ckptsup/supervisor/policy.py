@@ -2,17 +2,27 @@
 to do. The loop only carries actions out (docs/architecture.md §Decisions; docs/supervisor.md §Policy).
 
 Rules, in order:
+0. start-up (`Observation.starting`): ask for health checks of every usable node (CheckHealth),
+   then RestartInAllocation(path=INITIAL) on the first healthy ones, blaming the unhealthy; too few
+   → Requeue excluding them inside Slurm, else GiveUp.
 1. no failure → Continue.
-2. preemption / time limit → Requeue(preempted=True) (the loop exits PREEMPTED outside Slurm).
-3. crash loop → GiveUp: the same kind of failure at the same step `crash_loop_threshold` times in a
-   row (node deaths excluded: they are the hardware's fault, and the node is gone), or no step
-   progress across that many attempts. Nothing is drained: it is the job's fault, not a node's.
-4. restart budget spent (`max_restarts`) → GiveUp.
-5. blame: a dead node and the node of a NaN rank, plus every suspect that failed its health check.
+2. preemption / time limit → Requeue(preempted=True) (the loop stops the ranks first; outside
+   Slurm it exits PREEMPTED).
+3. attribution: an agent that neither answered the kill nor spoke (`silent`) is a dead node,
+   whatever the first symptom was; the action carries the attributed failure.
+4. suspects not yet checked (a hang, an unpinned node death, a crash repeating on one node) →
+   CheckHealth; an unpinned node death is then pinned on the first unhealthy node.
+5. a NaN at the same step as an earlier NaN on another node follows the data → GiveUp (user
+   error), nobody blamed.
+6. crash loop → GiveUp: the same kind of failure at the same step `crash_loop_threshold` times in a
+   row (user error; node deaths excluded: they are the hardware's fault), or no step progress
+   across that many attempts. No node is blamed: it is the job's fault.
+7. restart budget spent (`max_restarts`) → GiveUp.
+8. blame: a dead node and the node of a NaN rank, plus every suspect that failed its health check.
    A NaN is soft evidence: its node is excluded only when something can replace it.
-6. enough healthy nodes (current ones first, then spares) → RestartInAllocation on them: FAST when
-   the node set is unchanged, NODE otherwise; else Requeue excluding every bad node when Slurm can,
-   else GiveUp.
+9. enough healthy nodes (current ones first, then spares) → RestartInAllocation on them: FAST when
+   the node set is unchanged and the agents still run, NODE otherwise; else Requeue excluding every
+   bad node when Slurm can, else GiveUp.
 """
 
 from __future__ import annotations
