@@ -15,7 +15,9 @@ from ckptsup.config import load_config
 from ckptsup.env import ExitStatus
 from ckptsup.events import Event, read_events
 from ckptsup.rundir import RunDir, RunStatus
+from ckptsup.planning.accounting import account
 from ckptsup.supervisor import loop as loop_mod
+from ckptsup.supervisor import restart_log
 from ckptsup.supervisor.agent_step import Message, StepSignal
 from ckptsup.supervisor.health import NodeHealth
 from ckptsup.supervisor.loop import Job, Supervisor
@@ -253,6 +255,10 @@ def test_a_silent_node_after_the_kill_is_attributed_node_down_and_a_spare_takes_
     assert len(world.steps_made) == 2
     state = RunDir(path=tmp_path / "run").load_state()
     assert state.failures[-1]["kind"] == "node_down" and "n2" in state.excluded_nodes
+    events = read_events(tmp_path / "run")
+    assert [(f["kind"], f["node"]) for f in restart_log.summarize(events).failures] == [("node_down", "n2")]
+    assert "it was node_down on n2 (detected as crash)" in restart_log.describe(attributed)
+    assert account(events).failures == {"node_down": 1}
 
 
 def test_a_hang_is_detected_by_the_clock_and_its_suspect_is_health_checked(tmp_path, site):
