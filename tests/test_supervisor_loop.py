@@ -352,7 +352,8 @@ def test_the_same_crash_at_the_same_step_gives_up_as_a_user_error(tmp_path, site
     assert supervisor(tmp_path, world).run() is ExitStatus.GIVE_UP
     [give_up] = of(tmp_path, Event.GIVE_UP)
     assert "user error: crash at step 3 3 times in a row" in give_up["reason"] and give_up["kind"] == "user_error"
-    assert of(tmp_path, Event.FAILURE_ATTRIBUTED)[-1]["kind"] == "user_error"
+    assert [e["kind"] for e in of(tmp_path, Event.FAILURE_ATTRIBUTED)] == ["user_error"] * 3
+    assert account(read_events(tmp_path / "run")).failure_count == 0  # none of them is the hardware's
     assert RunDir(path=tmp_path / "run").load_state().status is RunStatus.GAVE_UP
 
 
@@ -438,3 +439,40 @@ def test_a_launch_that_knew_its_step_times_sends_no_second_timeout(tmp_path, sit
     world = World(clock=Clock(), steps=loop_mod.STEADY_AFTER_STEPS + 5, faults={0: Fault("crash", 13)})
     assert supervisor(tmp_path, world).run() is ExitStatus.DONE
     assert len([m for _, m, _ in world.sent if m is MessageKind.SET_TIMEOUT]) == 1  # the first launch only
+
+
+def test_a_dead_node_without_a_spare_requeues_excluding_it(tmp_path, site, monkeypatch):
+    asked: list = []
+    monkeypatch.setattr("ckptsup.supervisor.requeue.requeue_job",
+                        lambda client, run_dir, job_id, reason, *, exclude, partition: asked.append((reason, exclude)))
+    world = World(clock=Clock(), faults={0: Fault("node_death", 2, node="n2")})
+    sv = supervisor(tmp_path, world, nodes=("n1", "n2"), needed=2, in_slurm=True, slurm=FakeSlurm())
+    assert sv.run() is ExitStatus.REQUEUE
+    assert asked == [("1 healthy node(s) left, 2 needed", ["n2"])]
+    assert RunDir(path=tmp_path / "run").load_state().excluded_nodes == {"n2": "node_down"}
+
+
+def test_a_refused_requeue_gives_up_with_slurms_reason(tmp_path, site, monkeypatch):
+    from ckptsup.supervisor.requeue import RequeueRefused
+
+    def refuse(*args, **kwargs):
+        raise RequeueRefused("job 77 is not requeueable (--no-requeue); resubmit it")
+
+    monkeypatch.setattr("ckptsup.supervisor.requeue.requeue_job", refuse)
+    world = World(clock=Clock(), faults={0: Fault("node_death", 2, node="n2")})
+    sv = supervisor(tmp_path, world, nodes=("n1", "n2"), needed=2, in_slurm=True, slurm=FakeSlurm())
+    assert sv.run() is ExitStatus.GIVE_UP
+    assert of(tmp_path, Event.GIVE_UP)[-1]["reason"] == "job 77 is not requeueable (--no-requeue); resubmit it"
+    assert RunDir(path=tmp_path / "run").load_state().status is RunStatus.GAVE_UP
+
+
+def test_restarts_without_progress_back_off(tmp_path, site):
+    slept: list = []
+    world = World(clock=Clock(), faults={0: Fault("crash", 0), 1: Fault("crash", 0, node="n1")})
+    sv = supervisor(tmp_path, world, flags={"supervisor.backoff_initial_s": 2.0,
+                                            "supervisor.crash_loop_threshold": 5})
+    sv.sleep = slept.append
+    assert sv.run() is ExitStatus.DONE
+    assert slept == [2.0]  # none before the first restart, 2 s before the second in a row
+    assert len(of(tmp_path, Event.LAUNCH)) == 3
+    assert [e["backoff_s"] for e in of(tmp_path, Event.RESTART_DONE)] == [2.0]  # the first never stepped

@@ -369,10 +369,16 @@ class Supervisor:
         self.history[-1] = replace(result, failure=attributed)
         self.state.failures.append(self.history[-1].to_record())
         if (attributed.kind, attributed.node) != (failure.kind, failure.node):
-            self.emit(Event.FAILURE_ATTRIBUTED, kind=attributed.kind, node=attributed.node, was_kind=failure.kind,
-                      was_node=failure.node, detect_s=round(attributed.detect_s, 4), detail=attributed.detail)
+            self._attributed(attributed, failure)
+        for earlier in getattr(action, "also_user_errors", ()):
+            self._attributed(replace(earlier, kind=FailureKind.USER_ERROR,
+                                     detail=f"the first of a crash loop: {earlier.detail}"), earlier)
         marks = Marks(detect=t_detect, killed=t_killed, health_done=self.clock())
         return self._carry_out(action, marks=marks)
+
+    def _attributed(self, failure: Failure, detected: Failure) -> None:
+        self.emit(Event.FAILURE_ATTRIBUTED, kind=failure.kind, node=failure.node, was_kind=detected.kind,
+                  was_node=detected.node, detect_s=round(failure.detect_s, 4), detail=failure.detail)
 
     def _carry_out(self, action: Action, *, marks: Marks | None = None) -> ExitStatus | None:
         for node, why in getattr(action, "reasons", ()):

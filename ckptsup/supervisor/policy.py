@@ -71,6 +71,8 @@ class Requeue:
 class GiveUp:
     reason: str
     failure: Failure | None = field(default=None, compare=False)
+    # earlier failures that the give-up shows were the job's too (a crash loop's first ones)
+    also_user_errors: tuple[Failure, ...] = field(default=(), compare=False)
 
 
 Action = Union[Continue, CheckHealth, RestartInAllocation, Requeue, GiveUp]
@@ -104,9 +106,12 @@ def decide(obs: Observation, history: History, config: SupervisorConfig) -> Acti
         return GiveUp(reason=data_nan, failure=replace(failure, kind=FailureKind.USER_ERROR))
     loop_reason = crash_loop(history, config.crash_loop_threshold)
     if loop_reason is not None:
+        earlier: tuple[Failure, ...] = ()
         if loop_reason.startswith("user error"):
             failure = replace(failure, kind=FailureKind.USER_ERROR)
-        return GiveUp(reason=loop_reason, failure=failure)
+            loop = history.attempts[-config.crash_loop_threshold:-1]
+            earlier = tuple(a.failure for a in loop if a.failure is not None)
+        return GiveUp(reason=loop_reason, failure=failure, also_user_errors=earlier)
     if obs.restarts_used >= config.max_restarts:
         return GiveUp(reason=f"restart budget spent ({obs.restarts_used} of supervisor.max_restarts="
                              f"{config.max_restarts}); last failure: {failure.kind.value}", failure=failure)
