@@ -35,7 +35,7 @@ from .interval_tuner import IntervalTuner
 from .nccl import Timeouts
 from .observations import AttemptResult, Failure, FailureKind, History, Observation, Outcome, RecoveryPath
 from .placement import Placement
-from .policy import Action, CheckHealth, Continue, GiveUp, Requeue, RestartInAllocation, decide
+from .policy import Action, CheckHealth, Continue, GiveUp, Requeue, RestartInAllocation, attributed, blamed, decide
 from .preemption import StopKind, plan_stop, stop_kind
 
 TICK_S = 0.05
@@ -365,12 +365,12 @@ class Supervisor:
                                last_step=tracker.last_step, failure=failure)
         self.history.append(result)
         action = self._decide(self._observe(failure, silent=tuple(silent), silent_for_s=silent_for))
-        attributed = getattr(action, "failure", None) or failure
-        self.history[-1] = replace(result, failure=attributed)
+        found = attributed(action) or failure
+        self.history[-1] = replace(result, failure=found)
         self.state.failures.append(self.history[-1].to_record())
-        if (attributed.kind, attributed.node) != (failure.kind, failure.node):
-            self._attributed(attributed, failure)
-        for earlier in getattr(action, "also_user_errors", ()):
+        if (found.kind, found.node) != (failure.kind, failure.node):
+            self._attributed(found, failure)
+        for earlier in action.also_user_errors if isinstance(action, GiveUp) else ():
             self._attributed(replace(earlier, kind=FailureKind.USER_ERROR,
                                      detail=f"the first of a crash loop: {earlier.detail}"), earlier)
         marks = Marks(detect=t_detect, killed=t_killed, health_done=self.clock())
@@ -381,7 +381,7 @@ class Supervisor:
                   was_node=detected.node, detect_s=round(failure.detect_s, 4), detail=failure.detail)
 
     def _carry_out(self, action: Action, *, marks: Marks | None = None) -> ExitStatus | None:
-        for node, why in getattr(action, "reasons", ()):
+        for node, why in blamed(action):
             self._exclude(node, why)
         match action:
             case GiveUp(reason=reason, failure=failure):
@@ -515,7 +515,7 @@ class Supervisor:
         return ExitStatus.PREEMPTED if action.preempted else ExitStatus.REQUEUE
 
     # ---- launching ----------------------------------------------------------------------------
-    def _spec(self, nodes: tuple[str, ...], resume_from: str, timeouts: Any) -> tuple[LaunchSpec, Path]:
+    def _spec(self, nodes: tuple[str, ...], resume_from: str, timeouts: Timeouts) -> tuple[LaunchSpec, Path]:
         attempt_dir = self.run_dir.attempt_dir(self.state.attempt)
         env = recovery.rank_env(self.config, run_dir=self.run_dir.path, config_json=self.run_dir.config_json_path,
                                 secret_path=self.run_dir.secret_path, ckpt_dir=self.ckpt_dir,

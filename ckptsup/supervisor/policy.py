@@ -77,6 +77,22 @@ class GiveUp:
 
 Action = Union[Continue, CheckHealth, RestartInAllocation, Requeue, GiveUp]
 
+def blamed(action: Action) -> tuple[tuple[str, str], ...]:
+    """(node, why) for every node the action excludes first."""
+    match action:
+        case RestartInAllocation(reasons=reasons) | Requeue(reasons=reasons):
+            return reasons
+    return ()
+
+
+def attributed(action: Action) -> Failure | None:
+    """The failure as `decide` found it to be (None: no failure, or nothing changed it)."""
+    match action:
+        case CheckHealth(failure=f) | RestartInAllocation(failure=f) | Requeue(failure=f) | GiveUp(failure=f):
+            return f
+    return None
+
+
 # Failures that count toward the "same failure at the same step" crash loop.
 _LOOP_KINDS = frozenset({FailureKind.CRASH, FailureKind.HANG, FailureKind.NAN, FailureKind.USER_ERROR})
 
