@@ -84,7 +84,8 @@ def node_path(cluster: Path, port_base: str) -> None:
     while not any(e["event"] == Event.RESTART_DONE and e["path"] == "node" for e in evts()) and time.monotonic() < deadline:
         time.sleep(0.3)
     done = [e for e in evts() if e["event"] == Event.RESTART_DONE and e["path"] == "node"]
-    down = [e for e in evts() if e["event"] == Event.FAILURE_DETECTED and e["kind"] == FailureKind.NODE_DOWN]
+    down = [e for e in evts() if e["event"] in (Event.FAILURE_DETECTED, Event.FAILURE_ATTRIBUTED)
+            and e["kind"] == FailureKind.NODE_DOWN]
     subprocess.run(["scancel", job], env=env, check=False)
     subprocess.run([*CKPTSUP, "dev-cluster", "revive-node", victim, "--dir", str(cluster)], env=env, check=False,
                    stdout=subprocess.DEVNULL)

@@ -121,7 +121,7 @@ def summary(evts: list[dict], victim: str) -> None:
     def first(name: str, **match) -> dict | None:
         return next((e for e in evts if e["event"] == name and all(e.get(k) == v for k, v in match.items())), None)
 
-    down = first("failure_detected", kind="node_down")
+    down = first("failure_detected", kind="node_down") or first("failure_attributed", kind="node_down")
     excluded = first("node_excluded", node=victim)
     launches = [e for e in evts if e["event"] == "launch"]
     restart = first("restart_done", path="node") or first("restart_done")

@@ -229,6 +229,8 @@ def build_attempt(events: list[dict[str, Any]], *, default_devices: tuple[float,
         elif name == Event.FAILURE_ATTRIBUTED:
             if ev.get("kind") == FailureKind.NODE_DOWN and isinstance(ev.get("node"), str):
                 down.add(ev["node"])  # the failure was this node's death (its agent fell silent)
+                if cur.kind is SpanKind.FAILURE:
+                    cur.detect_s += max(0.0, num(ev, "detect_s", 0.0) or 0.0)  # how long it had been silent
         elif name == Event.FAILURE_DETECTED:
             detect = max(0.0, num(ev, "detect_s", 0.0) or 0.0)
             if ev.get("kind") == FailureKind.NODE_DOWN and isinstance(ev.get("node"), str):
