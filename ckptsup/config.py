@@ -5,7 +5,12 @@ Precedence (lowest first): built-in defaults < site config ($CKPTSUP_SITE_CONFIG
 < command-line flags. Every value remembers where it came from (`ckptsup config show`).
 
 Validation happens at the edge, per value, while the layer that set it is known, so the one-line
-error names the file, the key and the valid choices. Units live in key names (`_s`, `_gb`).
+error names the file, the key and the valid choices. Every number is finite and has an upper
+bound no site would exceed (a larger figure is a typo, and would overflow a derivation later:
+`int(inf)` in the NCCL timeouts, a port past 65535, a kill grace no clock can wait for). The rules
+between knobs (`RULES`) are checked once every layer is in, naming both keys and their sources.
+Config files are read through safe_io: regular files (symlinks followed) of at most 1 MiB.
+Units live in key names (`_s`, `_gb`).
 """
 
 from __future__ import annotations
@@ -23,11 +28,21 @@ from typing import Any, Callable, Mapping
 
 from .env import SITE_CONFIG
 from .errors import ConfigError
+from .safe_io import read_json, read_regular
 
 SYSTEM_SITE_CONFIG = Path("/etc/ckptsup/site.toml")
 AUTO = "auto"
 SECRET_NAME = re.compile(r"(secret|password|passwd|token|credential|access_key|private_key)", re.I)
 REDACTED = "***redacted***"
+MAX_CONFIG_BYTES = 1 << 20        # a site or job TOML; the effective config.json may be larger
+MAX_CONFIG_JSON_BYTES = 4 << 20
+
+# Upper bounds (docs/contracts.md §TOML schema): above any real site, so a larger figure is a typo.
+HOUR_S = 3600
+WEEK_S = 7 * 86400                # no timeout or interval of ckptsup is longer
+MAX_NODES = 100_000               # nodes of one job (as slurm/render.py)
+MAX_PER_NODE = 4096               # GPUs, CPUs or ranks on one node (as slurm/render.py)
+PORT_SPREAD = 1999                # placement.rdzv_endpoint adds up to this to the rendezvous port
 
 Check = Callable[[Any], "str | None"]  # returns a problem description, or None when fine
 
@@ -54,6 +69,13 @@ def positive_or_auto(value: Any) -> str | None:
     return positive(value)
 
 
+def between(low: int, high: int, note: str = "") -> Check:
+    """An integer range with both ends in the message (ports, signal leads)."""
+    def check(value: Any) -> str | None:
+        return None if low <= value <= high else f"must be between {low} and {high}{note}"
+    return check
+
+
 def one_of(*choices: str) -> Check:
     def check(value: Any) -> str | None:
         return None if value in choices else f"must be one of: {', '.join(choices)}"
@@ -75,11 +97,12 @@ def tier_path(*schemes: str) -> Check:
     return check
 
 
-def knob(default: Any, help: str, check: Check | None = None) -> Any:
+def knob(default: Any, help: str, check: Check | None = None, *, max: float | None = None,
+         why: str = "no site needs more") -> Any:
     """A config field: its default, a one-line why/unit (shown by `config show --help` and in
-    default.toml), and its check."""
+    default.toml), its check, and for numbers the upper bound (`why`: what a larger one means)."""
     factory = (lambda d=default: list(d)) if isinstance(default, list) else None
-    meta = {"help": help, "check": check}
+    meta = {"help": help, "check": check, "max": max, "why": why}
     if factory is not None:
         return field(default_factory=factory, metadata=meta)
     return field(default=default, metadata=meta)
@@ -95,16 +118,16 @@ class RunConfig:
 @dataclass(kw_only=True)
 class CheckpointConfig:
     dir: str = knob("", "shared-tier checkpoint_dir holding step_<N>/; empty = <run_dir>/checkpoints")
-    save_every_steps: int = knob(0, "save every N steps; 0 = use the time interval only", non_negative)
-    save_every_s: float = knob(1800.0, "initial time between saves (s); the adaptive interval replaces it", positive)
+    save_every_steps: int = knob(0, "save every N steps; 0 = use the time interval only", non_negative, max=10**9)
+    save_every_s: float = knob(1800.0, "initial time between saves (s); the adaptive interval replaces it", positive, max=WEEK_S)
     adaptive_interval: bool = knob(True, "let the supervisor set the interval from Daly's formula with measured costs")
     async_save: bool = knob(True, "write, hash and commit in the background; the stall is the copy to host only")
-    keep_last: int = knob(3, "retention: keep the newest K checkpoints per tier", at_least_one)
-    keep_daily_days: int = knob(14, "retention: also keep one checkpoint a day for D days (0 = none)", non_negative)
+    keep_last: int = knob(3, "retention: keep the newest K checkpoints per tier", at_least_one, max=10_000)
+    keep_daily_days: int = knob(14, "retention: also keep one checkpoint a day for D days (0 = none)", non_negative, max=3650)
     hash_algorithm: str = knob("xxh3-128", "per-file and per-item checksum", one_of("xxh3-128", "crc32", "sha256"))
-    test_load_every: int = knob(5, "run a level-3 test load on every Nth commit (0 = only before a daily keeper)", non_negative)
-    jitter_s: float = knob(30.0, "random delay (s) added to time-based saves so jobs do not write in the same minute", non_negative)
-    emergency_margin: float = knob(1.5, "an emergency save runs only if measured save time x margin fits the budget", positive)
+    test_load_every: int = knob(5, "run a level-3 test load on every Nth commit (0 = only before a daily keeper)", non_negative, max=10**6)
+    jitter_s: float = knob(30.0, "random delay (s) added to time-based saves so jobs do not write in the same minute", non_negative, max=WEEK_S)
+    emergency_margin: float = knob(1.5, "an emergency save runs only if measured save time x margin fits the budget", positive, max=100)
     allow_stateless_dataloader: bool = knob(False, "accept a dataloader without state_dict (data WILL repeat after restart)")
 
 
@@ -116,48 +139,50 @@ class StorageConfig:
     s3_region: str = knob("us-east-1", "S3 region")
     s3_access_key_id: str = knob("", "prefer AWS_ACCESS_KEY_ID in the environment; redacted in output")
     s3_secret_access_key: str = knob("", "prefer AWS_SECRET_ACCESS_KEY in the environment; redacted in output")
-    promote_retries: int = knob(5, "attempts per file when promoting to a slower tier", at_least_one)
-    promote_queue_size: int = knob(4, "checkpoints waiting for promotion before the oldest waiting one is skipped", at_least_one)
-    min_free_gb: float = knob(5.0, "health: minimum free space on every checkpoint tier (GB)", non_negative)
+    promote_retries: int = knob(5, "attempts per file when promoting to a slower tier", at_least_one, max=1000)
+    promote_queue_size: int = knob(4, "checkpoints waiting for promotion before the oldest waiting one is skipped", at_least_one, max=1000)
+    min_free_gb: float = knob(5.0, "health: minimum free space on every checkpoint tier (GB)", non_negative, max=10**6)
 
 
 @dataclass(kw_only=True)
 class SupervisorConfig:
-    nproc_per_node: int = knob(1, "ranks per node (torchrun --nproc-per-node)", at_least_one)
-    nodes: int = knob(0, "active nodes; 0 = every allocated node minus [sbatch] spares", non_negative)
-    max_restarts: int = knob(10, "restart budget per run (all attempts together)", non_negative)
-    heartbeat_interval_s: float = knob(1.0, "agent -> supervisor heartbeat period (s)", positive)
-    node_silence_s: float = knob(5.0, "an agent silent this long while others talk = node down (s)", positive)
-    hang_timeout_s: Any = knob(AUTO, "no step progress this long = hang (s); auto = max(hang_min_s, hang_step_factor x p99 step)", positive_or_auto)
-    hang_min_s: float = knob(30.0, "floor of the automatic hang timeout (s)", positive)
-    hang_step_factor: float = knob(10.0, "automatic hang timeout = this x p99 step time", positive)
-    init_timeout_s: float = knob(300.0, "allowance from launch to the first step (s)", positive)
-    save_timeout_s: float = knob(600.0, "allowance for a blocking save (s)", positive)
-    load_timeout_s: float = knob(600.0, "allowance for a checkpoint load (s)", positive)
-    kill_grace_s: float = knob(10.0, "SIGTERM -> SIGKILL deadline when stopping ranks (s)", positive)
-    crash_loop_threshold: int = knob(3, "same failure at the same step this many times = user error, give up", at_least_one)
-    backoff_initial_s: float = knob(0.0, "delay before the 2nd restart in a row; doubles after (s)", non_negative)
-    backoff_max_s: float = knob(60.0, "cap of the restart backoff (s)", non_negative)
-    lease_interval_s: float = knob(1.0, "how often the supervisor renews its lease in the run dir (s)", positive)
-    lease_stale_s: float = knob(10.0, "the watchdog requeues when the lease is older than this (s)", positive)
-    rdzv_port: int = knob(29500, "c10d rendezvous port on the first active node", positive)
+    nproc_per_node: int = knob(1, "ranks per node (torchrun --nproc-per-node)", at_least_one, max=MAX_PER_NODE)
+    nodes: int = knob(0, "active nodes; 0 = every allocated node minus [sbatch] spares", non_negative, max=MAX_NODES, why="more than any cluster has")
+    max_restarts: int = knob(10, "restart budget per run (all attempts together)", non_negative, max=10**6)
+    heartbeat_interval_s: float = knob(1.0, "agent -> supervisor heartbeat period (s)", positive, max=HOUR_S)
+    node_silence_s: float = knob(5.0, "an agent silent this long while others talk = node down (s)", positive, max=WEEK_S)
+    hang_timeout_s: Any = knob(AUTO, "no step progress this long = hang (s); auto = max(hang_min_s, hang_step_factor x p99 step)", positive_or_auto, max=WEEK_S)
+    hang_min_s: float = knob(30.0, "floor of the automatic hang timeout (s)", positive, max=WEEK_S)
+    hang_step_factor: float = knob(10.0, "automatic hang timeout = this x p99 step time", positive, max=10_000)
+    init_timeout_s: float = knob(300.0, "allowance from launch to the first step (s)", positive, max=WEEK_S)
+    save_timeout_s: float = knob(600.0, "allowance for a blocking save (s)", positive, max=WEEK_S)
+    load_timeout_s: float = knob(600.0, "allowance for a checkpoint load (s)", positive, max=WEEK_S)
+    kill_grace_s: float = knob(10.0, "SIGTERM -> SIGKILL deadline when stopping ranks (s)", positive, max=HOUR_S)
+    crash_loop_threshold: int = knob(3, "same failure at the same step this many times = user error, give up", at_least_one, max=1000)
+    backoff_initial_s: float = knob(0.0, "delay before the 2nd restart in a row; doubles after (s)", non_negative, max=WEEK_S)
+    backoff_max_s: float = knob(60.0, "cap of the restart backoff (s)", non_negative, max=WEEK_S)
+    lease_interval_s: float = knob(1.0, "how often the supervisor renews its lease in the run dir (s)", positive, max=HOUR_S)
+    lease_stale_s: float = knob(10.0, "the watchdog requeues when the lease is older than this (s)", positive, max=WEEK_S)
+    rdzv_port: int = knob(29500, "c10d rendezvous port on the first active node; up to 1999 is added per job and attempt",
+                          between(1, 65535 - PORT_SPREAD, f" (up to {PORT_SPREAD} is added to spread jobs over ports)"),
+                          max=65535 - PORT_SPREAD)
     rdzv_backend: str = knob("static", "torchrun rendezvous: static (node ranks from the supervisor, workers start ~0.3 s sooner on a restart) or c10d", one_of("static", "c10d"))
 
 
 @dataclass(kw_only=True)
 class NcclConfig:
-    collective_timeout_init_s: float = knob(900.0, "collective timeout during init and the first steps (s); above init and load allowances", positive)
-    collective_timeout_s: Any = knob(AUTO, "steady-state collective timeout (s); auto = derived from step/save times, above the hang timeout", positive_or_auto)
-    heartbeat_timeout_s: float = knob(120.0, "TORCH_NCCL_HEARTBEAT_TIMEOUT_SEC: watchdog-of-the-watchdog (s)", positive)
-    flight_recorder_entries: int = knob(2000, "TORCH_NCCL_TRACE_BUFFER_SIZE / TORCH_FR_BUFFER_SIZE entries", non_negative)
+    collective_timeout_init_s: float = knob(900.0, "collective timeout during init and the first steps (s); above init and load allowances", positive, max=WEEK_S)
+    collective_timeout_s: Any = knob(AUTO, "steady-state collective timeout (s); auto = derived from step/save times, above the hang timeout", positive_or_auto, max=WEEK_S)
+    heartbeat_timeout_s: float = knob(120.0, "TORCH_NCCL_HEARTBEAT_TIMEOUT_SEC: watchdog-of-the-watchdog (s)", positive, max=WEEK_S)
+    flight_recorder_entries: int = knob(2000, "TORCH_NCCL_TRACE_BUFFER_SIZE / TORCH_FR_BUFFER_SIZE entries", non_negative, max=10**6)
     dump_on_timeout: bool = knob(True, "TORCH_NCCL_DUMP_ON_TIMEOUT: dump the flight recorder into the run dir")
-    async_error_handling: int = knob(3, "TORCH_NCCL_ASYNC_ERROR_HANDLING (3 = skip cleanup and tear down)", one_of(0, 1, 2, 3))  # type: ignore[arg-type]
+    async_error_handling: int = knob(3, "TORCH_NCCL_ASYNC_ERROR_HANDLING (3 = skip cleanup and tear down)", one_of(0, 1, 2, 3), max=3)  # type: ignore[arg-type]
 
 
 @dataclass(kw_only=True)
 class HealthConfig:
     enabled: bool = knob(True, "run health checks before launch and on suspects after a failure")
-    timeout_s: float = knob(30.0, "timeout of each health check command (s)", positive)
+    timeout_s: float = knob(30.0, "timeout of each health check command (s)", positive, max=WEEK_S)
     check_gpus: str = knob(AUTO, "GPUs visible: auto (when nvidia-smi exists), require, off", one_of(AUTO, "require", "off"))
     commands: list = knob([], "site commands (argv strings, no shell); non-zero exit = node unhealthy")
 
@@ -166,8 +191,8 @@ class HealthConfig:
 class SlurmConfig:
     spare_partition: str = knob("", "partition spanning regular + reserved spare nodes, used on requeue; empty = keep")
     drain_bad_nodes: bool = knob(True, "drain a blamed node (where permitted); always recorded in the run's state")
-    command_timeout_s: float = knob(30.0, "timeout of one Slurm command (s)", positive)
-    retry_budget_s: float = knob(60.0, "total time to retry transient Slurm failures (s)", positive)
+    command_timeout_s: float = knob(30.0, "timeout of one Slurm command (s)", positive, max=WEEK_S)
+    retry_budget_s: float = knob(60.0, "total time to retry transient Slurm failures (s)", positive, max=WEEK_S)
 
 
 @dataclass(kw_only=True)
@@ -175,20 +200,20 @@ class SbatchConfig:
     partition: str = knob("", "partition for the job; empty = cluster default")
     account: str = knob("", "account to charge; empty = user default")
     time: str = knob("24:00:00", "time limit (Slurm format)")
-    nodes: int = knob(2, "active nodes", at_least_one)
-    spares: int = knob(0, "hot spare nodes inside the allocation", non_negative)
-    gpus_per_node: int = knob(0, "GPUs per node (--gpus-per-node); 0 = none", non_negative)
-    cpus_per_task: int = knob(0, "CPUs per agent task; 0 = Slurm default", non_negative)
+    nodes: int = knob(2, "active nodes", at_least_one, max=MAX_NODES, why="more than any cluster has")
+    spares: int = knob(0, "hot spare nodes inside the allocation", non_negative, max=MAX_NODES, why="more than any cluster has")
+    gpus_per_node: int = knob(0, "GPUs per node (--gpus-per-node); 0 = none", non_negative, max=MAX_PER_NODE)
+    cpus_per_task: int = knob(0, "CPUs per agent task; 0 = Slurm default", non_negative, max=MAX_PER_NODE)
     job_name: str = knob("ckptsup", "job name")
-    signal_lead_s: int = knob(120, "--signal=B:USR1@N: seconds of warning before the time limit", positive)
+    signal_lead_s: int = knob(120, "--signal=B:USR1@N: seconds of warning before the time limit", between(1, 65535, " seconds"), max=65535)
     template: str = knob("train.sbatch", "template name in sbatch_templates/ or a path")
     extra_directives: list = knob([], "extra #SBATCH lines, e.g. \"--qos=high\"")
 
 
 @dataclass(kw_only=True)
 class CostConfig:
-    price_per_gpu_hour: float = knob(2.0, "USD per GPU-hour, for pricing badput", non_negative)
-    gpu_mtbf_hours: float = knob(45000.0, "prior per-GPU MTBF (h); Llama 3: 466 interruptions / 54 d / 16k GPUs", positive)
+    price_per_gpu_hour: float = knob(2.0, "USD per GPU-hour, for pricing badput", non_negative, max=10_000)
+    gpu_mtbf_hours: float = knob(45000.0, "prior per-GPU MTBF (h); Llama 3: 466 interruptions / 54 d / 16k GPUs", positive, max=10**8)
 
 
 @dataclass(kw_only=True)
@@ -261,10 +286,41 @@ def _type_problem(fld: dataclasses.Field, value: Any) -> str | None:
         ok = isinstance(value, list) and all(isinstance(v, str) for v in value)
         return None if ok else "must be a list of strings"
     if isinstance(default, str) and default == AUTO and fld.metadata.get("check") is positive_or_auto:
-        return None if isinstance(value, (int, float, str)) and not isinstance(value, bool) else f"must be a number or \"{AUTO}\""
+        if not isinstance(value, (int, float, str)) or isinstance(value, bool):
+            return f"must be a number or \"{AUTO}\""
+        if isinstance(value, float) and not math.isfinite(value):
+            return f"must be a finite number (not nan or inf) or \"{AUTO}\""
+        return None if not isinstance(value, int) or abs(value) < 2**63 else "is too large (TOML integers are 64-bit)"
     if isinstance(default, str):
         return None if isinstance(value, str) else "must be a string"
     return None
+
+
+def _fmt(value: float) -> str:
+    return str(int(value)) if float(value).is_integer() else f"{value:g}"
+
+
+def _human_s(seconds: float) -> str:
+    for unit, size in (("days", 86400), ("h", 3600), ("min", 60)):
+        if seconds >= size and seconds % size == 0:
+            return f" ({seconds // size:g} {unit})"
+    return ""
+
+
+def _bound_problem(fld: dataclasses.Field, value: Any) -> str | None:
+    """The upper bound of a number (`knob(max=...)`); None for strings such as "auto"."""
+    high = fld.metadata.get("max")
+    if high is None or not isinstance(value, (int, float)) or isinstance(value, bool) or value <= high:
+        return None
+    human = _human_s(high) if fld.name.endswith("_s") else ""
+    return f"must be at most {_fmt(high)}{human}: {fld.metadata.get('why') or 'no site needs more'}; check the figure"
+
+
+def _shown(key: str, value: Any) -> str:
+    if is_secret(key):
+        return REDACTED
+    text = repr(value)
+    return text if len(text) <= 60 else text[:40] + "..."
 
 
 def _suggest(name: str, valid: list[str]) -> str:
@@ -290,33 +346,66 @@ def apply_layer(config: Config, provenance: dict[str, str], data: Mapping[str, A
             problem = _type_problem(fld, value)
             if problem is None and fld.metadata.get("check") is not None:
                 problem = fld.metadata["check"](value)
+            if problem is None:
+                problem = _bound_problem(fld, value)
             if problem is not None:
-                shown = REDACTED if is_secret(key) else repr(value)
-                raise ConfigError(f"{source}: {section}.{key} = {shown} {problem}")
+                raise ConfigError(f"{source}: {section}.{key} = {_shown(key, value)} {problem}")
             if isinstance(fld.default, float) and isinstance(value, int):
                 value = float(value)
             setattr(target, key, value)
             provenance[f"{section}.{key}"] = source
 
 
-def read_toml(path: Path, role: str) -> dict[str, Any]:
+def read_toml(path: Path, role: str, *, named_by: str | None = None) -> dict[str, Any]:
+    """A site or job TOML file: a regular file (a symlink is followed) of at most
+    MAX_CONFIG_BYTES, read without blocking (safe_io), parsed; every problem is one line.
+    `named_by` is where the path came from (the site config's environment variable)."""
+    what = f"{role} config" + (f" (${named_by})" if named_by else "")
     try:
-        with open(path, "rb") as fh:
-            return tomllib.load(fh)
+        data = read_regular(path, max_bytes=MAX_CONFIG_BYTES, what=what, error=ConfigError)
     except FileNotFoundError:
-        raise ConfigError(f"{role} config {path} does not exist; check the path") from None
-    except PermissionError:
-        raise ConfigError(f"{role} config {path} is not readable; fix its permissions") from None
-    except tomllib.TOMLDecodeError as err:
-        raise ConfigError(f"{path}: invalid TOML: {err}") from None
+        raise ConfigError(f"{what} {path} does not exist; check the path") from None
+    try:
+        text = data.decode("utf-8")
     except UnicodeDecodeError:
         raise ConfigError(f"{path}: invalid TOML: not UTF-8 text") from None
+    try:
+        return tomllib.loads(text)
+    except RecursionError:
+        raise ConfigError(f"{path}: invalid TOML: nested too deeply; a config is a few flat tables") from None
+    except ValueError as err:  # TOMLDecodeError, and an integer of more than 4300 digits
+        raise ConfigError(f"{path}: invalid TOML: {str(err)[:200]}") from None
 
 
 def shipped_default_config() -> Path:
     from .resources import site_config_dir
 
     return site_config_dir() / "default.toml"
+
+
+# ---- rules between knobs ------------------------------------------------------------------------
+
+# (section, key, factor, other key, why): config.<section>.<key> must be >= factor x <other key>.
+# Checked once every layer is in, so a site's interval and a job's timeout meet (docs/timeouts.md).
+RULES: tuple[tuple[str, str, float, str, str], ...] = (
+    ("supervisor", "lease_stale_s", 2.0, "lease_interval_s",
+     "else the watchdog requeues a live supervisor whose lease renewal is merely late"),
+    ("supervisor", "node_silence_s", 2.0, "heartbeat_interval_s",
+     "else one late heartbeat counts as a dead node"),
+)
+
+
+def check_rules(config: Config, provenance: Mapping[str, str]) -> None:
+    """Raise ConfigError (one line: both keys, their values and sources, the fix) for the first
+    rule of RULES that the resolved config breaks."""
+    for section, key, factor, other, why in RULES:
+        target = getattr(config, section)
+        value, bound = getattr(target, key), getattr(target, other)
+        if value < factor * bound:
+            raise ConfigError(
+                f"{section}.{key} = {value!r} ({provenance.get(f'{section}.{key}', 'default')}) must be at least "
+                f"{factor:g} x {section}.{other} = {bound!r} ({provenance.get(f'{section}.{other}', 'default')}), "
+                f"{why}; raise {key} or lower {other}")
 
 
 def site_config_path(env: Mapping[str, str]) -> Path:
@@ -346,7 +435,8 @@ def load_config(*, job_config: str | os.PathLike[str] | None = None,
     config = Config()
     provenance: dict[str, str] = {}
     site = site_config_path(env)
-    apply_layer(config, provenance, read_toml(site, "site"), f"site:{site}")
+    named_by = SITE_CONFIG if env.get(SITE_CONFIG) else None
+    apply_layer(config, provenance, read_toml(site, "site", named_by=named_by), f"site:{site}")
     if job_config is not None:
         path = Path(job_config)
         apply_layer(config, provenance, read_toml(path, "job"), f"job:{path}")
@@ -354,6 +444,7 @@ def load_config(*, job_config: str | os.PathLike[str] | None = None,
         for dotted, value in flags.items():
             if value is not None:
                 apply_layer(config, provenance, flag_overrides({dotted: value}), f"flag {dotted}")
+    check_rules(config, provenance)
     return Resolved(config=config, provenance=provenance)
 
 
@@ -370,17 +461,58 @@ def write_config_json(resolved: Resolved, path: Path) -> None:
 
 def read_config_json(path: str | os.PathLike[str]) -> Resolved:
     try:
-        payload = json.loads(Path(path).read_text())
-    except (OSError, json.JSONDecodeError) as err:
-        raise ConfigError(f"effective config {path} unreadable ({err}); relaunch through ckptsup launch") from None
+        payload = read_json(path, max_bytes=MAX_CONFIG_JSON_BYTES, what="effective config", error=ConfigError)
+    except FileNotFoundError:
+        raise ConfigError(f"effective config {path} unreadable (it does not exist); relaunch through ckptsup launch") from None
+    except ConfigError as err:
+        raise ConfigError(f"{err} (the effective config is unreadable; relaunch through ckptsup launch)") from None
+    provenance_in = payload.get("provenance", {}) if isinstance(payload, dict) else None
     if not isinstance(payload, dict) or not isinstance(payload.get("config", {}), dict) \
-            or not isinstance(payload.get("provenance", {}), dict):
+            or not isinstance(provenance_in, dict) \
+            or not all(isinstance(k, str) and isinstance(v, str) for k, v in provenance_in.items()):
         raise ConfigError(f"effective config {path} is not a ckptsup config (a JSON object with \"config\"); "
                           "relaunch through ckptsup launch")
     config = Config()
     provenance: dict[str, str] = {}
     apply_layer(config, provenance, payload.get("config", {}), f"supervisor:{path}")
+    check_rules(config, provenance)
     return Resolved(config=config, provenance=payload.get("provenance", provenance))
+
+
+DEFAULT_TOML_HEADER = f"""\
+# ckptsup shipped site defaults.
+# Precedence: built-in < this site file (${SITE_CONFIG}, {SYSTEM_SITE_CONFIG}, or this file)
+#             < job config (--config FILE) < command-line flags.  `ckptsup config show` shows provenance.
+# Every knob is listed with its default; units are in the key names (_s seconds, _gb gigabytes).
+# Numbers are finite and at most the bound shown; a larger figure is refused as a typo.
+"""
+
+
+def _toml_value(value: Any) -> str:
+    if isinstance(value, bool):
+        return "true" if value else "false"
+    if isinstance(value, (int, float)):
+        return repr(value)
+    return json.dumps(value)  # strings and lists of strings: TOML basic strings are JSON's
+
+
+def render_default_toml() -> str:
+    """site_config/default.toml, generated from the schema: every knob with its help line, its
+    bound and the rules it takes part in (tests/test_config.py keeps the shipped file equal)."""
+    rules: dict[str, list[str]] = {}
+    for section, key, factor, other, _why in RULES:
+        rules.setdefault(f"{section}.{key}", []).append(f">= {factor:g} x {other}")
+        rules.setdefault(f"{section}.{other}", []).append(f"<= {key} / {factor:g}")
+    out = [DEFAULT_TOML_HEADER]
+    for section, cls in SECTIONS.items():
+        out.append(f"\n[{section}]\n")
+        for fld in dataclasses.fields(cls):
+            default = fld.default if fld.default is not dataclasses.MISSING else fld.default_factory()  # type: ignore[misc]
+            limits = ([f"at most {_fmt(fld.metadata['max'])}"] if fld.metadata.get("max") is not None else []) \
+                + rules.get(f"{section}.{fld.name}", [])
+            out.append(f"# {fld.metadata.get('help', '')}" + (f" [{', '.join(limits)}]" if limits else "") + "\n")
+            out.append(f"{fld.name} = {_toml_value(default)}\n")
+    return "".join(out)
 
 
 def field_help() -> dict[str, str]:

@@ -6,29 +6,42 @@
       state.json          attempt, fencing epoch, excluded nodes, measured costs (atomic writes)
       lease               the supervisor's lease: JSON {pid, host, epoch, renewed}, rewritten every
                           lease_interval_s; a watchdog on another node requeues when it goes stale
-      secret              0600 per-job HMAC key (ranks/agent get its path, never its value)
+      secret              0600 per-job HMAC key (ranks/agent get its path, never its value):
+                          64 hex characters (secrets.token_hex(32)); anything shorter is refused
       config.json         0600 effective config the supervisor resolved (config.write_config_json)
       checkpoints/        default checkpoint_dir
       attempt-<N>/        per-attempt agent and rank logs, flight-recorder dumps
+
+Every file here is read through safe_io (a regular file, bounded, never blocking) and checked
+field by field, so a damaged one is one ConfigError line naming the file and the fix.
 """
 
 from __future__ import annotations
 
 import enum
 import json
+import math
 import os
+import re
 import secrets
 import time
 from dataclasses import asdict, dataclass, field
 from pathlib import Path
-from typing import Any
+from typing import Any, Callable
 
 from .errors import ConfigError
+from .events import FailureKind
+from .safe_io import read_json, read_regular
 
 STATE_FILE = "state.json"
 LEASE_FILE = "lease"
 SECRET_FILE = "secret"
 CONFIG_JSON = "config.json"
+MAX_STATE_BYTES = 16 << 20      # attempts x failures: far below this even after 10^4 restarts
+MAX_LEASE_BYTES = 64 << 10
+MAX_SECRET_BYTES = 4096
+SECRET_HEX_CHARS = 64           # secrets.token_hex(32), as RunDir.create writes it
+_HEX = re.compile(rb"[0-9a-fA-F]+")
 
 
 def ensure_private_dir(path: Path) -> Path:
@@ -101,14 +114,99 @@ class RunState:
     failures: list[dict[str, Any]] = field(default_factory=list)  # history for the policy (kind, step, node, rank)
 
     @classmethod
-    def from_json(cls, data: dict[str, Any]) -> "RunState":
+    def from_json(cls, data: Any) -> "RunState":
+        """Check every field's type (TypeError naming the first bad one); unknown keys are
+        ignored (a newer ckptsup's). Non-finite measurements are dropped: they are estimates
+        the next attempt measures again, and must not end a run."""
+        if not isinstance(data, dict):
+            raise TypeError(f"not a JSON object but {_a(data)}")
         known = {k: v for k, v in data.items() if k in cls.__dataclass_fields__}
+        for name in ("attempt", "epoch", "restarts"):
+            if name in known and not _count(known[name]):
+                raise TypeError(f"{name} must be an integer >= 0, not {_short(known[name])}")
+        nodes = known.get("excluded_nodes", {})
+        if not isinstance(nodes, dict) or not all(isinstance(v, str) for v in nodes.values()):
+            raise TypeError(f"excluded_nodes must be an object of node -> reason, not {_short(nodes)}")
+        if "measured" in known:
+            known["measured"] = _measured(known["measured"])
         if "status" in known:
             try:
                 known["status"] = RunStatus(known["status"])
-            except ValueError:
-                raise TypeError(f"unknown run status {known['status']!r}") from None
+            except (ValueError, TypeError):
+                raise TypeError(f"unknown run status {_short(known['status'])}") from None
+        failures = known.get("failures", [])
+        if not isinstance(failures, list):
+            raise TypeError(f"failures must be a list, not {_a(failures)}")
+        for i, record in enumerate(failures):
+            _check_failure(i, record)
         return cls(**known)
+
+
+# The attempt history's records (supervisor/observations.py AttemptResult.to_record, read back by
+# AttemptResult.from_record): key -> (check, what it must be). FAILURE_OUTCOMES is Outcome's
+# values (a test holds them equal; the run dir may not import the supervisor).
+FAILURE_OUTCOMES = ("running", "completed", "failed", "preempted")
+_KINDS = tuple(k.value for k in FailureKind)
+
+
+def _count(v: Any) -> bool:
+    return isinstance(v, int) and not isinstance(v, bool) and 0 <= v < 2**63
+
+
+def _number(v: Any) -> bool:
+    return isinstance(v, (int, float)) and not isinstance(v, bool) and math.isfinite(v)
+
+
+def _optional(check: Callable[[Any], bool]) -> Callable[[Any], bool]:
+    return lambda v: v is None or check(v)
+
+
+_FAILURE_FIELDS: dict[str, tuple[Callable[[Any], bool], str]] = {
+    "attempt": (_count, "an integer >= 0"),
+    "outcome": (lambda v: v in FAILURE_OUTCOMES, f"one of {', '.join(FAILURE_OUTCOMES)}"),
+    "start_step": (_count, "an integer >= 0"),
+    "last_step": (_optional(lambda v: isinstance(v, int) and not isinstance(v, bool)), "an integer or null"),
+    "kind": (_optional(lambda v: v in _KINDS), f"one of {', '.join(_KINDS)}"),
+    "node": (_optional(lambda v: isinstance(v, str)), "a node name or null"),
+    "rank": (_optional(lambda v: isinstance(v, int) and not isinstance(v, bool)), "an integer or null"),
+    "step": (_optional(lambda v: isinstance(v, int) and not isinstance(v, bool)), "an integer or null"),
+    "detect_s": (_optional(_number), "a number or null"),
+    "detail": (_optional(lambda v: isinstance(v, str)), "a string"),
+}
+
+
+def _check_failure(i: int, record: Any) -> None:
+    if not isinstance(record, dict):
+        raise TypeError(f"failures[{i}] must be an object, not {_a(record)}")
+    for key, (check, what) in _FAILURE_FIELDS.items():
+        if key in record and not check(record[key]):
+            raise TypeError(f"failures[{i}].{key} must be {what}, not {_short(record[key])}")
+
+
+def _measured(value: Any) -> dict[str, Any]:
+    if not isinstance(value, dict):
+        raise TypeError(f"measured must be an object of name -> seconds, not {_a(value)}")
+    out: dict[str, Any] = {}
+    for key, v in value.items():
+        if isinstance(v, list) and all(isinstance(x, (int, float)) and not isinstance(x, bool) for x in v):
+            out[key] = [x for x in v if math.isfinite(x)]
+        elif isinstance(v, (int, float)) and not isinstance(v, bool):
+            if math.isfinite(v):
+                out[key] = v
+        else:
+            raise TypeError(f"measured.{key} must be a number or a list of numbers, not {_short(v)}")
+    return out
+
+
+def _a(value: Any) -> str:
+    names = {dict: "an object", list: "a list", str: "a string", bool: "a boolean", int: "an integer",
+             float: "a number", type(None): "null"}
+    return names.get(type(value), type(value).__name__)
+
+
+def _short(value: Any) -> str:
+    text = repr(value)
+    return text if len(text) <= 40 else text[:30] + "..."
 
 
 @dataclass(kw_only=True)
@@ -118,13 +216,38 @@ class RunDir:
     @classmethod
     def create(cls, path: str | os.PathLike[str]) -> "RunDir":
         run_dir = cls(path=ensure_private_dir(Path(path)))
-        if not run_dir.secret_path.exists():
-            fd = os.open(run_dir.secret_path, os.O_WRONLY | os.O_CREAT | os.O_EXCL, 0o600)
+        run_dir._ensure_secret()
+        return run_dir
+
+    def _ensure_secret(self) -> None:
+        """Write the secret whole or not at all: a temporary file, fsynced, then linked into
+        place (a link never replaces: a concurrent creator's secret wins). An empty secret (an
+        older ckptsup died between creating and writing it) is replaced; any other is kept, and
+        read_secret judges it."""
+        try:
+            if self.secret_path.lstat().st_size > 0:
+                return
+            empty = True
+        except FileNotFoundError:
+            empty = False
+        tmp = self.path / f".{SECRET_FILE}.{os.getpid()}-{secrets.token_hex(4)}.tmp"
+        fd = os.open(tmp, os.O_WRONLY | os.O_CREAT | os.O_EXCL | os.O_NOFOLLOW, 0o600)
+        try:
             try:
-                os.write(fd, secrets.token_hex(32).encode())
+                os.write(fd, secrets.token_hex(SECRET_HEX_CHARS // 2).encode())
+                os.fsync(fd)
             finally:
                 os.close(fd)
-        return run_dir
+            if empty:
+                os.replace(tmp, self.secret_path)
+            else:
+                try:
+                    os.link(tmp, self.secret_path)
+                except FileExistsError:
+                    pass
+        finally:
+            if tmp.exists():
+                tmp.unlink()
 
     @property
     def state_path(self) -> Path:
@@ -149,12 +272,21 @@ class RunDir:
         return read_secret(self.secret_path)
 
     def load_state(self) -> RunState:
+        """state.json (a fresh RunState when there is none yet); a damaged one — not JSON, the
+        wrong shape, a field of the wrong type, not a regular file — is one ConfigError line."""
+        fix = "move it aside to start the run's state afresh"
         try:
-            return RunState.from_json(json.loads(self.state_path.read_text()))
+            data = read_json(self.state_path, max_bytes=MAX_STATE_BYTES, what="run state", error=_StateError,
+                             allow_nonfinite=True)
+            return RunState.from_json(data)
         except FileNotFoundError:
             return RunState()
-        except (json.JSONDecodeError, TypeError) as err:
-            raise ConfigError(f"{self.state_path} is corrupt ({err}); move it aside to start the run's state afresh") from None
+        except _StateError as err:  # safe_io's line, less the path and its own fix: ours follows
+            problem = str(err).removeprefix(f"run state {self.state_path} ").removesuffix(
+                "; replace it with the file itself")
+            raise ConfigError(f"{self.state_path} is corrupt ({problem}); {fix}") from None
+        except TypeError as err:
+            raise ConfigError(f"{self.state_path} is corrupt ({err}); {fix}") from None
 
     def save_state(self, state: RunState) -> None:
         atomic_write_json(self.state_path, asdict(state))
@@ -167,17 +299,43 @@ class RunDir:
         """Seconds since the lease was renewed (wall clock: the watchdog runs on another host,
         so monotonic clocks are not comparable), or None when there is no lease."""
         try:
-            renewed = float(json.loads(self.lease_path.read_text())["renewed"])
-        except (FileNotFoundError, KeyError, ValueError, json.JSONDecodeError):
+            lease = read_json(self.lease_path, max_bytes=MAX_LEASE_BYTES, what="lease", error=ConfigError)
+        except (FileNotFoundError, ConfigError):
+            return None  # unreadable counts as absent: the watchdog's start-up grace applies
+        renewed = lease.get("renewed") if isinstance(lease, dict) else None
+        if not isinstance(renewed, (int, float)) or isinstance(renewed, bool) or not math.isfinite(renewed):
             return None
-        return (time.time() if now is None else now) - renewed
+        return (time.time() if now is None else now) - float(renewed)
 
 
-def read_secret(path: str | os.PathLike[str]) -> bytes:
-    st = os.stat(path)
+class _StateError(ConfigError):
+    """safe_io's refusal of state.json, wrapped into load_state's one line."""
+
+
+def read_secret(path: str | os.PathLike[str], *, named_by: str | None = None) -> bytes:
+    """The per-job HMAC key: the hex text of a 0600 regular file, at least 64 hex characters
+    (an empty or short key would make every frame forgeable). `named_by` is the variable that
+    gave the path (CKPTSUP_SECRET_FILE), for the message. Every problem is one ConfigError line."""
+    what = "secret file" + (f" ({named_by})" if named_by else "")
+    fix = "it is written by `ckptsup launch` in the run directory; start the job through ckptsup launch"
+    try:
+        st = os.stat(path)
+    except FileNotFoundError:
+        raise ConfigError(f"{what} {path} does not exist; {fix}") from None
+    except OSError as err:
+        raise ConfigError(f"cannot read {what} {path}: {err.strerror or err}") from None
     if st.st_mode & 0o077:
-        raise ConfigError(f"secret file {path} is readable by others; run `chmod 600 {path}`")
-    return Path(path).read_bytes().strip()
+        raise ConfigError(f"{what} {path} is readable by others; run `chmod 600 {path}`")
+    try:
+        data = read_regular(path, max_bytes=MAX_SECRET_BYTES, what=what, error=ConfigError).strip()
+    except FileNotFoundError:
+        raise ConfigError(f"{what} {path} does not exist; {fix}") from None
+    if len(data) < SECRET_HEX_CHARS or not _HEX.fullmatch(data):
+        found = "is empty" if not data else (f"holds {len(data)} characters" if _HEX.fullmatch(data)
+                                               else f"holds {len(data)} bytes, not all hex")
+        raise ConfigError(f"{what} {path} {found}: a ckptsup secret is at least {SECRET_HEX_CHARS} hex characters; "
+                          "remove it and relaunch through ckptsup launch, which writes a new one")
+    return data
 
 
 def read_epoch(run_dir: str | os.PathLike[str]) -> int:

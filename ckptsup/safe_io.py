@@ -55,6 +55,9 @@ def read_regular(path: str | os.PathLike[str], *, max_bytes: int, what: str, err
         fd = os.open(p, flags)
     except FileNotFoundError:
         raise
+    except PermissionError:
+        raise error(f"cannot read {what} {p}: it is not readable by you (permission denied); "
+                    "fix its permissions") from None
     except OSError as err:
         if not follow_symlinks and p.is_symlink():
             raise error(f"{what} {p} is a symlink; only regular files are read here") from None

@@ -45,6 +45,32 @@ def sandbox():
     (root / "overflow.toml").write_text("[checkpoint]\nsave_every_s = 1e400\n")
     (root / "hugeint.toml").write_text("[checkpoint]\nkeep_last = 99999999999999999999999999\n")
     (root / "wrongtype.toml").write_text('[checkpoint]\nkeep_last = "three"\n')
+    (root / "hang_inf.toml").write_text("[supervisor]\nhang_timeout_s = inf\n")
+    (root / "kill_grace_huge.toml").write_text("[supervisor]\nkill_grace_s = 1e300\n")
+    (root / "port_huge.toml").write_text("[supervisor]\nrdzv_port = 99999999\n")
+    (root / "bool_int.toml").write_text("[supervisor]\nnproc_per_node = true\n")
+    (root / "lease_rule.toml").write_text("[supervisor]\nlease_interval_s = 2.0\nlease_stale_s = 3.0\n")
+    (root / "silence_rule.toml").write_text("[supervisor]\nnode_silence_s = 0.5\n")
+    os.mkfifo(root / "fifo.toml")
+    (root / "link.toml").symlink_to(root / "inf.toml")
+    (root / "big.toml").write_text("# " + "x" * (2 << 20) + "\n")
+    (root / "spec_garbage.json").write_text("{not json")
+    (root / "spec_list.json").write_text("[1, 2]")
+    (root / "spec_missing_fields.json").write_text('{"script": "train.py"}')
+    good_spec = {"script": "train.py", "script_args": [], "nproc_per_node": 1, "nnodes": 1,
+                 "rdzv_endpoint": "127.0.0.1:29500", "rdzv_id": "1", "node_addrs": {"n1": "127.0.0.1"},
+                 "env": {}, "log_dir": str(root)}
+    (root / "spec_unknown_field.json").write_text(json.dumps({**good_spec, "bogus": 1}))
+    (root / "spec_wrong_type.json").write_text(json.dumps({**good_spec, "nproc_per_node": "eight"}))
+    (root / "spec_bool.json").write_text(json.dumps({**good_spec, "nnodes": True}))
+    (root / "spec_nan.json").write_text(json.dumps({**good_spec, "kill_grace_s": float("nan")}))
+    (root / "spec_env_not_str.json").write_text(json.dumps({**good_spec, "env": {"A": 1}}))
+    (root / "spec_no_secret.json").write_text(json.dumps(good_spec))
+    os.mkfifo(root / "spec_fifo.json")
+    for name, state in (("run_state_list", "[]"), ("run_state_epoch_str", '{"epoch": "x"}'),
+                        ("run_state_failures", '{"failures": [{"kind": "meteor"}]}')):
+        (root / name).mkdir()
+        (root / name / "state.json").write_text(state)
     (root / "garbage_ckpt" / "step_5").mkdir(parents=True)
     (root / "garbage_ckpt" / "step_5" / "manifest.json").write_text("{not json")
     (root / "deep_ckpt" / "step_1").mkdir(parents=True)
@@ -167,9 +193,13 @@ def nobody_env(env: dict[str, str]) -> dict[str, str]:
     return env
 
 
-def run_ckptsup(args: list[str], cwd: Path, *, as_nobody: bool = False) -> subprocess.CompletedProcess[str]:
+def run_ckptsup(args: list[str], cwd: Path, *, as_nobody: bool = False,
+                env_extra: dict[str, str] | None = None) -> subprocess.CompletedProcess[str]:
     env = dict(os.environ, SLURM_CONF=str(cwd / "no-such-slurm.conf"), COLUMNS="200")
     env.pop("CKPTSUP_CONFIG", None)
+    env.pop("CKPTSUP_SITE_CONFIG", None)
+    env.pop("SLURM_JOB_ID", None)
+    env.update(env_extra or {})
     argv = [CKPTSUP, *args]
     if as_nobody and AS_NOBODY:
         argv = [*AS_NOBODY, nobody_ckptsup(), *args]
@@ -349,12 +379,93 @@ CASES = [
     pytest.param(["config", "show", "--config", "overflow.toml"], "must be a finite number", id="config-overflow"),
     pytest.param(["config", "show", "--config", "hugeint.toml"], "too large", id="config-huge-int"),
     pytest.param(["config", "show", "--config", "wrongtype.toml"], "must be an integer", id="config-wrong-type"),
+    pytest.param(["config", "show", "--config", "hang_inf.toml"], "hang_timeout_s = inf must be a finite number",
+                 id="config-hang-timeout-inf"),
+    pytest.param(["config", "show", "--config", "kill_grace_huge.toml"], "kill_grace_s = 1e+300 must be at most 3600",
+                 id="config-kill-grace-huge"),
+    pytest.param(["config", "show", "--config", "port_huge.toml"], "rdzv_port = 99999999 must be between 1 and 63536",
+                 id="config-rdzv-port-huge"),
+    pytest.param(["config", "show", "--config", "bool_int.toml"], "nproc_per_node = True must be an integer",
+                 id="config-bool-for-int"),
+    pytest.param(["config", "show", "--config", "lease_rule.toml"],
+                 "lease_stale_s = 3.0 (job:lease_rule.toml) must be at least 2 x supervisor.lease_interval_s = 2.0",
+                 id="config-lease-stale-below-twice-the-interval"),
+    pytest.param(["config", "show", "--config", "silence_rule.toml"],
+                 "node_silence_s = 0.5 (job:silence_rule.toml) must be at least 2 x supervisor.heartbeat_interval_s",
+                 id="config-node-silence-below-two-heartbeats"),
+    pytest.param(["config", "show", "--config", "fifo.toml"], "fifo.toml is a FIFO, not a regular file",
+                 id="config-is-a-fifo"),
+    pytest.param(["config", "show", "--config", "/dev/zero"], "/dev/zero is a character device", id="config-dev-zero"),
+    pytest.param(["config", "show", "--config", "big.toml"], "at most 1048576 are read", id="config-too-big"),
+    pytest.param(["config", "show", "--config", "link.toml"], "must be a finite number", id="config-symlink-is-followed"),
+    pytest.param([*PLAN, "--config", "fifo.toml"], "is a FIFO", id="plan-config-is-a-fifo"),
+    pytest.param(["sbatch", "--config", "fifo.toml", "train.py"], "is a FIFO", id="sbatch-config-is-a-fifo"),
+    # ---- launch: the config is refused before anything starts ----
+    pytest.param(["launch", "--config", "hang_inf.toml", "train.py"], "hang_timeout_s = inf must be a finite number",
+                 id="launch-hang-timeout-inf"),
+    pytest.param(["launch", "--config", "kill_grace_huge.toml", "train.py"], "kill_grace_s = 1e+300",
+                 id="launch-kill-grace-huge"),
+    pytest.param(["launch", "--config", "fifo.toml", "train.py"], "is a FIFO", id="launch-config-is-a-fifo"),
+    pytest.param(["launch", "--config", "/dev/zero", "train.py"], "is a character device", id="launch-config-dev-zero"),
+    # ---- launch: the run dir's state.json, wrong shape or types ----
+    pytest.param(["launch", "--run-dir", "run_state_list", "train.py"], "state.json is corrupt (not a JSON object",
+                 id="launch-state-json-a-list"),
+    pytest.param(["launch", "--run-dir", "run_state_epoch_str", "train.py"], "state.json is corrupt (epoch must be",
+                 id="launch-state-json-epoch-a-string"),
+    pytest.param(["launch", "--run-dir", "run_state_failures", "train.py"], "state.json is corrupt (failures[0].kind",
+                 id="launch-state-json-unknown-failure-kind"),
 ]
 
 
 @pytest.mark.parametrize(("args", "needle"), CASES)
 def test_bad_input_is_one_error_line_naming_the_problem(sandbox: Path, args: list[str], needle: str) -> None:
     assert_one_line_refusal(run_ckptsup(args, sandbox), needle)
+
+
+SITE_CASES = [
+    pytest.param("empty", "site config ($CKPTSUP_SITE_CONFIG) {p} is a directory", id="site-config-is-a-dir"),
+    pytest.param("/dev/zero", "site config ($CKPTSUP_SITE_CONFIG) /dev/zero is a character device",
+                 id="site-config-dev-zero"),
+    pytest.param("fifo.toml", "site config ($CKPTSUP_SITE_CONFIG) {p} is a FIFO", id="site-config-fifo"),
+    pytest.param("big.toml", "at most 1048576 are read", id="site-config-too-big"),
+    pytest.param("nope.toml", "site config ($CKPTSUP_SITE_CONFIG) {p} does not exist", id="site-config-missing"),
+    pytest.param("lease_rule.toml", "must be at least 2 x supervisor.lease_interval_s", id="site-config-lease-rule"),
+]
+
+
+@pytest.mark.parametrize(("site", "needle"), SITE_CASES)
+@pytest.mark.parametrize("command", [["config", "show"], ["launch", "train.py"], [*PLAN, "--mtbf", "3h"]],
+                         ids=["config-show", "launch", "plan"])
+def test_a_bad_site_config_is_one_error_line(sandbox: Path, site: str, needle: str, command: list[str]) -> None:
+    path = site if site.startswith("/") else str(sandbox / site)
+    proc = run_ckptsup(command, sandbox, env_extra={"CKPTSUP_SITE_CONFIG": path})
+    assert_one_line_refusal(proc, needle.format(p=path))
+    assert proc.returncode == 2
+
+
+AGENT = ["agent", "--attempt", "0", "--spec"]
+AGENT_CASES = [
+    pytest.param("spec_garbage.json", "launch spec", "is not valid JSON", id="agent-spec-not-json"),
+    pytest.param("spec_list.json", "launch spec", "not a JSON object", id="agent-spec-a-list"),
+    pytest.param("spec_missing_fields.json", "launch spec", "lacks script_args", id="agent-spec-missing-fields"),
+    pytest.param("spec_unknown_field.json", "launch spec", "unknown field bogus", id="agent-spec-unknown-field"),
+    pytest.param("spec_wrong_type.json", "launch spec", "nproc_per_node must be", id="agent-spec-wrong-type"),
+    pytest.param("spec_bool.json", "launch spec", "nnodes must be", id="agent-spec-bool-for-int"),
+    pytest.param("spec_nan.json", "launch spec", "not valid JSON", id="agent-spec-nan"),
+    pytest.param("spec_env_not_str.json", "launch spec", "env must be", id="agent-spec-env-not-strings"),
+    pytest.param("spec_fifo.json", "launch spec", "is a FIFO", id="agent-spec-fifo"),
+    pytest.param("nope.json", "launch spec", "does not exist", id="agent-spec-missing"),
+    pytest.param("spec_no_secret.json", "CKPTSUP_SECRET_FILE", "CKPTSUP_SECRET_FILE", id="agent-spec-without-secret"),
+]
+
+
+@pytest.mark.parametrize(("spec", "what", "needle"), AGENT_CASES)
+def test_a_bad_agent_spec_is_one_error_line_and_exit_2(sandbox: Path, spec: str, what: str, needle: str) -> None:
+    """The hidden `ckptsup agent --spec FILE`: the supervisor writes the spec, but a damaged or
+    foreign one is the agent's input like any other, and ends it as a usage error (2)."""
+    proc = run_ckptsup([*AGENT, spec], sandbox)
+    assert_one_line_refusal(proc, needle)
+    assert what in proc.stderr and proc.returncode == 2
 
 
 NOBODY_CASES = [

@@ -72,6 +72,33 @@ def test_integer_for_float_knob_is_accepted_as_float(site: Path) -> None:
         ("[checkpoint]\nhash_algorithm = \"md5\"\n", "must be one of: xxh3-128, crc32, sha256"),
         ("[checkpoint\nkeep_last = 3\n", "invalid TOML"),
         ("checkpoint = 3\n", "[checkpoint] must be a table of keys"),
+        # non-finite and absurd values: each float knob is finite and has an upper bound
+        ("[supervisor]\nhang_timeout_s = inf\n", "supervisor.hang_timeout_s = inf must be a finite number"),
+        ("[supervisor]\nhang_timeout_s = nan\n", "supervisor.hang_timeout_s = nan must be a finite number"),
+        ("[nccl]\ncollective_timeout_s = -inf\n", "nccl.collective_timeout_s = -inf must be a finite number"),
+        ("[supervisor]\nkill_grace_s = 1e300\n", "supervisor.kill_grace_s = 1e+300 must be at most 3600"),
+        ("[supervisor]\nhang_timeout_s = 1e9\n", "supervisor.hang_timeout_s = 1000000000.0 must be at most 604800"),
+        ("[supervisor]\ninit_timeout_s = 604801\n", "supervisor.init_timeout_s = 604801 must be at most 604800"),
+        ("[checkpoint]\nemergency_margin = 1e20\n", "checkpoint.emergency_margin = 1e+20 must be at most"),
+        ("[cost]\ngpu_mtbf_hours = 1e300\n", "cost.gpu_mtbf_hours = 1e+300 must be at most"),
+        # the port gets up to 1999 added per job (placement.rdzv_endpoint)
+        ("[supervisor]\nrdzv_port = 99999999\n", "supervisor.rdzv_port = 99999999 must be between 1 and 63536"),
+        ("[supervisor]\nrdzv_port = 64000\n", "supervisor.rdzv_port = 64000 must be between 1 and 63536"),
+        ("[supervisor]\nrdzv_port = 0\n", "supervisor.rdzv_port = 0 must be between 1 and 63536"),
+        # integers: bools are not integers, and no knob takes a figure no site would use
+        ("[supervisor]\nnproc_per_node = true\n", "supervisor.nproc_per_node = True must be an integer"),
+        ("[supervisor]\nhang_timeout_s = true\n", "supervisor.hang_timeout_s = True must be a number"),
+        ("[checkpoint]\nkeep_last = 4611686018427387904\n", "checkpoint.keep_last = 4611686018427387904 must be at most"),
+        ("[supervisor]\nnproc_per_node = 1000000\n", "supervisor.nproc_per_node = 1000000 must be at most 4096"),
+        ("[nccl]\nflight_recorder_entries = 1000000000000\n", "nccl.flight_recorder_entries = 1000000000000 must be at most"),
+        ("[supervisor]\nmax_restarts = 9223372036854775807\n", "supervisor.max_restarts = 9223372036854775807 must be at most"),
+        # rules between knobs, checked once every layer is in: both keys named, and the fix
+        ("[supervisor]\nlease_stale_s = 1.5\n",
+         "supervisor.lease_stale_s = 1.5 (job:"),
+        ("[supervisor]\nlease_interval_s = 6\n", "at least 2 x supervisor.lease_interval_s = 6.0 (job:"),
+        ("[supervisor]\nnode_silence_s = 0.5\n", "at least 2 x supervisor.heartbeat_interval_s = 1.0"),
+        ("[supervisor]\nheartbeat_interval_s = 3\n",
+         "supervisor.node_silence_s = 5.0 (site:"),
     ],
 )
 def test_bad_values_are_refused_with_file_key_and_fix(tmp_path: Path, toml: str, expected: str) -> None:
@@ -184,3 +211,116 @@ def test_config_show_lifts_nothing_at_the_shipped_init_timeout(tmp_path: Path, c
     by_key = {r["key"]: r["value"] for r in rows}
     assert by_key["nccl.collective_timeout_init_s (effective)"] == 900.0
     assert not any("lifted" in r["value"] for r in rows if r["key"] == "note")
+
+
+# ---- h9: bounds, rules between knobs, and the site/job config files as file boundaries --------
+
+def numeric_knobs():
+    import dataclasses
+
+    from ckptsup.config import AUTO, SECTIONS
+
+    for section, cls in SECTIONS.items():
+        for fld in dataclasses.fields(cls):
+            default = fld.default
+            if (isinstance(default, (int, float)) and not isinstance(default, bool)) or default == AUTO \
+                    and fld.name.endswith("_s"):
+                yield section, fld
+
+
+def test_every_numeric_knob_has_an_upper_bound_no_site_would_exceed() -> None:
+    missing = [f"{s}.{f.name}" for s, f in numeric_knobs() if f.metadata.get("max") is None]
+    assert not missing, f"knobs without an upper bound: {missing}"
+    for section, fld in numeric_knobs():
+        if fld.name.endswith("_s"):
+            assert fld.metadata["max"] <= 7 * 86400, f"{section}.{fld.name}: no timeout is longer than 7 days"
+
+
+def test_every_knob_at_its_upper_bound_still_derives_finite_timeouts(tmp_path: Path) -> None:
+    """The bounds are what keeps the derivation (sums, int() of seconds, ports + spread) finite."""
+    from ckptsup.supervisor import nccl
+
+    lines: dict[str, list[str]] = {}
+    for section, fld in numeric_knobs():
+        if section == "supervisor" and fld.name in ("lease_interval_s", "heartbeat_interval_s"):
+            continue  # bounded by the rules between knobs instead (stale / silence >= 2 x)
+        if fld.name == "async_error_handling":
+            continue
+        lines.setdefault(section, []).append(f"{fld.name} = {fld.metadata['max']}")
+    job = write(tmp_path / "max.toml", "".join(f"[{s}]\n" + "\n".join(v) + "\n" for s, v in lines.items()))
+    config = load_config(job_config=job, env={}).config
+    env = nccl.nccl_env(config, run_dir=tmp_path, attempt=0, step_times=[1e5], save_times=[1e5])
+    assert all(value.lstrip("-").replace(".", "", 1).isdigit() for value in env.values() if value[:1].isdigit())
+    assert config.supervisor.rdzv_port + 1999 <= 65535
+
+
+def test_shipped_default_toml_is_generated_from_the_schema() -> None:
+    """site_config/default.toml is `render_default_toml()`; regenerate it with
+    `python -c 'from ckptsup.config import render_default_toml as r; print(r(), end="")' > site_config/default.toml`."""
+    from ckptsup.config import render_default_toml, shipped_default_config
+
+    assert shipped_default_config().read_text() == render_default_toml()
+
+
+def test_config_show_notes_name_the_configured_hang_timeout_that_lifted_the_collective_timeouts(
+        tmp_path: Path, capsys, monkeypatch) -> None:
+    # docs/timeouts.md §3: a configured value that would break the ordering is lifted, with a note
+    site = write(tmp_path / "site.toml", "[supervisor]\nhang_timeout_s = 5000\n[nccl]\ncollective_timeout_s = 60\n")
+    rows = json.loads(show(capsys, monkeypatch, site, "--json"))
+    by_key = {r["key"]: r for r in rows}
+    assert by_key["supervisor.hang_timeout_s (effective)"]["value"] == 5000.0
+    assert "configured" in by_key["supervisor.hang_timeout_s (effective)"]["source"]
+    assert by_key["nccl.collective_timeout_s (effective)"]["value"] == 5027.0
+    assert by_key["nccl.collective_timeout_init_s (effective)"]["value"] == 5027.0
+    notes = [r["value"] for r in rows if r["key"] == "note"]
+    assert any(n.startswith("collective_timeout_s 60s lifted to 5027s") and "hang timeout" in n for n in notes), notes
+    assert any(n.startswith("collective_timeout_init_s 900s lifted to 5027s") and "hang timeout (5000s)" in n
+               for n in notes), notes
+    text = show(capsys, monkeypatch, site)
+    assert re.search(r'^note\s+"collective_timeout_init_s 900s lifted to 5027s', text, re.M)
+
+
+def _fifo(path: Path) -> Path:
+    import os
+
+    os.mkfifo(path)
+    return path
+
+
+@pytest.mark.parametrize(("make", "needle"), [
+    (lambda p: p.mkdir() or p, "is a directory, not a regular file"),
+    (lambda p: Path("/dev/zero"), "is a character device, not a regular file"),
+    (_fifo, "is a FIFO, not a regular file"),
+    (lambda p: write(p, "# " + "x" * (1 << 20) + "\n"), "at most 1048576 are read"),
+    (lambda p: write(p, "a = " + "[" * 100_000 + "]" * 100_000 + "\n"), "invalid TOML"),
+    (lambda p: p.with_name("missing.toml"), "does not exist"),
+])
+@pytest.mark.parametrize("role", ["site", "job"])
+def test_a_config_path_that_is_not_a_toml_file_is_one_line(tmp_path: Path, make, needle: str, role: str) -> None:
+    path = make(tmp_path / "cfg.toml")
+    kwargs = {"env": {"CKPTSUP_SITE_CONFIG": str(path)}} if role == "site" else {"job_config": path, "env": {}}
+    with pytest.raises(ConfigError) as err:
+        load_config(**kwargs)
+    message = str(err.value)
+    assert needle in message and str(path) in message and "\n" not in message
+    assert f"{role} config" in message or "invalid TOML" in message
+    if role == "site" and needle != "invalid TOML":
+        assert "CKPTSUP_SITE_CONFIG" in message  # where the path came from
+
+
+def test_a_config_may_be_a_symlink_to_the_file(tmp_path: Path) -> None:
+    real = write(tmp_path / "real.toml", "[checkpoint]\nkeep_last = 6\n")
+    (tmp_path / "link.toml").symlink_to(real)
+    assert load_config(env={"CKPTSUP_SITE_CONFIG": str(tmp_path / "link.toml")}).config.checkpoint.keep_last == 6
+    assert load_config(job_config=tmp_path / "link.toml", env={}).config.checkpoint.keep_last == 6
+
+
+def test_rules_between_knobs_are_also_checked_in_the_supervisors_effective_config(tmp_path: Path) -> None:
+    from ckptsup.config import read_config_json
+
+    path = write(tmp_path / "config.json", json.dumps({"config": {"supervisor": {"lease_stale_s": 1.0}}}))
+    with pytest.raises(ConfigError, match=r"lease_stale_s = 1.0 \(supervisor:.*at least 2 x supervisor.lease_interval_s"):
+        read_config_json(path)
+    _fifo(tmp_path / "fifo.json")
+    with pytest.raises(ConfigError, match="is a FIFO"):
+        read_config_json(tmp_path / "fifo.json")

@@ -165,11 +165,12 @@ def test_dump_fr_is_served_while_the_main_thread_is_stuck(agent: FakeAgent, tmp_
 
 
 def test_forged_and_replayed_commands_are_dropped(tmp_path) -> None:
+    secret = secrets.token_hex(32).encode()  # a ckptsup secret: 64 hex characters (rundir.read_secret)
     secret_file = tmp_path / "secret"
-    secret_file.write_bytes(b"s3cret")
+    secret_file.write_bytes(secret)
     secret_file.chmod(0o600)
     channel = RankChannel(socket_path=None, secret_file=str(secret_file), rank=0)
-    good = wire.encode("save_now", {"reason": "a"}, seq=5, secret=b"s3cret")
+    good = wire.encode("save_now", {"reason": "a"}, seq=5, secret=secret)
     channel.handle_frame(wire.encode("save_now", {"reason": "forged"}, seq=9, secret=b"wrong"))
     assert channel.commands.take_save_now() is None and channel.dropped == 1
     channel.handle_frame(good)

@@ -68,3 +68,13 @@ def test_nan_and_infinity_are_refused_unless_allowed():
 def test_garbage_is_one_error(tmp_path):
     with pytest.raises(ConfigError, match="not valid JSON"):
         loads_json(b"\xff\xfe{", what="state", error=ConfigError)
+
+
+def test_a_file_you_may_not_read_is_named_with_the_fix(tmp_path):
+    if os.geteuid() == 0:
+        pytest.skip("root reads everything (the as-nobody CLI cases cover it)")
+    path = tmp_path / "site.toml"
+    path.write_text("[x]\n")
+    path.chmod(0)
+    with pytest.raises(ConfigError, match="is not readable by you .*fix its permissions"):
+        read_regular(path, max_bytes=10, what="site config", error=ConfigError)

@@ -5,7 +5,9 @@ CKPTSUP_SECRET_FILE). Down: stop_at, save_now, set_interval, dump_fr, read by a 
 The thread only records commands; the main thread acts on them at the next step_done. dump_fr is
 the exception: the main thread may be blocked inside a collective (that is why the supervisor asks),
 so the thread dumps torch's flight recorder itself. Without CKPTSUP_RANK_SOCKET every call is a
-cheap no-op.
+cheap no-op. With it, the channel must open: a missing or stale socket, or a missing, empty or
+short secret, is a ConfigError line at attach() naming the variable (a rank of a supervised job
+that trained without its agent would be invisible to the supervisor).
 """
 
 from __future__ import annotations
@@ -20,9 +22,14 @@ from pathlib import Path
 from typing import Any, Callable
 
 from .. import wire
+from ..env import RANK_SOCKET, SECRET_FILE
+from ..errors import ConfigError
 from ..events import Event
 from ..wire import MessageKind
 from ..rundir import read_secret
+from ..safe_io import encodable
+
+CONNECT_TIMEOUT_S = 30.0   # the agent accepts at once; a full backlog must not hang attach()
 
 log = logging.getLogger("ckptsup.hooks")
 
@@ -78,6 +85,30 @@ def dump_flight_recorder(directory: str | os.PathLike[str], rank: int) -> Path |
     return path
 
 
+def _connect(path: str) -> socket.socket:
+    """The agent's socket, connected; every failure is one ConfigError line naming the variable."""
+    where = f"{RANK_SOCKET} {path}"
+    fix = f"the agent that started this rank is gone or the variable is stale; start the job through ckptsup launch, or unset {RANK_SOCKET} to train unsupervised"
+    encodable(path, what=RANK_SOCKET, error=ConfigError)
+    sock = socket.socket(socket.AF_UNIX, socket.SOCK_STREAM)
+    try:
+        sock.settimeout(CONNECT_TIMEOUT_S)
+        sock.connect(path)
+        sock.settimeout(None)
+    except FileNotFoundError:
+        sock.close()
+        raise ConfigError(f"{where} does not exist: {fix}") from None
+    except ConnectionRefusedError:
+        sock.close()
+        kind = "nobody listens on it" if Path(path).is_socket() else "it is not a socket"
+        raise ConfigError(f"cannot connect to {where}: {kind}; {fix}") from None
+    except (OSError, ValueError) as err:   # too long for AF_UNIX, permission denied, a timeout
+        sock.close()
+        reason = getattr(err, "strerror", None) or str(err) or type(err).__name__
+        raise ConfigError(f"cannot connect to {where}: {reason}; {fix}") from None
+    return sock
+
+
 class RankChannel:
     def __init__(self, *, socket_path: str | None, secret_file: str | None, rank: int,
                  fr_dump_dir: str | None = None, clock: Callable[[], float] = time.time) -> None:
@@ -88,12 +119,13 @@ class RankChannel:
         self._seq = int(clock() * 1_000_000)  # a restarted rank continues above its predecessor
         self._send_lock = threading.Lock()
         self.dropped = 0
-        self._secret = read_secret(secret_file) if secret_file else b""
+        if socket_path and not secret_file:
+            raise ConfigError(f"{RANK_SOCKET} is set but {SECRET_FILE} is not: both come from the ckptsup agent; "
+                              f"start the job through ckptsup launch, or unset {RANK_SOCKET} to train unsupervised")
+        self._secret = read_secret(secret_file, named_by=SECRET_FILE) if secret_file else b""
         self._reader = wire.FrameReader(secret=self._secret, sender="agent", on_drop=self._count_drop)
         if socket_path:
-            sock = socket.socket(socket.AF_UNIX, socket.SOCK_STREAM)
-            sock.connect(socket_path)
-            self._sock = sock
+            self._sock = _connect(socket_path)
             threading.Thread(target=self._read_loop, name="ckptsup-channel", daemon=True).start()
 
     @property

@@ -10,7 +10,7 @@ from pathlib import Path
 import click
 
 from ..env import SLURM_JOB_ID, ExitStatus
-from ..errors import CkptsupError, ConfigError
+from ..errors import CkptsupError
 
 
 class UsageError(CkptsupError):
@@ -63,9 +63,9 @@ def launch(nproc_per_node: int | None, nodes: int | None, job_config: str | None
 @click.option("--attempt", type=int, required=True)
 @click.option("--standby/--launch", default=False, help="start idle (wait for a restart command)")
 def agent(spec_path: str, attempt: int, standby: bool) -> None:
-    """Internal: the per-node agent started by `ckptsup launch` (srun task or child process)."""
-    from .agent import run_agent
+    """Internal: the per-node agent started by `ckptsup launch` (srun task or child process).
+    A missing, damaged or foreign spec (LaunchSpec.read: safe_io, every field checked) or secret is
+    one `ckptsup: error:` line and exit 2 (USAGE), through main()."""
+    from .agent import run_agent  # its first act: LaunchSpec.read(spec_path)
 
-    if not Path(spec_path).is_file():
-        raise ConfigError(f"launch spec {spec_path} does not exist; agents are started by `ckptsup launch`")
     sys.exit(int(run_agent(spec_path=spec_path, attempt=attempt, launch=not standby)))

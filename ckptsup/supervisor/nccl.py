@@ -98,11 +98,13 @@ def derive_timeouts(config: Config, *, step_times: Iterable[float] | None = (),
     margin = DETECTION_SLACK_HEARTBEATS * sup.heartbeat_interval_s + DUMP_WAIT_S + sup.kill_grace_s
     notes: list[str] = []
 
-    init_floor = max(sup.init_timeout_s, sup.load_timeout_s, hang) + margin
+    allowance = max(sup.init_timeout_s, sup.load_timeout_s)
+    init_floor = max(allowance, hang) + margin
     init = float(nccl.collective_timeout_init_s)
     if init < init_floor:
-        notes.append(f"collective_timeout_init_s {init:g}s lifted to {init_floor:g}s: it must exceed the "
-                     f"supervisor's init/load allowances ({max(sup.init_timeout_s, sup.load_timeout_s):g}s) + {margin:g}s")
+        what = (f"the supervisor's hang timeout ({hang:g}s)" if hang > allowance else
+                f"the supervisor's init/load allowances ({allowance:g}s)")
+        notes.append(f"collective_timeout_init_s {init:g}s lifted to {init_floor:g}s: it must exceed {what} + {margin:g}s")
         init = init_floor
 
     floor = max(hang, save_allow) + margin
@@ -114,7 +116,7 @@ def derive_timeouts(config: Config, *, step_times: Iterable[float] | None = (),
         steady = float(nccl.collective_timeout_s)
         if steady < floor:
             notes.append(f"collective_timeout_s {steady:g}s lifted to {floor:g}s: it must exceed the "
-                         f"supervisor's hang/save deadlines ({max(hang, save_allow):g}s) + {margin:g}s so the "
+                         f"supervisor's hang timeout and save allowance ({max(hang, save_allow):g}s) + {margin:g}s so the "
                          "supervisor can collect flight-recorder dumps first")
             steady = floor
     if nccl.async_error_handling == 1 and nccl.flight_recorder_entries > 0:
@@ -166,8 +168,9 @@ def derived_rows(config: Config, *, run_dir: str | Path = "<run_dir>", attempt: 
     """What the supervisor would export, as `config show` rows ({key, value, source}); the
     source says what it is derived from, and each note why a configured value was lifted."""
     t = derive_timeouts(config, step_times=step_times, save_times=save_times)
-    rows = [{"key": "supervisor.hang_timeout_s (effective)", "value": t.hang_s,
-             "source": "derived: max(hang_min_s, hang_step_factor x p99 step)"},
+    hang_source = ("configured supervisor.hang_timeout_s" if config.supervisor.hang_timeout_s != AUTO
+                   else "derived: max(hang_min_s, hang_step_factor x p99 step)")
+    rows = [{"key": "supervisor.hang_timeout_s (effective)", "value": t.hang_s, "source": hang_source},
             {"key": "supervisor.save_allowance_s (effective)", "value": t.save_allowance_s,
              "source": "derived: min(save_timeout_s, max(hang, 3 x slowest save))"},
             {"key": "nccl.collective_timeout_init_s (effective)", "value": t.collective_init_s,

@@ -2,11 +2,17 @@
 
 from __future__ import annotations
 
-import json
+import dataclasses
+import math
 import os
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Any
+from typing import Any, Callable
+
+from ..errors import ConfigError
+from ..safe_io import read_json
+
+MAX_SPEC_BYTES = 4 << 20   # the script's argv and the ranks' environment; far below this
 
 
 @dataclass(kw_only=True)
@@ -34,9 +40,74 @@ class LaunchSpec:
 
     @classmethod
     def read(cls, path: str | os.PathLike[str]) -> "LaunchSpec":
-        return cls(**json.loads(Path(path).read_text()))
+        """The spec file (a regular file, bounded, never blocking); a missing, damaged or
+        foreign one is one ConfigError line (the agent exits 2)."""
+        try:
+            data = read_json(path, max_bytes=MAX_SPEC_BYTES, what="launch spec", error=ConfigError)
+        except FileNotFoundError:
+            raise ConfigError(f"launch spec {path} does not exist; agents are started by `ckptsup launch`") from None
+        return cls.from_json(data, source=f"launch spec {path}")
+
+    @classmethod
+    def from_json(cls, data: Any, *, source: str = "launch spec") -> "LaunchSpec":
+        """A spec from its JSON object, every field checked (ConfigError naming the first bad one)."""
+        fix = "it is written by `ckptsup launch` for its agents (a ckptsup of another version?)"
+        if not isinstance(data, dict):
+            raise ConfigError(f"{source} is not a JSON object of launch fields; {fix}")
+        fields = {f.name: f for f in dataclasses.fields(cls)}
+        unknown = sorted(k for k in data if k not in fields)
+        if unknown:
+            raise ConfigError(f"{source} has unknown field {unknown[0]}; {fix}")
+        missing = [name for name, f in fields.items() if f.default is dataclasses.MISSING and name not in data]
+        if missing:
+            raise ConfigError(f"{source} lacks {', '.join(missing)}; {fix}")
+        for name, value in data.items():
+            check, what = _CHECKS[name]
+            if not check(value):
+                shown = repr(value) if len(repr(value)) <= 40 else repr(value)[:30] + "..."
+                raise ConfigError(f"{source}: {name} must be {what}, not {shown}; {fix}")
+        return cls(**data)
 
     def write(self, path: Path) -> None:
         from ..rundir import atomic_write_json
 
         atomic_write_json(path, self.to_json())
+
+
+def _str(v: Any) -> bool:
+    return isinstance(v, str)
+
+
+def _count(low: int) -> Callable[[Any], bool]:
+    return lambda v: isinstance(v, int) and not isinstance(v, bool) and low <= v < 2**31
+
+
+def _seconds(v: Any) -> bool:
+    return isinstance(v, (int, float)) and not isinstance(v, bool) and math.isfinite(v) and 0 <= v <= 7 * 86400
+
+
+def _str_map(v: Any) -> bool:
+    return isinstance(v, dict) and all(isinstance(k, str) and isinstance(x, str) for k, x in v.items())
+
+
+def _endpoint(v: Any) -> bool:
+    host, _, port = v.rpartition(":") if isinstance(v, str) else ("", "", "")
+    return bool(host) and port.isdigit() and 0 < int(port) < 65536
+
+
+_CHECKS: dict[str, tuple[Callable[[Any], bool], str]] = {
+    "script": (_str, "a path"),
+    "script_args": (lambda v: isinstance(v, list) and all(isinstance(a, str) for a in v), "a list of strings"),
+    "nproc_per_node": (_count(1), "an integer >= 1"),
+    "nnodes": (_count(1), "an integer >= 1"),
+    "rdzv_endpoint": (_endpoint, "ADDR:PORT"),
+    "rdzv_id": (_str, "a string"),
+    "node_addrs": (_str_map, "an object of node -> address"),
+    "env": (_str_map, "an object of variable -> string value"),
+    "log_dir": (_str, "a path"),
+    "heartbeat_interval_s": (lambda v: _seconds(v) and v > 0, "a number of seconds > 0"),
+    "shutdown_timeout_s": (_seconds, "a number of seconds >= 0"),
+    "kill_grace_s": (_seconds, "a number of seconds >= 0"),
+    "cwd": (_str, "a path"),
+    "rdzv_backend": (lambda v: v in ("static", "c10d"), "static or c10d"),
+}
