@@ -26,10 +26,10 @@ import stat
 from pathlib import Path
 from typing import Any
 
-from ..checkpoint.hashing import algorithm_of, hash_bytes
+from ..checkpoint.hashing import algorithm_of, hash_bytes, open_regular
 from ..checkpoint.manifest import Manifest, load_manifest, read_nofollow
 from ..checkpoint.trust import check_dir_trusted
-from ..checkpoint.validate import check_level2, verify_item
+from ..checkpoint.validate import RECORD_NAMES, check_level2, verify_item
 from ..errors import CheckpointError, ValidationError
 from .writer import item_key
 
@@ -72,7 +72,7 @@ def load_metadata_bytes(data: bytes) -> Any:
 def preload_checks(step_dir: Path) -> Manifest:
     """Levels 1 (sizes, no hashing: the per-item hashes are checked while reading) and 2.
     Nothing is unpickled here. Raises a CheckpointError subclass with one line."""
-    check_dir_trusted(step_dir, recursive=True)
+    check_dir_trusted(step_dir, recursive=True, skip=RECORD_NAMES)
     manifest = load_manifest(step_dir)
     for entry in manifest.files:
         try:
@@ -171,7 +171,7 @@ class VerifyingReader(_file_reader_base()):  # type: ignore[misc]
 
         def read_item(path: Path, view: memoryview, item: Any) -> None:
             if path not in fds:
-                fds[path] = os.open(path, os.O_RDONLY | os.O_NOFOLLOW | getattr(os, "O_CLOEXEC", 0))
+                fds[path] = open_regular(path)
             got = 0
             while got < item.length:
                 n = os.preadv(fds[path], [view[got:]], item.offset + got)
