@@ -217,3 +217,31 @@ def test_ckptsup_launch_with_an_untrusted_checkpoint_dir_exits_usage_with_one_li
     assert (ck / "step_5").is_dir() and not (ck / "quarantine").exists()
     events = [json.loads(line)["event"] for line in (run_dir / "events.jsonl").read_text().splitlines()]
     assert "checkpoint_rejected" not in events
+
+
+@as_root
+def test_a_shard_its_owner_cannot_read_is_a_permission_problem_not_content(tmp_path: Path) -> None:
+    """Run as nobody (a user without root's way past modes): a 0000 file in the newest checkpoint
+    used to fail level 1 as content and be quarantined by `verify --quarantine`."""
+    import shutil
+    import tempfile
+
+    from test_cli_bad_inputs import AS_NOBODY, nobody_ckptsup, nobody_env
+
+    if not AS_NOBODY:
+        pytest.skip("setpriv/runuser not available")
+    root = Path(tempfile.mkdtemp(prefix="ckptsup-unreadable-"))
+    try:
+        os.chmod(root, 0o755)
+        ck = root / "ck"
+        for step in (1, 2):
+            write_synthetic(ck, step=step, item_bytes=100)
+        chown_tree(ck, nobody())
+        os.chmod(ck / "step_2" / "__0_0.distcp", 0o000)
+        proc = subprocess.run([*AS_NOBODY, nobody_ckptsup(), "ckpt", "verify", str(ck), "--quarantine"],
+                              capture_output=True, text=True, timeout=120, cwd=root, env=nobody_env(dict(os.environ)))
+        assert proc.returncode == 1 and "Traceback" not in proc.stderr, proc.stderr
+        assert "step_1: ok" in proc.stdout and "step_2: FAILED" in proc.stdout and "chmod u+r" in proc.stdout, proc.stdout
+        assert (ck / "step_2").is_dir() and not (ck / "quarantine").exists()
+    finally:
+        shutil.rmtree(root, ignore_errors=True)

@@ -70,11 +70,18 @@ def check_dir_trusted(path: str | os.PathLike[str], *, recursive: bool = False, 
 
 
 def _check_owner_mode(path: Path, st: os.stat_result, uid: int) -> None:
+    """Owner and mode of one entry; and, for anyone but root (who reads regardless of the mode),
+    that its owner may read it: an unreadable file is a permission problem, not corrupt content."""
     if st.st_uid != uid:
         raise OwnerModeError(f"{path} is owned by uid {st.st_uid}, not you (uid {uid}); a checkpoint from another user could run code on load. "
                              f"If you trust it: `chown -R {uid} {path}` (as its owner/root) or copy it into a directory you own")
     if st.st_mode & 0o022:
         raise OwnerModeError(f"{path} is writable by group or others (mode {_describe_mode(st.st_mode)}); run `chmod -R go-w {path}`")
+    if os.geteuid() != 0 and uid == os.geteuid():
+        needed = stat.S_IRUSR | stat.S_IXUSR if stat.S_ISDIR(st.st_mode) else stat.S_IRUSR
+        if st.st_mode & needed != needed:
+            fix = "u+rx" if stat.S_ISDIR(st.st_mode) else "u+r"
+            raise OwnerModeError(f"{path} is not readable by you (mode {_describe_mode(st.st_mode)}); run `chmod {fix} {path}`")
 
 
 def _check_entries(top: Path, *, recursive: bool, uid: int, skip: frozenset[str] = frozenset()) -> None:

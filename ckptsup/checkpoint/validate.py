@@ -64,7 +64,6 @@ class ValidationResult:
     untrusted: bool = False     # not judged: owner/mode/permissions are wrong (problems[0] has the fix);
                                 # never recorded, never a reason to quarantine
 
-
     def summary(self) -> str:
         if self.ok:
             return f"ok (level {self.level_passed}, {self.bytes_checked / 1e6:.1f} MB in {self.duration_s:.2f} s)"
