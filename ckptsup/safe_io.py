@@ -14,6 +14,7 @@ Every refusal is the caller's own one-line `CkptsupError` subclass, naming the f
 
 from __future__ import annotations
 
+import errno
 import json
 import os
 import stat
@@ -58,8 +59,8 @@ def read_regular(path: str | os.PathLike[str], *, max_bytes: int, what: str, err
     except PermissionError:
         raise error(f"cannot read {what} {p}: it is not readable by you (permission denied); "
                     "fix its permissions") from None
-    except OSError as err:
-        if not follow_symlinks and p.is_symlink():
+    except OSError as err:   # ELOOP is what O_NOFOLLOW answers for a symlink (is_symlink() may itself fail: EACCES)
+        if not follow_symlinks and err.errno == errno.ELOOP:
             raise error(f"{what} {p} is a symlink; only regular files are read here") from None
         raise error(f"cannot read {what} {p}: {err.strerror or err}") from None
     try:

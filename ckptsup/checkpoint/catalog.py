@@ -16,17 +16,17 @@ from __future__ import annotations
 
 import collections
 import enum
-import json
 import os
 import threading
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any, Iterable, Iterator, Protocol, Sequence
 
-from ..errors import CkptsupError
+from ..errors import CheckpointError, CkptsupError
+from ..safe_io import read_json
 from .commit import parse_step
 from .manifest import MANIFEST_NAME, Manifest, check_no_symlink_components, load_manifest
-from .validate import QUARANTINE_DIR, REASON_NAME, read_validation
+from .validate import MAX_RECORD_BYTES, QUARANTINE_DIR, REASON_NAME, read_validation
 
 
 class Status(enum.Enum):
@@ -159,9 +159,11 @@ def _quarantined(qdir: Path) -> Iterable[CheckpointInfo]:
 
 def _reason(path: Path) -> str:
     try:
-        return str(json.loads((path / REASON_NAME).read_text()).get("reason", ""))
-    except (OSError, ValueError, AttributeError):
+        data = read_json(path / REASON_NAME, max_bytes=MAX_RECORD_BYTES, what="quarantine reason",
+                         error=CheckpointError, follow_symlinks=False)
+    except (OSError, CkptsupError):
         return ""
+    return str(data.get("reason", "")) if isinstance(data, dict) else ""
 
 
 def _newest_first(checkpoint_dir: str | os.PathLike[str]) -> Iterator[Path]:

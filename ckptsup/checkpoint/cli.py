@@ -16,6 +16,7 @@ from typing import Any, Callable
 import click
 
 from ..errors import CheckpointError, CkptsupError, ValidationError
+from ..safe_io import encodable
 from .catalog import CheckpointInfo, Status, inspect_step, latest_committed, latest_validated, list_checkpoints
 from .commit import LOCK_NAME, pid_alive, parse_step, read_lock
 from .manifest import MANIFEST_NAME
@@ -33,7 +34,7 @@ class Target(enum.Enum):
 
 def _classify(path_text: str) -> tuple[Target, Path]:
     """(Target.STEP, path) or (Target.DIR, path); one-line errors for anything else."""
-    path = Path(path_text)
+    path = encodable(path_text, what="path", error=CheckpointError)
     if path.is_symlink():
         raise CheckpointError(f"{path} is a symlink; pass the real directory (ckptsup never follows links into a checkpoint)")
     if not path.exists():
@@ -42,8 +43,11 @@ def _classify(path_text: str) -> tuple[Target, Path]:
         raise CheckpointError(f"{path} is not a directory; pass a checkpoint_dir or one of its step_<N> directories")
     if not os.access(path, os.R_OK | os.X_OK):
         raise CheckpointError(f"{path} is not readable by you (uid {os.getuid()}); run as its owner or `chmod u+rx {path}`")
-    if parse_step(path.name) is not None or (path / MANIFEST_NAME).exists():
+    if parse_step(path.name) is not None:
         return Target.STEP, path
+    if os.path.lexists(path / MANIFEST_NAME):
+        raise CheckpointError(f"{path} holds a {MANIFEST_NAME} but is not named step_<N>, so it is no checkpoint of a "
+                              f"checkpoint_dir; rename it step_<its step> inside one, or pass the checkpoint_dir")
     return Target.DIR, path
 
 
@@ -55,7 +59,13 @@ def _steps_of(kind: Target, path: Path) -> list[Path]:
 
 
 def _emit_json(payload: Any) -> None:
-    click.echo(json.dumps(payload, indent=1, default=str))
+    click.echo(json.dumps(payload, indent=1, default=str))   # ensure_ascii: a surrogate becomes its escape
+
+
+def _echo(text: str) -> None:
+    """click.echo of text that may carry a file name os.listdir decoded with surrogate escapes
+    (undecodable bytes) or a record's lone surrogate: shown as backslash escapes, never a crash."""
+    click.echo(text.encode("utf-8", "backslashreplace").decode("utf-8"))
 
 
 def _human_bytes(n: int | None) -> str:
@@ -100,14 +110,14 @@ def list_cmd(directory: str, include_quarantined: bool, as_json: bool) -> None:
         _emit_json([i.to_json() for i in infos])
         return
     if not infos:
-        click.echo(f"{path}: no checkpoints")
+        _echo(f"{path}: no checkpoints")
         return
-    click.echo(f"{'STEP':>10}  {'STATUS':<11}  {'LEVEL':>5}  {'SIZE':>9}  {'CREATED':<25}  PROBLEM")
+    _echo(f"{'STEP':>10}  {'STATUS':<11}  {'LEVEL':>5}  {'SIZE':>9}  {'CREATED':<25}  PROBLEM")
     for info in infos:
         created = info.manifest.created_at[:25] if info.manifest else "-"
         size = _human_bytes(info.manifest.total_bytes if info.manifest else None)
         level = str(info.validated_level) if info.validated_level else "-"
-        click.echo(f"{info.step:>10}  {info.status.value:<11}  {level:>5}  {size:>9}  {created:<25}  {info.problem[:100]}")
+        _echo(f"{info.step:>10}  {info.status.value:<11}  {level:>5}  {size:>9}  {created:<25}  {info.problem[:100]}")
 
 
 def _progress_bar(total: int, enabled: bool):
@@ -144,8 +154,9 @@ def verify_cmd(directory: str, level: int, do_quarantine: bool, progress: bool |
         for step_dir in steps:
             result = validate(step_dir, level=level, progress=advance)
             row = {"path": str(step_dir), "ok": result.ok, "level": result.level, "level_passed": result.level_passed,
-                   "problems": result.problems, "duration_s": round(result.duration_s, 3), "bytes": result.bytes_checked}
-            if not result.ok and do_quarantine:
+                   "problems": result.problems, "duration_s": round(result.duration_s, 3), "bytes": result.bytes_checked,
+                   "untrusted": result.untrusted}
+            if not result.ok and do_quarantine and not result.untrusted:   # quarantine is for content only
                 row["quarantined_to"] = str(quarantine(step_dir, result.problems[0] if result.problems else "verify failed"))
             rows.append(row)
     if as_json:
@@ -154,13 +165,16 @@ def verify_cmd(directory: str, level: int, do_quarantine: bool, progress: bool |
         for row in rows:
             name = Path(row["path"]).name
             if row["ok"]:
-                click.echo(f"{name}: ok (level {row['level_passed']}, {_human_bytes(row['bytes'])}, {row['duration_s']:.2f} s)")
+                _echo(f"{name}: ok (level {row['level_passed']}, {_human_bytes(row['bytes'])}, {row['duration_s']:.2f} s)")
             else:
-                click.echo(f"{name}: FAILED at level {row['level_passed'] + 1}: {row['problems'][0] if row['problems'] else '?'}")
+                _echo(f"{name}: FAILED at level {row['level_passed'] + 1}: {row['problems'][0] if row['problems'] else '?'}")
                 for extra in row["problems"][1:5]:
-                    click.echo(f"    {extra}")
+                    _echo(f"    {extra}")
                 if "quarantined_to" in row:
-                    click.echo(f"    moved to {row['quarantined_to']}")
+                    _echo(f"    moved to {row['quarantined_to']}")
+                elif row["untrusted"]:
+                    _echo("    not checked: a permission problem, not its content (fix it as above and verify again; "
+                          "never quarantined)")
     failed = [r for r in rows if not r["ok"]]
     if failed:
         raise ValidationError(f"{len(failed)} of {len(rows)} checkpoint(s) failed verification at level {level}")
@@ -200,19 +214,19 @@ def inspect_cmd(directory: str, as_json: bool) -> None:
         _emit_json(summary)
         return
     for key, value in summary.items():
-        click.echo(f"{key:<17} {value if not isinstance(value, int) or key != 'bytes' else _human_bytes(value)}")
+        _echo(f"{key:<17} {value if not isinstance(value, int) or key != 'bytes' else _human_bytes(value)}")
 
 
 def _print_step(info: CheckpointInfo, payload: dict[str, Any]) -> None:
-    click.echo(f"{info.path}: {info.status.value}" + (f" ({info.problem})" if info.problem else ""))
+    _echo(f"{info.path}: {info.status.value}" + (f" ({info.problem})" if info.problem else ""))
     if info.manifest is None:
         return
     for key in ("step", "checkpoint_id", "job_id", "attempt", "epoch", "world_size", "created_at", "hash_algorithm", "items"):
-        click.echo(f"  {key:<15} {payload.get(key)}")
-    click.echo(f"  {'bytes':<15} {_human_bytes(payload['bytes'])} in {payload['files']} files")
+        _echo(f"  {key:<15} {payload.get(key)}")
+    _echo(f"  {'bytes':<15} {_human_bytes(payload['bytes'])} in {payload['files']} files")
     if info.validation:
         v = info.validation
-        click.echo(f"  {'validation':<15} {'ok' if v.get('ok') else 'FAILED'} level {v.get('level')} at {v.get('ts')}")
+        _echo(f"  {'validation':<15} {'ok' if v.get('ok') else 'FAILED'} level {v.get('level')} at {v.get('ts')}")
 
 
 @ckpt.command("prune")
@@ -251,10 +265,10 @@ def prune_cmd(directory: str, keep_last: int | None, keep_daily_days: int | None
                     "needs_test_load": result.needs_test_load, "dry_run": dry_run})
         return
     verb = "would delete" if dry_run else "deleted"
-    click.echo(f"keep {len(result.keep)}: {', '.join(map(str, result.keep)) or '-'}")
-    click.echo(f"{verb} {len(result.delete)}: {', '.join(map(str, result.delete)) or '-'}")
+    _echo(f"keep {len(result.keep)}: {', '.join(map(str, result.keep)) or '-'}")
+    _echo(f"{verb} {len(result.delete)}: {', '.join(map(str, result.delete)) or '-'}")
     if result.skipped:
-        click.echo(f"left alone (incomplete or rejected; see `ckptsup ckpt verify`): {', '.join(map(str, result.skipped))}")
+        _echo(f"left alone (incomplete or rejected; see `ckptsup ckpt verify`): {', '.join(map(str, result.skipped))}")
 
 
 def _hostname() -> str:

@@ -8,8 +8,10 @@ for sites that want a standard CRC; sha256 is there for sites that want a crypto
 
 from __future__ import annotations
 
+import errno
 import hashlib
 import os
+import stat
 import zlib
 from typing import Callable, Protocol
 
@@ -87,6 +89,16 @@ def hash_bytes(data: bytes | bytearray | memoryview, algorithm: str = DEFAULT_AL
     return hasher.hexdigest()
 
 
+def open_regular(path: str | os.PathLike[str]) -> int:
+    """A read-only descriptor of a regular file: no symlink followed (O_NOFOLLOW), and a FIFO or
+    device swapped in after a check neither blocks the open (O_NONBLOCK) nor gets read (OSError)."""
+    fd = os.open(path, os.O_RDONLY | os.O_NOFOLLOW | os.O_NONBLOCK | getattr(os, "O_CLOEXEC", 0))
+    if not stat.S_ISREG(os.fstat(fd).st_mode):
+        os.close(fd)
+        raise OSError(errno.EINVAL, "not a regular file", str(path))
+    return fd
+
+
 def hash_file(path: str | os.PathLike[str], algorithm: str = DEFAULT_ALGORITHM, *,
               offset: int = 0, length: int | None = None) -> str:
     """Hash a file, or the byte range [offset, offset+length). Never follows a symlink
@@ -96,7 +108,7 @@ def hash_file(path: str | os.PathLike[str], algorithm: str = DEFAULT_ALGORITHM, 
         raise CheckpointError(f"bad byte range offset={offset} length={length} for {path}")
     buf = bytearray(CHUNK)
     view = memoryview(buf)
-    fd = os.open(path, os.O_RDONLY | os.O_NOFOLLOW | getattr(os, "O_CLOEXEC", 0))
+    fd = open_regular(path)
     try:
         if hasattr(os, "posix_fadvise"):
             os.posix_fadvise(fd, offset, length or 0, os.POSIX_FADV_SEQUENTIAL)  # a larger readahead
@@ -132,7 +144,7 @@ def hash_file_and_ranges(path: str | os.PathLike[str], algorithm: str,
     view = memoryview(buf)
     pos = 0
     k = 0   # index into `order` of the first range not yet complete
-    fd = os.open(path, os.O_RDONLY | os.O_NOFOLLOW | getattr(os, "O_CLOEXEC", 0))
+    fd = open_regular(path)
     try:
         if hasattr(os, "posix_fadvise"):
             os.posix_fadvise(fd, 0, 0, os.POSIX_FADV_SEQUENTIAL)

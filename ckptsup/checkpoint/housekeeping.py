@@ -165,13 +165,20 @@ class Housekeeper:
             self.emit(Event.CHECKPOINT_VALIDATED, {"step": step, "level": 3, "duration_s": round(result.duration_s, 3)})
             return
         reason = result.problems[0] if result.problems else "test load failed"
+        if result.untrusted:   # owner/mode: not a verdict on the content, never quarantined
+            log.warning("ckptsup: step %s was not test-loaded (not quarantined): %s", step, reason)
+            return
         if step is not None:
             with self._lock:
                 self._rejected.add(step)
             self._drop_copies(step)
-        moved = quarantine(step_dir, reason)
+        try:
+            moved = str(quarantine(step_dir, reason))
+        except (CkptsupError, OSError) as err:
+            log.warning("ckptsup: could not quarantine %s (%s); it failed: %s", step_dir, err, reason)
+            moved = ""
         self.emit(Event.CHECKPOINT_REJECTED, {"step": step, "level": result.level_passed + 1, "reason": reason,
-                                              "quarantined_to": str(moved)})
+                                              "quarantined_to": moved})
 
     def _drop_copies(self, step: int) -> None:
         """Remove a rejected checkpoint's copies from the slower tiers; the original stays in

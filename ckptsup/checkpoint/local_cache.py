@@ -36,6 +36,7 @@ from datetime import datetime, timezone
 from pathlib import Path
 
 from ..errors import CheckpointError
+from ..safe_io import loads_json
 from .commit import abort, find_step_dirs, make_tmp_dir, parse_step, remove_interrupted, step_dir_name
 from .durable import fsync_dir, write_file_durable
 from .hashing import hash_bytes
@@ -80,10 +81,7 @@ class LocalCopy:
     @classmethod
     def from_json(cls, text: bytes | str, *, source: str) -> "LocalCopy":
         """Strict: wrong keys or types, or a path that could leave the step dir, raise CheckpointError."""
-        try:
-            data = json.loads(text)
-        except ValueError as err:
-            raise CheckpointError(f"{source}: not valid JSON ({err})") from None
+        data = loads_json(text, what=source, error=CheckpointError)
         keys = {"step", "checkpoint_id", "manifest_hash", "created_at", "files"}
         if not isinstance(data, dict) or set(data) != keys:
             raise CheckpointError(f"{source}: expected exactly the keys {', '.join(sorted(keys))}")

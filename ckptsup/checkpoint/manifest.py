@@ -23,6 +23,7 @@ from pathlib import Path
 from typing import Any
 
 from ..errors import ManifestError
+from ..safe_io import encodable, loads_json, read_regular
 from .hashing import HASH_ALGORITHMS
 
 MANIFEST_NAME = "manifest.json"
@@ -31,6 +32,8 @@ METADATA_NAME = ".metadata"
 FORMAT_VERSION = 1
 MAX_MANIFEST_BYTES = 256 << 20  # a manifest is JSON metadata; anything bigger is an attack or a bug
 MAX_PATH_BYTES = 1024
+MAX_INT = (1 << 63) - 1   # sizes, offsets, lengths, counters: what a file system and os.pread take
+MAX_STEP = 10 ** 18 - 1   # step_<N> names have at most 18 digits (commit.parse_step)
 # Files our own machinery writes into a step dir that the manifest does not (cannot) list.
 RESERVED_NAMES = frozenset({MANIFEST_NAME, VALIDATION_NAME})
 
@@ -82,10 +85,9 @@ class Manifest:
     def from_json(cls, text: str | bytes, *, source: str = "manifest") -> "Manifest":
         if len(text) > MAX_MANIFEST_BYTES:
             raise ManifestError(f"{source}: {len(text)} bytes is larger than any real manifest; refusing it")
-        try:
-            data = json.loads(text, parse_constant=_reject_constant)
-        except (ValueError, RecursionError) as err:
-            raise ManifestError(f"{source}: not valid JSON ({str(err).splitlines()[0]}); the checkpoint was not committed cleanly") from None
+        data = loads_json(text, what=source, error=ManifestError)
+        if _SURROGATE_ESCAPE.search(text if isinstance(text, bytes) else text.encode("utf-8", "surrogatepass")):
+            _refuse_lone_surrogates(data, "manifest", source)   # only a \ud800-style escape can make one
         return _parse_manifest(data, source)
 
     @property
@@ -101,12 +103,51 @@ class Manifest:
 
 
 def parse_created_at(value: str) -> datetime:
+    """An ISO-8601 timestamp as an aware UTC datetime (naive means UTC). ValueError when it is not
+    one, or when it cannot be expressed in UTC (year 1 east of Greenwich, year 9999 west of it)."""
     when = datetime.fromisoformat(value)
-    return when if when.tzinfo else when.replace(tzinfo=timezone.utc)
+    if when.tzinfo is None:
+        return when.replace(tzinfo=timezone.utc)
+    try:
+        return when.astimezone(timezone.utc)
+    except OverflowError:
+        raise ValueError(f"{value!r} lies outside the years 1-9999 in UTC") from None
 
 
-def _reject_constant(name: str) -> Any:
-    raise ValueError(f"non-finite number {name}")
+_SURROGATE_ESCAPE = re.compile(rb"\\u[dD][89a-fA-F]")
+
+
+def _refuse_lone_surrogates(value: Any, where: str, source: str) -> None:
+    """A lone surrogate (JSON's \\ud800 escape unpaired) is no character: no file name, no output
+    stream can take it. Refuse the manifest, naming where."""
+    stack = [(value, where)]
+    while stack:
+        item, at = stack.pop()
+        if isinstance(item, str):
+            try:
+                item.encode("utf-8")
+            except UnicodeEncodeError:
+                raise ManifestError(f"{source}: {at} holds a lone surrogate (an unpaired \\ud800-style escape); "
+                                    "not a manifest ckptsup wrote") from None
+        elif isinstance(item, dict):
+            stack.extend((k, f"{at} key") for k in item)
+            stack.extend((v, f"{at}.{k}" if isinstance(k, str) and k.isascii() else at) for k, v in item.items())
+        elif isinstance(item, list):
+            stack.extend((v, f"{at}[{i}]") for i, v in enumerate(item))
+
+
+def _refuse_nonfinite(value: Any, key: str, source: str) -> Any:
+    """mesh / versions / extra are free-form JSON: a float like 1e400 parses as infinity."""
+    stack = [value]
+    while stack:
+        item = stack.pop()
+        if isinstance(item, float) and not math.isfinite(item):
+            raise ManifestError(f"{source}: field {key!r} holds a non-finite number")
+        if isinstance(item, dict):
+            stack.extend(item.values())
+        elif isinstance(item, list):
+            stack.extend(item)
+    return value
 
 
 # ---- strict parsing -------------------------------------------------------------------------
@@ -117,7 +158,12 @@ def check_relpath(path: Any, *, what: str, source: str) -> str:
     if not isinstance(path, str) or not path:
         raise ManifestError(f"{source}: {what} path must be a non-empty string, got {path!r}")
     problem = None
-    if len(path.encode("utf-8", "surrogatepass")) > MAX_PATH_BYTES:
+    try:
+        encoded = path.encode("utf-8")
+    except UnicodeEncodeError:
+        raise ManifestError(f"{source}: {what} path {path[:80]!r} holds a lone surrogate and cannot be a file name; "
+                            "a manifest may only name files inside its step directory") from None
+    if len(encoded) > MAX_PATH_BYTES:
         problem = "is too long"
     elif path.startswith("/") or (len(path) > 1 and path[1] == ":"):
         problem = "is absolute"
@@ -147,9 +193,11 @@ def _need(data: dict[str, Any], key: str, kind: type | tuple[type, ...], source:
     return value
 
 
-def _non_negative(value: int, key: str, source: str) -> int:
+def _non_negative(value: int, key: str, source: str, *, limit: int = MAX_INT) -> int:
     if value < 0:
         raise ManifestError(f"{source}: field {key!r} must be >= 0, got {value}")
+    if value > limit:
+        raise ManifestError(f"{source}: field {key!r} is {len(str(value))} digits long, past any real value (at most {limit})")
     return value
 
 
@@ -191,8 +239,9 @@ def _parse_items(raws: list[Any], source: str) -> list[ItemEntry]:
     for i, raw in enumerate(raws):
         if type(raw) is dict and raw.keys() == _ITEM_KEYS:
             key, file, offset, length, value = raw["key"], raw["file"], raw["offset"], raw["length"], raw["hash"]
-            if (type(key) is str and type(file) is str and file in checked and type(offset) is int and offset >= 0
-                    and type(length) is int and length >= 0 and type(value) is str and match(value)):
+            if (type(key) is str and type(file) is str and file in checked and type(offset) is int
+                    and 0 <= offset <= MAX_INT and type(length) is int and 0 <= length <= MAX_INT
+                    and type(value) is str and match(value)):
                 out.append(ItemEntry(key=key, file=file, offset=offset, length=length, hash=value))
                 continue
         out.append(_parse_item(raw, i, source, checked))
@@ -234,8 +283,9 @@ def _parse_manifest(data: Any, source: str) -> Manifest:
     created_at = _need(data, "created_at", str, source)
     try:
         parse_created_at(created_at)
-    except ValueError:
-        raise ManifestError(f"{source}: created_at {created_at[:60]!r} is not an ISO-8601 timestamp") from None
+    except ValueError as err:
+        raise ManifestError(f"{source}: created_at {created_at[:60]!r} is not an ISO-8601 timestamp in UTC's range "
+                            f"({str(err)[:80]})") from None
     files = [_parse_file(raw, i, source) for i, raw in enumerate(_need(data, "files", list, source))]
     seen: set[str] = set()
     for entry in files:
@@ -247,56 +297,41 @@ def _parse_manifest(data: Any, source: str) -> Manifest:
     if metadata_file:
         check_relpath(metadata_file, what="metadata_file", source=source)
         _check_hash(metadata_hash, "metadata_hash", source)
-    world_size = _need(data, "world_size", int, source)
+    world_size = _non_negative(_need(data, "world_size", int, source), "world_size", source)
     if world_size < 1:
         raise ManifestError(f"{source}: world_size must be >= 1, got {world_size}")
     return Manifest(
         format_version=version,
         checkpoint_id=checkpoint_id,
-        step=_non_negative(_need(data, "step", int, source), "step", source),
+        step=_non_negative(_need(data, "step", int, source), "step", source, limit=MAX_STEP),
         job_id=_need(data, "job_id", str, source),
         attempt=_non_negative(_need(data, "attempt", int, source), "attempt", source),
         epoch=_non_negative(_need(data, "epoch", int, source), "epoch", source),
         world_size=world_size,
-        mesh=_need(data, "mesh", dict, source),
+        mesh=_refuse_nonfinite(_need(data, "mesh", dict, source), "mesh", source),
         files=files,
         items=_parse_items(_need(data, "items", list, source), source),
         metadata_file=metadata_file,
         metadata_hash=metadata_hash,
         hash_algorithm=hash_algorithm,
-        versions=_need(data, "versions", dict, source),
+        versions=_refuse_nonfinite(_need(data, "versions", dict, source), "versions", source),
         created_at=created_at,
-        extra=_need(data, "extra", dict, source),
+        extra=_refuse_nonfinite(_need(data, "extra", dict, source), "extra", source),
     )
 
 
 # ---- reading from a step dir ----------------------------------------------------------------
 
-def read_nofollow(path: Path, *, limit: int) -> bytes:
-    """Read a regular file without following a symlink at its last component."""
+def read_nofollow(path: Path, *, limit: int, what: str = "checkpoint file") -> bytes:
+    """Read a regular file of at most `limit` bytes without following a symlink at its last
+    component (safe_io.read_regular: a FIFO or device never blocks or floods the read).
+    FileNotFoundError passes through; anything else is one ManifestError line."""
     try:
-        fd = os.open(path, os.O_RDONLY | os.O_NOFOLLOW | getattr(os, "O_CLOEXEC", 0))
-    except FileNotFoundError:
-        raise
-    except OSError as err:
-        if err.errno == 40:  # ELOOP: the name is a symlink
+        return read_regular(path, max_bytes=limit, what=what, error=ManifestError, follow_symlinks=False)
+    except ManifestError as err:
+        if "is a symlink" in str(err):
             raise ManifestError(f"{path} is a symlink; a checkpoint must not contain symlinks") from None
-        raise ManifestError(f"cannot read {path}: {err.strerror}") from None
-    try:
-        st = os.fstat(fd)
-        if not stat.S_ISREG(st.st_mode):
-            raise ManifestError(f"{path} is not a regular file")
-        if st.st_size > limit:
-            raise ManifestError(f"{path} is {st.st_size} bytes, larger than any real one; refusing it")
-        chunks = []
-        while True:
-            chunk = os.read(fd, 1 << 20)
-            if not chunk:
-                break
-            chunks.append(chunk)
-        return b"".join(chunks)
-    finally:
-        os.close(fd)
+        raise
 
 
 def check_no_symlink_components(step_dir: Path, relpath: str, *, source: str) -> None:
@@ -318,13 +353,13 @@ def check_no_symlink_components(step_dir: Path, relpath: str, *, source: str) ->
 def load_manifest(step_dir: str | os.PathLike[str]) -> Manifest:
     """Read and strictly parse <step_dir>/manifest.json. Refuses a symlinked step dir or manifest,
     and any listed file reached through a symlink. Raises ManifestError (one line)."""
-    step_dir = Path(step_dir)
+    step_dir = encodable(step_dir, what="checkpoint directory", error=ManifestError)
     path = step_dir / MANIFEST_NAME
     source = str(path)
     if step_dir.is_symlink():
         raise ManifestError(f"{step_dir} is a symlink; a checkpoint directory must be a real directory")
     try:
-        text = read_nofollow(path, limit=MAX_MANIFEST_BYTES)
+        text = read_nofollow(path, limit=MAX_MANIFEST_BYTES, what="manifest")
     except FileNotFoundError:
         raise ManifestError(f"{step_dir}: no {MANIFEST_NAME}; it was never committed (an interrupted save) and is not a checkpoint") from None
     manifest = Manifest.from_json(text, source=source)

@@ -11,7 +11,7 @@ import os
 import shutil
 import uuid
 from dataclasses import dataclass, field
-from datetime import datetime, timedelta, timezone
+from datetime import date, datetime, timedelta, timezone
 from pathlib import Path
 from typing import Callable, Iterable, Sequence
 
@@ -44,15 +44,26 @@ def daily_keepers(candidates: Iterable[Candidate], *, keep_daily_days: int, now:
     included. Level 3 should pass before one of these becomes a long-lived keeper."""
     if keep_daily_days <= 0:
         return set()
-    first_day = (now.astimezone(timezone.utc) - timedelta(days=keep_daily_days - 1)).date()
+    today = now.astimezone(timezone.utc).date()
+    # any number of days: more than the calendar holds means every day since year 1
+    first_day = today - timedelta(days=min(keep_daily_days - 1, (today - date.min).days))
     newest: dict[object, Candidate] = {}
     for c in candidates:
-        day = c.created_at.astimezone(timezone.utc).date()
-        if day < first_day or day > now.astimezone(timezone.utc).date():
+        day = _utc_day(c)
+        if day is None or day < first_day or day > today:
             continue
         if day not in newest or c.step > newest[day].step:
             newest[day] = c
     return {c.step for c in newest.values()}
+
+
+def _utc_day(c: Candidate) -> date | None:
+    """The candidate's UTC day; None when its time has none (year 1 east of UTC, year 9999 west of
+    it: parse_created_at refuses such manifests, a Candidate built elsewhere may still hold one)."""
+    try:
+        return c.created_at.astimezone(timezone.utc).date()
+    except OverflowError:
+        return None
 
 
 def plan_retention(checkpoints: Sequence[Candidate | tuple], *, keep_last: int, keep_daily_days: int,
@@ -111,7 +122,7 @@ def due_test_loads(cands: Sequence[Candidate], *, daily: set[int], levels: dict[
     at every commit, so testing each would run one per commit: a keeper still among the last K is
     tested only while no checkpoint of its day has passed level 3; it becomes a long-lived keeper
     when it leaves the last K, and is tested then unless it already passed."""
-    day = {c.step: c.created_at.astimezone(timezone.utc).date() for c in cands}
+    day = {c.step: _utc_day(c) for c in cands}
     last_k = {c.step for c in sorted(cands, key=lambda c: c.step)[-keep_last:]}
     tested_days = {day[s] for s, level in levels.items() if level >= 3 and s in day}
     return sorted(s for s in daily if levels.get(s, 0) < 3 and (s not in last_k or day[s] not in tested_days))

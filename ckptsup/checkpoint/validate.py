@@ -9,12 +9,16 @@ Level 2: structure, torch-free, never unpickling: every item's file is listed, o
 Level 3: a test load into fresh CPU state in a separate process
          (`python -m ckptsup.hooks.testload STEP_DIR`, exit 0 = ok) with a timeout.
 Each level runs only when the one below passed. Nothing here unpickles anything.
-A failing checkpoint is quarantined (moved, never deleted) by `quarantine()`.
+A failing checkpoint is quarantined (moved, never deleted) by `quarantine()`. A checkpoint that
+is only untrusted (owner, mode, permissions: `ValidationResult.untrusted`) is not judged: its
+outcome is not recorded and it is never quarantined (docs/checkpoint-core.md §Trust is not content).
+validation.json is a record, not content: whatever stands at its name (a FIFO, a symlink, a
+record of another shape) reads as "not validated" and is replaced by the next record.
 """
 
 from __future__ import annotations
 
-import json
+import logging
 import os
 import stat
 import subprocess
@@ -28,10 +32,13 @@ from typing import Any, Callable, Sequence
 
 from ..errors import CheckpointError, CkptsupError, ValidationError
 from ..rundir import atomic_write_json
+from ..safe_io import read_json
 from .commit import parse_step, rename_noreplace
 from .hashing import algorithm_of, hash_bytes, hash_file_and_ranges
 from .manifest import RESERVED_NAMES, VALIDATION_NAME, FileEntry, ItemEntry, Manifest, load_manifest
-from .trust import check_dir_trusted, private_mkdir
+from .trust import OwnerModeError, check_dir_trusted, private_mkdir
+
+log = logging.getLogger(__name__)
 
 QUARANTINE_DIR = "quarantine"
 REASON_NAME = "quarantine_reason.json"
@@ -39,6 +46,8 @@ TESTLOAD_MODULE = "ckptsup.hooks.testload"
 DEFAULT_TESTLOAD_TIMEOUT_S = 600.0
 DEFAULT_WORKERS = 4   # files hashed at once by level 1
 MAX_PROBLEMS = 50  # a badly broken checkpoint should not produce a megabyte of problems
+MAX_RECORD_BYTES = 1 << 20   # validation.json / quarantine_reason.json: a few KB when ckptsup wrote them
+RECORD_NAMES = frozenset({VALIDATION_NAME})   # records in a step dir that are not content
 
 Progress = Callable[[int], None]  # called with bytes just hashed
 
@@ -52,6 +61,8 @@ class ValidationResult:
     level_passed: int = 0       # highest level that passed (0 = none)
     checkpoint_id: str = ""
     bytes_checked: int = 0
+    untrusted: bool = False     # not judged: owner/mode/permissions are wrong (problems[0] has the fix);
+                                # never recorded, never a reason to quarantine
 
     def summary(self) -> str:
         if self.ok:
@@ -70,8 +81,8 @@ def _listed_and_extra(step_dir: Path, manifest: Manifest) -> list[str]:
         with os.scandir(top) as it:
             for entry in it:
                 rel = f"{prefix}{entry.name}"
-                if not prefix and _is_validation_tmp(rel):
-                    continue  # another validator's temporary: it may vanish before we stat it
+                if not prefix and (_is_validation_tmp(rel) or rel in RECORD_NAMES):
+                    continue  # a record (or another validator's temporary of one), not content
                 st = entry.stat(follow_symlinks=False)
                 if stat.S_ISLNK(st.st_mode):
                     problems.append(f"{rel}: is a symlink (refused)")
@@ -237,37 +248,68 @@ def validate(step_dir: str | os.PathLike[str], *, level: int = 2, algorithm: str
     start = clock()
     result = ValidationResult(ok=False, level=level)
     try:
-        check_dir_trusted(step_dir, recursive=True)
+        check_dir_trusted(step_dir, recursive=True, skip=RECORD_NAMES)
         manifest = load_manifest(step_dir)
+    except OwnerModeError as err:   # not a verdict on the content: nothing recorded
+        result.problems, result.untrusted = [str(err)], True
+        result.duration_s = clock() - start
+        return result
     except CkptsupError as err:
         result.problems = [str(err)]
         result.duration_s = clock() - start
-        if record and step_dir.is_dir() and not step_dir.is_symlink():
-            try:
-                _record(step_dir, result)
-            except OSError:
-                pass  # an untrusted dir we cannot write to: the returned result still says why
+        if record and _is_real_dir(step_dir):
+            _record_quietly(step_dir, result)
         return result
     result.checkpoint_id = manifest.checkpoint_id
-    if algorithm is not None and manifest.hash_algorithm != algorithm:
-        result.problems = [f"manifest uses {manifest.hash_algorithm}, but {algorithm} was required"]
-    else:
-        item_problems: list[str] = []
-        result.problems, result.bytes_checked = check_level1(step_dir, manifest, progress=progress, item_problems=item_problems)
-        if not result.problems:
-            result.level_passed = 1
-            if level >= 2:
-                result.problems = check_level2(step_dir, manifest) + item_problems
-                result.level_passed = 2 if not result.problems else 1
-            if level >= 3 and not result.problems:
-                result.problems = check_level3(step_dir, timeout_s=testload_timeout_s, command=testload_command)
-                result.level_passed = 3 if not result.problems else 2
+    try:
+        _run_levels(step_dir, manifest, result, level=level, algorithm=algorithm, progress=progress,
+                    testload_timeout_s=testload_timeout_s, testload_command=testload_command)
+    except OSError as err:   # a part became unreadable after the trust check: permissions, not content
+        where = f" {err.filename}" if err.filename else ""
+        result.problems, result.untrusted = [f"cannot read{where}: {err.strerror or err}; check its permissions"], True
+        result.level_passed, result.ok = 0, False
+        result.duration_s = clock() - start
+        return result
     result.problems = result.problems[:MAX_PROBLEMS]
     result.ok = not result.problems
     result.duration_s = clock() - start
     if record:
-        _record(step_dir, result)
+        _record_quietly(step_dir, result)
     return result
+
+
+def _run_levels(step_dir: Path, manifest: Manifest, result: ValidationResult, *, level: int, algorithm: str | None,
+                progress: Progress | None, testload_timeout_s: float, testload_command: Sequence[str] | None) -> None:
+    if algorithm is not None and manifest.hash_algorithm != algorithm:
+        result.problems = [f"manifest uses {manifest.hash_algorithm}, but {algorithm} was required"]
+        return
+    item_problems: list[str] = []
+    result.problems, result.bytes_checked = check_level1(step_dir, manifest, progress=progress, item_problems=item_problems)
+    if not result.problems:
+        result.level_passed = 1
+        if level >= 2:
+            result.problems = check_level2(step_dir, manifest) + item_problems
+            result.level_passed = 2 if not result.problems else 1
+        if level >= 3 and not result.problems:
+            result.problems = check_level3(step_dir, timeout_s=testload_timeout_s, command=testload_command)
+            result.level_passed = 3 if not result.problems else 2
+
+
+def _is_real_dir(path: Path) -> bool:
+    try:
+        return stat.S_ISDIR(os.lstat(path).st_mode)
+    except (OSError, ValueError):
+        return False
+
+
+def _record_quietly(step_dir: Path, result: ValidationResult) -> None:
+    """Record the outcome; a record that cannot be written (a read-only or foreign dir, a
+    directory standing at validation.json) costs a later re-check, never the result itself."""
+    try:
+        _record(step_dir, result)
+    except OSError as err:
+        log.warning("ckptsup: could not record the validation of %s (%s); it will be checked again next time",
+                    step_dir, err.strerror or err)
 
 
 def _record(step_dir: Path, result: ValidationResult) -> None:
@@ -284,12 +326,25 @@ def _record(step_dir: Path, result: ValidationResult) -> None:
 
 
 def read_validation(step_dir: Path) -> dict[str, Any] | None:
-    """The recorded validation, or None when absent or unreadable (then: not validated)."""
+    """The recorded validation, or None when absent, unreadable, not a regular file (a FIFO, a
+    symlink: never followed, never blocks) or not of the shape ckptsup writes (then: not validated)."""
     try:
-        data = json.loads((Path(step_dir) / VALIDATION_NAME).read_text())
-    except (FileNotFoundError, NotADirectoryError, ValueError, OSError):
+        data = read_json(Path(step_dir) / VALIDATION_NAME, max_bytes=MAX_RECORD_BYTES, what="validation record",
+                         error=ValidationError, follow_symlinks=False)
+    except (FileNotFoundError, NotADirectoryError, CkptsupError, OSError):
         return None
-    return data if isinstance(data, dict) else None
+    return data if _is_record(data) else None
+
+
+def _is_record(data: Any) -> bool:
+    """The fields readers act on, with their types: ok (bool), level (0-3), checkpoint_id (str),
+    problems (a list of strings)."""
+    if not isinstance(data, dict):
+        return False
+    level, problems = data.get("level", 0), data.get("problems", [])
+    return (type(data.get("ok")) is bool and type(level) is int and 0 <= level <= 3
+            and isinstance(data.get("checkpoint_id", ""), str)
+            and isinstance(problems, list) and all(isinstance(p, str) for p in problems))
 
 
 # ---- reader-side item check -----------------------------------------------------------------

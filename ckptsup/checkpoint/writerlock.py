@@ -11,11 +11,13 @@ import uuid
 from dataclasses import asdict, dataclass
 from pathlib import Path
 
-from ..errors import CheckpointError
+from ..errors import CheckpointError, CkptsupError
+from ..safe_io import read_json
 from .durable import write_file_durable
 from .trust import private_mkdir
 
 LOCK_NAME = ".writer.lock"
+MAX_LOCK_BYTES = 64 << 10   # {pid, host, epoch, job_id, token}
 
 
 class WriterLockedError(CheckpointError):
@@ -106,11 +108,11 @@ class WriterLock:
 def read_lock(path: Path) -> LockHolder | None:
     unknown = LockHolder(pid=-1, host="<unreadable lock>", epoch=0)
     try:
-        data = json.loads(path.read_text())
+        data = read_json(path, max_bytes=MAX_LOCK_BYTES, what="writer lock", error=CheckpointError, follow_symlinks=False)
         holder = LockHolder(**{k: data[k] for k in ("pid", "host", "epoch", "job_id", "token") if k in data})
     except FileNotFoundError:
         return None
-    except (ValueError, TypeError, KeyError, OSError):
+    except (CkptsupError, ValueError, TypeError, KeyError, OSError):
         # A torn, foreign or unreadable lock file: held by an unknown writer of epoch 0 elsewhere.
         return unknown
     typed = (isinstance(holder.pid, int) and isinstance(holder.epoch, int) and isinstance(holder.host, str)

@@ -3,7 +3,9 @@
 Before anything is unpickled: the directory passes the trust checks, the manifest parses, every
 listed file is present with its size, the structure checks of level 2 pass, and DCP's `.metadata`
 bytes hash to the manifest's metadata_hash. Those bytes (read once) are then unpickled with an
-allow-list of DCP's own metadata classes (pytorch#189308: DCP uses raw pickle.load).
+allow-list of exactly the globals DCP's metadata holds (pytorch#189308: DCP uses raw pickle.load),
+and the result must be DCP's Metadata of the expected shape; anything else is a ValidationError,
+so the resume falls back to an older checkpoint.
 
 While loading, every item is read once (offset, length), hashed against the manifest, and only
 then handed to torch.load(weights_only=True): one read, not two; a resharded load reads the saved
@@ -26,10 +28,10 @@ import stat
 from pathlib import Path
 from typing import Any
 
-from ..checkpoint.hashing import algorithm_of, hash_bytes
+from ..checkpoint.hashing import algorithm_of, hash_bytes, open_regular
 from ..checkpoint.manifest import Manifest, load_manifest, read_nofollow
 from ..checkpoint.trust import check_dir_trusted
-from ..checkpoint.validate import check_level2, verify_item
+from ..checkpoint.validate import RECORD_NAMES, check_level2, verify_item
 from ..errors import CheckpointError, ValidationError
 from .writer import item_key
 
@@ -37,42 +39,114 @@ log = logging.getLogger("ckptsup.hooks")
 
 MAX_METADATA_BYTES = 1 << 30
 
-# Globals a DCP .metadata pickle may name (checked on torch 2.13; DCP's own dataclasses and the
-# torch types they hold). Anything else (os.system, builtins.eval, ...) is refused.
-_ALLOWED_MODULE_PREFIXES = ("torch.distributed.checkpoint.",)
-_ALLOWED_GLOBALS = {
-    ("torch", "Size"), ("torch.serialization", "_get_layout"), ("collections", "OrderedDict"),
-    ("pathlib", "PosixPath"), ("pathlib", "PurePosixPath"),
-}
+# Exactly the globals a DCP `.metadata` pickle holds, recorded from real files (torch 2.13; see
+# tests/test_hooks_metadata.py, which writes DCP checkpoints of a model, an optimizer, a
+# torchtitan-like nested state and a DTensor with FileSystemWriter and with ckptsup's own writer,
+# and records every global the unpickler is asked for): DCP's metadata dataclasses, the enum
+# TensorProperties encodes a memory format with, torch.Size, the layout lookup DCP pickles
+# torch.strided through, and pathlib paths (StorageMeta.checkpoint_id). Plus torch's dtype, layout
+# and memory-format objects by name (a value, never a callable) and collections.OrderedDict.
+# Nothing else: not the other classes of torch.distributed.checkpoint, some of which act when
+# constructed (a stager's __init__ creates a directory), not builtins, not a module.
+ALLOWED_GLOBALS = frozenset({
+    ("torch.distributed.checkpoint.metadata", "Metadata"),
+    ("torch.distributed.checkpoint.metadata", "TensorStorageMetadata"),
+    ("torch.distributed.checkpoint.metadata", "BytesStorageMetadata"),
+    ("torch.distributed.checkpoint.metadata", "ChunkStorageMetadata"),
+    ("torch.distributed.checkpoint.metadata", "TensorProperties"),
+    ("torch.distributed.checkpoint.metadata", "MetadataIndex"),
+    ("torch.distributed.checkpoint.metadata", "StorageMeta"),
+    ("torch.distributed.checkpoint.metadata", "_MEM_FORMAT_ENCODING"),
+    ("torch.distributed.checkpoint.filesystem", "_StorageInfo"),
+    ("torch", "Size"),
+    ("torch.serialization", "_get_layout"),
+    ("collections", "OrderedDict"),
+    ("pathlib", "PosixPath"),
+    ("pathlib", "PurePosixPath"),
+})
 
 
 class _MetadataUnpickler(pickle.Unpickler):
     def find_class(self, module: str, name: str) -> Any:
         import torch
 
-        if (module, name) in _ALLOWED_GLOBALS:
+        if (module, name) in ALLOWED_GLOBALS:
             return super().find_class(module, name)
-        if module.startswith(_ALLOWED_MODULE_PREFIXES) and "." not in name:
-            # only DCP's own classes, never a function or a module reached through one of its modules
-            obj = super().find_class(module, name)
-            if isinstance(obj, type) and obj.__module__.startswith(_ALLOWED_MODULE_PREFIXES):
-                return obj
         if module == "torch" and isinstance(getattr(torch, name, None), (torch.dtype, torch.layout, torch.memory_format)):
             return getattr(torch, name)
         raise pickle.UnpicklingError(f"global {module}.{name} is not allowed in DCP metadata")
 
 
 def load_metadata_bytes(data: bytes) -> Any:
+    """DCP's Metadata from `.metadata` bytes (already hash-checked against the manifest), through
+    the allow-list, then checked to be the shape DCP's load and our reader rely on. Anything else
+    is a ValidationError: the checkpoint's content is bad (quarantine, fall back to an older one)."""
     try:
-        return _MetadataUnpickler(io.BytesIO(data)).load()
-    except (pickle.UnpicklingError, EOFError, AttributeError, ImportError, TypeError, ValueError) as err:
-        raise ValidationError(f"DCP .metadata could not be read safely: {err}") from None
+        metadata = _MetadataUnpickler(io.BytesIO(data)).load()
+    except MemoryError:
+        raise
+    except Exception as err:   # a crafted pickle can make any constructor it names raise anything
+        raise ValidationError(f"DCP .metadata could not be read safely: {type(err).__name__}: {str(err)[:200]}") from None
+    check_metadata_shape(metadata)
+    return metadata
+
+
+def check_metadata_shape(metadata: Any) -> None:
+    """Refuse (ValidationError) an unpickled object that is not DCP's Metadata with the fields DCP's
+    load planner and VerifyingReader use, of the types they expect: unpickling sets attributes
+    from the file without any constructor, so a field may be missing or of any allowed type."""
+    import torch
+    from torch.distributed.checkpoint.filesystem import _StorageInfo
+    from torch.distributed.checkpoint.metadata import (BytesStorageMetadata, ChunkStorageMetadata, Metadata,
+                                                       MetadataIndex, StorageMeta, TensorProperties,
+                                                       TensorStorageMetadata)
+
+    def bad(what: str) -> ValidationError:
+        return ValidationError(f"DCP .metadata is not DCP's checkpoint metadata: {what}")
+
+    def is_size(value: Any, dims: int | None = None) -> bool:
+        return (type(value) is torch.Size and all(type(d) is int and d >= 0 for d in value)
+                and (dims is None or len(value) == dims))
+
+    if type(metadata) is not Metadata:
+        raise bad(f"it holds a {type(metadata).__name__}")
+    fields = vars(metadata)
+    entries, storage = fields.get("state_dict_metadata"), fields.get("storage_data")
+    if type(entries) is not dict or type(storage) is not dict:
+        raise bad("state_dict_metadata and storage_data must be dicts")
+    for fqn, entry in entries.items():
+        if type(fqn) is not str:
+            raise bad(f"a state_dict_metadata key is a {type(fqn).__name__}")
+        if type(entry) is BytesStorageMetadata:
+            continue
+        if type(entry) is not TensorStorageMetadata:
+            raise bad(f"{fqn[:80]!r} is described by a {type(entry).__name__}")
+        props, size, chunks = (getattr(entry, name, None) for name in ("properties", "size", "chunks"))
+        if (type(props) is not TensorProperties or not isinstance(getattr(props, "dtype", None), torch.dtype)
+                or not is_size(size) or type(chunks) is not list):
+            raise bad(f"{fqn[:80]!r} has no valid dtype, size or chunk list")
+        for chunk in chunks:
+            if (type(chunk) is not ChunkStorageMetadata or not is_size(getattr(chunk, "offsets", None), len(size))
+                    or not is_size(getattr(chunk, "sizes", None), len(size))):
+                raise bad(f"{fqn[:80]!r} has a chunk that is not offsets and sizes of its {len(size)} dimensions")
+    for index, info in storage.items():
+        offset = getattr(index, "offset", None)
+        if type(index) is not MetadataIndex or type(getattr(index, "fqn", None)) is not str or not (offset is None or is_size(offset)):
+            raise bad("a storage_data key is not a MetadataIndex of a name and an offset")
+        if (type(info) is not _StorageInfo or type(getattr(info, "relative_path", None)) is not str
+                or type(getattr(info, "offset", None)) is not int or type(getattr(info, "length", None)) is not int):
+            raise bad(f"storage of {index.fqn[:80]!r} is not a file, an offset and a length")
+    storage_meta, version = fields.get("storage_meta"), fields.get("version")
+    if storage_meta is not None and type(storage_meta) is not StorageMeta:
+        raise bad(f"storage_meta is a {type(storage_meta).__name__}")
+    if version is not None and type(version) is not str:
+        raise bad(f"version is a {type(version).__name__}")
 
 
 def preload_checks(step_dir: Path) -> Manifest:
     """Levels 1 (sizes, no hashing: the per-item hashes are checked while reading) and 2.
     Nothing is unpickled here. Raises a CheckpointError subclass with one line."""
-    check_dir_trusted(step_dir, recursive=True)
+    check_dir_trusted(step_dir, recursive=True, skip=RECORD_NAMES)
     manifest = load_manifest(step_dir)
     for entry in manifest.files:
         try:
@@ -171,7 +245,7 @@ class VerifyingReader(_file_reader_base()):  # type: ignore[misc]
 
         def read_item(path: Path, view: memoryview, item: Any) -> None:
             if path not in fds:
-                fds[path] = os.open(path, os.O_RDONLY | os.O_NOFOLLOW | getattr(os, "O_CLOEXEC", 0))
+                fds[path] = open_regular(path)
             got = 0
             while got < item.length:
                 n = os.preadv(fds[path], [view[got:]], item.offset + got)

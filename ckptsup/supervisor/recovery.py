@@ -7,11 +7,13 @@ from __future__ import annotations
 
 import os
 import re
+import sys
 from pathlib import Path
 from typing import Any, Callable, Iterable
 
 from ..checkpoint.catalog import Status, list_checkpoints
 from ..checkpoint.commit import parse_step
+from ..checkpoint.trust import CheckpointDirUntrusted, OwnerModeError, check_checkpoint_dir, check_dir_trusted
 from ..checkpoint.validate import quarantine, validate
 from .. import env as envvars
 from ..config import Config
@@ -59,16 +61,29 @@ def attempt_timeouts(config: Config, *, step_times: Iterable[float], save_s: flo
     return derive_timeouts(config, step_times=step_times, save_times=[] if save_s is None else [save_s])
 
 
-def pick_resume(ckpt_dir: Path, emit: Emit) -> str:
-    """The newest checkpoint that passes validation levels 1-2 (recorded validations at level ≥ 2
-    are trusted); a failing one is quarantined and reported, and the previous one is tried."""
+def pick_resume(ckpt_dir: Path, emit: Emit, *, warn: Callable[[str], None] | None = None) -> str:
+    """The newest checkpoint that passes validation levels 1-2 (a recorded validation at level ≥ 2
+    is re-checked cheaply instead); "" when there is none (a fresh start).
+
+    A content failure (hash, size, structure, links or special files) quarantines the checkpoint
+    (`checkpoint_rejected` with where it went) and the previous one is tried. A trust failure of
+    one checkpoint (owner, mode, permissions) says nothing about its bytes: it is skipped without
+    quarantine, with one warning line naming the fix (`checkpoint_rejected`, quarantined ""), and
+    the previous one is tried. Raises CheckpointDirUntrusted (exit status USAGE: a human fixes it,
+    never requeued) when the checkpoint directory itself is untrusted, or when nothing usable is
+    left but untrusted checkpoints: starting over would throw their progress away. Nothing here
+    hangs on or crashes over what the directory holds (FIFOs, devices, hostile records)."""
+    say = warn or _warn
+    if not check_checkpoint_dir(ckpt_dir):
+        return ""
+    untrusted: list[str] = []
     for info in reversed(list_checkpoints(ckpt_dir)):
         if info.status not in (Status.COMMITTED, Status.VALIDATED):
             continue
         if info.validated_level >= 2:
-            # validated earlier: re-check what can change cheaply (files present, sizes,
-            # structure); the reader verifies every item's hash as it loads
-            problems = recheck(info.path)
+            # validated earlier: re-check what can change cheaply (trust, files present, sizes,
+            # structure); the reader verifies every item's hash as it loads it
+            problems, not_trusted = _recheck(info.path)
             if not problems:
                 return str(info.path)
             reason = f"changed since its validation: {problems[0]}"
@@ -77,22 +92,54 @@ def pick_resume(ckpt_dir: Path, emit: Emit) -> str:
             if result.ok:
                 emit(Event.CHECKPOINT_VALIDATED, step=info.step, level=2, duration_s=round(result.duration_s, 4))
                 return str(info.path)
-            reason = result.summary()
-        where = quarantine(info.path, reason)
-        emit(Event.CHECKPOINT_REJECTED, step=info.step, level=2, reason=reason, quarantined=str(where))
+            problems, not_trusted, reason = result.problems, result.untrusted, result.summary()
+        if not_trusted:
+            line = problems[0] if problems else "untrusted"
+            say(f"skipping {info.path.name} (not quarantined: its content is not in question): {line}")
+            emit(Event.CHECKPOINT_REJECTED, step=info.step, level=1, reason=f"untrusted, skipped: {line}"[:400],
+                 quarantined="")
+            untrusted.append(f"{info.path.name}: {line}")
+            continue
+        try:
+            where = str(quarantine(info.path, reason))
+        except (CkptsupError, OSError) as err:   # e.g. no write access to the checkpoint dir
+            where = ""
+            reason = f"{reason} (not quarantined: {getattr(err, 'strerror', None) or err})"
+            say(f"could not quarantine {info.path.name}; it stays where it is: {reason}")
+        emit(Event.CHECKPOINT_REJECTED, step=info.step, level=2, reason=reason, quarantined=where)
+    if untrusted:
+        more = f" (and {len(untrusted) - 1} more)" if len(untrusted) > 1 else ""
+        raise CheckpointDirUntrusted(f"no checkpoint in {ckpt_dir} is usable, and starting over would ignore untrusted "
+                                     f"ones: {untrusted[0]}{more}; fix that, or move them away to start from step 0")
     return ""
 
 
+def _warn(line: str) -> None:
+    print(f"ckptsup: warning: {line}", file=sys.stderr, flush=True)
+
+
 def recheck(step_dir: Path) -> list[str]:
-    """Manifest, every listed file present with its size, and the structure (JSON only)."""
+    """Trust (owner, mode, no links), manifest, every listed file present with its size, and the
+    structure (JSON only)."""
+    return _recheck(step_dir)[0]
+
+
+def _recheck(step_dir: Path) -> tuple[list[str], bool]:
+    """(problems, whether they are only a trust problem: owner, mode, permissions)."""
     from ..checkpoint.manifest import load_manifest
-    from ..checkpoint.validate import check_level2, check_present
+    from ..checkpoint.validate import RECORD_NAMES, check_level2, check_present
 
     try:
+        check_dir_trusted(step_dir, recursive=True, skip=RECORD_NAMES)
         manifest = load_manifest(step_dir)
+    except OwnerModeError as err:
+        return [str(err)], True
     except CkptsupError as err:
-        return [str(err)]
-    return check_present(step_dir, manifest) or check_level2(step_dir, manifest)
+        return [str(err)], False
+    try:
+        return check_present(step_dir, manifest) or check_level2(step_dir, manifest), False
+    except OSError as err:
+        return [f"cannot read {err.filename or step_dir}: {err.strerror or err}; check its permissions"], True
 
 
 def log_tail(attempt_dir: Path, lines: int = 3) -> str:
