@@ -476,3 +476,18 @@ def test_restarts_without_progress_back_off(tmp_path, site):
     assert slept == [2.0]  # none before the first restart, 2 s before the second in a row
     assert len(of(tmp_path, Event.LAUNCH)) == 3
     assert [e["backoff_s"] for e in of(tmp_path, Event.RESTART_DONE)] == [2.0]  # the first never stepped
+
+
+def test_an_untrusted_checkpoint_dir_stops_the_run_and_records_why(tmp_path, site):
+    from ckptsup.checkpoint.trust import CheckpointDirUntrusted
+
+    world = World(clock=Clock())
+    sv = supervisor(tmp_path, world)
+    sv.ckpt_dir.mkdir(mode=0o700)
+    sv.ckpt_dir.chmod(0o777)
+    with pytest.raises(CheckpointDirUntrusted) as err:
+        sv.run()
+    assert err.value.exit_code == ExitStatus.USAGE and world.steps_made == []
+    [give_up] = of(tmp_path, Event.GIVE_UP)
+    assert give_up["reason"] == str(err.value)
+    assert RunDir(path=tmp_path / "run").load_state().status is RunStatus.GAVE_UP

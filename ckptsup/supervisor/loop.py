@@ -146,6 +146,9 @@ class Supervisor:
         try:
             self._start()
             return self._run()
+        except CkptsupError as err:
+            self._stopped_by(err)  # a problem for a human (an untrusted checkpoint dir, …): say so, then exit with it
+            raise
         finally:
             self.lease_stop.set()
             if self.step is not None:
@@ -154,6 +157,13 @@ class Supervisor:
                 self.writer.close()
             for sig, handler in previous.items():
                 signal.signal(sig, handler)
+
+    def _stopped_by(self, err: CkptsupError) -> None:
+        if self.writer is not None:
+            self.emit(Event.GIVE_UP, reason=str(err))
+        self.state.status = RunStatus.GAVE_UP
+        self._save_state()
+        print(f"ckptsup: stopping: {err}", flush=True)
 
     def _start(self) -> None:
         first = not self.run_dir.state_path.exists()
