@@ -22,6 +22,7 @@ from typing import Collection
 
 from ..env import ExitStatus
 from ..errors import TrustError
+from ..safe_io import encodable
 
 
 class OwnerModeError(TrustError):
@@ -49,11 +50,7 @@ def check_dir_trusted(path: str | os.PathLike[str], *, recursive: bool = False, 
     current user. Returns the path. Raises OwnerModeError (owner, mode, permissions) or
     TrustError (symlinks, special files, hard links, not a directory)."""
     uid = os.getuid() if uid is None else uid
-    try:
-        os.fsencode(path)
-    except UnicodeEncodeError:
-        raise TrustError(f"{os.fspath(path)!r} has a name that cannot be encoded (a lone surrogate); rename it") from None
-    path = Path(path)
+    path = encodable(path, what="checkpoint path", error=TrustError)
     try:
         st = os.lstat(path)
     except FileNotFoundError:
