@@ -76,9 +76,9 @@ def between(low: int, high: int, note: str = "") -> Check:
     return check
 
 
-def one_of(*choices: str) -> Check:
+def one_of(*choices: Any) -> Check:
     def check(value: Any) -> str | None:
-        return None if value in choices else f"must be one of: {', '.join(choices)}"
+        return None if value in choices else f"must be one of: {', '.join(map(str, choices))}"
     return check
 
 
@@ -323,6 +323,18 @@ def _shown(key: str, value: Any) -> str:
     return text if len(text) <= 60 else text[:40] + "..."
 
 
+_BARE_KEY = re.compile(r"[A-Za-z0-9_-]{1,64}")
+
+
+def _name(name: Any) -> str:
+    """A section or key name for a message: as written when it is a bare TOML key, else its
+    repr, shortened (a quoted key may hold line breaks or be of any length; the error stays one line)."""
+    if isinstance(name, str) and _BARE_KEY.fullmatch(name):
+        return name
+    text = repr(name)
+    return text if len(text) <= 60 else text[:40] + "..."
+
+
 def _suggest(name: str, valid: list[str]) -> str:
     close = difflib.get_close_matches(name, valid, n=1)
     hint = f" (did you mean {close[0]}?)" if close else ""
@@ -334,14 +346,14 @@ def apply_layer(config: Config, provenance: dict[str, str], data: Mapping[str, A
     value while its source is known. Raises ConfigError with one line."""
     for section, values in data.items():
         if section not in SECTIONS:
-            raise ConfigError(f"{source}: unknown section [{section}]{_suggest(section, list(SECTIONS))}")
+            raise ConfigError(f"{source}: unknown section [{_name(section)}]{_suggest(section, list(SECTIONS))}")
         if not isinstance(values, Mapping):
-            raise ConfigError(f"{source}: [{section}] must be a table of keys")
+            raise ConfigError(f"{source}: [{_name(section)}] must be a table of keys")
         target = getattr(config, section)
         fields = {f.name: f for f in dataclasses.fields(target)}
         for key, value in values.items():
             if key not in fields:
-                raise ConfigError(f"{source}: unknown key {section}.{key}{_suggest(key, list(fields))}")
+                raise ConfigError(f"{source}: unknown key {section}.{_name(key)}{_suggest(key, list(fields))}")
             fld = fields[key]
             problem = _type_problem(fld, value)
             if problem is None and fld.metadata.get("check") is not None:

@@ -218,7 +218,30 @@ INTEGRATION_FILES = frozenset({
 })
 
 
+# The fuzz tier (tests/test_fuzz_*.py, property-based with Hypothesis) is marked `fuzz`: in the unit
+# tier under the "ci" profile, and what `make fuzz` runs under the "fuzz" profile.
+FUZZ_PREFIX = "test_fuzz_"
+
+
 def pytest_collection_modifyitems(config: pytest.Config, items: list[pytest.Item]) -> None:
     for item in items:
         if item.path.name in INTEGRATION_FILES:
             item.add_marker(pytest.mark.integration)
+        if item.path.name.startswith(FUZZ_PREFIX):
+            item.add_marker(pytest.mark.fuzz)
+
+
+# Hypothesis profiles. "ci", the default, is deterministic (derandomized: the same examples on every
+# run, so a property test never flakes) and cheap; "fuzz" is `make fuzz` (HYPOTHESIS_PROFILE=fuzz, or
+# pytest --hypothesis-profile=fuzz): 10,000 examples per test, a fresh random seed each run. Neither
+# keeps an example database in the checkout: a failure prints its example and a reproduction blob.
+try:
+    from hypothesis import settings as _hypothesis_settings
+except ImportError:  # the dev extra installs it; without it only the fuzz tier cannot run
+    pass
+else:
+    _hypothesis_settings.register_profile("ci", deadline=None, max_examples=150, derandomize=True,
+                                          database=None, print_blob=True)
+    _hypothesis_settings.register_profile("fuzz", deadline=None, max_examples=10_000, database=None,
+                                          print_blob=True)
+    _hypothesis_settings.load_profile(os.environ.get("HYPOTHESIS_PROFILE", "ci"))
