@@ -57,7 +57,9 @@ class LaunchSpec:
         fields = {f.name: f for f in dataclasses.fields(cls)}
         unknown = sorted(k for k in data if k not in fields)
         if unknown:
-            raise ConfigError(f"{source} has unknown field {unknown[0]}; {fix}")
+            name = unknown[0] if unknown[0].isascii() and unknown[0].isidentifier() and len(unknown[0]) <= 64 \
+                else repr(unknown[0])[:40]   # a name of any length and characters: the line stays one line
+            raise ConfigError(f"{source} has unknown field {name}; {fix}")
         missing = [name for name, f in fields.items() if f.default is dataclasses.MISSING and name not in data]
         if missing:
             raise ConfigError(f"{source} lacks {', '.join(missing)}; {fix}")
@@ -92,7 +94,8 @@ def _str_map(v: Any) -> bool:
 
 def _endpoint(v: Any) -> bool:
     host, _, port = v.rpartition(":") if isinstance(v, str) else ("", "", "")
-    return bool(host) and port.isdigit() and 0 < int(port) < 65536
+    # ASCII digits only: str.isdigit() is also true for '²' (which int() refuses) and '١'
+    return bool(host) and port.isascii() and port.isdigit() and len(port) <= 5 and 0 < int(port) < 65536
 
 
 _CHECKS: dict[str, tuple[Callable[[Any], bool], str]] = {
