@@ -4,10 +4,25 @@ rendered by the CLI as one line: what is wrong, and how to fix it. Never a trace
 from __future__ import annotations
 
 
+# Every line break str.splitlines() splits on. A name quoted in a message (a file called "a\nb", a
+# quoted TOML key, a path from the command line) must not split the line it is quoted in.
+LINE_BREAKS = "\n\r\x0b\x0c\x1c\x1d\x1e\x85\u2028\u2029"
+_ESCAPED_BREAKS = str.maketrans({c: repr(c)[1:-1] for c in LINE_BREAKS})
+
+
+def one_line(text: str) -> str:
+    """`text` with every line break shown as its escape (\\n, \\x85, \\u2028 ...)."""
+    return text.translate(_ESCAPED_BREAKS)
+
+
 class CkptsupError(Exception):
-    """Base of every expected error. `str(err)` is the one line shown to the user."""
+    """Base of every expected error. `str(err)` is the one line shown to the user: line breaks
+    in it (from whatever names it quotes) are shown escaped."""
 
     exit_code: int = 2  # usage/config class by default (never requeue); see env.ExitStatus
+
+    def __str__(self) -> str:
+        return one_line(super().__str__())
 
 
 class ConfigError(CkptsupError):

@@ -22,7 +22,7 @@ from typing import Any, Iterator
 
 from hypothesis import strategies as st
 
-MAX_MESSAGE = 1000   # "short": whatever the input's size, an error line stays within this many characters
+MAX_MESSAGE = 2000   # "short": whatever the input's size (a manifest path alone may be 1,024 bytes), a line stays within this
 
 # ---- checks ----------------------------------------------------------------------------------
 

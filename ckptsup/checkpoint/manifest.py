@@ -193,9 +193,15 @@ def _need(data: dict[str, Any], key: str, kind: type | tuple[type, ...], source:
     return value
 
 
+def _number(value: int) -> str:
+    """An integer for a message: JSON allows 4,300 digits, a line does not need them."""
+    text = str(value)
+    return text if len(text) <= 24 else f"a {len(text.lstrip('-'))}-digit {'negative ' if value < 0 else ''}number"
+
+
 def _non_negative(value: int, key: str, source: str, *, limit: int = MAX_INT) -> int:
     if value < 0:
-        raise ManifestError(f"{source}: field {key!r} must be >= 0, got {value}")
+        raise ManifestError(f"{source}: field {key!r} must be >= 0, got {_number(value)}")
     if value > limit:
         raise ManifestError(f"{source}: field {key!r} is {len(str(value))} digits long, past any real value (at most {limit})")
     return value
@@ -212,8 +218,10 @@ def _check_hash(value: str, key: str, source: str) -> str:
 
 def _check_keys(data: dict[str, Any], allowed: set[str], what: str, source: str) -> None:
     unknown = sorted(set(data) - allowed)
-    if unknown:
-        raise ManifestError(f"{source}: unknown {what} field(s) {', '.join(unknown)}; valid: {', '.join(sorted(allowed))}")
+    if unknown:   # names of any length and characters: shown short, on one line
+        shown = [k if k.isascii() and k.isidentifier() and len(k) <= 64 else repr(k)[:40] for k in unknown[:3]]
+        more = f" (+{len(unknown) - 3} more)" if len(unknown) > 3 else ""
+        raise ManifestError(f"{source}: unknown {what} field(s) {', '.join(shown)}{more}; valid: {', '.join(sorted(allowed))}")
 
 
 _FILE_KEYS = {f.name for f in dataclasses.fields(FileEntry)}
@@ -270,7 +278,7 @@ def _parse_manifest(data: Any, source: str) -> Manifest:
         raise ManifestError(f"{source}: top level must be a JSON object")
     version = _need(data, "format_version", int, source)
     if version != FORMAT_VERSION:
-        raise ManifestError(f"{source}: format_version {version} is not supported (this ckptsup reads {FORMAT_VERSION}); upgrade ckptsup")
+        raise ManifestError(f"{source}: format_version {_number(version)} is not supported (this ckptsup reads {FORMAT_VERSION}); upgrade ckptsup")
     _check_keys(data, _MANIFEST_KEYS, "manifest", source)
     checkpoint_id = _need(data, "checkpoint_id", str, source)
     try:
@@ -279,7 +287,7 @@ def _parse_manifest(data: Any, source: str) -> Manifest:
         raise ManifestError(f"{source}: checkpoint_id {checkpoint_id[:60]!r} is not a UUID") from None
     hash_algorithm = _need(data, "hash_algorithm", str, source)
     if hash_algorithm not in HASH_ALGORITHMS:
-        raise ManifestError(f"{source}: hash_algorithm {hash_algorithm!r} unknown; valid: {', '.join(HASH_ALGORITHMS)}")
+        raise ManifestError(f"{source}: hash_algorithm {hash_algorithm[:40]!r} unknown; valid: {', '.join(HASH_ALGORITHMS)}")
     created_at = _need(data, "created_at", str, source)
     try:
         parse_created_at(created_at)

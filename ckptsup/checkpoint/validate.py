@@ -30,7 +30,7 @@ from datetime import datetime, timezone
 from pathlib import Path
 from typing import Any, Callable, Sequence
 
-from ..errors import CheckpointError, CkptsupError, ValidationError
+from ..errors import CheckpointError, CkptsupError, ValidationError, one_line
 from ..rundir import atomic_write_json
 from ..safe_io import read_json
 from .commit import parse_step, rename_noreplace
@@ -117,7 +117,7 @@ def _presence_problem(step_dir: Path, entry: FileEntry) -> str | None:
 def check_present(step_dir: Path, manifest: Manifest) -> list[str]:
     """Level 1 without the hashes: every listed file present, regular and of its size (what can
     change after an earlier full validation, checked in a stat per file)."""
-    return [problem for entry in manifest.files if (problem := _presence_problem(step_dir, entry))]
+    return [one_line(problem) for entry in manifest.files if (problem := _presence_problem(step_dir, entry))]
 
 
 def _check_file(step_dir: Path, entry: FileEntry, items: list[ItemEntry]) -> tuple[list[str], list[str], int]:
@@ -168,7 +168,9 @@ def check_level1(step_dir: Path, manifest: Manifest, *, progress: Progress | Non
     else:
         item_problems.extend(item_found)
     problems.extend(_listed_and_extra(step_dir, manifest))
-    return problems, sum(n for _, _, n in outcomes)
+    if item_problems is not None:   # names from the manifest and the directory may hold line breaks
+        item_problems[:] = [one_line(p) for p in item_problems]
+    return [one_line(p) for p in problems], sum(n for _, _, n in outcomes)
 
 
 # ---- level 2 --------------------------------------------------------------------------------
@@ -208,7 +210,7 @@ def check_level2(step_dir: Path, manifest: Manifest) -> list[str]:
         for before, after in zip(items, items[1:]):
             if before.offset + before.length > after.offset:
                 problems.append(f"items {before.key!r} and {after.key!r} overlap in {name!r}")
-    return problems
+    return [one_line(p) for p in problems]
 
 
 # ---- level 3 --------------------------------------------------------------------------------
