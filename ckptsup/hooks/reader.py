@@ -83,8 +83,9 @@ def load_metadata_bytes(data: bytes) -> Any:
     is a ValidationError: the checkpoint's content is bad (quarantine, fall back to an older one)."""
     try:
         metadata = _MetadataUnpickler(io.BytesIO(data)).load()
-    except MemoryError:
-        raise
+    except MemoryError:   # a length far past the data's end: the C unpickler allocates it before reading
+        raise ValidationError(f"DCP .metadata could not be read safely: it asks for more memory than its "
+                              f"{len(data)} bytes could hold (a length past the end of the data)") from None
     except Exception as err:   # a crafted pickle can make any constructor it names raise anything
         raise ValidationError(f"DCP .metadata could not be read safely: {type(err).__name__}: {str(err)[:200]}") from None
     check_metadata_shape(metadata)
