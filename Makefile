@@ -7,7 +7,7 @@ CKPTSUP := $(VENV)/bin/ckptsup
 APT_PACKAGES := slurm-wlm munge tini
 DEV_CLUSTER_DIR ?= /tmp/ckptsup-dev-cluster
 
-.PHONY: setup apt venv demo test test-fast test-slurm bench clean
+.PHONY: setup apt venv demo test test-fast test-slurm fuzz bench clean
 
 setup: apt venv
 
@@ -34,6 +34,11 @@ test-slurm: setup
 
 test: setup
 	$(PY) -m pytest -q --timeout 900
+
+# The fuzz tier (tests/test_fuzz_*.py) at 10,000 examples per test, a fresh seed each run; `make test`
+# runs it under the deterministic "ci" profile (150 examples). See SECURITY.md.
+fuzz: venv
+	HYPOTHESIS_PROFILE=fuzz $(PY) -m pytest -q -m fuzz --timeout 7200 -p no:cacheprovider
 
 bench: setup
 	$(PY) bench/run_all.py

@@ -218,8 +218,10 @@ INTEGRATION_FILES = frozenset({
 })
 
 
-# The fuzz tier (tests/test_fuzz_*.py, property-based with Hypothesis) is marked `fuzz`: in the unit
-# tier under the "ci" profile, and what `make fuzz` runs under the "fuzz" profile.
+# The fuzz tier (tests/test_fuzz_*.py, property-based with Hypothesis) is marked `fuzz`, and
+# `integration` too: under the "ci" profile it takes ~50 s on 2 cores, too much for the unit tier's
+# budget, so `make test` runs it and `make test-fast` does not; `make fuzz` runs it alone under the
+# "fuzz" profile.
 FUZZ_PREFIX = "test_fuzz_"
 
 
@@ -229,6 +231,7 @@ def pytest_collection_modifyitems(config: pytest.Config, items: list[pytest.Item
             item.add_marker(pytest.mark.integration)
         if item.path.name.startswith(FUZZ_PREFIX):
             item.add_marker(pytest.mark.fuzz)
+            item.add_marker(pytest.mark.integration)
 
 
 # Hypothesis profiles. "ci", the default, is deterministic (derandomized: the same examples on every

@@ -372,3 +372,59 @@ def test_unknown_manifest_fields_and_huge_numbers_are_named_short_on_one_line() 
             assert shown in assert_one_line(err), str(err)[:300]
         else:
             raise AssertionError(change)
+
+
+# ---- the trust check over any tree ------------------------------------------------------------
+
+ENTRY_KINDS = ("file", "file", "dir", "symlink", "fifo", "hardlink", "group-writable", "world-writable", "foreign",
+               "unreadable")
+
+
+@given(st.lists(st.tuples(st.sampled_from(ENTRY_KINDS), st.integers(0, 3)), max_size=6), st.booleans(),
+       st.sampled_from([0o700, 0o750, 0o770, 0o707, 0o500]))
+def test_check_dir_trusted_of_any_tree_is_the_path_or_one_trust_error(entries: list[tuple[str, int]], recursive: bool,
+                                                                      top_mode: int) -> None:
+    with fresh_dir() as d:
+        top = d / "step_1"
+        top.mkdir(mode=0o700)
+        dirs, direct = [top], set()
+        for i, (kind, parent) in enumerate(entries):
+            where = dirs[parent % len(dirs)] / f"e{i}"
+            if where.parent == top:
+                direct.add(kind)
+            if kind == "dir":
+                where.mkdir(mode=0o700)
+                dirs.append(where)
+            elif kind == "symlink":
+                where.symlink_to("/etc/passwd")
+            elif kind == "fifo":
+                os.mkfifo(where, 0o600)
+            elif kind == "hardlink":
+                write_private(d / f"outside{i}", b"x")
+                os.link(d / f"outside{i}", where)
+            else:
+                write_private(where, b"x")
+                if kind == "group-writable":
+                    os.chmod(where, 0o620)
+                elif kind == "world-writable":
+                    os.chmod(where, 0o602)
+                elif kind == "foreign":
+                    os.chown(where, 65534, 65534)
+                elif kind == "unreadable":
+                    os.chmod(where, 0o000)
+        os.chmod(top, top_mode)
+        kinds = {kind for kind, _ in entries}
+        try:
+            assert check_dir_trusted(top, recursive=recursive) == top
+        except OwnerModeError as err:   # owner, mode, permissions: never a reason to quarantine
+            assert_one_line(err)
+            assert top_mode & 0o022 or (recursive and kinds & {"group-writable", "world-writable", "foreign",
+                                                              "unreadable"}), err
+        except TrustError as err:       # what it holds: symlinks, special files, hard links
+            assert_one_line(err)
+            assert kinds & {"symlink", "fifo", "hardlink"}, err
+        else:
+            hostile = {"symlink", "fifo", "hardlink", "group-writable", "world-writable", "foreign"}
+            assert not top_mode & 0o022 and "symlink" not in direct and not (recursive and kinds & hostile)
+            if os.geteuid() != 0:
+                assert not (recursive and "unreadable" in kinds) and top_mode & 0o500 == 0o500
