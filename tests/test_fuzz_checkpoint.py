@@ -39,7 +39,7 @@ from ckptsup.checkpoint.trust import OwnerModeError, check_dir_trusted
 from ckptsup.checkpoint.validate import QUARANTINE_DIR, read_validation, validate
 from ckptsup.errors import ManifestError, TrustError
 from ckptsup.supervisor.recovery import pick_resume
-from fuzz_helpers import (ANY_CHAR, FILE_KINDS, assert_one_line, finite_json, fresh_dir, json_bytes, json_values,
+from fuzz_helpers import (FILE_KINDS, assert_one_line, finite_json, fresh_dir, json_bytes, json_values,
                           mutated, plain_text, plant, scalars, strings, write_private)
 
 # ---- valid manifests -------------------------------------------------------------------------

@@ -20,8 +20,7 @@ from ckptsup.errors import ConfigError
 from ckptsup.events import FailureKind
 from ckptsup.rundir import (FAILURE_OUTCOMES, SECRET_HEX_CHARS, RunDir, RunState, RunStatus, read_epoch,
                             read_secret)
-from fuzz_helpers import (ANY_CHAR, FILE_KINDS, assert_one_line, fresh_dir, json_bytes, json_values, mutated, plant,
-                          write_private)
+from fuzz_helpers import ANY_CHAR, FILE_KINDS, assert_one_line, fresh_dir, json_bytes, json_values, mutated, plant
 
 text = st.text(ANY_CHAR, max_size=12)
 counts = st.integers(0, 2 ** 63 - 1)
