@@ -281,6 +281,8 @@ def _type_problem(fld: dataclasses.Field, value: Any) -> str | None:
     if isinstance(default, float):
         if not isinstance(value, (int, float)) or isinstance(value, bool):
             return "must be a number"
+        if isinstance(value, int):   # TOML and JSON integers have any size; math.isfinite overflows past 1e308
+            return None if abs(value) < 2**63 else "is too large (TOML integers are 64-bit)"
         return None if math.isfinite(value) else "must be a finite number (not nan or inf)"
     if isinstance(default, list):
         ok = isinstance(value, list) and all(isinstance(v, str) for v in value)

@@ -153,8 +153,17 @@ def _count(v: Any) -> bool:
     return isinstance(v, int) and not isinstance(v, bool) and 0 <= v < 2**63
 
 
+def _finite(v: float) -> bool:
+    """math.isfinite, false for an integer past any float (JSON integers have any size; isfinite
+    raises OverflowError for them)."""
+    try:
+        return math.isfinite(v)
+    except OverflowError:
+        return False
+
+
 def _number(v: Any) -> bool:
-    return isinstance(v, (int, float)) and not isinstance(v, bool) and math.isfinite(v)
+    return isinstance(v, (int, float)) and not isinstance(v, bool) and _finite(v)
 
 
 def _optional(check: Callable[[Any], bool]) -> Callable[[Any], bool]:
@@ -189,9 +198,9 @@ def _measured(value: Any) -> dict[str, Any]:
     out: dict[str, Any] = {}
     for key, v in value.items():
         if isinstance(v, list) and all(isinstance(x, (int, float)) and not isinstance(x, bool) for x in v):
-            out[key] = [x for x in v if math.isfinite(x)]
+            out[key] = [x for x in v if _finite(x)]
         elif isinstance(v, (int, float)) and not isinstance(v, bool):
-            if math.isfinite(v):
+            if _finite(v):
                 out[key] = v
         else:
             raise TypeError(f"measured.{key} must be a number or a list of numbers, not {_short(v)}")
@@ -303,7 +312,7 @@ class RunDir:
         except (FileNotFoundError, ConfigError):
             return None  # unreadable counts as absent: the watchdog's start-up grace applies
         renewed = lease.get("renewed") if isinstance(lease, dict) else None
-        if not isinstance(renewed, (int, float)) or isinstance(renewed, bool) or not math.isfinite(renewed):
+        if not _number(renewed):
             return None
         return (time.time() if now is None else now) - float(renewed)
 

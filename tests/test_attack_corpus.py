@@ -184,6 +184,21 @@ CORPUS: tuple[Case, ...] = (
       "a validation failure: the resume falls back (was a MemoryError crash)",
       ("test_fuzz_metadata.py::test_a_length_past_the_end_of_the_data_is_a_validation_failure_not_a_memory_error",
        "test_attack_corpus.py::test_corpus_a_metadata_claiming_a_huge_length_falls_back_to_the_older_checkpoint")),
+    C("float-knob-huge-int", "found by the fuzz tier", "save_every_s = 999...9 (a 400-digit TOML integer)",
+      f"{ONE_LINE}, exit 2 (was an OverflowError traceback of every command)",
+      ("test_fuzz_config.py::test_an_integer_past_a_float_for_a_seconds_knob_is_one_line_not_an_overflow",
+       "test_attack_corpus.py::test_corpus_config_inputs_the_fuzz_tier_found[float-knob-huge-int]")),
+    C("spec-seconds-huge-int", "found by the fuzz tier", "an agent spec kill_grace_s of 10**400",
+      f"{ONE_LINE}, exit 2 (was an OverflowError traceback)",
+      ("test_fuzz_launch_spec.py::test_a_number_of_seconds_past_any_float_is_one_line_not_an_overflow",
+       "test_attack_corpus.py::test_corpus_agent_specs_the_fuzz_tier_found[spec-seconds-huge-int]")),
+    C("state-huge-int", "found by the fuzz tier", "10**400 as a measurement or detect_s in state.json, as a "
+      "lease's renewed", "dropped / one line / no lease (was an OverflowError traceback)",
+      ("test_fuzz_rundir.py::test_integers_past_any_float_in_state_json_and_the_lease_are_no_overflow",
+       "test_attack_corpus.py::test_corpus_a_state_json_with_a_number_past_any_float_is_one_line")),
+    C("mac-non-ascii", "found by the fuzz tier", 'a frame whose "mac" is a non-ASCII string, on the rank socket',
+      "dropped and counted (a TypeError of hmac.compare_digest out of decode here: the agent dies)",
+      ("test_fuzz_wire.py::test_decode_bounds_nesting_and_takes_any_str",), H9WIRE),
     C("frame-kind-surrogate", "found by the fuzz tier", 'a frame {"m": "\\ud800", ...} on the rank socket',
       "dropped and counted (was a UnicodeEncodeError out of decode: the agent died)",
       ("test_fuzz_wire.py::test_a_kind_holding_a_lone_surrogate_is_a_frame_error_not_a_unicode_error",
@@ -247,6 +262,7 @@ def assert_one_error_line(proc: subprocess.CompletedProcess[str], needle: str, s
                  id="int-choice-knob"),
     pytest.param('["a\\nb"]\nx = 1\n', "unknown section ['a\\nb']", id="toml-key-line-break"),
     pytest.param('[run]\n"x\\u2028y" = 1\n', "unknown key run.'x\\u2028y'", id="toml-key-line-separator"),
+    pytest.param("[checkpoint]\nsave_every_s = " + "9" * 400 + "\n", "is too large", id="float-knob-huge-int"),
 ])
 def test_corpus_config_inputs_the_fuzz_tier_found(tmp_path: Path, toml: str, needle: str) -> None:
     (tmp_path / "job.toml").write_text(toml)
@@ -262,10 +278,19 @@ GOOD_SPEC = {"script": "train.py", "script_args": [], "nproc_per_node": 1, "nnod
     pytest.param({"rdzv_endpoint": "127.0.0.1:\u00b2"}, "rdzv_endpoint must be ADDR:PORT", id="spec-port-digits"),
     pytest.param({"rdzv_endpoint": "h:" + "1" * 5000}, "rdzv_endpoint must be ADDR:PORT", id="spec-port-5000-digits"),
     pytest.param({"a\nb": 1}, "unknown field 'a\\nb'", id="spec-field-line-break"),
+    pytest.param({"kill_grace_s": 10 ** 400}, "kill_grace_s must be a number of seconds", id="spec-seconds-huge-int"),
 ])
 def test_corpus_agent_specs_the_fuzz_tier_found(tmp_path: Path, change: dict, needle: str) -> None:
     (tmp_path / "spec.json").write_text(json.dumps({**GOOD_SPEC, **change}))
     assert_one_error_line(run_ckptsup(["agent", "--attempt", "0", "--spec", "spec.json"], tmp_path), needle, 2)
+
+
+def test_corpus_a_state_json_with_a_number_past_any_float_is_one_line(tmp_path: Path) -> None:
+    (tmp_path / "train.py").write_text("print('train')\n")
+    (tmp_path / "run").mkdir(mode=0o700)
+    (tmp_path / "run" / "state.json").write_text('{"failures": [{"detect_s": 1%s}]}' % ("0" * 400))
+    assert_one_error_line(run_ckptsup(["launch", "--run-dir", "run", "train.py"], tmp_path),
+                          "state.json is corrupt (failures[0].detect_s must be a number or null", 2)
 
 
 def test_corpus_a_file_name_cannot_forge_a_line_of_ckpt_verify(tmp_path: Path) -> None:

@@ -211,9 +211,9 @@ def apply_attack(step: Path, op: str, args: dict) -> Path:
     shard = step / "__0_0.distcp"
     target = {"dir": step, "manifest": step / "manifest.json", "shard": shard,
               "metadata": step / ".metadata"}.get(args.get("target", ""), step)
-    if op == "validation":
+    if op == "validation":   # a link's target outside the checkpoint: only the record changes
         _remove(step / "validation.json")
-        plant(step / "validation.json", args["kind"], args["data"])
+        plant(step / "validation.json", args["kind"], args["data"], real_dir=step.parent.parent)
     elif op == "mode" and os.path.lexists(target) and not os.path.islink(target):
         os.chmod(target, stat.S_IMODE(os.lstat(target).st_mode) | args["bits"] if args["bits"] else 0o000)
     elif op == "owner" and os.path.lexists(target) and not os.path.islink(target):

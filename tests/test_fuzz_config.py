@@ -169,9 +169,7 @@ def test_a_job_toml_of_anything_is_a_dict_or_one_line(data: bytes, kind: str) ->
 @given(config_docs())
 def test_apply_layer_of_any_document_is_a_config_or_one_line(doc: Any) -> None:
     """Values of every TOML type (and a JSON config's), straight into a layer."""
-    data = doc if isinstance(doc, dict) else {"x": doc}
-    data = {k: ({kk: (vv.text if isinstance(vv, _Raw) else vv) for kk, vv in v.items()} if isinstance(v, dict) else v)
-            for k, v in data.items()}
+    data = unraw(doc if isinstance(doc, dict) else {"x": doc})
     try:
         apply_layer(Config(), {}, data, "job:/x.toml")
     except ConfigError as err:
@@ -212,8 +210,19 @@ def test_a_valid_job_layer_round_trips_through_toml_and_config_json(layer: dict[
         assert again.config == resolved.config and again.provenance == resolved.provenance
 
 
+def unraw(value: Any) -> Any:
+    """A document for JSON: raw TOML fragments become the strings they are."""
+    if isinstance(value, _Raw):
+        return value.text
+    if isinstance(value, dict):
+        return {k: unraw(v) for k, v in value.items()}
+    if isinstance(value, list):
+        return [unraw(v) for v in value]
+    return value
+
+
 def config_payloads() -> st.SearchStrategy[bytes]:
-    wrapped = st.tuples(config_docs(), st.booleans()).map(
+    wrapped = st.tuples(config_docs().map(unraw), st.booleans()).map(
         lambda pair: {"config": pair[0], "provenance": {}} if pair[1] else pair[0])
     return json_bytes(st.one_of(wrapped, mutated({"config": {}, "provenance": {}})))
 
@@ -272,3 +281,15 @@ def test_a_quoted_section_or_key_with_a_line_break_is_named_on_one_line() -> Non
             assert shown in assert_one_line(err), err
         else:
             raise AssertionError(data)
+
+
+def test_an_integer_past_a_float_for_a_seconds_knob_is_one_line_not_an_overflow() -> None:
+    """Regression (found by `make fuzz`): `save_every_s = 999...9` (400 digits) is a TOML integer;
+    math.isfinite() of it raised OverflowError out of config loading (a traceback of every command)."""
+    for value in (10 ** 400, -(10 ** 309), 2 ** 63):
+        try:
+            apply_layer(Config(), {}, {"checkpoint": {"save_every_s": value}}, "job:x")
+        except ConfigError as err:
+            assert "save_every_s" in assert_one_line(err) and "too large" in str(err)
+        else:
+            raise AssertionError(value)

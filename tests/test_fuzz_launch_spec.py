@@ -13,15 +13,15 @@ from hypothesis import strategies as st
 
 from ckptsup.errors import ConfigError
 from ckptsup.supervisor.spec import LaunchSpec
-from fuzz_helpers import (ANY_CHAR, FILE_KINDS, assert_one_line, fresh_dir, json_bytes, json_values, mutated, plant,
+from fuzz_helpers import (FILE_KINDS, json_text, assert_one_line, fresh_dir, json_bytes, json_values, mutated, plant,
                           scalars, strings)
 
-text = st.text(ANY_CHAR, max_size=12)
+text = json_text(max_size=12)
 seconds = st.one_of(st.floats(0, 7 * 86400), st.integers(0, 7 * 86400))
 
 
 def launch_specs() -> st.SearchStrategy[LaunchSpec]:
-    host = st.text(ANY_CHAR, min_size=1, max_size=12)
+    host = json_text(min_size=1, max_size=12)
     return st.builds(
         LaunchSpec, script=text, script_args=st.lists(text, max_size=4),
         nproc_per_node=st.integers(1, 2 ** 31 - 1), nnodes=st.integers(1, 2 ** 31 - 1),
@@ -109,5 +109,19 @@ def test_an_unknown_field_of_any_name_is_named_on_one_line() -> None:
             LaunchSpec.from_json({name: 1})
         except ConfigError as err:
             assert shown in assert_one_line(err)
+        else:
+            raise AssertionError(name)
+
+
+def test_a_number_of_seconds_past_any_float_is_one_line_not_an_overflow() -> None:
+    """Regression (found by `make fuzz`): kill_grace_s = 10**400 (a JSON integer) made
+    math.isfinite() raise OverflowError out of the spec check."""
+    good = LaunchSpec(script="t.py", script_args=[], nproc_per_node=1, nnodes=1, rdzv_endpoint="h:1", rdzv_id="1",
+                      node_addrs={}, env={}, log_dir="/tmp").to_json()
+    for name in ("kill_grace_s", "heartbeat_interval_s", "shutdown_timeout_s"):
+        try:
+            LaunchSpec.from_json({**good, name: 10 ** 400})
+        except ConfigError as err:
+            assert f"{name} must be a number of seconds" in assert_one_line(err)
         else:
             raise AssertionError(name)

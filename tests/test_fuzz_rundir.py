@@ -20,9 +20,10 @@ from ckptsup.errors import ConfigError
 from ckptsup.events import FailureKind
 from ckptsup.rundir import (FAILURE_OUTCOMES, SECRET_HEX_CHARS, RunDir, RunState, RunStatus, read_epoch,
                             read_secret)
-from fuzz_helpers import ANY_CHAR, FILE_KINDS, assert_one_line, fresh_dir, json_bytes, json_values, mutated, plant
+from fuzz_helpers import (ANY_CHAR, FILE_KINDS, assert_one_line, fresh_dir, json_bytes, json_text, json_values, mutated,
+                          plant, write_private)
 
-text = st.text(ANY_CHAR, max_size=12)
+text = json_text(max_size=12)
 counts = st.integers(0, 2 ** 63 - 1)
 finite = st.floats(allow_nan=False, allow_infinity=False)
 optional_int = st.one_of(st.none(), st.integers(-(2 ** 70), 2 ** 70))
@@ -137,3 +138,25 @@ def test_a_renewed_lease_reads_back(epoch: int, host: str) -> None:
         run.renew_lease(epoch=epoch, host=host)
         age = run.lease_age_s()
         assert age is not None and -1.0 < age < 60.0
+
+
+# ---- regressions `make fuzz` found -------------------------------------------------------------
+
+def test_integers_past_any_float_in_state_json_and_the_lease_are_no_overflow() -> None:
+    """JSON integers have any size and math.isfinite() of 10**400 raises OverflowError: a state.json
+    with such a measurement or detect_s was a traceback of every command reading the run, and such
+    a lease's `renewed` one of the watchdog. A measurement is dropped like any non-finite one, a
+    detect_s refused, the lease unreadable (no lease)."""
+    with fresh_dir() as d:
+        run = RunDir(path=d)
+        write_private(run.state_path, b'{"measured": {"save_s": 1%s, "step_times": [2, 1%s]}}' % (b"0" * 400, b"0" * 400))
+        assert run.load_state().measured == {"step_times": [2]}
+        write_private(run.state_path, b'{"failures": [{"detect_s": 1%s}]}' % (b"0" * 400))
+        try:
+            run.load_state()
+        except ConfigError as err:
+            assert "failures[0].detect_s must be a number" in assert_one_line(err)
+        else:
+            raise AssertionError("accepted")
+        write_private(run.lease_path, b'{"renewed": -1%s}' % (b"0" * 400))
+        assert run.lease_age_s() is None
