@@ -58,6 +58,18 @@ def test_rank_sigkill_is_detected_within_a_second_and_the_fast_path_finishes_the
     assert no_rank_left(tmp_path)
 
 
+def test_nothing_sent_to_the_rank_socket_by_a_non_rank_costs_a_restart(tmp_path, cfg):
+    """Connections that close without a frame (more than the restart budget), a 1 MB line, deep
+    brackets, a forged hello, a rank's own frames replayed on a new connection, well-signed
+    frames of no identity: the run goes on as if nothing happened."""
+    proc, events = launch(tmp_path, cfg, "--steps", "12", "--intrude-at", "3", extra=("--max-restarts", "2"))
+    assert proc.returncode == 0, proc.stdout + proc.stderr
+    assert not named(events, "failure_detected"), [(e["kind"], e["detail"]) for e in named(events, "failure_detected")]
+    assert [e["attempt"] for e in named(events, "launch")] == [0] and named(events, "run_complete")
+    agent_log = "".join(p.read_text() for p in (tmp_path / "run").rglob("agents.log"))
+    assert "without an authenticated hello" in agent_log, agent_log[-2000:]
+
+
 def test_a_rank_aborting_after_it_finished_is_a_teardown_error_and_the_run_completes(tmp_path, cfg):
     proc, events = launch(tmp_path, cfg, "--steps", "6", "--abort-at-exit")
     assert proc.returncode == 0, proc.stdout + proc.stderr
