@@ -308,3 +308,34 @@ def test_the_agent_survives_whatever_anyone_sends(agent):
         sock.close()
     settle(agent)
     assert agent.conns == {}
+
+
+def test_a_hello_cannot_make_the_agent_signal_another_process(agent):
+    """At a kill the agent terminates a rank's pid only when it is the process at the other end of
+    the socket: a well-signed hello naming someone else's pid gets nobody killed."""
+    import subprocess
+    import sys
+
+    bystander = subprocess.Popen([sys.executable, "-c", "import time; time.sleep(60)"])
+    try:
+        sock = connect(agent)
+        sock.sendall(hello(rank=0, pid=bystander.pid))
+        assert [m for m, _ in relayed(agent)] == ["hello"]
+        agent.torchrun = None
+        agent.kill_torchrun(0)
+        time.sleep(0.2)
+        assert bystander.poll() is None, "the agent killed a process that only a hello named"
+    finally:
+        bystander.kill()
+        bystander.wait()
+
+
+def test_connections_that_never_say_hello_are_closed_and_bounded(agent, monkeypatch):
+    monkeypatch.setattr(agent_mod, "MAX_UNAUTHENTICATED", 4)
+    socks = [connect(agent) for _ in range(10)]
+    assert len(agent.conns) == 4                      # the oldest were closed to make room
+    monkeypatch.setattr(agent_mod, "HELLO_TIMEOUT_S", 0.0)
+    time.sleep(0.01)
+    assert exits(settle(agent)) == [] and agent.conns == {}
+    for sock in socks:
+        sock.close()
