@@ -571,28 +571,11 @@ def _restart_args(body: dict[str, Any], current: LaunchSpec) -> tuple[int, Launc
     if not isinstance(spec, (dict, str)):
         raise BadCommand(f"`spec` must be a launch spec or its path, not {type(spec).__name__}")
     try:
-        new = LaunchSpec(**spec) if isinstance(spec, dict) else LaunchSpec.read(spec)
-    except (TypeError, ValueError, OSError, RecursionError, CkptsupError) as err:
+        new = LaunchSpec.from_json(spec, source="restart frame") if isinstance(spec, dict) else LaunchSpec.read(spec)
+    except CkptsupError as err:  # from_json and read check every field and never raise anything else
         raise BadCommand(f"unusable launch spec ({str(err)[:120]})") from None
-    _check_spec(new)
     return attempt, new, dict(env)
 
-
-def _check_spec(spec: LaunchSpec) -> None:
-    """The types start_torchrun relies on (the spec comes from the supervisor, but a body is a body)."""
-    strings = lambda xs: all(isinstance(x, str) for x in xs)  # noqa: E731
-    problems = [name for name, ok in (
-        ("script", isinstance(spec.script, str)), ("script_args", isinstance(spec.script_args, list) and strings(spec.script_args)),
-        ("nproc_per_node", _is_int(spec.nproc_per_node, low=1)), ("nnodes", _is_int(spec.nnodes, low=1)),
-        ("rdzv_endpoint", isinstance(spec.rdzv_endpoint, str)), ("rdzv_id", isinstance(spec.rdzv_id, str)),
-        ("node_addrs", isinstance(spec.node_addrs, dict) and strings(spec.node_addrs) and strings(spec.node_addrs.values())),
-        ("env", isinstance(spec.env, dict) and strings(spec.env) and strings(spec.env.values())),
-        ("log_dir", isinstance(spec.log_dir, str)), ("cwd", isinstance(spec.cwd, str)),
-        ("heartbeat_interval_s", _is_number(spec.heartbeat_interval_s) and spec.heartbeat_interval_s > 0),
-        ("shutdown_timeout_s", _is_number(spec.shutdown_timeout_s)), ("kill_grace_s", _is_number(spec.kill_grace_s)),
-        ("rdzv_backend", spec.rdzv_backend in ("static", "c10d"))) if not ok]
-    if problems:
-        raise BadCommand(f"launch spec fields of the wrong type: {', '.join(problems)}")
 
 
 def run_agent(*, spec_path: str, attempt: int, launch: bool = True) -> int:
