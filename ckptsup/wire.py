@@ -21,6 +21,7 @@ import enum
 import hashlib
 import hmac
 import json
+import math
 import re
 from dataclasses import dataclass, field
 from typing import Any, Callable
@@ -108,8 +109,25 @@ def _mac(secret: bytes, m: str, seq: int, body_json: str) -> str:
     return hmac.new(secret, f"{m}\n{seq}\n{body_json}".encode(), hashlib.sha256).hexdigest()
 
 
+def _finite(value: Any) -> Any:
+    """`value` with every NaN / infinity replaced by None (the decoder refuses them)."""
+    if isinstance(value, float) and not math.isfinite(value):
+        return None
+    if isinstance(value, dict):
+        return {k: _finite(v) for k, v in value.items()}
+    if isinstance(value, (list, tuple)):
+        return [_finite(v) for v in value]
+    return value
+
+
 def encode(m: MessageKind, body: dict[str, Any], *, seq: int, secret: bytes) -> bytes:
-    body_json = json.dumps(body, separators=(",", ":"), sort_keys=True, default=str)
+    """One frame. A non-finite number (a NaN step time, say) is sent as null: strict JSON, so
+    that the decoder, which refuses NaN, never drops a frame of ours for it."""
+    try:
+        body_json = json.dumps(body, separators=(",", ":"), sort_keys=True, default=str, allow_nan=False)
+    except ValueError:
+        body = _finite(body)
+        body_json = json.dumps(body, separators=(",", ":"), sort_keys=True, default=str)
     frame = {"m": m, "seq": seq, "body": body, "mac": _mac(secret, m, seq, body_json)}
     data = (json.dumps(frame, separators=(",", ":"), sort_keys=True, default=str) + "\n").encode()
     if len(data) > MAX_FRAME_BYTES:
