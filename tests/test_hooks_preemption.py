@@ -72,7 +72,6 @@ def test_sighup_during_a_save_is_a_preemption_stop_and_the_save_is_private_and_f
     """A hangup (a closed terminal, an ssh session ending) stops like a preemption: the in-flight
     save finishes, the rank exits PREEMPTED, no `.tmp-*` directory is left, and while it was being
     written every file of the save was 0600 in a 0700 directory."""
-    import os
     import stat
 
     ck = private_dir(tmp_path) / "ck"
