@@ -521,3 +521,29 @@ def test_an_untrusted_checkpoint_dir_stops_the_run_and_records_why(tmp_path, sit
     [give_up] = of(tmp_path, Event.GIVE_UP)
     assert give_up["reason"] == str(err.value)
     assert RunDir(path=tmp_path / "run").load_state().status is RunStatus.GAVE_UP
+
+
+def test_the_next_allocation_starts_from_the_earlier_ones_failures_and_costs(tmp_path, site):
+    flags = {"checkpoint.adaptive_interval": True}
+    world = World(clock=Clock(), faults={0: Fault("crash", 2), 1: Fault("preempt", 3)})
+    first = supervisor(tmp_path, world, flags=flags)
+    original = world.factory
+
+    def factory(**kw):
+        step = original(**kw)
+        step.put(MessageKind.EVENT, "n1", record={"event": "checkpoint_committed", "step": 1, "stall_s": 2.0,
+                                                  "write_s": 3.0})
+        return step
+
+    first.step_factory = factory
+    assert first.run() is ExitStatus.PREEMPTED
+    second = supervisor(tmp_path, World(clock=Clock()), flags=flags)
+    second._start()
+    try:
+        adaptive = second.interval._adaptive
+        assert adaptive is not None and adaptive.failures == 1  # the crash; the preemption is no failure
+        assert list(adaptive.stalls) == [2.0]
+        assert second.interval.current_s() == adaptive.target()[0]  # the seeded interval, not the default
+    finally:
+        second.lease_stop.set()
+        second.writer.close()
