@@ -7,6 +7,13 @@ supervisor; the hooks only when no supervisor runs; a requeuer in the supervisor
 one fenced `requeue`.
 
 planning/ reads this module, so it must never import the supervisor.
+
+Readers (`read_events`, `follow_events`) take the file as something anyone could have put there:
+a regular file only (a directory or a FIFO is one `EventsFileError` line, and a FIFO never blocks
+the open), at most MAX_EVENTS_BYTES, streamed line by line; a line longer than
+MAX_EVENT_LINE_BYTES is skipped without being held, nesting is bounded before json.loads, and a
+line that is not an event (torn, foreign, malformed, an `event` that is not a string) is skipped
+and counted in the caller's `ReadStats`.
 """
 
 from __future__ import annotations
@@ -15,12 +22,20 @@ import datetime as _dt
 import enum
 import json
 import os
+import stat
 import time
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Any, Iterator
+from typing import Any, BinaryIO, Iterator
+
+from .errors import CkptsupError
+from .safe_io import encodable, loads_json
 
 EVENTS_FILE = "events.jsonl"
+MAX_EVENTS_BYTES = 1 << 30       # 1 GiB: far beyond any run's restart log
+MAX_EVENT_LINE_BYTES = 1 << 20   # one record; a longer line is skipped unread
+MAX_EVENT_DEPTH = 32             # records nest a few levels (phases, lists of nodes)
+_CHUNK = 1 << 20
 
 
 class Event(str, enum.Enum):
@@ -172,50 +187,169 @@ def parse_ts(value: Any) -> float | None:
     return moment.timestamp()
 
 
-def parse_line(line: str) -> dict[str, Any] | None:
-    """One line → event dict, or None for a blank, torn or foreign line (never raises)."""
+class EventsFileError(CkptsupError):
+    """The restart log cannot be read at all (not a regular file, unreadable, too large): one line."""
+
+
+@dataclass
+class ReadStats:
+    """What a reader skipped: lines that are not events (torn, foreign, malformed, too deep or too long)."""
+
+    skipped: int = 0
+
+
+def parse_line(line: str | bytes) -> dict[str, Any] | None:
+    """One line → event dict, or None for a blank, torn or foreign line (never raises): a record
+    with every required field and a string `event` (NaN and Infinity are kept: json.dumps writes them)."""
+    if isinstance(line, bytes):
+        line = line.decode("utf-8", errors="replace")
     line = line.strip()
-    if not line:
+    if not line or len(line) > MAX_EVENT_LINE_BYTES:
         return None
     try:
-        record = json.loads(line)
-    except json.JSONDecodeError:
+        record = loads_json(line, what="event line", error=EventsFileError, max_depth=MAX_EVENT_DEPTH,
+                            allow_nonfinite=True)
+    except EventsFileError:
         return None
     if not isinstance(record, dict) or any(k not in record for k in REQUIRED_FIELDS):
+        return None
+    if not isinstance(record["event"], str):
         return None
     return record
 
 
-def read_events(run_dir: str | os.PathLike[str]) -> list[dict[str, Any]]:
-    """All well-formed events of a run, in file order. A torn last line is skipped."""
+def _kind(mode: int) -> str:
+    if stat.S_ISDIR(mode):
+        return "a directory"
+    if stat.S_ISFIFO(mode):
+        return "a FIFO"
+    if stat.S_ISSOCK(mode):
+        return "a socket"
+    if stat.S_ISCHR(mode) or stat.S_ISBLK(mode):
+        return "a device"
+    return "not a regular file"
+
+
+def _open_log(path: Path) -> tuple[BinaryIO, int] | None:
+    """(the restart log opened for reading, its size), None when there is none; EventsFileError
+    for anything but a regular file of at most MAX_EVENTS_BYTES."""
+    p = encodable(path, what="restart log", error=EventsFileError)
+    try:
+        fd = os.open(p, os.O_RDONLY | os.O_NONBLOCK | getattr(os, "O_CLOEXEC", 0))
+    except FileNotFoundError:
+        return None
+    except OSError as err:
+        raise EventsFileError(f"cannot read {p}: {err.strerror or err}; it must be the run's restart log, "
+                              "a file readable by you") from None
+    try:
+        st = os.fstat(fd)
+        if not stat.S_ISREG(st.st_mode):
+            raise EventsFileError(f"cannot read {p}: it is {_kind(st.st_mode).removeprefix('not ')}, not the "
+                                  "restart log (a regular file); move it aside")
+        if st.st_size > MAX_EVENTS_BYTES:
+            raise EventsFileError(f"cannot read {p}: it is {st.st_size} bytes, more than the "
+                                  f"{MAX_EVENTS_BYTES >> 30} GiB a restart log may be; is it the right file?")
+        return os.fdopen(fd, "rb"), st.st_size
+    except BaseException:
+        os.close(fd)
+        raise
+
+
+class _Lines:
+    """Splits a byte stream into lines, never holding more than MAX_EVENT_LINE_BYTES of one: a
+    longer line is dropped as it arrives (counted once) up to its newline."""
+
+    def __init__(self, stats: ReadStats) -> None:
+        self.stats = stats
+        self.buf = b""
+        self.discarding = False
+
+    def feed(self, chunk: bytes) -> list[bytes]:
+        parts = chunk.split(b"\n")
+        out = []
+        for part in parts[:-1]:
+            if self.discarding:
+                self.discarding = False  # this newline ends the long line
+                continue
+            line, self.buf = self.buf + part, b""
+            if len(line) > MAX_EVENT_LINE_BYTES:
+                self.stats.skipped += 1
+                continue
+            out.append(line)
+        if not self.discarding:
+            self.buf += parts[-1]
+            if len(self.buf) > MAX_EVENT_LINE_BYTES:
+                self.buf, self.discarding = b"", True
+                self.stats.skipped += 1
+        return out
+
+    def rest(self) -> bytes:
+        line, self.buf = self.buf, b""
+        return line
+
+
+def _records(lines: list[bytes], stats: ReadStats) -> Iterator[dict[str, Any]]:
+    for line in lines:
+        record = parse_line(line)
+        if record is not None:
+            yield record
+        elif line.strip():
+            stats.skipped += 1
+
+
+def read_events(run_dir: str | os.PathLike[str], *, stats: ReadStats | None = None) -> list[dict[str, Any]]:
+    """All well-formed events of a run, in file order ([] when there is no log). Bad lines (a
+    torn last one too) are skipped and counted in `stats`; a bad file is one EventsFileError."""
+    stats = stats if stats is not None else ReadStats()
     path = Path(run_dir) / EVENTS_FILE
-    if not path.exists():
+    opened = _open_log(path)
+    if opened is None:
         return []
-    with open(path, encoding="utf-8", errors="replace") as fh:
-        return [e for e in (parse_line(line) for line in fh) if e is not None]
+    fh, _ = opened
+    lines = _Lines(stats)
+    out: list[dict[str, Any]] = []
+    total = 0
+    with fh:
+        while True:
+            try:
+                chunk = fh.read(_CHUNK)
+            except OSError as err:
+                raise EventsFileError(f"cannot read {path}: {err.strerror or err}") from None
+            if not chunk:
+                break
+            total += len(chunk)
+            if total > MAX_EVENTS_BYTES:
+                raise EventsFileError(f"cannot read {path}: it grew past {MAX_EVENTS_BYTES >> 30} GiB while being read")
+            out.extend(_records(lines.feed(chunk), stats))
+    out.extend(_records([lines.rest()], stats))
+    return out
 
 
 def follow_events(run_dir: str | os.PathLike[str], *, poll_s: float = 0.5,
-                  stop_after_idle_s: float | None = None) -> Iterator[dict[str, Any]]:
-    """Yield events as they are appended (like `tail -f`), starting from the beginning."""
+                  stop_after_idle_s: float | None = None, stats: ReadStats | None = None) -> Iterator[dict[str, Any]]:
+    """Yield events as they are appended (like `tail -f`), starting from the beginning. Bad lines
+    are skipped and counted in `stats`; a partial last line waits for its newline."""
+    stats = stats if stats is not None else ReadStats()
     path = Path(run_dir) / EVENTS_FILE
     pos = 0
-    buf = ""
+    lines = _Lines(stats)
     idle = 0.0
     while True:
-        if path.exists():
-            with open(path, encoding="utf-8", errors="replace") as fh:
+        opened = _open_log(path)
+        if opened is not None:
+            fh, size = opened
+            with fh:
+                if size < pos:  # replaced or truncated: a new file, read from its start
+                    pos, lines = 0, _Lines(stats)
                 fh.seek(pos)
-                chunk = fh.read()
+                try:
+                    chunk = fh.read(_CHUNK)
+                except OSError as err:
+                    raise EventsFileError(f"cannot read {path}: {err.strerror or err}") from None
                 pos = fh.tell()
             if chunk:
                 idle = 0.0
-                buf += chunk
-                *lines, buf = buf.split("\n")
-                for line in lines:
-                    record = parse_line(line)
-                    if record is not None:
-                        yield record
+                yield from _records(lines.feed(chunk), stats)
                 continue
         if stop_after_idle_s is not None and idle >= stop_after_idle_s:
             return

@@ -21,10 +21,17 @@ import enum
 import hashlib
 import hmac
 import json
+import math
+import re
 from dataclasses import dataclass, field
 from typing import Any, Callable
 
+from .errors import CkptsupError
+from .safe_io import loads_json
+
 MAX_FRAME_BYTES = 64 * 1024
+MAX_FRAME_DEPTH = 16   # frame → body → record → a field's value: a few levels; bounded before json.loads
+_MAC = re.compile(r"[0-9a-f]{64}")
 
 
 class Hop(enum.StrEnum):
@@ -94,7 +101,7 @@ class Phase(enum.StrEnum):
             return cls.TRAIN
 
 
-class FrameError(ValueError):
+class FrameError(CkptsupError, ValueError):
     """A frame that is malformed, too large, forged or replayed."""
 
 
@@ -104,8 +111,25 @@ def _mac(secret: bytes, m: str, seq: int, body_json: str) -> str:
     return hmac.new(secret, f"{m}\n{seq}\n{body_json}".encode("utf-8", "surrogatepass"), hashlib.sha256).hexdigest()
 
 
+def _finite(value: Any) -> Any:
+    """`value` with every NaN / infinity replaced by None (the decoder refuses them)."""
+    if isinstance(value, float) and not math.isfinite(value):
+        return None
+    if isinstance(value, dict):
+        return {k: _finite(v) for k, v in value.items()}
+    if isinstance(value, (list, tuple)):
+        return [_finite(v) for v in value]
+    return value
+
+
 def encode(m: MessageKind, body: dict[str, Any], *, seq: int, secret: bytes) -> bytes:
-    body_json = json.dumps(body, separators=(",", ":"), sort_keys=True, default=str)
+    """One frame. A non-finite number (a NaN step time, say) is sent as null: strict JSON, so
+    that the decoder, which refuses NaN, never drops a frame of ours for it."""
+    try:
+        body_json = json.dumps(body, separators=(",", ":"), sort_keys=True, default=str, allow_nan=False)
+    except ValueError:
+        body = _finite(body)
+        body_json = json.dumps(body, separators=(",", ":"), sort_keys=True, default=str)
     frame = {"m": m, "seq": seq, "body": body, "mac": _mac(secret, m, seq, body_json)}
     data = (json.dumps(frame, separators=(",", ":"), sort_keys=True, default=str) + "\n").encode()
     if len(data) > MAX_FRAME_BYTES:
@@ -114,17 +138,20 @@ def encode(m: MessageKind, body: dict[str, Any], *, seq: int, secret: bytes) -> 
 
 
 def decode(line: bytes | str, *, secret: bytes) -> tuple[MessageKind, int, dict[str, Any]]:
-    """→ (m, seq, body). Raises FrameError; never anything else."""
+    """→ (m, seq, body). Raises FrameError; never anything else. The length and the nesting are
+    bounded before the JSON parser sees the line (it recurses), NaN and Infinity are refused, and
+    the MAC is checked before anything of the body is believed."""
     if isinstance(line, str):
-        line = line.encode()
+        line = line.encode("utf-8", "surrogatepass")
     if len(line) > MAX_FRAME_BYTES:
         raise FrameError("frame too large")
+    frame = loads_json(line, what="frame", error=FrameError, max_depth=MAX_FRAME_DEPTH)
     try:
-        frame = json.loads(line)
         m, seq, body, mac = frame["m"], frame["seq"], frame["body"], frame["mac"]
-    except (ValueError, KeyError, TypeError) as err:
-        raise FrameError(f"malformed frame: {err}") from None
-    if not (isinstance(m, str) and isinstance(seq, int) and isinstance(body, dict) and isinstance(mac, str)):
+    except (KeyError, TypeError) as err:
+        raise FrameError(f"malformed frame: no field {str(err)[:40]}") from None
+    if not (isinstance(m, str) and isinstance(seq, int) and not isinstance(seq, bool) and isinstance(body, dict)
+            and isinstance(mac, str) and _MAC.fullmatch(mac)):
         raise FrameError("malformed frame: wrong field types")
     body_json = json.dumps(body, separators=(",", ":"), sort_keys=True, default=str)
     if not hmac.compare_digest(mac, _mac(secret, m, seq, body_json)):
@@ -151,7 +178,11 @@ class ReplayGuard:
 @dataclass
 class FrameReader:
     """One receiving end of a byte stream: splits it into frames and keeps only those with a
-    good MAC and a fresh `seq` from `sender`; everything else is dropped and counted."""
+    good MAC and a fresh `seq` from `sender`; everything else is dropped and counted.
+
+    A receiver that learns who sends only from an authenticated frame (the agent: a rank's
+    identity is its `hello`) splits with `lines` and decodes with `verified`, then keeps its own
+    ReplayGuard keyed by that identity."""
 
     secret: bytes
     sender: str
@@ -159,24 +190,38 @@ class FrameReader:
     guard: ReplayGuard = field(default_factory=ReplayGuard)
     _buf: bytes = b""
 
-    def feed(self, data: bytes) -> list[tuple[MessageKind, dict[str, Any]]]:
-        """→ the accepted (m, body) frames completed by `data`. Raises FrameError when the
-        unterminated rest grows past a few frames (a flood, not a peer of ours)."""
+    def lines(self, data: bytes) -> list[bytes]:
+        """The complete lines `data` ends. Raises FrameError when the unterminated rest grows past
+        a few frames (a flood, not a peer of ours): at most 4 × MAX_FRAME_BYTES are ever held."""
         self._buf += data
         *lines, self._buf = self._buf.split(b"\n")
         if len(self._buf) > 4 * MAX_FRAME_BYTES:
+            self._buf = b""
             self.on_drop()
             raise FrameError("unterminated frame flood")
-        return [frame for frame in map(self.accept, lines) if frame is not None]
+        return lines
 
-    def accept(self, line: bytes) -> tuple[MessageKind, dict[str, Any]] | None:
+    def feed(self, data: bytes) -> list[tuple[MessageKind, dict[str, Any]]]:
+        """→ the accepted (m, body) frames completed by `data`. Raises FrameError on a flood
+        (see `lines`)."""
+        return [frame for frame in map(self.accept, self.lines(data)) if frame is not None]
+
+    def verified(self, line: bytes) -> tuple[MessageKind, int, dict[str, Any]] | None:
+        """(m, seq, body) of a well-formed frame with a good MAC, else None (counted; a blank
+        line is nothing). No replay check: the caller's."""
         if not line.strip():
             return None
         try:
-            m, seq, body = decode(line, secret=self.secret)
+            return decode(line, secret=self.secret)
         except FrameError:
             self.on_drop()
             return None
+
+    def accept(self, line: bytes) -> tuple[MessageKind, dict[str, Any]] | None:
+        frame = self.verified(line)
+        if frame is None:
+            return None
+        m, seq, body = frame
         if not self.guard.accept(self.sender, seq):
             self.on_drop()
             return None

@@ -34,10 +34,15 @@ def relayed(agent) -> list[tuple[str, dict]]:
     return [(m, body) for m, _, body in frames]
 
 
-def rank_socket(agent) -> socket.socket:
+def rank_socket(agent, *, hello: bool = True) -> socket.socket:
+    """A connection to the rank socket; with `hello`, already a rank (rank 0, sequence 0): only a
+    connection that said an authenticated hello counts as one."""
     sock = socket.socket(socket.AF_UNIX, socket.SOCK_STREAM)
     sock.connect(str(agent.sock_path))
     agent._pump(0.1)  # accept
+    if hello:
+        sock.sendall(wire.encode("hello", {"rank": 0, "pid": 3_000_000_001}, seq=0, secret=SECRET))
+        assert [m for m, _ in relayed(agent)] == ["hello"]
     return sock
 
 
@@ -95,7 +100,7 @@ def test_a_rank_that_vanishes_without_bye_is_reported_as_an_exit(agent):
             return None
 
     agent.torchrun = FakeTorchrun()
-    sock = rank_socket(agent)
+    sock = rank_socket(agent, hello=False)
     sock.sendall(wire.encode("hello", {"rank": 1, "pid": 999999}, seq=1, secret=SECRET))
     relayed(agent)
     sock.close()

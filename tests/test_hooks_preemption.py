@@ -66,3 +66,23 @@ def test_a_signal_on_one_rank_stops_both_ranks_at_the_same_step_with_one_emergen
             for rank in (0, 1)}
     assert last[0] == last[1]
     assert steps_saved(ck)[-1] == last[0] + 1
+
+
+def test_sighup_during_a_save_is_a_preemption_stop_and_the_save_is_private_and_finished(tmp_path: Path) -> None:
+    """A hangup (a closed terminal, an ssh session ending) stops like a preemption: the in-flight
+    save finishes, the rank exits PREEMPTED, no `.tmp-*` directory is left, and while it was being
+    written every file of the save was 0600 in a 0700 directory."""
+    import stat
+
+    ck = private_dir(tmp_path) / "ck"
+    run = Running(1, [*ARGS, "--checkpoint-dir", str(ck)], env={"CKPTSUP_TEST_SAVE_DELAY_S": "2"})
+    run.wait_for(lambda: run.saw("delaying the commit of step 3"))
+    [tmp] = [p for p in ck.iterdir() if p.name.startswith(".tmp-")]
+    modes = {p.name: stat.S_IMODE(p.stat().st_mode) for p in tmp.rglob("*")}
+    assert stat.S_IMODE(tmp.stat().st_mode) == 0o700 and modes, modes
+    assert all(mode == (0o700 if (tmp / name).is_dir() else 0o600) for name, mode in modes.items()), modes
+    run.proc.send_signal(signal.SIGHUP)
+    assert run.finish(60) == ExitStatus.PREEMPTED, "\n".join(run.lines[-20:])
+    assert not [p for p in ck.iterdir() if p.name.startswith(".tmp-")]
+    assert 3 in steps_saved(ck)
+    assert run.saw("exits with PREEMPTED")

@@ -2,6 +2,7 @@
 files, surrogate names, deep nesting and NaN are one-line errors, never a hang or a traceback."""
 
 import os
+import re
 
 import pytest
 
@@ -71,10 +72,27 @@ def test_garbage_is_one_error(tmp_path):
 
 
 def test_a_file_you_may_not_read_is_named_with_the_fix(tmp_path):
-    if os.geteuid() == 0:
-        pytest.skip("root reads everything (the as-nobody CLI cases cover it)")
+    """Run as the job's user would be: as root, in a forked child that became `nobody`."""
     path = tmp_path / "site.toml"
     path.write_text("[x]\n")
     path.chmod(0)
-    with pytest.raises(ConfigError, match="is not readable by you .*fix its permissions"):
-        read_regular(path, max_bytes=10, what="site config", error=ConfigError)
+    read, write = os.pipe()
+    pid = os.fork()
+    if pid == 0:  # the child: never returns into pytest
+        try:
+            if os.geteuid() == 0:
+                os.setgid(65534)
+                os.setuid(65534)
+            try:
+                read_regular(path, max_bytes=10, what="site config", error=ConfigError)
+                message = "read it"
+            except ConfigError as err:
+                message = str(err)
+            os.write(write, message.encode())
+        finally:
+            os._exit(0)
+    os.close(write)
+    os.waitpid(pid, 0)
+    with os.fdopen(read, "rb") as pipe:
+        message = pipe.read().decode()
+    assert re.search(r"is not readable by you .*fix its permissions", message), message

@@ -58,6 +58,18 @@ def test_rank_sigkill_is_detected_within_a_second_and_the_fast_path_finishes_the
     assert no_rank_left(tmp_path)
 
 
+def test_nothing_sent_to_the_rank_socket_by_a_non_rank_costs_a_restart(tmp_path, cfg):
+    """Connections that close without a frame (more than the restart budget), a 1 MB line, deep
+    brackets, a forged hello, a rank's own frames replayed on a new connection, well-signed
+    frames of no identity: the run goes on as if nothing happened."""
+    proc, events = launch(tmp_path, cfg, "--steps", "12", "--intrude-at", "3", extra=("--max-restarts", "2"))
+    assert proc.returncode == 0, proc.stdout + proc.stderr
+    assert not named(events, "failure_detected"), [(e["kind"], e["detail"]) for e in named(events, "failure_detected")]
+    assert [e["attempt"] for e in named(events, "launch")] == [0] and named(events, "run_complete")
+    agent_log = "".join(p.read_text() for p in (tmp_path / "run").rglob("agents.log"))
+    assert "without an authenticated hello" in agent_log, agent_log[-2000:]
+
+
 def test_a_rank_aborting_after_it_finished_is_a_teardown_error_and_the_run_completes(tmp_path, cfg):
     proc, events = launch(tmp_path, cfg, "--steps", "6", "--abort-at-exit")
     assert proc.returncode == 0, proc.stdout + proc.stderr
@@ -194,3 +206,31 @@ def test_a_killed_agent_is_replaced_and_its_ranks_do_not_live_on(tmp_path, cfg):
     assert named(events, "failure_detected")[0]["kind"] == "crash"
     assert named(events, "launch")[-1]["path"] == "node" and named(events, "run_complete")
     assert not [p for p in old_ranks if psutil.pid_exists(p) and psutil.Process(p).status() != psutil.STATUS_ZOMBIE]
+
+
+@pytest.mark.parametrize("target", ["supervisor", "agent"])
+def test_a_hangup_stops_the_run_like_a_preemption(tmp_path, cfg, target):
+    """SIGHUP (the terminal of an interactive `ckptsup launch` closed, an ssh session ended) to the
+    supervisor or to its agent: the ranks are told to stop, a `preemption` event, state `stopped`,
+    exit PREEMPTED — not a dead process, a run left `running`, or a restart."""
+    import signal
+    import time
+
+    run = tmp_path / "run"
+    argv = [*CKPTSUP, "launch", "--nproc-per-node", "2", "--config", str(cfg), "--run-dir", str(run),
+            str(RANK), "--steps", "400", "--step-s", "0.05", "--out", str(tmp_path / "out")]
+    proc = subprocess.Popen(argv, cwd=tmp_path, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
+    deadline = time.monotonic() + 60
+    while not (tmp_path / "out" / "rank1.step").exists() and time.monotonic() < deadline:
+        time.sleep(0.1)
+    victim = psutil.Process(proc.pid)
+    if target == "agent":
+        victim = next(c for c in victim.children() if "agent" in " ".join(c.cmdline()))
+    victim.send_signal(signal.SIGHUP)
+    out, err = proc.communicate(timeout=120)
+    assert proc.returncode == 5, out + err   # ExitStatus.PREEMPTED
+    events = read_events(run)
+    assert named(events, "preemption") and not named(events, "restart_done")
+    assert [e["attempt"] for e in named(events, "launch")] == [0]
+    assert json.loads((run / "state.json").read_text())["status"] == "stopped"
+    assert no_rank_left(tmp_path)

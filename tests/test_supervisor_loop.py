@@ -319,6 +319,36 @@ def test_a_stop_signal_to_the_supervisor_is_a_preemption_outside_slurm_too(tmp_p
     assert RunDir(path=tmp_path / "run").load_state().status is RunStatus.STOPPED
 
 
+def test_a_hangup_to_the_supervisor_stops_it_like_a_preemption(tmp_path, site):
+    """A real SIGHUP (a closed terminal, an ssh session that ends) mid-run: a preemption event,
+    the ranks told to stop, state `stopped`, exit PREEMPTED — not a dead supervisor leaving the
+    run `running`. (The test's own handler catches the signal if the supervisor has none.)"""
+    import os
+
+    caught: list[int] = []
+    before = signal.signal(signal.SIGHUP, lambda signum, frame: caught.append(signum))
+    try:
+        world = World(clock=Clock(), faults={0: Fault("hang", 3)})
+        sv = supervisor(tmp_path, world)
+        original = sv._pump
+
+        def pump():
+            if sv.tracker is not None and sv.tracker.last_step == 2 and not caught and sv.stop_signal is None:
+                os.kill(os.getpid(), signal.SIGHUP)
+                caught.append(0)
+            return original()
+
+        sv._pump = pump  # type: ignore[method-assign]
+        assert sv.run() is ExitStatus.PREEMPTED
+        assert signal.getsignal(signal.SIGHUP) is not sv._on_signal  # put back as it was
+    finally:
+        signal.signal(signal.SIGHUP, before)
+    [preemption] = of(tmp_path, Event.PREEMPTION)
+    assert preemption["signal"] == "preemption"
+    assert [m for _, m, _ in world.sent][:1] == [MessageKind.STOP_AT]
+    assert RunDir(path=tmp_path / "run").load_state().status is RunStatus.STOPPED
+
+
 def test_dead_agents_turn_the_fast_path_into_the_node_path(tmp_path, site):
     world = World(clock=Clock(), faults={0: Fault("crash", 2)})
     sv = supervisor(tmp_path, world)
@@ -491,3 +521,31 @@ def test_an_untrusted_checkpoint_dir_stops_the_run_and_records_why(tmp_path, sit
     [give_up] = of(tmp_path, Event.GIVE_UP)
     assert give_up["reason"] == str(err.value)
     assert RunDir(path=tmp_path / "run").load_state().status is RunStatus.GAVE_UP
+
+
+def test_the_next_allocation_starts_from_the_earlier_ones_failures_and_costs(tmp_path, site):
+    flags = {"checkpoint.adaptive_interval": True}
+    world = World(clock=Clock(), faults={0: Fault("crash", 2), 1: Fault("preempt", 3)})
+    first = supervisor(tmp_path, world, flags=flags)
+    original = world.factory
+
+    def factory(**kw):
+        step = original(**kw)
+        step.put(MessageKind.EVENT, "n1", record={"event": "checkpoint_committed", "step": 1, "stall_s": 2.0,
+                                                  "write_s": 3.0})
+        return step
+
+    first.step_factory = factory
+    assert first.run() is ExitStatus.PREEMPTED
+    second = supervisor(tmp_path, World(clock=Clock()), flags=flags)
+    second._start()
+    try:
+        adaptive = second.interval._adaptive
+        assert adaptive is not None and adaptive.failures == 1  # the crash; the preemption is no failure
+        assert list(adaptive.stalls) == [2.0]
+        seeded = second.interval.current_s()
+        assert seeded == pytest.approx(adaptive.target()[0], rel=1e-6)  # exposure keeps accruing meanwhile
+        assert seeded != second.config.checkpoint.save_every_s  # the seeded interval, not the default
+    finally:
+        second.lease_stop.set()
+        second.writer.close()

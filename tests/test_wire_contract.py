@@ -57,3 +57,10 @@ def test_a_well_signed_frame_of_an_unknown_kind_is_dropped_and_counted() -> None
 def test_phase_parse_is_lenient() -> None:
     assert Phase.parse("load") is Phase.LOAD
     assert Phase.parse("compiling") is Phase.TRAIN and Phase.parse(None) is Phase.TRAIN
+
+
+def test_a_nan_in_a_body_travels_as_null_instead_of_losing_the_frame() -> None:
+    frame = wire.encode(MessageKind.STEP, {"rank": 0, "step": 3, "step_time_s": float("nan"),
+                                           "extra": [float("inf"), 1.5]}, seq=1, secret=b"k")
+    m, _, body = wire.decode(frame, secret=b"k")
+    assert m is MessageKind.STEP and body == {"rank": 0, "step": 3, "step_time_s": None, "extra": [None, 1.5]}

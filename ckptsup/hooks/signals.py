@@ -8,7 +8,9 @@ import threading
 import time
 from typing import Any
 
-STOP_SIGNALS = (signal.SIGTERM, signal.SIGUSR1)
+# SIGHUP too: a hangup (a closed terminal, an ssh session that ends) must stop like a preemption —
+# the in-flight save finishes, the ranks agree on a stop step — not kill a rank mid-save.
+STOP_SIGNALS = (signal.SIGTERM, signal.SIGUSR1, signal.SIGHUP)
 
 
 class StopFlag:

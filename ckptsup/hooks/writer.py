@@ -19,6 +19,7 @@ tier as above.
 from __future__ import annotations
 
 import concurrent.futures
+import contextlib
 import logging
 import os
 import sys
@@ -105,6 +106,34 @@ def hash_file_and_items(path: Path, items: list[tuple[str, int, int]], algorithm
         raise CheckpointError(f"{path.name} is {size} bytes but DCP says item {key} ends at "
                               f"{off + length}: the shard was not fully written")
     return size, whole, {key: h for (key, _, _), h in zip(items, hashes)}
+
+
+def _private_writer(target: Path, *, thread_count: int) -> Any:
+    """DCP's FileSystemWriter, creating every file 0600 and every directory 0700 from the start
+    (DCP opens with the umask's 0644: a save interrupted before our chmod would leave readable
+    shards)."""
+    from torch.distributed.checkpoint import FileSystemWriter
+    from torch.distributed.checkpoint.filesystem import FileSystem
+
+    class PrivateFileSystem(FileSystem):
+        @contextlib.contextmanager
+        def create_stream(self, path: Any, mode: str) -> Any:
+            if "r" in mode and "+" not in mode:
+                with super().create_stream(path, mode) as stream:
+                    yield stream
+                return
+            flags = os.O_WRONLY | os.O_CREAT | os.O_NOFOLLOW | getattr(os, "O_CLOEXEC", 0)
+            flags |= os.O_APPEND if "a" in mode else os.O_TRUNC
+            fd = os.open(path, flags, 0o600)
+            with os.fdopen(fd, mode) as stream:
+                yield stream
+
+        def mkdir(self, path: Any) -> None:
+            Path(path).mkdir(mode=0o700, parents=True, exist_ok=True)
+
+    writer = FileSystemWriter(target, sync_files=True, thread_count=thread_count, overwrite=False)
+    writer.fs = PrivateFileSystem()
+    return writer
 
 
 def _file_owner(relative_path: str, world_size: int) -> int:
@@ -298,12 +327,11 @@ class CheckpointWriter:
         """Write this rank's shards into tmp, or into the node-local staging dir and from there
         into tmp. Returns (report, this rank's own node-local failure, if that is what failed)."""
         import torch.distributed.checkpoint as dcp
-        from torch.distributed.checkpoint import FileSystemWriter
 
         cfg = self.config
         target = tmp if staging is None else staging
         try:
-            writer = FileSystemWriter(target, sync_files=True, thread_count=cfg.thread_count, overwrite=False)
+            writer = _private_writer(target, thread_count=cfg.thread_count)
             with warnings.catch_warnings():
                 warnings.filterwarnings("ignore", message=".*assuming the intent is to save in a single process.*")
                 metadata = dcp.save(staged, storage_writer=writer, process_group=self.pg, no_dist=self.pg is None)

@@ -291,8 +291,14 @@ def report(run_dir: str, as_json: bool, png: str | None, html_path: str | None, 
     """Where a run's time went: goodput, badput by category, in hours and dollars."""
     from . import goodput_report as rp
 
+    from ..events import EVENTS_FILE, ReadStats
+
     path = Path(run_dir)
-    events = rp.read_run(path)
+    stats = ReadStats()
+    events = rp.read_run(path, stats=stats)
+    if stats.skipped:  # on stderr: the JSON on stdout stays one object
+        click.echo(f"ckptsup: skipped {stats.skipped} line(s) of {path / EVENTS_FILE} that are not ckptsup events "
+                   "(torn, foreign or malformed)", err=True)
     site_price, gpu_mtbf_h = _site_cost(job_config, path)
     if price is not None and not 0 <= price < math.inf:
         raise ConfigError(f"--price must be a finite number >= 0 (USD per device-hour), got {price!r}")

@@ -57,7 +57,9 @@ def build_report(events: Iterable[dict[str, Any]], *, price_per_gpu_hour: float,
     return out
 
 
-def read_run(run_dir: str | os.PathLike[str]) -> list[dict[str, Any]]:
+def read_run(run_dir: str | os.PathLike[str], *, stats: Any = None) -> list[dict[str, Any]]:
+    """The run's events (bad lines skipped and counted in `stats`, an events.ReadStats); one
+    ConfigError line when there are none or the file cannot be read."""
     from ..events import EVENTS_FILE, read_events
 
     path = Path(run_dir)
@@ -66,7 +68,7 @@ def read_run(run_dir: str | os.PathLike[str]) -> list[dict[str, Any]]:
     if not (path / EVENTS_FILE).exists():
         raise ConfigError(f"{str(path / EVENTS_FILE)!r} not found; is {str(path)!r} a ckptsup run directory?")
     try:
-        events = read_events(path)
+        events = read_events(path, stats=stats)
     except OSError as err:
         raise ConfigError(f"cannot read {str(path / EVENTS_FILE)!r}: {err.strerror}; it must be the run's events file, "
                           "readable by you") from None

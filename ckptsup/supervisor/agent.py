@@ -8,29 +8,40 @@ stdin and a short tick for heartbeats and process checks.
 Crash detection happens here: a rank whose connection drops without `bye` is reported at once
 (no waiting for torchrun's monitor), and a stopped rank process (state T) is flagged in the
 heartbeat so the supervisor can blame it when the hang timeout fires.
+
+The rank socket is a boundary (docs/contracts.md §Wire frames): a connection is a rank only once
+it sent an authenticated `hello` (good MAC, well-typed body, a fresh sequence number for that
+rank and pid); until then its frames are dropped, and its end is logged (one line per
+UNAUTH_LOG_EVERY_S, with a count) and reported to nobody. Replays are refused per rank identity,
+across connections. Every relayed body is checked for the types the supervisor relies on; a
+frame that is not a rank's to send (an agent's or a command kind) is dropped. Whatever arrives,
+the agent goes on; only a rank that said hello can, by leaving, make a crash report.
 """
 
 from __future__ import annotations
 
+import math
 import os
 import re
 import selectors
 import shutil
 import signal
 import socket
+import struct
 import subprocess
 import sys
 import tempfile
 import time
 import uuid
-from dataclasses import dataclass, field
+from dataclasses import dataclass
 from pathlib import Path
 from typing import Any, BinaryIO, Callable
 
 import psutil
 
 from .. import wire
-from ..wire import MessageKind, Phase
+from ..errors import CkptsupError
+from ..wire import Hop, MessageKind, Phase
 from ..env import NODE, PREEMPT_BUDGET_S, PYTHONUNBUFFERED, RANK_SOCKET, SECRET_FILE, ExitStatus, node_name
 from ..rundir import read_secret
 from .spec import LaunchSpec
@@ -40,6 +51,9 @@ from .processes import GONE, RUNNING, describe_exit, terminate, zombie_status
 TICK_S = 0.1
 STANDBY_DELAY_S = 30.0
 EXIT_CONFIRM_S = 0.3  # a dropped rank connection becomes a crash report unless torchrun exits 0 by then
+HELLO_TIMEOUT_S = 10.0   # a connection without an authenticated hello by then is closed (ranks say it at once)
+MAX_UNAUTHENTICATED = 64  # connections waiting for their hello; beyond, the oldest is closed
+UNAUTH_LOG_EVERY_S = 10.0
 
 
 SOCKET_DIR_PREFIX = "ckptsup-agent-"
@@ -82,9 +96,78 @@ def sweep_stale_socket_dirs(tmp: Path | None = None, host: str | None = None,
 class RankConn:
     sock: socket.socket
     reader: wire.FrameReader
-    rank: int | None = None
+    opened: float = 0.0
+    peer_pid: int | None = None   # the kernel's word (SO_PEERCRED), not the hello's
+    rank: int | None = None       # set by an authenticated hello only: until then, no rank
     pid: int | None = None
     said_bye: bool = False
+
+    @property
+    def sender(self) -> str:
+        """The replay guard's key: the rank's identity, the same on every connection it opens."""
+        return f"rank {self.rank} pid {self.pid}"
+
+
+def _peer_pid(sock: socket.socket) -> int | None:
+    try:
+        pid, _uid, _gid = struct.unpack("3i", sock.getsockopt(socket.SOL_SOCKET, socket.SO_PEERCRED,
+                                                              struct.calcsize("3i")))
+    except (AttributeError, OSError, struct.error):
+        return None
+    return pid if pid > 0 else None
+
+
+@dataclass(kw_only=True)
+class RateLimitedLog:
+    """One stderr line per `every_s` at most, with how many things happened since the last one."""
+
+    every_s: float
+    clock: Callable[[], float] = time.monotonic
+    last: float = -math.inf
+    pending: int = 0
+
+    def note(self, what: Callable[[int], str]) -> None:
+        self.pending += 1
+        self.flush(what)
+
+    def flush(self, what: Callable[[int], str]) -> None:
+        now = self.clock()
+        if self.pending and now - self.last >= self.every_s:
+            print(f"ckptsup agent: {what(self.pending)}", file=sys.stderr, flush=True)
+            self.last, self.pending = now, 0
+
+
+def _unauth_line(count: int) -> str:
+    return (f"{count} connection(s) to the rank socket ended without an authenticated hello; ignored "
+            f"(not ranks of this job; at most one such line per {UNAUTH_LOG_EVERY_S:g}s)")
+
+
+def _is_int(value: Any, *, low: int | None = None) -> bool:
+    return isinstance(value, int) and not isinstance(value, bool) and (low is None or value >= low)
+
+
+def _is_number(value: Any) -> bool:
+    return isinstance(value, (int, float)) and not isinstance(value, bool) and math.isfinite(value)
+
+
+RANK_SCOPED = frozenset({MessageKind.STEP, MessageKind.PHASE, MessageKind.NAN, MessageKind.BYE})
+
+
+def _rank_body_ok(m: MessageKind, body: dict[str, Any]) -> bool:
+    """Whether a rank frame's body has the types the agent and the supervisor rely on."""
+    if m == MessageKind.STEP:
+        return (_is_int(body.get("step"), low=0)
+                and (body.get("step_time_s") is None or _is_number(body["step_time_s"]))
+                and body.get("loss_finite", True) in (True, False))
+    if m == MessageKind.PHASE:
+        return isinstance(body.get("phase"), str) and (body.get("step") is None or _is_int(body["step"]))
+    if m == MessageKind.NAN:
+        return body.get("step") is None or _is_int(body["step"])
+    if m == MessageKind.EVENT:
+        return isinstance(body.get("record"), dict)
+    if m == MessageKind.BYE:
+        return _is_int(body.get("status"))
+    return False
 
 
 class Agent:
@@ -99,6 +182,8 @@ class Agent:
         self.instance = uuid.uuid4().hex[:12]
         self.seq = 0
         self.stdin_reader = wire.FrameReader(secret=secret, sender="supervisor", on_drop=self._count_drop)
+        self.rank_guard = wire.ReplayGuard()   # keyed by rank identity, across connections
+        self.unauth_log = RateLimitedLog(every_s=UNAUTH_LOG_EVERY_S)
         self.sel = selectors.DefaultSelector()
         sweep_stale_socket_dirs()
         self.sock_dir = Path(tempfile.mkdtemp(prefix=socket_dir_prefix()))  # 0700
@@ -127,20 +212,27 @@ class Agent:
 
     # ---- output -------------------------------------------------------------------------------
     def send(self, m: MessageKind, body: dict[str, Any]) -> None:
-        self.seq += 1
         body = {**body, "node": self.node, "agent": self.instance}
         try:
-            self.out.write(wire.encode(m, body, seq=self.seq, secret=self.secret))
+            frame = wire.encode(m, body, seq=self.seq + 1, secret=self.secret)
+        except wire.FrameError:
+            self._count_drop()  # a rank's frame too large once {node, agent} is added
+            return
+        self.seq += 1
+        try:
+            self.out.write(frame)
             self.out.flush()
         except BrokenPipeError:
             self.exit_requested = True  # the supervisor is gone
 
     def to_ranks(self, m: MessageKind, body: dict[str, Any]) -> None:
         for conn in list(self.conns.values()):
+            if conn.rank is None:
+                continue  # commands go to ranks, not to whoever connected
             self.seq += 1
             try:
                 conn.sock.sendall(wire.encode(m, body, seq=self.seq, secret=self.secret))
-            except OSError:
+            except (OSError, wire.FrameError):
                 pass  # that rank is going away; its EOF is handled by the reader
 
     # ---- torchrun -----------------------------------------------------------------------------
@@ -187,8 +279,8 @@ class Agent:
             terminate(self.torchrun, grace)
             self.torchrun = None
         for conn in list(self.conns.values()):
-            if conn.pid is not None:
-                terminate(conn.pid, 0)  # a rank that escaped the tree
+            if conn.rank is not None and conn.pid is not None and conn.pid == conn.peer_pid != os.getpid():
+                terminate(conn.pid, 0)  # a rank that escaped the tree: only the process at the other end
             self._close(conn, report=False)
         self.torchrun_reported = True
         self.pending_exits = []
@@ -198,17 +290,28 @@ class Agent:
     def _accept(self) -> None:
         try:
             sock, _ = self.server.accept()
-        except BlockingIOError:
+        except (BlockingIOError, InterruptedError):
+            return
+        except OSError as err:  # out of descriptors: the next tick tries again
+            print(f"ckptsup agent: cannot accept a rank connection: {err.strerror or err}", file=sys.stderr, flush=True)
             return
         sock.setblocking(False)
-        self.conns[sock] = RankConn(sock=sock, reader=wire.FrameReader(
-            secret=self.secret, sender="rank", on_drop=self._count_drop))
+        waiting = sorted((c for c in self.conns.values() if c.rank is None), key=lambda c: c.opened)
+        for stale in waiting[:max(0, len(waiting) - MAX_UNAUTHENTICATED + 1)]:
+            self._close(stale, report=True)  # many connections that never say hello: drop the oldest
+        self.conns[sock] = RankConn(sock=sock, opened=time.monotonic(), peer_pid=_peer_pid(sock),
+                                    reader=wire.FrameReader(secret=self.secret, sender="rank", on_drop=self._count_drop))
         self.sel.register(sock, selectors.EVENT_READ, "rank")
 
     def _close(self, conn: RankConn, *, report: bool) -> None:
+        if self.conns.pop(conn.sock, None) is None:
+            return
         self.sel.unregister(conn.sock)
         conn.sock.close()
-        self.conns.pop(conn.sock, None)
+        if conn.rank is None:
+            if report:
+                self.unauth_log.note(_unauth_line)  # anyone may connect and leave: no rank, no report
+            return
         if report and not conn.said_bye and self.torchrun is not None:
             # A rank that finished without `bye` looks the same for a moment: confirm unless
             # torchrun exits cleanly within EXIT_CONFIRM_S.
@@ -225,29 +328,70 @@ class Agent:
             self._close(conn, report=True)
             return
         try:
-            frames = conn.reader.feed(data)
+            lines = conn.reader.lines(data)
         except wire.FrameError:
             self._close(conn, report=True)  # a flood is not a rank of ours
             return
-        for m, body in frames:
-            self._rank_frame(conn, m, body)
+        for line in lines:
+            if conn.sock not in self.conns:
+                return
+            frame = conn.reader.verified(line)
+            if frame is not None:
+                self._rank_frame(conn, *frame)
 
     def _count_drop(self) -> None:
         self.dropped += 1
 
-    def _rank_frame(self, conn: RankConn, m: str, body: dict[str, Any]) -> None:
-        if m == MessageKind.HELLO:
-            conn.rank, conn.pid = body.get("rank"), body.get("pid")
-        elif m == MessageKind.STEP:
-            step = body.get("step")
-            if isinstance(step, int) and (self.last_step is None or step > self.last_step):
+    def _hello(self, conn: RankConn, seq: int, body: dict[str, Any]) -> None:
+        """An authenticated hello makes the connection a rank: a well-typed body, and a sequence
+        number fresh for that rank and pid (a replayed hello on a new connection is refused)."""
+        rank, pid = body.get("rank"), body.get("pid")
+        if not (_is_int(rank, low=0) and (pid is None or _is_int(pid, low=1))):
+            self._count_drop()
+            return
+        conn.rank, conn.pid = rank, pid
+        if not self.rank_guard.accept(conn.sender, seq):
+            conn.rank = conn.pid = None
+            self._count_drop()
+            return
+        self.send(MessageKind.HELLO, body)
+
+    def _rank_frame(self, conn: RankConn, m: MessageKind, seq: int, body: dict[str, Any]) -> None:
+        if wire.HOPS.get(m) is not Hop.RANK_TO_AGENT:
+            self._count_drop()  # an agent's or the supervisor's kind: not a rank's to send
+            return
+        if conn.rank is None:
+            if m == MessageKind.HELLO:
+                self._hello(conn, seq, body)
+            else:
+                self._count_drop()  # nothing counts before an authenticated hello
+            return
+        if m == MessageKind.HELLO or not self.rank_guard.accept(conn.sender, seq):
+            self._count_drop()  # a second hello, or a replay
+            return
+        if m in RANK_SCOPED:
+            rank = body.setdefault("rank", conn.rank)
+            if not _is_int(rank) or rank != conn.rank:
+                self._count_drop()  # another rank's identity
+                return
+        if not _rank_body_ok(m, body):
+            self._count_drop()
+            return
+        if m == MessageKind.STEP:
+            step = body["step"]
+            if self.last_step is None or step > self.last_step:
                 self.last_step = step
             self.phase = Phase.TRAIN
         elif m == MessageKind.PHASE:
-            self.phase = Phase.parse(body.get("phase", self.phase))
+            self.phase = Phase.parse(body["phase"])
         elif m == MessageKind.BYE:
             conn.said_bye = True
         self.send(m, body)
+
+    def _expire_unauthenticated(self, now: float) -> None:
+        for conn in [c for c in self.conns.values() if c.rank is None and now - c.opened > HELLO_TIMEOUT_S]:
+            self._close(conn, report=True)
+        self.unauth_log.flush(_unauth_line)
 
     # ---- supervisor commands ------------------------------------------------------------------
     def _read_stdin(self) -> None:
@@ -265,21 +409,31 @@ class Agent:
         except wire.FrameError:
             return  # garbage without newlines on stdin: counted, dropped, the agent goes on
         for m, body in frames:
-            self._command(m, body)
+            try:
+                self._command(m, body)
+            except BadCommand as err:
+                self._count_drop()
+                print(f"ckptsup agent: ignored a {m.value} command: {err}", file=sys.stderr, flush=True)
 
-    def _command(self, m: str, body: dict[str, Any]) -> None:
+    def _command(self, m: MessageKind, body: dict[str, Any]) -> None:
         targets = body.get("nodes")
+        if targets is not None and not (isinstance(targets, list) and all(isinstance(t, str) for t in targets)):
+            raise BadCommand(f"`nodes` must be a list of node names, not {type(targets).__name__}")
         if targets is not None and self.node not in targets:
             return
+        if wire.HOPS.get(m) is not Hop.COMMAND:
+            raise BadCommand("not a command kind")
         if m == MessageKind.KILL:
-            kill_s = self.kill_torchrun(float(body.get("grace", 0)))
+            grace = body.get("grace", 0)
+            if not _is_number(grace) or grace < 0:
+                raise BadCommand(f"`grace` must be a number of seconds >= 0, not {grace!r:.40}")
+            kill_s = self.kill_torchrun(float(grace))
             self.send(MessageKind.KILLED, {"kill_s": kill_s})
         elif m == MessageKind.RESTART:
+            attempt, spec, env = _restart_args(body, self.spec)  # checked before anything is killed
             kill_s = self.kill_torchrun(0) if self.torchrun is not None else 0.0
-            self.attempt = int(body["attempt"])
-            if body.get("spec"):
-                self.spec = LaunchSpec(**body["spec"]) if isinstance(body["spec"], dict) else LaunchSpec.read(body["spec"])
-            self.start_torchrun(dict(body.get("env", {})))
+            self.attempt, self.spec = attempt, spec
+            self.start_torchrun(env)
             self.send(MessageKind.RESTARTED, {"attempt": self.attempt, "kill_s": kill_s})
         elif m == MessageKind.EXIT:
             self.exit_requested = True
@@ -328,9 +482,10 @@ class Agent:
             try:
                 if psutil.Process(conn.pid).status() == psutil.STATUS_STOPPED:
                     stopped.add(conn.rank)
-            except psutil.NoSuchProcess:
+            except (psutil.Error, ValueError, OverflowError):
                 pass
         self.stopped_ranks = stopped
+        self._expire_unauthenticated(now)
 
     def heartbeat(self) -> None:
         ranks = sorted(c.rank for c in self.conns.values() if c.rank is not None)
@@ -368,8 +523,8 @@ class Agent:
                     self._read_rank(conn)
 
     def run(self, *, launch: bool = True) -> int:
-        signal.signal(signal.SIGTERM, self.on_signal)
-        signal.signal(signal.SIGINT, self.on_signal)
+        for signum in (signal.SIGTERM, signal.SIGINT, signal.SIGHUP):  # a hangup stops like a preemption
+            signal.signal(signum, self.on_signal)
         try:
             self.heartbeat()
             if launch:
@@ -397,6 +552,30 @@ class Agent:
             self.standby = None
         self.server.close()
         shutil.rmtree(self.sock_dir, ignore_errors=True)
+
+
+class BadCommand(CkptsupError):
+    """A well-signed command whose body the agent cannot carry out: ignored, the agent goes on."""
+
+
+def _restart_args(body: dict[str, Any], current: LaunchSpec) -> tuple[int, LaunchSpec, dict[str, str]]:
+    attempt = body.get("attempt")
+    if not _is_int(attempt, low=0):
+        raise BadCommand(f"`attempt` must be an integer >= 0, not {attempt!r:.40}")
+    env = body.get("env") or {}
+    if not (isinstance(env, dict) and all(isinstance(k, str) and isinstance(v, str) for k, v in env.items())):
+        raise BadCommand("`env` must map names to strings")
+    spec = body.get("spec")
+    if not spec:
+        return attempt, current, dict(env)
+    if not isinstance(spec, (dict, str)):
+        raise BadCommand(f"`spec` must be a launch spec or its path, not {type(spec).__name__}")
+    try:
+        new = LaunchSpec.from_json(spec, source="restart frame") if isinstance(spec, dict) else LaunchSpec.read(spec)
+    except CkptsupError as err:  # from_json and read check every field and never raise anything else
+        raise BadCommand(f"unusable launch spec ({str(err)[:120]})") from None
+    return attempt, new, dict(env)
+
 
 
 def run_agent(*, spec_path: str, attempt: int, launch: bool = True) -> int:

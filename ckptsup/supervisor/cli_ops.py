@@ -3,13 +3,14 @@ call, render)."""
 
 from __future__ import annotations
 
+import contextlib
 import json
 import os
 import signal
 import sys
 import time
 from pathlib import Path
-from typing import Any
+from typing import Any, Iterator
 
 import click
 
@@ -34,6 +35,23 @@ def _job_id(job_id: str | None) -> str:
     if not job_id:
         raise ConfigError("no Slurm job id: pass --job-id or run inside the job (SLURM_JOB_ID)")
     return job_id
+
+
+@contextlib.contextmanager
+def _run_dir_files(path: Path, command: str) -> Iterator[None]:
+    """The run directory's files are whatever is there (a directory where events.jsonl should be,
+    a state file nested 100,000 deep): what its readers and writers do not turn into one line
+    themselves becomes one here, naming the file, never a traceback."""
+    try:
+        yield
+    except RecursionError:
+        raise ConfigError(f"ckptsup {command}: a file in {path} nests too deep to be one of ckptsup's "
+                          "(state.json, lease, config.json); move it aside") from None
+    except OSError as err:
+        where = err.filename or path
+        raise ConfigError(f"ckptsup {command}: cannot use {where}: {err.strerror or err}; the run directory must "
+                          "hold the files ckptsup writes (a regular events.jsonl, state.json, lease), readable and "
+                          "writable by you") from None
 
 
 class _StopFlag:
@@ -61,31 +79,43 @@ def log(run_dir: str, as_json: bool, follow: bool, show_all: bool) -> None:
     exclusions, requeues."""
     from rich.console import Console
 
-    from ..events import follow_events, parse_ts, read_events
+    from ..events import EVENTS_FILE, ReadStats, follow_events, parse_ts, read_events
     from . import restart_log as timeline
 
     path = _run_dir(run_dir)
+    stats = ReadStats()
     if not follow:
-        events = read_events(path)
+        events = read_events(path, stats=stats)
         if as_json:
             click.echo(json.dumps(events, indent=1))
-            return
-        timeline.render(events, Console(), show_all=show_all)
+        else:
+            timeline.render(events, Console(), show_all=show_all)
+        _note_skipped(stats, path / EVENTS_FILE)
         return
     console = Console(soft_wrap=True)  # one line per event, even in a narrow terminal or a pipe
     start = None
-    for event in follow_events(path, poll_s=0.25):
-        if as_json:
-            click.echo(json.dumps(event, separators=(",", ":")))
-            sys.stdout.flush()
-        else:
-            row_list = timeline.rows([event], show_all=show_all, start=start)
-            if start is None:
-                start = parse_ts(event.get("ts"))
-            for row in row_list:
-                console.print(timeline.row_text(row))
-        if event.get("event") in TERMINAL_EXIT:
-            return
+    try:
+        for event in follow_events(path, poll_s=0.25, stats=stats):
+            if as_json:
+                click.echo(json.dumps(event, separators=(",", ":")))
+                sys.stdout.flush()
+            else:
+                row_list = timeline.rows([event], show_all=show_all, start=start)
+                if start is None:
+                    start = parse_ts(event.get("ts"))
+                for row in row_list:
+                    console.print(timeline.row_text(row))
+            if Event.parse(event.get("event")) in TERMINAL_EXIT:
+                return
+    finally:
+        _note_skipped(stats, path / EVENTS_FILE)
+
+
+def _note_skipped(stats: Any, path: Path) -> None:
+    """One stderr line when a reader skipped lines that are not events (stdout stays parseable)."""
+    if stats.skipped:
+        click.echo(f"ckptsup: skipped {stats.skipped} line(s) of {path} that are not ckptsup events "
+                   "(torn, foreign or malformed)", err=True)
 
 
 @click.command("watchdog")
@@ -110,9 +140,10 @@ def watchdog(run_dir: str, job_id: str | None, poll_s: float | None) -> None:
             click.echo(f"ckptsup watchdog: {path / CONFIG_JSON} never appeared; nothing to watch")
             return
         time.sleep(0.5)
-    config = effective_config(path)
-    client = SlurmClient.from_config(config.slurm)
-    result = watch(run_dir=path, job_id=job, config=config, client=client, poll_s=poll_s, stop=lambda: stop.set)
+    with _run_dir_files(path, "watchdog"):
+        config = effective_config(path)
+        client = SlurmClient.from_config(config.slurm)
+        result = watch(run_dir=path, job_id=job, config=config, client=client, poll_s=poll_s, stop=lambda: stop.set)
     click.echo(f"ckptsup watchdog: {result.outcome.value}: {result.detail}")
     if result.outcome is WatchOutcome.REFUSED:
         sys.exit(3)
@@ -133,11 +164,12 @@ def requeue(run_dir: str, reason: str, exclude: tuple[str, ...], job_id: str | N
 
     job = _job_id(job_id)
     _StopFlag().install()
-    path = RunDir.create(run_dir).path  # the supervisor may have died before creating it
-    config = effective_config(path)
-    client = SlurmClient.from_config(config.slurm)
-    result = requeue_job(client, path, job, reason, list(exclude), partition=config.slurm.spare_partition or None,
-                         by=by)
+    with _run_dir_files(Path(run_dir), "requeue"):
+        path = RunDir.create(run_dir).path  # the supervisor may have died before creating it
+        config = effective_config(path)
+        client = SlurmClient.from_config(config.slurm)
+        result = requeue_job(client, path, job, reason, list(exclude), partition=config.slurm.spare_partition or None,
+                             by=by)
     if result.requeued:
         click.echo(f"ckptsup requeue: job {job} requeued (epoch {result.epoch}, excluded "
                    f"{','.join(result.excluded) or 'none'})")

@@ -142,7 +142,7 @@ class Supervisor:
 
     # ---- the run ------------------------------------------------------------------------------
     def run(self) -> ExitStatus:
-        previous = {sig: signal.signal(sig, self._on_signal) for sig in (signal.SIGTERM, signal.SIGUSR1, signal.SIGINT)}
+        previous = {sig: signal.signal(sig, self._on_signal) for sig in (signal.SIGTERM, signal.SIGUSR1, signal.SIGINT, signal.SIGHUP)}
         try:
             self._start()
             return self._run()

@@ -50,7 +50,7 @@ def _extras(event: Mapping[str, Any], used: Iterable[str] = ()) -> str:
 
 
 def phases_text(phases: Mapping[str, Any]) -> str:
-    ordered = [p for p in PHASES if p in phases] + sorted(p for p in phases if p not in PHASES)
+    ordered = [p for p in PHASES if p in phases] + sorted(str(p) for p in phases if p not in PHASES)
     return ", ".join(f"{p.removesuffix('_s')} {float(phases[p]):.2f}s" for p in ordered
                      if isinstance(phases[p], (int, float)))
 
@@ -140,7 +140,7 @@ def rows(events: Iterable[Mapping[str, Any]], *, show_all: bool = False,
         when = parse_ts(e.get("ts"))
         if start is None and when is not None:
             start = when
-        if not show_all and e.get("event") in HIDDEN_BY_DEFAULT:
+        if not show_all and Event.parse(e.get("event")) in HIDDEN_BY_DEFAULT:
             continue
         rel = (when - start) if (when is not None and start is not None) else None
         name = e.get("event")
@@ -174,8 +174,9 @@ def summarize(events: Iterable[Mapping[str, Any]]) -> Summary:
         elif name == Event.FAILURE_ATTRIBUTED and failures:
             failures[-1].update(kind=e.get("kind"), node=e.get("node"))  # what the failure turned out to be
         elif name == Event.RESTART_DONE:
+            phases = e.get("phases")
             restarts.append({"restart_s": e.get("restart_s"), "resume_step": e.get("resume_step"),
-                             "phases": dict(e.get("phases") or {})})
+                             "phases": dict(phases) if isinstance(phases, Mapping) else {}})
         elif name == Event.NODE_EXCLUDED:
             excluded.append((str(e.get("node")), str(e.get("reason", ""))))
         elif name == Event.REQUEUE:
@@ -224,7 +225,7 @@ def render(events: list[Mapping[str, Any]], console: Console, *, show_all: bool 
     table.add_column("what")
     for row in rows(events, show_all=show_all):
         table.add_row(_fmt_t(row.t_s), str(row.attempt), Text(row.event, style=STYLE.get(row.event, "")), row.text)
-    hidden = sum(1 for e in events if e.get("event") in HIDDEN_BY_DEFAULT) if not show_all else 0
+    hidden = sum(1 for e in events if Event.parse(e.get("event")) in HIDDEN_BY_DEFAULT) if not show_all else 0
     console.print(table)
     if hidden:
         console.print(f"({hidden} step_progress events hidden; --all shows them)")

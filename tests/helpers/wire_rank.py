@@ -2,7 +2,12 @@
 protocol over CKPTSUP_RANK_SOCKET (hello, phase, step, nan, bye) the way the hooks do, and can
 crash, hang or report NaN on command. Progress persists in <out>/rank<R>.step so a restart resumes.
 
-usage: wire_rank.py --steps N [--step-s S] [--crash-at K] [--hang-at K] [--nan-at K] [--once] --out DIR
+usage: wire_rank.py --steps N [--step-s S] [--crash-at K] [--hang-at K] [--nan-at K] [--once]
+                    [--intrude-at K] --out DIR
+
+--intrude-at K: at step K of the first attempt, rank 0 also plays an intruder on its agent's rank
+socket (connections that close without a frame, a 1 MB line, deep brackets, forged and replayed
+frames, well-signed frames with wrong body types); none of it may cost a restart.
 """
 import argparse
 import json
@@ -29,6 +34,7 @@ def main() -> int:
     p.add_argument("--fault-rank", type=int, default=1)
     p.add_argument("--abort-at-exit", action="store_true", help="rank --fault-rank aborts (SIGABRT) after its bye")
     p.add_argument("--commit-every", type=int, default=0, help="report a checkpoint_committed event every K steps")
+    p.add_argument("--intrude-at", type=int, default=-1, help="rank 0 attacks its agent's rank socket at step K (attempt 0)")
     p.add_argument("--out", required=True)
     a = p.parse_args()
     rank = int(os.environ.get("RANK", "0"))
@@ -37,11 +43,14 @@ def main() -> int:
     sock = socket.socket(socket.AF_UNIX, socket.SOCK_STREAM)
     sock.connect(os.environ["CKPTSUP_RANK_SOCKET"])
     seq = [0]
+    sent: list[bytes] = []  # what this rank said, for the intruder to replay
 
     def send(m, body):
         seq[0] += 1
+        frame = wire.encode(m, body, seq=seq[0], secret=secret)
+        sent.append(frame)
         try:
-            sock.sendall(wire.encode(m, body, seq=seq[0], secret=secret))
+            sock.sendall(frame)
         except OSError:
             pass  # like the hooks: a lost agent channel does not stop training
 
@@ -85,6 +94,8 @@ def main() -> int:
             time.sleep(0.005)
 
     for step in range(start, a.steps):
+        if rank == 0 and step == a.intrude_at and attempt == 0:
+            intrude(os.environ["CKPTSUP_RANK_SOCKET"], secret, sent[:3])
         peers_at(step)
         t0 = time.monotonic()
         if faulty and step == a.crash_at:
@@ -112,6 +123,31 @@ def main() -> int:
         time.sleep(0.5)  # the bye reaches the supervisor first, as it does after a real close()
         os.abort()  # like a C++ std::terminate in interpreter teardown
     return 0
+
+
+def intrude(path: str, secret: bytes, replay: list[bytes]) -> None:
+    """Everything an intruder (or a confused process of ours) can send the agent's rank socket."""
+    def session(*payloads: bytes) -> None:
+        s = socket.socket(socket.AF_UNIX, socket.SOCK_STREAM)
+        try:
+            s.connect(path)
+            for payload in payloads:
+                s.sendall(payload)
+        except OSError:
+            pass  # the agent may close a flood before it is all sent
+        finally:
+            s.close()
+
+    for _ in range(15):
+        session()                                            # connect, say nothing, leave
+    session(b"x" * (1 << 20))                                # 1 MB without a newline
+    session(b"[" * 2048 + b"\n")                             # deep brackets, no MAC
+    session(wire.encode("hello", {"rank": 0, "pid": os.getpid()}, seq=1, secret=b"guess" * 8))
+    session(b"".join(replay))                                # this rank's own frames, replayed
+    session(wire.encode("hello", {"rank": "x", "pid": os.getpid()}, seq=2, secret=secret),  # no identity
+            wire.encode("step", {"rank": 0, "step": []}, seq=3, secret=secret),
+            wire.encode("rank_exit", {"rank": 0, "rc": 9}, seq=4, secret=secret),
+            wire.encode("phase", {"rank": 0, "phase": [], "step": {}}, seq=5, secret=secret))
 
 
 if __name__ == "__main__":
