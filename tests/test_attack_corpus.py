@@ -42,7 +42,6 @@ class Case:
 
 
 C = Case
-H9WIRE = "h9wire"   # the rank-socket / restart-log / SIGHUP branch
 BAD = "test_cli_bad_inputs.py::test_bad_input_is_one_error_line_naming_the_problem"
 SITE = "test_cli_bad_inputs.py::test_a_bad_site_config_is_one_error_line"
 HOSTILE_CLI = "test_checkpoint_hostile.py::test_every_ckpt_command_answers_a_hostile_newest_checkpoint_in_one_line"
@@ -91,17 +90,17 @@ CORPUS: tuple[Case, ...] = (
     C("event-a-list", "restart log", "an event whose `event` is a list (log, report, ops)",
       "the line is skipped and counted, no TypeError",
       ("test_events_readers.py::test_parse_line_refuses_non_names_deep_and_huge_lines_without_raising",
-       "test_events_readers.py::test_rows_of_records_whose_event_is_not_a_name_render"), H9WIRE),
+       "test_events_readers.py::test_rows_of_records_whose_event_is_not_a_name_render")),
     C("naive-aware-ts", "restart log", "naive and aware timestamps mixed", "both read as UTC, no TypeError",
       ("test_events_readers.py::test_rows_and_summary_mix_naive_and_aware_timestamps_as_utc",
-       "test_events_readers.py::test_report_of_mixed_timestamps_counts_wall_clock_as_utc"), H9WIRE),
+       "test_events_readers.py::test_report_of_mixed_timestamps_counts_wall_clock_as_utc")),
     C("deep-event-line", "restart log", "a 100,000-deep JSON line", "skipped, no RecursionError",
       ("test_events_readers.py::test_parse_line_refuses_non_names_deep_and_huge_lines_without_raising",
-       "test_fuzz_events.py::test_parse_line_bounds_nesting_and_numbers"), H9WIRE),
+       "test_fuzz_events.py::test_parse_line_bounds_nesting_and_numbers")),
     C("events-jsonl-dir", "restart log", "events.jsonl is a directory (log, report, ops)", ONE_LINE,
       (f"{BAD}[report-log-is-a-directory]",
        "test_events_readers.py::test_a_restart_log_that_is_a_directory_is_one_line_for_every_reader",
-       "test_events_readers.py::test_requeue_with_a_restart_log_that_is_a_directory_is_one_line"), H9WIRE),
+       "test_events_readers.py::test_requeue_with_a_restart_log_that_is_a_directory_is_one_line")),
     # ---- checkpoint CLI ----
     C("fifo-manifest", "checkpoint CLI", "a FIFO manifest.json (ckpt inspect|verify|list|prune)",
       f"never blocks, {ONE_LINE}", (f"{HOSTILE_CLI}[fifo_manifest]", f"{HOSTILE_RETENTION}[fifo_manifest]")),
@@ -145,19 +144,18 @@ CORPUS: tuple[Case, ...] = (
        "test_checkpoint_hostile.py::test_a_fifo_manifest_does_not_block_the_resume_choice_of_an_already_validated_run")),
     # ---- rank socket ----
     C("connect-close", "rank socket", "connect and close without data, x20", "no rank, no restart, one log line",
-      ("test_agent_boundary.py::test_connections_that_close_without_an_authenticated_hello_are_no_rank_and_change_nothing",),
-      H9WIRE),
+      ("test_agent_boundary.py::test_connections_that_close_without_an_authenticated_hello_are_no_rank_and_change_nothing",)),
     C("one-mb-line", "rank socket", "a 1 MB line without a newline", "dropped, no rank, no restart",
       ("test_agent_boundary.py::test_connections_that_close_without_an_authenticated_hello_are_no_rank_and_change_nothing",
-       "test_fuzz_wire.py::test_an_unterminated_flood_is_one_frame_error"), H9WIRE),
+       "test_fuzz_wire.py::test_an_unterminated_flood_is_one_frame_error")),
     C("replay-new-connection", "rank socket", "a valid frame replayed on a new connection", "dropped",
-      ("test_agent_boundary.py::test_a_valid_frame_replayed_on_a_new_connection_is_dropped",), H9WIRE),
+      ("test_agent_boundary.py::test_a_valid_frame_replayed_on_a_new_connection_is_dropped",)),
     C("nested-brackets", "rank socket", "a 2 KB nested-bracket line without MAC", "dropped before json.loads",
       ("test_agent_boundary.py::test_deep_brackets_without_a_mac_do_not_reach_the_json_parser",
-       "test_fuzz_wire.py::test_decode_bounds_nesting_and_takes_any_str"), H9WIRE),
+       "test_fuzz_wire.py::test_deep_nesting_surrogate_strs_and_non_hex_macs_are_frame_errors")),
     # ---- signals ----
     C("sighup", "signals", "SIGHUP to the supervisor", "a stop event, state stopped, exit PREEMPTED",
-      ("test_supervisor_loop.py::test_a_hangup_to_the_supervisor_stops_it_like_a_preemption",), H9WIRE),
+      ("test_supervisor_loop.py::test_a_hangup_to_the_supervisor_stops_it_like_a_preemption",)),
     # ---- found by the fuzz tier ----
     C("int-choice-knob", "found by the fuzz tier", "[nccl] async_error_handling = 5", f"{ONE_LINE}, exit 2 (was a TypeError)",
       ("test_fuzz_config.py::test_an_integer_choice_out_of_range_is_one_line_not_a_type_error",
@@ -197,8 +195,8 @@ CORPUS: tuple[Case, ...] = (
       ("test_fuzz_rundir.py::test_integers_past_any_float_in_state_json_and_the_lease_are_no_overflow",
        "test_attack_corpus.py::test_corpus_a_state_json_with_a_number_past_any_float_is_one_line")),
     C("mac-non-ascii", "found by the fuzz tier", 'a frame whose "mac" is a non-ASCII string, on the rank socket',
-      "dropped and counted (a TypeError of hmac.compare_digest out of decode here: the agent dies)",
-      ("test_fuzz_wire.py::test_decode_bounds_nesting_and_takes_any_str",), H9WIRE),
+      "dropped and counted (a TypeError of hmac.compare_digest out of decode before the MAC was checked as hex)",
+      ("test_fuzz_wire.py::test_deep_nesting_surrogate_strs_and_non_hex_macs_are_frame_errors",)),
     C("frame-kind-surrogate", "found by the fuzz tier", 'a frame {"m": "\\ud800", ...} on the rank socket',
       "dropped and counted (was a UnicodeEncodeError out of decode: the agent died)",
       ("test_fuzz_wire.py::test_a_kind_holding_a_lone_surrogate_is_a_frame_error_not_a_unicode_error",

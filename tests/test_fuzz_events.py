@@ -1,15 +1,10 @@
 """Fuzz tier: the restart log (ckptsup/events.py) — `parse_line` (one line of events.jsonl, and
 the records ranks forward), `read_events` (the whole file) and `parse_ts` (an event's time).
 
-Allowed exceptions: none from parse_line (a line that is not an event is None) or parse_ts (None);
-read_events raises only a CkptsupError (one line) for a file that is not a restart log at all.
-An event round-trips: make_event → the line EventWriter writes → parse_line, and through the file.
-
-The readers are being hardened on another branch (a bounded streaming reader of regular files
-only, nesting bounded before json.loads, a non-string `event` skipped). Until that lands, what it
-fixes (deep nesting, numbers of 5,000 digits; a directory, FIFO or /dev/zero at events.jsonl) is
-pinned by expected failures here that become plain tests by themselves once it has landed; every
-other input is checked on both."""
+Allowed exceptions: none from parse_line (a line that is not an event is None; an accepted one has
+every required field and a string `event`) or parse_ts (None); read_events raises only
+EventsFileError (one line) for a file that is not a restart log at all. An event round-trips:
+make_event → the line EventWriter writes → parse_line, and through the file."""
 
 from __future__ import annotations
 
@@ -17,16 +12,14 @@ import json
 import math
 
 import pytest
-from hypothesis import given, settings
+from hypothesis import given
 from hypothesis import strategies as st
 
-from ckptsup import events
-from ckptsup.errors import CkptsupError
-from ckptsup.events import REQUIRED_FIELDS, Event, EventWriter, make_event, parse_line, parse_ts, read_events
+from ckptsup.events import (REQUIRED_FIELDS, Event, EventsFileError, EventWriter, make_event, parse_line, parse_ts,
+                            read_events)
 from fuzz_helpers import (FILE_KINDS, json_text, assert_one_line, deep_text, finite_json, fresh_dir, json_bytes,
                           json_values, mutated, number_texts, plant, scalars, strings)
 
-HARDENED = hasattr(events, "EventsFileError")   # the events-readers branch
 names = st.sampled_from(list(Event))
 field_names = json_text(max_size=10).filter(lambda k: k not in ("name", "job_id", "attempt", "mono", "ts"))
 fields = st.dictionaries(field_names, finite_json(max_leaves=8), max_size=5)
@@ -66,7 +59,7 @@ def record_values() -> st.SearchStrategy[object]:
 
 def lines() -> st.SearchStrategy[str]:
     """A line of a restart log (read_events decodes with errors="replace")."""
-    return json_bytes(record_values(), deep=HARDENED, long_numbers=HARDENED).map(lambda b: b.decode("utf-8", "replace"))
+    return json_bytes(record_values()).map(lambda b: b.decode("utf-8", "replace"))
 
 
 @given(lines())
@@ -74,20 +67,18 @@ def test_parse_line_of_anything_is_an_event_or_none(line: str) -> None:
     record = parse_line(line)
     if record is not None:
         assert isinstance(record, dict) and all(k in record for k in REQUIRED_FIELDS)
-        if HARDENED:   # what log, report and the ops commands format and compare
-            assert isinstance(record["event"], str)
+        assert isinstance(record["event"], str)   # what log, report and the ops commands format and compare
 
 
-@given(st.lists(lines(), max_size=8), st.sampled_from(FILE_KINDS if HARDENED else
-                                                       ("regular", "missing", "symlink-to-regular")))
+@given(st.lists(lines(), max_size=8), st.sampled_from(FILE_KINDS))
 def test_read_events_of_any_file_is_its_events_or_one_line(content: list[str], kind: str) -> None:
     with fresh_dir() as d:
         data = "\n".join(content).encode("utf-8", "surrogatepass")
         plant(d / "events.jsonl", kind, data)
         try:
             got = read_events(d)
-        except CkptsupError as err:   # not a restart log at all (a directory, a FIFO, a device)
-            assert HARDENED and kind not in ("regular", "symlink-to-regular", "missing")
+        except EventsFileError as err:   # not a restart log at all (a directory, a FIFO, a device)
+            assert kind not in ("regular", "symlink-to-regular", "missing", "dangling-symlink")
             assert_one_line(err)
         else:
             if kind in ("missing", "dangling-symlink"):
@@ -103,23 +94,15 @@ def test_parse_ts_of_anything_is_seconds_or_none(value: object) -> None:
     assert seconds is None or (isinstance(seconds, float) and math.isfinite(seconds))
 
 
-@pytest.mark.xfail(not HARDENED, strict=True, raises=(RecursionError, ValueError),
-                   reason="lands with the events-readers branch (h9wire): nesting and number length bounded "
-                          "before json.loads")
-@settings(report_multiple_bugs=False)
 @given(st.one_of(deep_text(), number_texts().filter(lambda t: t[:1].isdigit() and len(t) > 4300)))
 def test_parse_line_bounds_nesting_and_numbers(line: str) -> None:
     assert parse_line(line) is None
 
 
-@pytest.mark.xfail(not HARDENED, strict=True, raises=IsADirectoryError,
-                   reason="lands with the events-readers branch (h9wire): events.jsonl read as a regular file only")
 @pytest.mark.parametrize("kind", ["directory", "fifo", "dev-zero"])
 def test_read_events_of_what_is_no_file_is_one_line(kind: str) -> None:
-    if not HARDENED and kind != "directory":
-        pytest.xfail("the unhardened reader would block on a FIFO forever and read /dev/zero until memory runs out")
     with fresh_dir() as d:
         plant(d / "events.jsonl", kind)
-        with pytest.raises(CkptsupError) as err:
+        with pytest.raises(EventsFileError) as err:
             read_events(d)
         assert_one_line(err.value)

@@ -4,29 +4,21 @@ supervisor stdin) and `FrameReader` (a byte stream split into frames, forgeries 
 Allowed exceptions: `decode` raises FrameError only; `FrameReader.feed` raises FrameError only (an
 unterminated flood); `FrameReader.accept` raises nothing. Messages are one short line. A frame
 round-trips through encode → decode, and a stream of good frames cut at any points comes out whole,
-in order, once.
-
-The rank socket's reader is being hardened on another branch (bounded nesting and length before
-json.loads, NaN and non-hex MACs refused, FrameError a CkptsupError). Until that lands, the input
-classes it fixes (deep nesting, a str frame holding a lone surrogate) are pinned by
-`test_decode_bounds_nesting_and_takes_any_str`, an expected failure here that becomes a plain
-test by itself once it has landed; every other input is checked on both."""
+in order, once."""
 
 from __future__ import annotations
 
 import json
 
 import pytest
-from hypothesis import given, settings
+from hypothesis import given
 from hypothesis import strategies as st
 
 from ckptsup import wire
-from ckptsup.errors import CkptsupError
 from ckptsup.wire import MAX_FRAME_BYTES, FrameError, FrameReader, MessageKind, decode, encode
 from fuzz_helpers import (ANY_CHAR, assert_one_line, json_text, deep_text, finite_json, json_bytes, json_values, mutated, scalars,
                           strings)
 
-HARDENED = issubclass(FrameError, CkptsupError)   # the rank-socket branch's wire.decode
 SECRET = b"0123456789abcdef" * 4
 kinds = st.sampled_from(list(MessageKind))
 seqs = st.integers(0, 2 ** 63)
@@ -44,14 +36,6 @@ def signed(m: object, seq: object, body: object, secret: bytes = SECRET) -> dict
     return {"m": m, "seq": seq, "body": body, "mac": mac}
 
 
-def ascii_mac(value: object) -> object:
-    """Unhardened, a `mac` that is a non-ASCII string is a TypeError of hmac.compare_digest (pinned by
-    test_decode_bounds_nesting_and_takes_any_str); other inputs are checked on both."""
-    if not HARDENED and isinstance(value, dict) and isinstance(value.get("mac"), str) and not value["mac"].isascii():
-        return {**value, "mac": value["mac"].encode("ascii", "replace").decode()}
-    return value
-
-
 def frame_values() -> st.SearchStrategy[object]:
     fields = st.one_of(scalars(), json_values(max_leaves=5), strings())
     good = st.builds(lambda m, s, b: json.loads(encode(m, b, seq=s, secret=SECRET)), kinds, seqs, bodies)
@@ -59,7 +43,7 @@ def frame_values() -> st.SearchStrategy[object]:
         good.flatmap(lambda f: mutated(f, field_values=fields)),                   # tampered: the MAC fails
         st.builds(signed, st.one_of(kinds, strings()), st.one_of(seqs, scalars()), st.one_of(bodies, fields)),
         st.builds(signed, kinds, seqs, st.one_of(bodies, fields), st.sampled_from([b"", b"x", SECRET[:-1]])),
-        json_values()).map(ascii_mac)
+        json_values())
 
 
 @given(kinds, seqs, bodies)
@@ -74,11 +58,11 @@ def test_a_frame_round_trips(m: MessageKind, seq: int, body: dict) -> None:
     assert decode(data.decode(), secret=SECRET) == (m, seq, body)
 
 
-@given(json_bytes(frame_values(), deep=HARDENED), st.booleans())
+@given(json_bytes(frame_values()), st.booleans())
 def test_decode_of_anything_is_a_frame_or_one_frame_error(data: bytes, as_text: bool) -> None:
     line: bytes | str = data
-    if as_text:   # a str line; one holding lone surrogates is the hardened decoder's to take
-        line = data.decode("utf-8", "replace" if not HARDENED else "surrogateescape")
+    if as_text:   # a str line, lone surrogates included
+        line = data.decode("utf-8", "surrogateescape")
     try:
         m, seq, body = decode(line, secret=SECRET)
     except FrameError as err:
@@ -136,12 +120,8 @@ NON_ASCII_MACS = st.text(ANY_CHAR, min_size=1, max_size=8).filter(lambda t: not 
     lambda mac: json.dumps({"m": "hello", "seq": 1, "body": {}, "mac": mac}))
 
 
-@pytest.mark.xfail(not HARDENED, strict=True, raises=(RecursionError, UnicodeEncodeError, TypeError),
-                   reason="lands with the rank-socket branch (h9wire): decode bounds the nesting before json.loads, "
-                          "takes a str holding a lone surrogate and refuses a MAC that is not hex before comparing it")
-@settings(report_multiple_bugs=False)
 @given(st.one_of(deep_text(), st.text(ANY_CHAR, max_size=20).map(lambda t: t + "\ud800"), NON_ASCII_MACS))
-def test_decode_bounds_nesting_and_takes_any_str(line: str) -> None:
+def test_deep_nesting_surrogate_strs_and_non_hex_macs_are_frame_errors(line: str) -> None:
     with pytest.raises(FrameError) as err:
         decode(line, secret=SECRET)
     assert_one_line(err.value)
