@@ -6,10 +6,7 @@ Most cases already have a test where their boundary is tested (tests/test_cli_ba
 test_checkpoint_hostile.py, ...): the corpus names them instead of repeating them, and
 `test_the_case_is_pinned` fails when a named test (or its parameter id) disappears. The cases no
 other file covers are tested here (`test_corpus_*`). SECURITY.md's table of attack classes is
-this table counted (`test_security_md_counts_the_corpus`).
-
-A case whose pins are on a branch not merged here yet (`lands_with`) is skipped with that
-branch named; once it is merged, its pins are checked like any other."""
+this table counted (`test_security_md_counts_the_corpus`)."""
 
 from __future__ import annotations
 
@@ -38,7 +35,6 @@ class Case:
     case: str                  # the input
     promise: str               # what must happen
     pins: tuple[str, ...]      # "file.py::test_name" or "file.py::test_name[parameter id]"
-    lands_with: str = ""       # the branch whose tests pin it, when it is not merged here yet
 
 
 C = Case
@@ -222,10 +218,7 @@ def test_the_case_is_pinned(case: Case) -> None:
             missing.append(pin)
             continue
         assert param is None or param in text, f"{pin}: no parameter id {param!r} in {name}"
-    if missing:
-        if case.lands_with:
-            pytest.skip(f"pinned by {', '.join(missing)} on branch {case.lands_with}, not merged here yet")
-        pytest.fail(f"pinned by tests that do not exist: {missing}")
+    assert not missing, f"pinned by tests that do not exist: {missing}"
 
 
 def test_security_md_counts_the_corpus() -> None:
