@@ -406,6 +406,8 @@ RULES: tuple[tuple[str, str, float, str, str], ...] = (
      "else the watchdog requeues a live supervisor whose lease renewal is merely late"),
     ("supervisor", "node_silence_s", 2.0, "heartbeat_interval_s",
      "else one late heartbeat counts as a dead node"),
+    ("supervisor", "backoff_max_s", 1.0, "backoff_initial_s",
+     "else the cap is below the first delay and the backoff never grows"),
 )
 
 
@@ -515,8 +517,9 @@ def render_default_toml() -> str:
     bound and the rules it takes part in (tests/test_config.py keeps the shipped file equal)."""
     rules: dict[str, list[str]] = {}
     for section, key, factor, other, _why in RULES:
-        rules.setdefault(f"{section}.{key}", []).append(f">= {factor:g} x {other}")
-        rules.setdefault(f"{section}.{other}", []).append(f"<= {key} / {factor:g}")
+        times = "" if factor == 1 else f"{factor:g} x "
+        rules.setdefault(f"{section}.{key}", []).append(f">= {times}{other}")
+        rules.setdefault(f"{section}.{other}", []).append(f"<= {key}" + ("" if factor == 1 else f" / {factor:g}"))
     out = [DEFAULT_TOML_HEADER]
     for section, cls in SECTIONS.items():
         out.append(f"\n[{section}]\n")

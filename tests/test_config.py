@@ -97,6 +97,8 @@ def test_integer_for_float_knob_is_accepted_as_float(site: Path) -> None:
          "supervisor.lease_stale_s = 1.5 (job:"),
         ("[supervisor]\nlease_interval_s = 6\n", "at least 2 x supervisor.lease_interval_s = 6.0 (job:"),
         ("[supervisor]\nnode_silence_s = 0.5\n", "at least 2 x supervisor.heartbeat_interval_s = 1.0"),
+        ("[supervisor]\nbackoff_initial_s = 120\n", "supervisor.backoff_max_s = 60.0 (site:"),
+        ("[supervisor]\nbackoff_initial_s = 120\n", "at least 1 x supervisor.backoff_initial_s = 120.0 (job:"),
         ("[supervisor]\nheartbeat_interval_s = 3\n",
          "supervisor.node_silence_s = 5.0 (site:"),
     ],

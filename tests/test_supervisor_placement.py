@@ -3,6 +3,7 @@ import sys
 
 import pytest
 
+from ckptsup.config import PORT_SPREAD
 from ckptsup.errors import ConfigError
 from ckptsup.supervisor.agent import Agent, LaunchSpec
 from ckptsup.supervisor.placement import Placement
@@ -32,6 +33,25 @@ def test_rendezvous_port_differs_per_attempt_on_a_remote_first_node():
     p = slurm_placement()
     a, b = p.rdzv_endpoint("n1", 29500, 3), p.rdzv_endpoint("n1", 29500, 4)
     assert a.startswith("10.0.0.1:") and b.startswith("10.0.0.1:") and a != b
+
+
+def test_local_rendezvous_port_is_free_and_inside_the_documented_range():
+    import socket
+    local = Placement(job_id="local", nodes=("box",), addrs={"box": "127.0.0.1"})
+    base = 40000
+    first = int(local.rdzv_endpoint("box", base, 0).rpartition(":")[2])
+    assert base <= first <= base + PORT_SPREAD
+    with socket.socket() as busy:  # the port it would pick is taken: it moves on, still in range
+        busy.bind(("127.0.0.1", first))
+        busy.listen()
+        second = int(local.rdzv_endpoint("box", base, 0).rpartition(":")[2])
+    assert second != first and base <= second <= base + PORT_SPREAD
+
+
+def test_rendezvous_port_falls_back_to_the_spread_port_when_the_address_is_not_local():
+    p = Placement(job_id="7", nodes=("n1",), addrs={"n1": "192.0.2.1"})  # TEST-NET: never ours
+    port = int(p.rdzv_endpoint("n1", 29500, 2).rpartition(":")[2])
+    assert port == 29500 + (sum(map(ord, "7")) * 97 + 2) % (PORT_SPREAD + 1)
 
 
 def spec(**kw):

@@ -3,6 +3,7 @@ agents per attempt). Everything placement-specific lives here so the loop is the
 
 from __future__ import annotations
 
+import errno
 import os
 import shutil
 import socket
@@ -10,14 +11,26 @@ import sys
 from dataclasses import dataclass, field
 from typing import Any, Mapping, Sequence
 
+from ..config import PORT_SPREAD
 from ..env import JOB_ID, NODE, node_name
 from ..errors import CkptsupError, ConfigError
 
 
-def free_port(host: str = "127.0.0.1") -> int:
-    with socket.socket(socket.AF_INET, socket.SOCK_STREAM) as sock:
-        sock.bind((host, 0))
-        return int(sock.getsockname()[1])
+def free_port_in(host: str, base: int, start: int, span: int = PORT_SPREAD + 1) -> int | None:
+    """The first port of [base, base+span) free on `host` right now, probing from base+start and
+    wrapping; None when none is (or `host` is not an address of this machine). Ports stay inside
+    the documented range so that a firewall rule for it covers every rendezvous of ours."""
+    for i in range(span):
+        port = base + (start + i) % span
+        with socket.socket(socket.AF_INET, socket.SOCK_STREAM) as sock:
+            try:
+                sock.bind((host, port))
+            except OSError as err:
+                if err.errno == errno.EADDRNOTAVAIL:
+                    return None
+                continue
+            return port
+    return None
 
 
 def partition_grace_time(client: Any, partition: str) -> float | None:
@@ -72,17 +85,17 @@ class Placement:
                    grace_time_s=partition_grace_time(client, alloc.partition), here=alloc.batch_host)
 
     def rdzv_endpoint(self, first_node: str, base_port: int, attempt: int) -> str:
-        """ADDR:PORT of the attempt's store on its first node. A port free right now when that
-        node is this host; otherwise one spread by job and attempt, so that jobs sharing a node
-        (and an attempt whose old store lingers) rarely collide — a collision fails torchrun at
+        """ADDR:PORT of the attempt's store on its first node, always in [base_port,
+        base_port+PORT_SPREAD]. The offset is spread by job and attempt, so that jobs sharing a
+        node (and an attempt whose old store lingers) rarely collide; when the first node is
+        this host the port is also probed free. A collision on another node fails torchrun at
         once, which the policy retries on the next attempt's port."""
         addr = self.addrs.get(first_node, "127.0.0.1")
+        spread = (sum(map(ord, self.job_id)) * 97 + attempt) % (PORT_SPREAD + 1)
         if not self.in_slurm or first_node == self.here:
-            try:
-                return f"{addr}:{free_port(addr)}"
-            except OSError:
-                pass  # the address is not local after all
-        spread = (sum(map(ord, self.job_id)) * 97 + attempt) % 2000
+            port = free_port_in(addr, base_port, spread)
+            if port is not None:
+                return f"{addr}:{port}"
         return f"{addr}:{base_port + spread}"
 
     def agent_argv(self, nodes: Sequence[str], spec_path: str, attempt: int) -> list[str]:
