@@ -82,6 +82,12 @@ def one_of(*choices: Any) -> Check:
     return check
 
 
+def progress_check(value: Any) -> str | None:
+    from .progress import pattern_problem
+
+    return pattern_problem(value)
+
+
 def tier_path(*schemes: str) -> Check:
     """A storage location: empty (tier off), a plain path, or one of the given URL schemes."""
     def check(value: Any) -> str | None:
@@ -166,6 +172,13 @@ class SupervisorConfig:
     rdzv_port: int = knob(29500, "c10d rendezvous port on the first active node; up to 1999 is added per job and attempt",
                           between(1, 65535 - PORT_SPREAD, f" (up to {PORT_SPREAD} is added to spread jobs over ports)"),
                           max=65535 - PORT_SPREAD)
+    progress_pattern: str = knob("auto", "regex on the ranks' output whose one group is the step (progress lines); "
+                                 "auto = every preset, off, or a preset: torchtitan, megatron, plain", progress_check)
+    progress_dir: str = knob("", "a script's own checkpoint directory: a newer entry there counts as progress "
+                                 "(for scripts that report no steps); empty = none")
+    progress_warn_s: float = knob(900.0, "warn (an event, never a kill) when a script that never reported a step has "
+                                         "printed no progress line for this long (s)", positive, max=WEEK_S)
+    tee: bool = knob(False, "every rank's output on the console, prefixed [rankN]: (default: rank 0's only)")
     rdzv_backend: str = knob("static", "torchrun rendezvous: static (node ranks from the supervisor, workers start ~0.3 s sooner on a restart) or c10d", one_of("static", "c10d"))
 
 

@@ -1,0 +1,126 @@
+"""Progress lines: a regex on the ranks' own output turns any script's log lines into step
+progress (docs/drop-in.md §Progress lines). Pure: the agent feeds it chunks of output; the
+config validates a pattern with `compile_pattern` at the edge.
+
+A chunk is split on `\\r` as well as `\\n` (progress bars redraw with `\\r`) and ANSI colour
+codes are stripped before matching (torchtitan prints `\\033[31mstep: 10`). A line longer than
+MAX_LINE is cut: the step is near its start in every log format we know.
+"""
+
+from __future__ import annotations
+
+import re
+from dataclasses import dataclass, field
+
+OFF = "off"
+AUTO = "auto"
+
+# name -> pattern with one capture group: the step. "plain" is anchored at the start of the line
+# (after torchrun's rank prefix): a number in the middle of a sentence is not a step.
+PRESETS: dict[str, str] = {
+    "torchtitan": r"\bstep:\s*(\d+)\b",                    # "[titan] ... - INFO - step:  10  loss: 7.2"
+    "megatron": r"\biteration\s+(\d+)\s*/\s*\d+",         # " [2024-..] iteration       10/    100 | ..."
+    "plain": r"(?i)^\s*step[\s:=#]*(\d+)\b",                # print(f"step {i}"), "Step 10/100"
+}
+MAX_LINE = 4096
+ANSI = re.compile(r"\x1b\[[0-9;?]*[ -/]*[@-~]|\x1b[@-Z\\-_]")
+RANK_PREFIX = re.compile(r"^\[rank(\d+)\]:\s?")   # torchrun's --tee prefix (TORCHELASTIC_LOG_LINE_PREFIX_TEMPLATE)
+
+
+class PatternError(ValueError):
+    """A progress pattern that cannot be used (the message says why, in a few words)."""
+
+
+def compile_pattern(value: str) -> list[re.Pattern[str]]:
+    """The regexes a `[supervisor] progress_pattern` value means: none for "off", every preset for
+    "auto", one preset by name, else the value itself, which must have exactly one capture group."""
+    if value == OFF or value == "":
+        return []
+    if value == AUTO:
+        return [re.compile(p) for p in PRESETS.values()]
+    if value in PRESETS:
+        return [re.compile(PRESETS[value])]
+    try:
+        pattern = re.compile(value)
+    except re.error as err:
+        raise PatternError(f"is not a valid regular expression ({err})") from None
+    if pattern.groups != 1:
+        raise PatternError(f"must have exactly one capture group (the step), has {pattern.groups}")
+    return [pattern]
+
+
+def pattern_problem(value: str) -> str | None:
+    """For the config: what is wrong with a pattern, or None."""
+    try:
+        compile_pattern(value)
+    except PatternError as err:
+        return f"{err}; use {AUTO}, {OFF}, one of {', '.join(PRESETS)}, or a regex like 'step (\\d+)'"
+    return None
+
+
+def clean(line: str) -> str:
+    return ANSI.sub("", line[:MAX_LINE]).rstrip()
+
+
+def split_rank(line: str) -> tuple[int | None, str]:
+    """(global rank, the line without torchrun's prefix); rank None for torchrun's own lines."""
+    match = RANK_PREFIX.match(line)
+    if match is None:
+        return None, line
+    return int(match.group(1)), line[match.end():]
+
+
+def step_of(patterns: list[re.Pattern[str]], text: str) -> int | None:
+    for pattern in patterns:
+        match = pattern.search(text)
+        if match is not None:
+            try:
+                step = int(match.group(1))
+            except (TypeError, ValueError):
+                continue   # the group matched something that is not a number
+            if 0 <= step < 2**63:
+                return step
+    return None
+
+
+@dataclass(kw_only=True)
+class LineSplitter:
+    """Bytes in, whole lines out: splits on \\n and \\r, keeps a partial line for the next chunk
+    (bounded: a line longer than MAX_LINE is emitted cut)."""
+
+    partial: bytes = b""
+    lines_cut: int = 0
+
+    def feed(self, data: bytes) -> list[str]:
+        buf = self.partial + data
+        parts = re.split(rb"\r\n|\r|\n", buf)
+        self.partial = parts.pop()
+        if len(self.partial) > MAX_LINE:
+            parts.append(self.partial[:MAX_LINE])
+            self.partial = b""
+            self.lines_cut += 1
+        return [p.decode("utf-8", "replace") for p in parts if p.strip()]
+
+    def flush(self) -> list[str]:
+        rest, self.partial = self.partial, b""
+        return [rest.decode("utf-8", "replace")] if rest.strip() else []
+
+
+@dataclass(kw_only=True)
+class ProgressMatcher:
+    """Turns cleaned output lines into (rank, step) progress. Only an increase of a rank's step is
+    reported (a redrawn bar repeats its step)."""
+
+    patterns: list[re.Pattern[str]]
+    last: dict[int | None, int] = field(default_factory=dict)
+
+    def match(self, rank: int | None, text: str) -> int | None:
+        if not self.patterns:
+            return None
+        step = step_of(self.patterns, text)
+        if step is None:
+            return None
+        if rank in self.last and step <= self.last[rank]:
+            return None
+        self.last[rank] = step
+        return step
