@@ -128,6 +128,7 @@ SLURM_SUBMIT_DIR = "SLURM_SUBMIT_DIR"
 SLURM_CONF = "SLURM_CONF"
 LOCAL_RANK = "LOCAL_RANK"
 PYTHONUNBUFFERED = "PYTHONUNBUFFERED"
+TORCHELASTIC_LOG_LINE_PREFIX_TEMPLATE = "TORCHELASTIC_LOG_LINE_PREFIX_TEMPLATE"
 TORCH_NCCL_ASYNC_ERROR_HANDLING = "TORCH_NCCL_ASYNC_ERROR_HANDLING"
 TORCH_NCCL_ENABLE_MONITORING = "TORCH_NCCL_ENABLE_MONITORING"
 TORCH_NCCL_HEARTBEAT_TIMEOUT_SEC = "TORCH_NCCL_HEARTBEAT_TIMEOUT_SEC"
@@ -156,6 +157,7 @@ EXTERNAL_VARS: tuple[Var, ...] = (
     Var(name=SLURM_CONF, set_by="user, ckptsup dev-cluster", read_by="Slurm commands (slurm.client)", meaning="slurm.conf to use; the dev cluster is reached through it"),
     Var(name=LOCAL_RANK, set_by="torchrun", read_by="hooks", meaning="the rank's index on its node"),
     Var(name=PYTHONUNBUFFERED, set_by="agent", read_by="Python (torchrun, ranks)", meaning="unbuffered rank output, so the per-node rank log is live"),
+    Var(name=TORCHELASTIC_LOG_LINE_PREFIX_TEMPLATE, set_by="agent", read_by="torchrun (--tee)", meaning="\"[rank${rank}]: \": every rank line carries its global rank, for progress lines and the console"),
     Var(name=TORCH_NCCL_ASYNC_ERROR_HANDLING, set_by="supervisor", read_by="torch", meaning="[nccl] async_error_handling: what a failed collective does (3 = skip cleanup, tear down)"),
     Var(name=TORCH_NCCL_ENABLE_MONITORING, set_by="supervisor", read_by="torch", meaning="1: the heartbeat monitor watches NCCL's watchdog thread"),
     Var(name=TORCH_NCCL_HEARTBEAT_TIMEOUT_SEC, set_by="supervisor", read_by="torch", meaning="watchdog-of-the-watchdog timeout (docs/timeouts.md)"),

@@ -146,6 +146,7 @@ class RunState:
 # AttemptResult.from_record): key -> (check, what it must be). FAILURE_OUTCOMES is Outcome's
 # values (a test holds them equal; the run dir may not import the supervisor).
 FAILURE_OUTCOMES = ("running", "completed", "failed", "preempted")
+SUPERVISION_LEVELS = ("hooks", "heartbeat", "progress", "process")   # SupervisionLevel's values
 _KINDS = tuple(k.value for k in FailureKind)
 
 
@@ -181,6 +182,8 @@ _FAILURE_FIELDS: dict[str, tuple[Callable[[Any], bool], str]] = {
     "step": (_optional(lambda v: isinstance(v, int) and not isinstance(v, bool)), "an integer or null"),
     "detect_s": (_optional(_number), "a number or null"),
     "detail": (_optional(lambda v: isinstance(v, str)), "a string"),
+    "level": (lambda v: v in SUPERVISION_LEVELS, f"one of {', '.join(SUPERVISION_LEVELS)}"),
+    "progress": (lambda v: isinstance(v, bool), "true or false"),
 }
 
 

@@ -58,6 +58,8 @@ class MessageKind(enum.StrEnum):
     KILLED = "killed"                # {kill_s}: answer to kill
     RESTARTED = "restarted"          # {attempt, kill_s}: answer to restart
     PREEMPT = "preempt"              # {signal, budget_s}: the agent itself got SIGTERM
+    PROGRESS = "progress"            # {rank, step}: a progress line of a rank that did not say hello
+    OUTPUT = "output"                # {lines, dropped}: rank output for the supervisor's console (rate-limited)
     # supervisor → agent (→ ranks)
     STOP_AT = "stop_at"              # {reason, save, budget_s}: stop at an agreed step (preemption)
     SAVE_NOW = "save_now"            # {reason}
@@ -74,7 +76,8 @@ HOPS: dict[MessageKind, Hop] = {
                                        MessageKind.NAN, MessageKind.EVENT, MessageKind.BYE)},
     **{k: Hop.AGENT_TO_SUPERVISOR for k in (MessageKind.HB, MessageKind.LAUNCHED, MessageKind.RANK_EXIT,
                                              MessageKind.TORCHRUN_EXIT, MessageKind.KILLED,
-                                             MessageKind.RESTARTED, MessageKind.PREEMPT)},
+                                             MessageKind.RESTARTED, MessageKind.PREEMPT, MessageKind.PROGRESS,
+                                             MessageKind.OUTPUT)},
     **{k: Hop.COMMAND for k in (MessageKind.STOP_AT, MessageKind.SAVE_NOW, MessageKind.SET_INTERVAL,
                                  MessageKind.SET_TIMEOUT, MessageKind.DUMP_FR, MessageKind.KILL, MessageKind.RESTART, MessageKind.EXIT)},
 }

@@ -12,7 +12,7 @@ from pathlib import Path
 import pytest
 
 from ckptsup.errors import ConfigError
-from ckptsup.rundir import FAILURE_OUTCOMES, RunDir, RunState, RunStatus, read_epoch, read_secret
+from ckptsup.rundir import FAILURE_OUTCOMES, SUPERVISION_LEVELS, RunDir, RunState, RunStatus, read_epoch, read_secret
 
 
 @pytest.fixture
@@ -99,9 +99,10 @@ def test_a_non_finite_measurement_is_forgotten_not_fatal(run: RunDir) -> None:
 
 
 def test_the_failure_outcomes_are_the_supervisors() -> None:
-    from ckptsup.supervisor.observations import Outcome
+    from ckptsup.supervisor.observations import Outcome, SupervisionLevel
 
     assert set(FAILURE_OUTCOMES) == {o.value for o in Outcome}
+    assert set(SUPERVISION_LEVELS) == {level.value for level in SupervisionLevel}
 
 
 # ---- the secret -------------------------------------------------------------------------------

@@ -277,7 +277,10 @@ def _attempt_row(attempt: Attempt) -> dict[str, Any]:
     return {"attempt": attempt.attempt, "attempts": attempt.attempt_numbers, "start": attempt.start, "wall_s": attempt.end - attempt.start,
             "end_reason": attempt.end_reason.value, "active_devices": attempt.devices[-1][1],
             "spare_devices": attempt.devices[-1][2],
-            "failures": sum(1 for _, e in attempt.events if e.get("event") == Event.FAILURE_DETECTED)}
+            "failures": sum(1 for _, e in attempt.events if e.get("event") == Event.FAILURE_DETECTED),
+            # "attempt N: level" for each attempt whose supervision level was logged
+            "levels": [f"{e.get('attempt')}: {e.get('level')}" for _, e in attempt.events
+                       if e.get("event") == Event.SUPERVISION_LEVEL]}
 
 
 def _timeline(attempts: list[Attempt]) -> dict[str, list[Any]]:

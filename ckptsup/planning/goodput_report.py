@@ -120,6 +120,8 @@ def _summary_pairs(rep: dict[str, Any]) -> list[tuple[str, str]]:
         ("queue after requeues (not paid)", format_duration(rep["queue_s"])),
         ("allocations / attempts / requeues", f"{rep['allocations']} / {rep['attempts']} / {rep['requeues']}"),
         ("ended", rep["end_reason"]),
+        ("supervision (attempt: level)", "; ".join(lv for a in rep["attempt_rows"] for lv in a.get("levels") or [])
+         or "not logged"),
         ("failures", failures),
         ("observed job MTBF", format_duration(rep["observed_job_mtbf_s"]) if rep["observed_job_mtbf_s"] else
          f"no failures in {format_duration(rep['wall_s'])}"),
@@ -221,6 +223,7 @@ def render_html(rep: dict[str, Any], path: str | os.PathLike[str]) -> None:
                    for label, h, share, usd in breakdown_rows(rep))
     attempts = "".join(f"<tr><td>{', '.join(str(n) for n in a['attempts'])}</td><td>{esc(format_duration(a['wall_s']))}</td>"
                        f"<td>{a['active_devices']:g} + {a['spare_devices']:g}</td><td>{a['failures']}</td>"
+                       f"<td>{esc(', '.join(a.get('levels') or ['-']))}</td>"
                        f"<td>{esc(a['end_reason'])}</td></tr>" for a in rep["attempt_rows"])
     notes = "".join(f"<li>{esc(n)}</li>" for n in rep["notes"])
     page = f"""<!doctype html>
@@ -235,7 +238,7 @@ td:nth-child(n+2){{text-align:right}}img{{max-width:100%}}</style></head><body>
 <table><tr><th>category</th><th>device-hours</th><th>share</th><th>cost</th></tr>{rows}
 <tr><th>paid (total)</th><th>{rep['paid_device_hours']:,.3f}</th><th>100%</th><th>{esc(format_usd(rep['paid_usd']))}</th></tr></table>
 <h2>Allocations</h2>
-<table><tr><th>attempts</th><th>wall</th><th>devices (active + spare)</th><th>failures</th><th>ended</th></tr>{attempts}</table>
+<table><tr><th>attempts</th><th>wall</th><th>devices (active + spare)</th><th>failures</th><th>supervision (attempt: level)</th><th>ended</th></tr>{attempts}</table>
 <p>Queue time after requeues (not paid): {esc(format_duration(rep['queue_s']))}.</p>
 {f'<h2>Notes</h2><ul>{notes}</ul>' if notes else ''}
 </body></html>

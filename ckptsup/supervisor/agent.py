@@ -42,15 +42,19 @@ import psutil
 from .. import wire
 from ..errors import CkptsupError
 from ..wire import Hop, MessageKind, Phase
-from ..env import NODE, PREEMPT_BUDGET_S, PYTHONUNBUFFERED, RANK_SOCKET, SECRET_FILE, ExitStatus, node_name
+from ..env import (NODE, PREEMPT_BUDGET_S, PYTHONUNBUFFERED, RANK_SOCKET, SECRET_FILE,
+                   TORCHELASTIC_LOG_LINE_PREFIX_TEMPLATE, ExitStatus, node_name)
 from ..rundir import read_secret
 from .spec import LaunchSpec
+from .rank_output import RankOutput
 from .standby import Standby
 from .processes import GONE, RUNNING, describe_exit, terminate, zombie_status
 
 TICK_S = 0.1
 STANDBY_DELAY_S = 30.0
 EXIT_CONFIRM_S = 0.3  # a dropped rank connection becomes a crash report unless torchrun exits 0 by then
+RANK_LINE_PREFIX = "[rank${rank}]: "   # torchrun --tee: the global rank on every line (progress.RANK_PREFIX)
+OUTPUT_READ_BYTES = 1 << 16  # per wake-up: a flooding rank cannot starve the rank sockets
 HELLO_TIMEOUT_S = 10.0   # a connection without an authenticated hello by then is closed (ranks say it at once)
 MAX_UNAUTHENTICATED = 64  # connections waiting for their hello; beyond, the oldest is closed
 UNAUTH_LOG_EVERY_S = 10.0
@@ -209,6 +213,11 @@ class Agent:
         self.stopped_ranks: set[int] = set()
         self.pending_exits: list[tuple[float, int | None, int | None]] = []
         self.launched_at: float | None = None
+        self.output: RankOutput | None = None
+        self.output_pipe: BinaryIO | None = None
+        self.hooked_ranks: set[int] = set()     # ranks that said hello this attempt: their steps come as frames
+        self.workers: dict[int, int] = {}       # pid -> global rank of torchrun's workers (from their environment)
+        self.stop_sent = False                  # a stop (preemption, time limit) reached this attempt's ranks
 
     # ---- output -------------------------------------------------------------------------------
     def send(self, m: MessageKind, body: dict[str, Any]) -> None:
@@ -247,9 +256,12 @@ class Agent:
                     "--node-rank", str(list(spec.node_addrs).index(self.node))]
         else:
             rdzv = ["--rdzv-backend", "c10d", "--rdzv-endpoint", spec.rdzv_endpoint, "--rdzv-id", spec.rdzv_id]
+        # --tee 3: every rank's stdout and stderr reach torchrun's (our pipe) with RANK_LINE_PREFIX;
+        # torchrun also keeps a file per rank under --log-dir
         return ["--nnodes", str(spec.nnodes), "--nproc-per-node", str(spec.nproc_per_node), *rdzv,
                 "--local-addr", addr, "--max-restarts", "0", "--monitor-interval", "0.1",
-                "--shutdown-timeout", str(int(spec.shutdown_timeout_s)), spec.script, *spec.script_args]
+                "--shutdown-timeout", str(int(spec.shutdown_timeout_s)), "--tee", "3",
+                "--log-dir", os.path.join(spec.log_dir, f"torchrun-{self.node}"), spec.script, *spec.script_args]
 
     def rank_env(self, extra: dict[str, str]) -> dict[str, str]:
         env = dict(os.environ)
@@ -258,14 +270,16 @@ class Agent:
         env[RANK_SOCKET] = str(self.sock_path)
         env[NODE] = self.node
         env[PYTHONUNBUFFERED] = "1"
+        env[TORCHELASTIC_LOG_LINE_PREFIX_TEMPLATE] = RANK_LINE_PREFIX
         return env
 
     def start_torchrun(self, extra_env: dict[str, str]) -> None:
         standby = self.standby or Standby()
         self.standby = None
         log = os.path.join(self.spec.log_dir, f"ranks-{self.node}.log")
-        self.torchrun = standby.launch(argv=self.torchrun_argv(), env=self.rank_env(extra_env),
-                                       cwd=self.spec.cwd, log=log)
+        self.torchrun = standby.launch(argv=self.torchrun_argv(), env=self.rank_env(extra_env), cwd=self.spec.cwd)
+        self.hooked_ranks, self.workers, self.stop_sent = set(), {}, False
+        self._open_output(log)
         self.torchrun_reported = False
         self.phase = Phase.INIT
         self.last_step = None
@@ -278,6 +292,7 @@ class Agent:
         if self.torchrun is not None:
             terminate(self.torchrun, grace)
             self.torchrun = None
+        self._close_output()
         for conn in list(self.conns.values()):
             if conn.rank is not None and conn.pid is not None and conn.pid == conn.peer_pid != os.getpid():
                 terminate(conn.pid, 0)  # a rank that escaped the tree: only the process at the other end
@@ -285,6 +300,98 @@ class Agent:
         self.torchrun_reported = True
         self.pending_exits = []
         return time.monotonic() - t0
+
+    # ---- rank output (supervisor/rank_output.py) ----------------------------------------------
+    def _open_output(self, log: str) -> None:
+        self._close_output()
+        assert self.torchrun is not None and self.torchrun.stdout is not None
+        self.output_pipe = self.torchrun.stdout
+        os.set_blocking(self.output_pipe.fileno(), False)
+        self.output = RankOutput.open(log, pattern=self.spec.progress_pattern, tee=self.spec.tee,
+                                      hooked=lambda rank: rank in self.hooked_ranks, clock=time.monotonic)
+        self.sel.register(self.output_pipe, selectors.EVENT_READ, "output")
+
+    def _read_output(self) -> int:
+        """Read what the ranks wrote (bounded): bytes read, 0 when nothing is waiting, -1 at EOF
+        (torchrun and every worker holding the pipe are gone)."""
+        if self.output_pipe is None or self.output is None:
+            return -1
+        try:
+            data = os.read(self.output_pipe.fileno(), OUTPUT_READ_BYTES)
+        except (BlockingIOError, InterruptedError):
+            return 0
+        except OSError:
+            data = b""
+        if not data:
+            self.sel.unregister(self.output_pipe)
+            self.output_pipe.close()
+            self.output_pipe = None
+            self.output.finish()
+            return -1
+        self.output.feed(data)
+        return len(data)
+
+    def _drain_output(self) -> None:
+        """Everything torchrun wrote before it exited (bounded): its last lines are often the error."""
+        for _ in range(64):
+            if self._read_output() <= 0:
+                break
+
+    def _flush_output(self) -> None:
+        if self.output is None:
+            return
+        for rank, step in sorted(self.output.take_progress().items()):
+            if rank not in self.hooked_ranks:
+                self.last_step = step if self.last_step is None else max(self.last_step, step)
+                self.phase = Phase.TRAIN
+                self.send(MessageKind.PROGRESS, {"rank": rank, "step": step})
+        while (console := self.output.take_console()) is not None:
+            lines, dropped = console
+            self.send(MessageKind.OUTPUT, {"lines": lines, "dropped": dropped})
+
+    def _close_output(self) -> None:
+        if self.output_pipe is not None:
+            try:
+                self.sel.unregister(self.output_pipe)
+            except (KeyError, ValueError):
+                pass
+            self.output_pipe.close()
+            self.output_pipe = None
+        if self.output is not None:
+            self._flush_output()
+            self.output.close()
+            self.output = None
+
+    # ---- torchrun's workers, seen as processes (ranks that never say hello) -------------------
+    def _scan_workers(self) -> dict[int, int]:
+        """pid -> global rank of torchrun's live workers (their RANK variable; read once per pid)."""
+        if self.torchrun is None:
+            return {}
+        try:
+            children = psutil.Process(self.torchrun.pid).children()
+        except psutil.Error:
+            return {}
+        found = {}
+        for child in children:
+            rank = self.workers.get(child.pid)
+            if rank is None:
+                try:
+                    rank = int(child.environ().get("RANK", ""))
+                except (psutil.Error, ValueError, OSError):
+                    continue
+            found[child.pid] = rank
+        self.workers = found
+        return found
+
+    def _signal_unhooked(self, signum: int) -> None:
+        """Pass a stop to ranks that cannot hear stop_at: the script's own SIGTERM handler (its
+        checkpoint-and-exit) runs, as under Slurm without ckptsup."""
+        for pid, rank in self._scan_workers().items():
+            if rank not in self.hooked_ranks:
+                try:
+                    os.kill(pid, signum)
+                except OSError:
+                    pass
 
     # ---- rank sockets -------------------------------------------------------------------------
     def _accept(self) -> None:
@@ -354,6 +461,7 @@ class Agent:
             conn.rank = conn.pid = None
             self._count_drop()
             return
+        self.hooked_ranks.add(rank)
         self.send(MessageKind.HELLO, body)
 
     def _rank_frame(self, conn: RankConn, m: MessageKind, seq: int, body: dict[str, Any]) -> None:
@@ -439,6 +547,9 @@ class Agent:
             self.exit_requested = True
         elif m in wire.FORWARDED_COMMANDS:
             self.to_ranks(m, {k: v for k, v in body.items() if k != "nodes"})
+            if m == MessageKind.STOP_AT and not self.stop_sent:
+                self.stop_sent = True
+                self._signal_unhooked(signal.SIGTERM)
 
     # ---- periodic -----------------------------------------------------------------------------
     def _warm_standby(self) -> None:
@@ -474,7 +585,9 @@ class Agent:
         self.pending_exits = keep
         if self.torchrun is not None and not self.torchrun_reported and rc is not None:
             self.torchrun_reported = True
-            self.send(MessageKind.TORCHRUN_EXIT, {"rc": rc, "step": self.last_step})
+            self._drain_output()
+            self._flush_output()
+            self.send(MessageKind.TORCHRUN_EXIT, {"rc": rc, "step": self.last_step, "stopped": self.stop_sent})
         stopped = set()
         for conn in self.conns.values():
             if conn.pid is None or conn.rank is None:
@@ -488,6 +601,12 @@ class Agent:
         self._expire_unauthenticated(now)
 
     def heartbeat(self) -> None:
+        for pid, rank in self._scan_workers().items():   # ranks without hello: seen as processes
+            try:
+                if rank not in self.hooked_ranks and psutil.Process(pid).status() == psutil.STATUS_STOPPED:
+                    self.stopped_ranks.add(rank)
+            except psutil.Error:
+                pass
         ranks = sorted(c.rank for c in self.conns.values() if c.rank is not None)
         running = self.torchrun is not None and self.torchrun.poll() is None
         self.send(MessageKind.HB, {"ranks_alive": ranks, "last_step": self.last_step, "phase": self.phase,
@@ -503,10 +622,15 @@ class Agent:
         budget = float(self.spec.env.get(PREEMPT_BUDGET_S, "0") or 0)
         self.send(MessageKind.PREEMPT, {"signal": self.term_signal, "budget_s": budget})
         self.to_ranks(MessageKind.STOP_AT, {"reason": "preempted", "save": True, "budget_s": budget})
+        if not self.stop_sent:
+            self.stop_sent = True
+            self._signal_unhooked(signal.SIGTERM)
         deadline = time.monotonic() + max(budget, 1.0)
         while self.torchrun is not None and self.torchrun.poll() is None and time.monotonic() < deadline:
             self._pump(0.1)
+            self._flush_output()
         rc = self.torchrun.poll() if self.torchrun is not None else None
+        self._drain_output()
         self.kill_torchrun(0)
         self.send(MessageKind.TORCHRUN_EXIT, {"rc": rc, "step": self.last_step, "preempted": True})
         return ExitStatus.PREEMPTED
@@ -515,6 +639,8 @@ class Agent:
         for key, _ in self.sel.select(timeout):
             if key.data == "accept":
                 self._accept()
+            elif key.data == "output":
+                self._read_output()
             elif key.data == "stdin":
                 self._read_stdin()
             else:
@@ -535,6 +661,7 @@ class Agent:
                 if self.term_signal is not None:
                     return self._preempted()
                 self._pump(0.005 if self.pending_exits else TICK_S)
+                self._flush_output()
                 self._check_processes()
                 self._warm_standby()
                 now = time.monotonic()

@@ -17,7 +17,7 @@ from .agent_step import Message
 from ..wire import MessageKind, Phase
 from .detection import (NodeView, RankView, StepWindow, classify_rank_exit, detect_hang,
                         detect_node_down, hang_timeout, nan_failure)
-from .observations import Failure, FailureKind
+from .observations import Failure, FailureKind, SupervisionLevel
 
 
 @dataclass(kw_only=True)
@@ -69,6 +69,16 @@ class AttemptTracker:
     hellos: int = 0
     preempted: bool = False
     finished_ranks: set[int] = field(default_factory=set)   # said bye with status DONE
+    bye_status: dict[int, int] = field(default_factory=dict)  # rank -> the status its bye said
+    hooked: set[int] = field(default_factory=set)            # ranks that said hello
+    heartbeat_only: set[int] = field(default_factory=set)    # of those, ckptsup.heartbeat ranks (no checkpoints)
+    line_ranks: set[int] = field(default_factory=set)        # ranks seen through progress lines
+    line_seen: dict[int, float] = field(default_factory=dict)  # rank -> mono of its last progress line
+    expect_hello: bool = True          # the script uses ckptsup's hooks: no hello within the init allowance is a hang
+    unhooked: bool = False             # the init allowance passed without a hello: process level
+    reported_level: SupervisionLevel | None = None
+    stale_warned: bool = False
+    stopped_sent: bool = False         # an agent passed a stop to the ranks (TORCHRUN_EXIT stopped)
     teardown_errors: list[dict[str, Any]] = field(default_factory=list)  # for the loop to record
 
     def __post_init__(self) -> None:
@@ -83,9 +93,32 @@ class AttemptTracker:
     def complete(self) -> bool:
         return set(self.nodes) <= self.done_nodes
 
-    def current_step(self) -> int:
+    @property
+    def level(self) -> SupervisionLevel | None:
+        """How this attempt is watched; None while that is not known yet (no hello, no progress
+        line, init allowance not passed)."""
+        if self.hooked:
+            return SupervisionLevel.HEARTBEAT if self.hooked <= self.heartbeat_only else SupervisionLevel.HOOKS
+        if self.line_ranks:
+            return SupervisionLevel.PROGRESS
+        return SupervisionLevel.PROCESS if self.unhooked else None
+
+    def take_level(self) -> SupervisionLevel | None:
+        """The level, once, when it becomes known or changes (for the supervision_level event)."""
+        level = self.level
+        if level is None or level is self.reported_level:
+            return None
+        self.reported_level = level
+        return level
+
+    def current_step(self) -> int | None:
         """The step the job is working on: the slowest rank's next step (a rank that has not
-        stepped yet, or not even said hello, is at the resume step)."""
+        stepped yet, or not even said hello, is at the resume step). Without hooks only what was
+        seen counts: the slowest progress line's next step, or None (no "step 0" for a script
+        that reports no steps)."""
+        if not self.hooked and not self.expect_hello:
+            seen = [v.last_step + 1 for v in self.ranks.values() if v.last_step is not None]
+            return min(seen) if seen else None
         positions = [v.last_step + 1 if v.last_step is not None else self.resume_step
                      for v in self.ranks.values()]
         if len(self.ranks) < self.world_size or not positions:
@@ -110,10 +143,20 @@ class AttemptTracker:
             for rank in self.ranks.values():
                 if rank.node == node:
                     rank.stopped = rank.rank in stopped
+            if not self.hooked:
+                # a stopped worker that prints nothing (rank 1 while rank 0 prints): a view, so
+                # that the hang it causes is pinned on it
+                for rank in stopped - set(self.ranks):
+                    if isinstance(rank, int):
+                        self.ranks[rank] = RankView(rank=rank, node=node, phase=Phase.TRAIN, phase_since=now,
+                                                    last_progress=now, stopped=True)
         elif m == MessageKind.HELLO:
             rank = int(body.get("rank", -1))
             self.ranks[rank] = RankView(rank=rank, node=node, phase=Phase.INIT, phase_since=now,
                                         last_progress=now)
+            self.hooked.add(rank)
+            if body.get("checkpoints") is False:
+                self.heartbeat_only.add(rank)
             self.hellos += 1
             if self.hellos >= self.world_size and self.marks.all_hello is None:
                 self.marks.all_hello = now
@@ -126,9 +169,13 @@ class AttemptTracker:
                 self.marks.train_start = now
         elif m == MessageKind.STEP:
             return self._on_step(body, node, now)
+        elif m == MessageKind.PROGRESS:
+            return self._on_progress(body, node, now)
         elif m == MessageKind.BYE:
             rv = self._rank(body, node, now)
             rv.phase, rv.phase_since = Phase.DONE, now
+            if isinstance(body.get("status"), int):
+                self.bye_status[rv.rank] = body["status"]
             if body.get("status") == ExitStatus.DONE:
                 self.finished_ranks.add(rv.rank)
                 # one rank finished its loop: the others are closing too (final save, draining
@@ -146,12 +193,13 @@ class AttemptTracker:
             return failure
         elif m == MessageKind.TORCHRUN_EXIT:
             rc = body.get("rc")
+            if body.get("stopped"):
+                self.stopped_sent = True
             if body.get("preempted"):
                 self.done_nodes.add(node)
-                return None
+                return self._preemption(node, "torchrun exited after the agent got the preemption signal")
             if rc == 0:
-                self.done_nodes.add(node)
-                return None
+                return self._exited_zero(node)
             if rc == ExitStatus.RANK_NAN:
                 return Failure(kind=FailureKind.NAN, node=node, step=self.current_step(),
                                suspects=(node,), detail="torchrun reported a NaN exit")
@@ -168,6 +216,32 @@ class AttemptTracker:
             self.preempted = True
             return Failure(kind=FailureKind.PREEMPTED, node=node, step=self.current_step(),
                            detail=f"agent on {node} got signal {body.get('signal')}")
+        return None
+
+    def _preemption(self, node: str, detail: str) -> Failure | None:
+        if self.preempted:
+            return None   # already reported (the agent's `preempt` comes first)
+        self.preempted = True
+        return Failure(kind=FailureKind.PREEMPTED, node=node, step=self.current_step(), detail=detail)
+
+    def _exited_zero(self, node: str) -> Failure | None:
+        """torchrun exited 0 on `node`. Done only if nothing says otherwise: after a stop was passed
+        to the ranks it is a preemption (a script whose SIGTERM handler exits 0: Lightning's), and
+        a hooked rank whose bye said anything but DONE did not finish."""
+        if self.stopped_sent:
+            self.done_nodes.add(node)
+            return self._preemption(node, "the ranks exited 0 after a stop was passed to them")
+        unfinished = sorted(r for r, v in self.ranks.items() if v.node == node and r in self.bye_status
+                            and self.bye_status[r] != ExitStatus.DONE)
+        if unfinished:
+            status = self.bye_status[unfinished[0]]
+            if status in (ExitStatus.PREEMPTED, ExitStatus.RANK_STOPPED):
+                self.done_nodes.add(node)
+                return self._preemption(node, f"rank {unfinished[0]} stopped (status {status}) and torchrun exited 0")
+            return Failure(kind=FailureKind.CRASH, node=node, rank=unfinished[0], step=self.current_step(),
+                           suspects=(node,), detail=f"torchrun exited 0 but rank {unfinished[0]} said bye with "
+                                                    f"status {status}, not done")
+        self.done_nodes.add(node)
         return None
 
     def _all_finished_on(self, node: str) -> bool:
@@ -203,6 +277,27 @@ class AttemptTracker:
             return nan_failure(node=node, rank=rv.rank, step=step, loss=body.get("loss"))
         return None
 
+    def _on_progress(self, body: dict[str, Any], node: str, now: float) -> Failure | None:
+        """A progress line: a step of a rank that did not say hello. The time between two lines
+        is the step time the hang timeout learns from (a script may print every k steps; the
+        timeout must outlast the gap between its lines, not one step)."""
+        rank, step = body.get("rank"), body.get("step")
+        if not isinstance(rank, int) or not isinstance(step, int) or rank in self.hooked:
+            return None
+        rv = self.ranks.get(rank)
+        if rv is None:
+            rv = self.ranks[rank] = RankView(rank=rank, node=node, phase=Phase.TRAIN, phase_since=now,
+                                             last_progress=now)
+        first_of_rank = rank not in self.line_ranks
+        self.line_ranks.add(rank)
+        previous = self.line_seen.get(rank)
+        self.line_seen[rank] = now
+        if previous is not None and not first_of_rank and (rv.last_step is None or step > rv.last_step):
+            self.step_window.add(now - previous)
+        if rv.last_step is not None and step <= rv.last_step:
+            return None
+        return self._on_step({"rank": rank, "step": step}, node, now)
+
     # ---- time-based detection -----------------------------------------------------------------
     def check(self, now: float) -> Failure | None:
         live = [v for n, v in self.node_views.items() if n not in self.done_nodes]
@@ -211,17 +306,41 @@ class AttemptTracker:
         if down is not None:
             return down
         ranks = list(self.ranks.values())
-        if len(ranks) < self.world_size:
+        if not self.hooked and not self.expect_hello:
+            return self._check_unhooked(now, ranks)
+        if self.hellos < self.world_size:
             # not every rank has said hello yet: the init allowance runs from launch
             pending = RankView(rank=-1, node=self.nodes[0], phase=Phase.INIT, phase_since=self.started,
                                last_progress=self.started)
             if now - self.started > self.config.init_timeout_s:
                 return replace(detect_hang([pending], now=now, config=self.config, train_timeout_s=0.0)
                                or Failure(kind=FailureKind.HANG), step=self.current_step(),
-                               detail=f"only {len(ranks)} of {self.world_size} ranks started within "
+                               detail=f"only {self.hellos} of {self.world_size} ranks started within "
                                       f"supervisor.init_timeout_s={self.config.init_timeout_s:g}s")
             return None
         hang = detect_hang(ranks, now=now, config=self.config, train_timeout_s=self.hang_timeout_s())
         if hang is not None:
             return replace(hang, step=self.current_step())
         return None
+
+    def _check_unhooked(self, now: float, ranks: list[RankView]) -> Failure | None:
+        """No rank said hello. Never a hang for that: once the init allowance passes, the attempt
+        is watched at the process level; ranks seen through progress lines are hang-checked from
+        their first line on."""
+        if not self.unhooked and now - self.started > self.config.init_timeout_s:
+            self.unhooked = True
+        if not self.line_ranks:
+            return None
+        hang = detect_hang(ranks, now=now, config=self.config, train_timeout_s=self.hang_timeout_s())
+        if hang is not None:
+            return replace(hang, step=self.current_step(),
+                           detail=f"{hang.detail} (no progress line; supervisor.progress_pattern)")
+        return None
+
+    def progress_stale(self, now: float, warn_s: float) -> float | None:
+        """Seconds since launch when an attempt without hello has shown no progress line for
+        `warn_s` (reported once), else None: a warning, never a kill."""
+        if self.stale_warned or self.hooked or self.line_ranks or now - self.started < warn_s:
+            return None
+        self.stale_warned = True
+        return now - self.started

@@ -36,6 +36,7 @@ def launch(nproc_per_node: int | None, nodes: int | None, job_config: str | None
     from ..rundir import RunDir
     from .loop import Job, Supervisor
     from .placement import Placement
+    from .unhooked import uses_hooks
 
     flags = {"supervisor.nproc_per_node": nproc_per_node, "supervisor.nodes": nodes,
              "supervisor.max_restarts": max_restarts, "run.run_dir": run_dir}
@@ -52,7 +53,8 @@ def launch(nproc_per_node: int | None, nodes: int | None, job_config: str | None
         raise UsageError(f"--nodes {needed} active nodes requested but {where}; lower --nodes or allocate more")
     rd_path = resolved.config.run.run_dir.replace("{job_id}", placement.job_id)
     run = RunDir.create(rd_path)
-    job = Job(script=str(script_path.resolve()), script_args=list(script_args), cwd=os.getcwd(), nodes_needed=needed)
+    job = Job(script=str(script_path.resolve()), script_args=list(script_args), cwd=os.getcwd(), nodes_needed=needed,
+              expects_hello=uses_hooks(str(script_path)))
     status = Supervisor(resolved=resolved, job=job, run_dir=run, placement=placement).run()
     sys.exit(int(status))
 

@@ -33,8 +33,11 @@ from .agent_step import AgentStep, CommandSender, Message, StepSignal
 from .attempt import AttemptTracker, Marks
 from .interval_tuner import IntervalTuner
 from .nccl import Timeouts
-from .observations import AttemptResult, Failure, FailureKind, History, Observation, Outcome, RecoveryPath
+from .observations import (AttemptResult, Failure, FailureKind, History, Observation, Outcome, RecoveryPath,
+                           SupervisionLevel)
 from .placement import Placement
+from .rank_output import print_console
+from .unhooked import level_detail, progress_dir_newer
 from .policy import Action, CheckHealth, Continue, GiveUp, Requeue, RestartInAllocation, attributed, blamed, decide
 from .preemption import StopKind, plan_stop, stop_kind
 
@@ -67,6 +70,7 @@ class Job:
     script_args: list[str]
     cwd: str
     nodes_needed: int
+    expects_hello: bool = True   # the script uses ckptsup's hooks (recovery.uses_hooks): no hello in time is a hang
 
 
 class Supervisor:
@@ -104,6 +108,7 @@ class Supervisor:
         self.timeouts: Timeouts | None = None   # the current attempt's collective timeouts
         self.steady_pending = False             # launched before any step was measured
         self.interval = IntervalTuner(self.config)
+        self.attempt_wall_start = time.time()   # wall clock of the current launch (progress_dir mtimes)
         self.interval.grace_time_s = placement.grace_time_s
 
     # ---- bookkeeping --------------------------------------------------------------------------
@@ -195,9 +200,10 @@ class Supervisor:
             failure = self._pump()
             tracker = self.tracker
             assert tracker is not None
-            if failure is None and tracker.complete:
+            if failure is None and tracker.complete and self.stop_signal is None:
+                hooked = tracker.hooked or tracker.expect_hello
                 self.emit(Event.RUN_COMPLETE, step=tracker.last_step if tracker.last_step is not None
-                          else tracker.resume_step - 1)
+                          else (tracker.resume_step - 1 if hooked else None))
                 self.state.status = RunStatus.DONE
                 self._save_state()
                 return ExitStatus.DONE
@@ -206,6 +212,7 @@ class Supervisor:
                                   detail=f"signal {signal.Signals(self.stop_signal).name}")
             if failure is None:
                 failure = tracker.check(self.clock())
+            self._report_level(tracker)
             if failure is None:
                 continue
             status = self._recover(failure)
@@ -261,6 +268,9 @@ class Supervisor:
         if msg.m is MessageKind.EVENT:
             self._forward_event(msg.body.get("record"))
             return None
+        if msg.m is MessageKind.OUTPUT:
+            print_console(msg.body)
+            return None
         if msg.m is MessageKind.LAUNCHED and isinstance(msg.body.get("pid"), int):
             self.torchrun_pids.add(msg.body["pid"])
         had_first = tracker.first_step is not None
@@ -270,9 +280,21 @@ class Supervisor:
             print(f"ckptsup: every rank on {error['node']} finished, then torchrun exited rc={error['rc']}: "
                   "a crash in process teardown; nothing is lost, not restarting", flush=True)
             self.emit(Event.TEARDOWN_ERROR, **error)
-        if msg.m is MessageKind.STEP:
+        if msg.m in (MessageKind.STEP, MessageKind.PROGRESS):
             self._on_step(tracker, had_first, msg)
         return failure
+
+    def _report_level(self, tracker: AttemptTracker) -> None:
+        """The supervision_level event when the attempt's level becomes known; the progress_stale
+        warning when a script without hooks shows no progress line for progress_warn_s."""
+        level = tracker.take_level()
+        if level is not None:
+            self.emit(Event.SUPERVISION_LEVEL, level=level, detail=level_detail(level, self.sup))
+            if level is SupervisionLevel.PROCESS:
+                print(f"ckptsup: attempt {self.state.attempt}: {level_detail(level, self.sup)}", flush=True)
+        stale = tracker.progress_stale(self.clock(), self.sup.progress_warn_s)
+        if stale is not None:
+            self.emit(Event.PROGRESS_STALE, since_launch_s=round(stale, 1), pattern=self.sup.progress_pattern)
 
     def _on_step(self, tracker: AttemptTracker, had_first: bool, msg: Message) -> None:
         if not had_first and tracker.first_step is not None:
@@ -371,8 +393,7 @@ class Supervisor:
         silent = self._kill_attempt(failure)
         t_killed = self.clock()
         silent_for = t_killed - tracker.node_views[silent[0]].last_heard if silent else 0.0
-        result = AttemptResult(attempt=self.state.attempt, outcome=Outcome.FAILED, start_step=tracker.resume_step,
-                               last_step=tracker.last_step, failure=failure)
+        result = self._attempt_result(tracker, failure)
         self.history.append(result)
         action = self._decide(self._observe(failure, silent=tuple(silent), silent_for_s=silent_for))
         found = attributed(action) or failure
@@ -385,6 +406,24 @@ class Supervisor:
                                      detail=f"the first of a crash loop: {earlier.detail}"), earlier)
         marks = Marks(detect=t_detect, killed=t_killed, health_done=self.clock())
         return self._carry_out(action, marks=marks)
+
+    def _attempt_result(self, tracker: AttemptTracker, failure: Failure) -> AttemptResult:
+        """The history entry of the attempt that just failed. An attempt without hooks starts at
+        its first progress line (the script resumes itself: ckptsup does not know where); one
+        without any step counts as progress when `progress_dir` got a newer entry, or when it
+        outlived the init allowance (a script that dies on start-up does not)."""
+        level = tracker.level or SupervisionLevel.PROCESS
+        if level in (SupervisionLevel.HOOKS, SupervisionLevel.HEARTBEAT) or tracker.expect_hello:
+            return AttemptResult(attempt=self.state.attempt, outcome=Outcome.FAILED, start_step=tracker.resume_step,
+                                 last_step=tracker.last_step, failure=failure, level=level)
+        if tracker.first_step is not None:
+            return AttemptResult(attempt=self.state.attempt, outcome=Outcome.FAILED, start_step=tracker.first_step,
+                                 last_step=tracker.last_step, failure=failure, level=level)
+        ran_s = self.clock() - tracker.started
+        newer = progress_dir_newer(self.sup.progress_dir, self.job.cwd, since_wall=self.attempt_wall_start)
+        progress = newer if newer is not None else ran_s > self.sup.init_timeout_s
+        return AttemptResult(attempt=self.state.attempt, outcome=Outcome.FAILED, start_step=0, last_step=None,
+                             failure=failure, level=level, progress=progress)
 
     def _attributed(self, failure: Failure, detected: Failure) -> None:
         self.emit(Event.FAILURE_ATTRIBUTED, kind=failure.kind, node=failure.node, was_kind=detected.kind,
@@ -478,7 +517,7 @@ class Supervisor:
         if step is None or not step.alive():
             return kind
         step.send(MessageKind.STOP_AT, {"reason": kind.value, "save": plan.emergency_save, "budget_s": plan.budget_s})
-        waiting = set(self.active)
+        waiting = set(self.active) - (tracker.done_nodes if tracker else set())
 
         def exited(msg: Message) -> bool:
             if msg.m is MessageKind.TORCHRUN_EXIT:
@@ -539,7 +578,8 @@ class Supervisor:
                           node_addrs={n: self.placement.addrs.get(n, n) for n in nodes}, env=env,
                           log_dir=str(attempt_dir), heartbeat_interval_s=self.sup.heartbeat_interval_s,
                           shutdown_timeout_s=max(60.0, self.sup.kill_grace_s, self.interval.preempt_window_s()),
-                          kill_grace_s=self.sup.kill_grace_s, cwd=self.job.cwd, rdzv_backend=self.sup.rdzv_backend)
+                          kill_grace_s=self.sup.kill_grace_s, cwd=self.job.cwd, rdzv_backend=self.sup.rdzv_backend,
+                          progress_pattern=self.sup.progress_pattern, tee=self.sup.tee)
         path = attempt_dir / "launch.json"
         spec.write(path)
         return spec, path
@@ -552,9 +592,11 @@ class Supervisor:
         self.timeouts, self.steady_pending = timeouts, not step_times
         spec, spec_path = self._spec(nodes, resume_from, timeouts)
         now = self.clock()
+        hooked_before = any(a.level in (SupervisionLevel.HOOKS, SupervisionLevel.HEARTBEAT) for a in self.history)
         self.tracker = AttemptTracker(attempt=self.state.attempt, nodes=nodes, nproc_per_node=self.sup.nproc_per_node,
                                       config=self.sup, started=now, resume_step=recovery.resume_step(resume_from),
-                                      hang_cap_s=timeouts.hang_cap_s)
+                                      hang_cap_s=timeouts.hang_cap_s, expect_hello=self.job.expects_hello or hooked_before)
+        self.attempt_wall_start = time.time()
         if marks_from is not None:
             self.tracker.marks = marks_from
         self.tracker.marks.launch_sent = now

@@ -11,7 +11,16 @@ from dataclasses import dataclass, field
 
 from ..events import FailureKind
 
-__all__ = ["FailureKind", "Failure", "Outcome", "AttemptResult", "Observation", "RecoveryPath"]
+__all__ = ["FailureKind", "Failure", "Outcome", "AttemptResult", "Observation", "RecoveryPath", "SupervisionLevel"]
+
+
+class SupervisionLevel(str, enum.Enum):
+    """How closely an attempt is watched (docs/drop-in.md): what its ranks tell the supervisor."""
+
+    HOOKS = "hooks"          # ckptsup.attach: steps, phases, checkpoints, stop at a step
+    HEARTBEAT = "heartbeat"  # ckptsup.heartbeat: steps and NaN checks; the script checkpoints itself
+    PROGRESS = "progress"    # no hello; progress lines of the ranks' output give the steps
+    PROCESS = "process"      # no hello, no progress line: processes only (crash, node death, exit)
 
 
 class RecoveryPath(str, enum.Enum):
@@ -70,14 +79,22 @@ class AttemptResult:
     start_step: int               # step the attempt resumed at
     last_step: int | None         # highest step it reported done (None: never stepped)
     failure: Failure | None = None
+    level: SupervisionLevel = SupervisionLevel.HOOKS
+    # progress seen without steps (a newer file in [supervisor] progress_dir, or a process-level
+    # attempt that outlived the init allowance); None: judge by the steps
+    progress: bool | None = None
 
     @property
     def progressed(self) -> bool:
-        return self.last_step is not None and self.last_step >= self.start_step
+        if self.last_step is not None:
+            return self.last_step >= self.start_step
+        return bool(self.progress)
 
     def to_record(self) -> dict:
         out = {"attempt": self.attempt, "outcome": self.outcome.value, "start_step": self.start_step,
-               "last_step": self.last_step}
+               "last_step": self.last_step, "level": self.level.value}
+        if self.progress is not None:
+            out["progress"] = self.progress
         if self.failure is not None:
             out.update(self.failure.to_record())
         return out
@@ -85,9 +102,14 @@ class AttemptResult:
     @classmethod
     def from_record(cls, record: dict) -> "AttemptResult":
         failure = Failure.from_record(record) if record.get("kind") else None
+        try:
+            level = SupervisionLevel(record.get("level", "hooks"))
+        except ValueError:
+            level = SupervisionLevel.HOOKS
+        progress = record.get("progress")
         return cls(attempt=int(record.get("attempt", 0)), outcome=Outcome(record.get("outcome", "failed")),
                    start_step=int(record.get("start_step", 0)), last_step=record.get("last_step"),
-                   failure=failure)
+                   failure=failure, level=level, progress=progress if isinstance(progress, bool) else None)
 
 
 @dataclass(frozen=True, kw_only=True)

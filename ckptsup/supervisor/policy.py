@@ -15,8 +15,10 @@ Rules, in order:
 5. a NaN at the same step as an earlier NaN on another node follows the data → GiveUp (user
    error), nobody blamed.
 6. crash loop → GiveUp: the same kind of failure at the same step `crash_loop_threshold` times in a
-   row (user error; node deaths excluded: they are the hardware's fault), or no step progress
-   across that many attempts. No node is blamed: it is the job's fault.
+   row (user error; node deaths excluded: they are the hardware's fault; only steps that were
+   seen count: a script that reports none has no "same step"), or no progress across that many
+   attempts (steps, or for a script without steps a newer file in `progress_dir` or outliving
+   the init allowance). No node is blamed: it is the job's fault.
 7. restart budget spent (`max_restarts`) → GiveUp.
 8. blame: a dead node and the node of a NaN rank, plus every suspect that failed its health check.
    A NaN is soft evidence: its node is excluded only when something can replace it.
@@ -237,7 +239,7 @@ def crash_loop(history: History, threshold: int) -> str | None:
     if not attempts or attempts[-1].failure is None:
         return None
     last = attempts[-1].failure
-    if last.kind in _LOOP_KINDS:
+    if last.kind in _LOOP_KINDS and last.step is not None:  # no step seen: nothing to call "the same step"
         same = 0
         for attempt in reversed(attempts):
             f = attempt.failure

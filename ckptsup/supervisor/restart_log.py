@@ -121,6 +121,11 @@ def describe(event: Mapping[str, Any]) -> str:
         return f"health {g('node')}: {g('name')} {'ok' if g('ok') else 'FAILED'} {g('detail', '')}".rstrip()
     if name == Event.RUN_COMPLETE:
         return "run complete" + (f" ({_extras(e)})" if _extras(e) else "")
+    if name == Event.SUPERVISION_LEVEL:
+        return f"supervised at the {g('level', '?')} level: {g('detail', '')}"
+    if name == Event.PROGRESS_STALE:
+        return (f"warning: no hello and no progress line {_s(g('since_launch_s'))} after launch "
+                f"(progress_pattern {g('pattern', '?')!r}); still supervised at the process level")
     return _extras(e)
 
 

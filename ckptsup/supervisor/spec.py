@@ -9,6 +9,7 @@ from pathlib import Path
 from typing import Any, Callable
 
 from ..errors import ConfigError
+from ..progress import pattern_problem
 from ..safe_io import read_json
 
 MAX_SPEC_BYTES = 4 << 20   # the script's argv and the ranks' environment; far below this
@@ -33,6 +34,8 @@ class LaunchSpec:
     kill_grace_s: float = 10.0
     cwd: str = "."
     rdzv_backend: str = "static"        # static: node rank = position in `node_addrs`; or c10d
+    progress_pattern: str = "auto"      # [supervisor] progress_pattern (ckptsup/progress.py)
+    tee: bool = False                   # every rank's output to the console, not only rank 0's
 
     def to_json(self) -> dict[str, Any]:
         return dict(self.__dict__)
@@ -113,4 +116,6 @@ _CHECKS: dict[str, tuple[Callable[[Any], bool], str]] = {
     "kill_grace_s": (_seconds, "a number of seconds >= 0"),
     "cwd": (_str, "a path"),
     "rdzv_backend": (lambda v: v in ("static", "c10d"), "static or c10d"),
+    "progress_pattern": (lambda v: isinstance(v, str) and pattern_problem(v) is None, "a usable progress pattern"),
+    "tee": (lambda v: isinstance(v, bool), "true or false"),
 }

@@ -1,6 +1,7 @@
 """A pre-imported torchrun (`Standby` is the agent's handle on one): started by the agent ahead of need, it imports torch's launcher
 (~1.7 s here) and then waits for one JSON request on stdin: {"argv": [...], "env": {...},
-"cwd": "...", "log": "path"}. On it, it redirects its output to the log and becomes torchrun.
+"cwd": "..."}. On it, it becomes torchrun; its stdout and stderr are one pipe to the agent
+(supervisor/rank_output.py reads it into the rank log, progress lines and the console).
 The agent keeps one ready, so a fast-path restart skips the import.
 
 Run as `python -m ckptsup.supervisor.standby`. Torch is imported here, in the launcher process,
@@ -23,12 +24,13 @@ class Standby:
 
     def __init__(self) -> None:
         self.proc = subprocess.Popen([sys.executable, "-m", "ckptsup.supervisor.standby"],
-                                     stdin=subprocess.PIPE, stdout=subprocess.DEVNULL,
-                                     stderr=subprocess.DEVNULL, start_new_session=True)
+                                     stdin=subprocess.PIPE, stdout=subprocess.PIPE,
+                                     stderr=subprocess.STDOUT, start_new_session=True)
 
-    def launch(self, *, argv: list[str], env: dict[str, str], cwd: str, log: str) -> subprocess.Popen:
+    def launch(self, *, argv: list[str], env: dict[str, str], cwd: str) -> subprocess.Popen:
+        """Hand over the request; the returned process's stdout is the output pipe to read."""
         assert self.proc.stdin is not None
-        request = {"argv": argv, "env": env, "cwd": cwd, "log": log}
+        request = {"argv": argv, "env": env, "cwd": cwd}
         self.proc.stdin.write((json.dumps(request) + "\n").encode())
         self.proc.stdin.close()
         return self.proc
@@ -45,13 +47,10 @@ def main() -> int:
     if not line.strip():
         return 0  # the agent went away or closed us: nothing to launch
     request = json.loads(line)
-    log = os.open(request["log"], os.O_WRONLY | os.O_CREAT | os.O_APPEND, 0o600)
-    os.dup2(log, 1)
-    os.dup2(log, 2)
-    os.close(log)
     devnull = os.open(os.devnull, os.O_RDONLY)
     os.dup2(devnull, 0)
     os.close(devnull)
+    sys.stdout.reconfigure(line_buffering=True)  # a pipe is block-buffered: rank lines must be live
     os.environ.clear()
     os.environ.update(request["env"])
     os.chdir(request["cwd"])

@@ -1,0 +1,125 @@
+"""The agent's reader of its ranks' output (torchrun runs with `--tee 3` and a `[rankN]: ` line
+prefix, its stdout and stderr one pipe to the agent).
+
+Every byte goes to the node's rank log (attempt-N/ranks-<node>.log) as it arrives; each line
+(split on \\n and \\r, colour codes stripped) may be a progress line of a rank that did not say
+hello, and rank 0's lines (every rank's with `tee`) go to the supervisor's console, rate-limited:
+a flood costs lines on the console, never the log or the agent's loop.
+"""
+
+from __future__ import annotations
+
+import os
+from dataclasses import dataclass, field
+from typing import Callable
+
+from ..progress import LineSplitter, ProgressMatcher, clean, compile_pattern, split_rank
+
+CONSOLE_LINES_PER_S = 200.0   # sustained; a burst of CONSOLE_BURST passes at once
+CONSOLE_BURST = 400
+CONSOLE_LINE_CHARS = 1000     # a console line is cut here (the log keeps it whole)
+FRAME_LINES = 100             # lines per output frame (well inside wire.MAX_FRAME_BYTES)
+
+
+@dataclass(kw_only=True)
+class TokenBucket:
+    rate: float
+    burst: float
+    tokens: float = 0.0
+    at: float | None = None
+
+    def take(self, now: float) -> bool:
+        if self.at is None:
+            self.tokens, self.at = self.burst, now
+        self.tokens = min(self.burst, self.tokens + (now - self.at) * self.rate)
+        self.at = now
+        if self.tokens >= 1:
+            self.tokens -= 1
+            return True
+        return False
+
+
+@dataclass(kw_only=True)
+class RankOutput:
+    """One attempt's output on one node. `feed` takes bytes from the pipe; `take_progress` and
+    `take_console` hand over what is due (the agent turns them into frames)."""
+
+    log_fd: int
+    pattern: str
+    tee: bool = False
+    hooked: Callable[[int], bool] = lambda rank: False
+    clock: Callable[[], float] = lambda: 0.0
+    splitter: LineSplitter = field(default_factory=LineSplitter)
+    matcher: ProgressMatcher = field(init=False)
+    progress: dict[int, int] = field(default_factory=dict)   # rank -> newest step not yet sent
+    console: list[str] = field(default_factory=list)
+    dropped: int = 0
+    bucket: TokenBucket = field(default_factory=lambda: TokenBucket(rate=CONSOLE_LINES_PER_S, burst=CONSOLE_BURST))
+
+    def __post_init__(self) -> None:
+        self.matcher = ProgressMatcher(patterns=compile_pattern(self.pattern))
+
+    @classmethod
+    def open(cls, log_path: str, **kw) -> "RankOutput":
+        return cls(log_fd=os.open(log_path, os.O_WRONLY | os.O_CREAT | os.O_APPEND, 0o600), **kw)
+
+    def feed(self, data: bytes) -> None:
+        try:
+            os.write(self.log_fd, data)
+        except OSError:
+            pass  # a full disk loses log lines, never the agent
+        self._lines(self.splitter.feed(data))
+
+    def finish(self) -> None:
+        self._lines(self.splitter.flush())
+
+    def _lines(self, lines: list[str]) -> None:
+        now = self.clock()
+        for raw in lines:
+            line = clean(raw)
+            rank, text = split_rank(line)
+            if rank is not None and not self.hooked(rank):
+                step = self.matcher.match(rank, text)
+                if step is not None:
+                    self.progress[rank] = step
+            if rank == 0 or self.tee:
+                if self.bucket.take(now):
+                    self.console.append(line[:CONSOLE_LINE_CHARS])
+                else:
+                    self.dropped += 1
+
+    def take_progress(self) -> dict[int, int]:
+        out, self.progress = self.progress, {}
+        return out
+
+    def take_console(self) -> tuple[list[str], int] | None:
+        """Up to FRAME_LINES lines and the count dropped since the last frame; None when nothing."""
+        if not self.console and not self.dropped:
+            return None
+        lines, self.console = self.console[:FRAME_LINES], self.console[FRAME_LINES:]
+        dropped, self.dropped = self.dropped, 0
+        return lines, dropped
+
+    def close(self) -> None:
+        self.finish()
+        try:
+            os.close(self.log_fd)
+        except OSError:
+            pass
+
+
+def print_console(body: dict, out=None) -> None:
+    """The supervisor's side: an `output` frame's lines on its console (the job's output file)."""
+    import sys
+
+    out = out or sys.stdout
+    lines = body.get("lines")
+    if isinstance(lines, list):
+        for line in lines:
+            if isinstance(line, str):
+                out.write(line + "\n")
+    dropped = body.get("dropped")
+    if isinstance(dropped, int) and dropped > 0:
+        out.write(f"ckptsup: ({dropped} rank output line(s) not shown: more than {CONSOLE_LINES_PER_S:g}/s; "
+                  f"the rank log has them)\n")
+    out.flush()
