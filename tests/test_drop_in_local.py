@@ -1,73 +1,17 @@
 """An unmodified torchrun script under `ckptsup launch` (local mode, real torchrun and gloo): no
 hello, so it is supervised at the process level, and its own `step N` lines are progress lines.
 Faults come from outside, as on a cluster: SIGKILL and SIGSTOP of a rank process."""
-import os
-import re
 import signal
 import subprocess
-import sys
-import time
-from pathlib import Path
 
-import psutil
 import pytest
 import torch
 
 from ckptsup.events import read_events
 
-from hooks_helpers import free_port
+from drop_in_helpers import CKPTSUP, SCRIPT, named, newest_step, ranks_of, reference, same_model, wait_for
 
 pytestmark = pytest.mark.integration
-
-ROOT = Path(__file__).resolve().parents[1]
-SCRIPT = ROOT / "tests" / "helpers" / "plain_ddp.py"
-CKPTSUP = [sys.executable, "-m", "ckptsup.cli"]
-STEP_LINE = re.compile(rb"step (\d+) loss")
-
-
-def named(events, name):
-    return [e for e in events if e["event"] == name]
-
-
-def ranks_of(ckpt_dir: Path) -> dict[int, psutil.Process]:
-    """The script's rank processes of this test (by their checkpoint dir), by global rank."""
-    out = {}
-    for p in psutil.process_iter(["cmdline"]):
-        cmd = p.info["cmdline"] or []
-        if str(SCRIPT) in cmd and str(ckpt_dir) in cmd and "torch.distributed.run" not in " ".join(cmd):
-            try:
-                rank = p.environ().get("RANK")
-            except psutil.Error:
-                continue
-            if rank is not None and "LOCAL_RANK" in p.environ():
-                out[int(rank)] = p
-    return out
-
-
-def newest_step(run: Path) -> int:
-    logs = sorted(run.glob("attempt-*/ranks-*.log"), key=lambda p: int(p.parent.name.split("-")[1]))
-    if not logs:
-        return -1
-    found = STEP_LINE.findall(logs[-1].read_bytes())
-    return int(found[-1]) if found else -1
-
-
-def wait_for(cond, timeout, what):
-    deadline = time.monotonic() + timeout
-    while time.monotonic() < deadline:
-        if cond():
-            return
-        time.sleep(0.05)
-    raise AssertionError(f"timed out waiting for {what}")
-
-
-def reference(tmp_path: Path, steps: int) -> dict:
-    """The same script, uninterrupted, under plain torchrun."""
-    out = tmp_path / "ref.pt"
-    argv = [sys.executable, "-m", "torch.distributed.run", "--nproc-per-node", "2", "--master-port", str(free_port()),
-            str(SCRIPT), "--steps", str(steps), "--ckpt-dir", str(tmp_path / "ref-ckpt"), "--out", str(out), "--step-s", "0"]
-    subprocess.run(argv, check=True, capture_output=True, timeout=300, cwd=tmp_path)
-    return torch.load(out)
 
 
 def test_an_unmodified_ddp_script_survives_three_rank_sigkills_and_a_sigstop(tmp_path):
@@ -104,5 +48,4 @@ def test_an_unmodified_ddp_script_survives_three_rank_sigkills_and_a_sigstop(tmp
     assert final_level == {a: "progress" for a in range(5)}, final_level
     # the console of `ckptsup launch` shows rank 0's own lines
     assert b"step 80 loss" in console and b"resumed from step" in console
-    final, ref = torch.load(tmp_path / "final.pt"), reference(tmp_path, steps)
-    assert final.keys() == ref.keys() and all(torch.equal(final[k], ref[k]) for k in ref)
+    assert same_model(torch.load(tmp_path / "final.pt"), reference(tmp_path, steps))

@@ -1,0 +1,67 @@
+"""Shared by the drop-in tests: an unmodified DDP script (tests/helpers/plain_ddp.py), its
+uninterrupted reference under plain torchrun, and finding its rank processes and steps."""
+import re
+import subprocess
+import sys
+import time
+from pathlib import Path
+
+import psutil
+import torch
+
+from hooks_helpers import free_port
+
+ROOT = Path(__file__).resolve().parents[1]
+SCRIPT = ROOT / "tests" / "helpers" / "plain_ddp.py"
+CKPTSUP = [sys.executable, "-m", "ckptsup.cli"]
+STEP_LINE = re.compile(rb"step (\d+) loss")
+
+
+def named(events, name):
+    return [e for e in events if e["event"] == name]
+
+
+def ranks_of(ckpt_dir: Path) -> dict[int, psutil.Process]:
+    """The script's rank processes of this test (by their checkpoint dir), by global rank."""
+    out = {}
+    for p in psutil.process_iter(["cmdline"]):
+        cmd = p.info["cmdline"] or []
+        if str(SCRIPT) in cmd and str(ckpt_dir) in cmd and "torch.distributed.run" not in " ".join(cmd):
+            try:
+                env = p.environ()
+            except psutil.Error:
+                continue
+            if "RANK" in env and "LOCAL_RANK" in env:
+                out[int(env["RANK"])] = p
+    return out
+
+
+def newest_step(run: Path) -> int:
+    """The newest `step N` line in the newest attempt's rank logs (-1: none yet)."""
+    attempts = sorted(run.glob("attempt-*"), key=lambda p: int(p.name.split("-")[1]))
+    if not attempts:
+        return -1
+    found = [int(s) for log in attempts[-1].glob("ranks-*.log") for s in STEP_LINE.findall(log.read_bytes())]
+    return max(found, default=-1)
+
+
+def wait_for(cond, timeout, what):
+    deadline = time.monotonic() + timeout
+    while time.monotonic() < deadline:
+        if cond():
+            return
+        time.sleep(0.05)
+    raise AssertionError(f"timed out waiting for {what}")
+
+
+def reference(tmp_path: Path, steps: int) -> dict:
+    """The same script, uninterrupted, under plain torchrun (2 ranks): the final model."""
+    out = tmp_path / "ref.pt"
+    argv = [sys.executable, "-m", "torch.distributed.run", "--nproc-per-node", "2", "--master-port", str(free_port()),
+            str(SCRIPT), "--steps", str(steps), "--ckpt-dir", str(tmp_path / "ref-ckpt"), "--out", str(out), "--step-s", "0"]
+    subprocess.run(argv, check=True, capture_output=True, timeout=300, cwd=tmp_path)
+    return torch.load(out)
+
+
+def same_model(a: dict, b: dict) -> bool:
+    return a.keys() == b.keys() and all(torch.equal(a[k], b[k]) for k in a)
