@@ -85,25 +85,39 @@ def step_of(patterns: list[re.Pattern[str]], text: str) -> int | None:
 
 @dataclass(kw_only=True)
 class LineSplitter:
-    """Bytes in, whole lines out: splits on \\n and \\r, keeps a partial line for the next chunk
-    (bounded: a line longer than MAX_LINE is emitted cut)."""
+    """Bytes in, whole lines out: splits on \n and \r, keeps a partial line for the next chunk
+    (bounded: a line longer than MAX_LINE is emitted cut). Each line comes with whether it
+    continues a \r-redrawn one (torchrun prefixes a line with its rank once, before the \n-line's
+    first segment, so a redraw inherits the rank)."""
 
     partial: bytes = b""
+    continued: bool = False     # the partial line follows a \r
     lines_cut: int = 0
 
-    def feed(self, data: bytes) -> list[str]:
+    def feed(self, data: bytes) -> list[tuple[str, bool]]:
         buf = self.partial + data
-        parts = re.split(rb"\r\n|\r|\n", buf)
-        self.partial = parts.pop()
+        out: list[tuple[str, bool]] = []
+        start = 0
+        for sep in re.finditer(rb"\r\n|\r|\n", buf):
+            self._emit(out, buf[start:sep.start()])
+            self.continued = sep.group() == b"\r"
+            start = sep.end()
+        self.partial = buf[start:]
         if len(self.partial) > MAX_LINE:
-            parts.append(self.partial[:MAX_LINE])
+            self._emit(out, self.partial[:MAX_LINE])
             self.partial = b""
             self.lines_cut += 1
-        return [p.decode("utf-8", "replace") for p in parts if p.strip()]
+        return out
 
-    def flush(self) -> list[str]:
-        rest, self.partial = self.partial, b""
-        return [rest.decode("utf-8", "replace")] if rest.strip() else []
+    def _emit(self, out: list[tuple[str, bool]], raw: bytes) -> None:
+        if raw.strip():
+            out.append((raw.decode("utf-8", "replace"), self.continued))
+
+    def flush(self) -> list[tuple[str, bool]]:
+        out: list[tuple[str, bool]] = []
+        self._emit(out, self.partial)
+        self.partial, self.continued = b"", False
+        return out
 
 
 @dataclass(kw_only=True)

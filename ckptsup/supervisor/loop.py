@@ -200,6 +200,7 @@ class Supervisor:
             failure = self._pump()
             tracker = self.tracker
             assert tracker is not None
+            self._report_level(tracker)
             if failure is None and tracker.complete and self.stop_signal is None:
                 hooked = tracker.hooked or tracker.expect_hello
                 self.emit(Event.RUN_COMPLETE, step=tracker.last_step if tracker.last_step is not None
@@ -212,7 +213,7 @@ class Supervisor:
                                   detail=f"signal {signal.Signals(self.stop_signal).name}")
             if failure is None:
                 failure = tracker.check(self.clock())
-            self._report_level(tracker)
+                self._report_level(tracker)
             if failure is None:
                 continue
             status = self._recover(failure)

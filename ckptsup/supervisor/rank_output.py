@@ -54,6 +54,7 @@ class RankOutput:
     progress: dict[int, int] = field(default_factory=dict)   # rank -> newest step not yet sent
     console: list[str] = field(default_factory=list)
     dropped: int = 0
+    line_rank: int | None = None    # the rank of the \n-line being redrawn with \r
     bucket: TokenBucket = field(default_factory=lambda: TokenBucket(rate=CONSOLE_LINES_PER_S, burst=CONSOLE_BURST))
 
     def __post_init__(self) -> None:
@@ -73,11 +74,14 @@ class RankOutput:
     def finish(self) -> None:
         self._lines(self.splitter.flush())
 
-    def _lines(self, lines: list[str]) -> None:
+    def _lines(self, lines: list[tuple[str, bool]]) -> None:
         now = self.clock()
-        for raw in lines:
+        for raw, continued in lines:
             line = clean(raw)
             rank, text = split_rank(line)
+            if rank is None and continued:
+                rank = self.line_rank   # a \r redraw of a rank's line carries no prefix of its own
+            self.line_rank = rank
             if rank is not None and not self.hooked(rank):
                 step = self.matcher.match(rank, text)
                 if step is not None:

@@ -11,7 +11,8 @@ from ..config import SupervisorConfig
 from .observations import SupervisionLevel
 
 SOURCE_BYTES = 1 << 20   # a script's first MiB is read to see whether it uses ckptsup
-DIR_ENTRIES = 100_000    # progress_dir entries looked at (a huge directory costs a bounded scan)
+DIR_ENTRIES = 100_000
+MTIME_SLACK_S = 0.05    # progress_dir entries looked at (a huge directory costs a bounded scan)
 
 
 def uses_hooks(script: str, *, module: bool = False, no_python: bool = False) -> bool:
@@ -39,7 +40,8 @@ def progress_dir_newer(progress_dir: str, cwd: str, *, since_wall: float) -> boo
                 if i >= DIR_ENTRIES:
                     break
                 try:
-                    if entry.stat(follow_symlinks=False).st_mtime > since_wall:
+                    # file times come from a coarse kernel clock (a few ms behind time.time())
+                    if entry.stat(follow_symlinks=False).st_mtime > since_wall - MTIME_SLACK_S:
                         return True
                 except OSError:
                     continue
