@@ -146,6 +146,21 @@ def test_a_zombie_attempt_with_an_old_epoch_cannot_commit(tmp_path: Path) -> Non
     assert commit(tmp, manifest, checkpoint_dir=ckdir, run_dir=run.path).name == "step_4"
 
 
+def test_a_corrupt_state_json_does_not_cost_the_commit_and_the_lock_still_fences(tmp_path: Path, caplog) -> None:
+    run = RunDir.create(tmp_path / "run")
+    run.state_path.write_text('{"epoch": "not json')
+    ckdir = tmp_path / "ck"
+    tmp, manifest = _tmp_with_shard(ckdir, step=4, payload=b"x")
+    manifest.epoch = 3
+    assert commit(tmp, manifest, checkpoint_dir=ckdir, run_dir=run.path).name == "step_4"
+    assert "fencing by the writer lock only" in caplog.text and "state.json is corrupt" in caplog.text
+    with WriterLock(ckdir, epoch=5):   # a newer attempt holds the checkpoint dir: the zombie is refused
+        tmp, manifest = _tmp_with_shard(ckdir, step=5, payload=b"zombie")
+        manifest.epoch = 3
+        with pytest.raises(FencedError, match="held by epoch 5"):
+            commit(tmp, manifest, checkpoint_dir=ckdir, run_dir=run.path)
+
+
 def test_a_second_live_writer_is_refused_by_the_lock(tmp_path: Path) -> None:
     ckdir = tmp_path / "ck"
     ckdir.mkdir(mode=0o700)

@@ -194,6 +194,21 @@ def test_inside_the_job_the_finish_step_is_detached(tmp_path, monkeypatch) -> No
     assert [argv[i + 1] for i, a in enumerate(argv) if a == "--exclude"] == ["n2", "n7"]
 
 
+def test_a_requeue_event_that_cannot_be_written_still_starts_the_finisher(tmp_path, monkeypatch, capsys) -> None:
+    rd = run_dir(tmp_path)
+    monkeypatch.setenv("SLURM_JOB_ID", "42")
+
+    def full_disk(self, *a, **kw):
+        raise OSError(28, "No space left on device")
+
+    monkeypatch.setattr("ckptsup.supervisor.requeue.EventWriter.emit", full_disk)
+    spawned = []
+    result = requeue_job(FakeSlurm(), rd, "42", "node_down", ["n2"], fake_clock(), partition="spanning",
+                         spawn=lambda argv, path: spawned.append(argv) or 999)
+    assert result.requeued and result.finisher_pid == 999 and len(spawned) == 1
+    assert "could not log it" in capsys.readouterr().err
+
+
 def test_start_time_waits_for_the_credential_second_to_turn_over(tmp_path) -> None:
     """slurmd refuses a credential issued in the second its predecessor was revoked."""
     rd = run_dir(tmp_path)

@@ -11,6 +11,7 @@ fencing epoch (run dir state, and the lock) refuses a zombie attempt's commit.
 
 from __future__ import annotations
 
+import logging
 import os
 import re
 import shutil
@@ -167,9 +168,16 @@ def commit(tmp_dir: str | os.PathLike[str], manifest: Manifest, *,
 
 def _check_fencing(manifest: Manifest, *, checkpoint_dir: Path, run_dir: str | os.PathLike[str] | None) -> None:
     if run_dir is not None:
+        from ..errors import ConfigError
         from ..rundir import read_epoch  # the run dir is optional: plain `python train.py` has none
 
-        current = read_epoch(run_dir)
+        try:
+            current = read_epoch(run_dir)
+        except ConfigError as err:
+            # a damaged state.json must not cost this checkpoint: the checkpoint dir's writer lock
+            # below still fences zombies (it holds the epoch of whoever writes here)
+            logging.getLogger("ckptsup").warning("ckptsup: fencing by the writer lock only: %s", err)
+            current = manifest.epoch
         if manifest.epoch < current:
             raise FencedError(f"commit of step {manifest.step} refused: this attempt has fencing epoch {manifest.epoch} but the run is at "
                               f"epoch {current} (a newer attempt took over); this process is a zombie and must exit")

@@ -191,15 +191,21 @@ def requeue_job(client: RequeueClient, run_dir: str | os.PathLike[str] | RunDir,
     t_requeue = clock()
     requeued_wall = wall()
     phases = {"check_s": t_check - t0, "fence_s": t_fence - t_check, "requeue_s": t_requeue - t_fence}
-    writer = EventWriter(run_dir=rd.path, job_id=job_id, attempt=state.attempt, epoch=state.epoch, fsync=True)
     try:
-        writer.emit(Event.REQUEUE, reason=reason, by=by, excluded=list(excluded),
-                    new_excluded=sorted(set(exclude)), partition=partition or "",
-                    restart_count=info.restart_count, already_pending=already_pending,
-                    phases={k: round(v, 4) for k, v in phases.items()},
-                    requeued_mono=t_requeue)
-    finally:
-        writer.close()
+        writer = EventWriter(run_dir=rd.path, job_id=job_id, attempt=state.attempt, epoch=state.epoch, fsync=True)
+        try:
+            writer.emit(Event.REQUEUE, reason=reason, by=by, excluded=list(excluded),
+                        new_excluded=sorted(set(exclude)), partition=partition or "",
+                        restart_count=info.restart_count, already_pending=already_pending,
+                        phases={k: round(v, 4) for k, v in phases.items()},
+                        requeued_mono=t_requeue)
+        finally:
+            writer.close()
+    except OSError as err:
+        # the job is requeued already: a full or flaky run dir costs the log line, never the
+        # pending-job updates below (exclusions, partition, the hold lifted)
+        print(f"ckptsup: requeued job {job_id} but could not log it in {rd.path}: {err.strerror or err}",
+              file=sys.stderr, flush=True)
 
     if detach is None:
         detach = os.environ.get(SLURM_JOB_ID) == job_id
