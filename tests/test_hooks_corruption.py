@@ -203,3 +203,21 @@ def test_the_writers_read_back_hashes_each_item_and_refuses_a_shard_shorter_than
     shard.write_bytes(data[:2500])  # DCP's metadata says more than the file holds
     with pytest.raises(CheckpointError, match="is 2500 bytes but DCP says item b@0 ends at 3000"):
         hash_file_and_items(shard, items, "xxh3-128")
+
+
+def test_an_untrusted_newest_checkpoint_is_skipped_without_quarantine_and_resume_uses_the_previous(tmp_path: Path) -> None:
+    """Without a supervisor the hooks judge trust as pick_resume does: skip, keep, fall back."""
+    ck = two_checkpoints(tmp_path)
+    os.chmod(ck / "step_4", 0o777)   # writable by others: it may not be read, but it is not corrupt
+    try:
+        step, _ = resume_step(ck)
+        assert step == 2
+        assert (ck / "step_4").exists() and not (ck / "quarantine").exists()
+        os.chmod(ck / "step_2", 0o777)
+        from ckptsup.checkpoint.trust import CheckpointDirUntrusted
+
+        with pytest.raises(CheckpointDirUntrusted, match="2 untrusted one"):
+            resume_step(ck)   # nothing usable left: stop rather than start over
+    finally:
+        os.chmod(ck / "step_4", 0o700)
+        os.chmod(ck / "step_2", 0o700)

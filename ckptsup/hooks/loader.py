@@ -20,7 +20,8 @@ from pathlib import Path
 from typing import Any
 
 from ..env import TEST_LOAD_DELAY_S
-from ..errors import CheckpointError, CkptsupError, ManifestError, ValidationError
+from ..checkpoint.trust import CheckpointDirUntrusted
+from ..errors import CheckpointError, CkptsupError, ManifestError, TrustError, ValidationError
 from ..events import Event
 from .dcp_errors import failure_errors, one_line, root_cause
 
@@ -48,15 +49,23 @@ def is_corruption(error: BaseException | None) -> bool:
     return isinstance(error, (ValidationError, ManifestError))
 
 
+def is_untrusted(error: BaseException | None) -> bool:
+    """A checkpoint we must not read (another owner, writable by others): skipped, never
+    quarantined — its content may be fine (as the supervisor's pick_resume)."""
+    return isinstance(error, TrustError) and not isinstance(error, CheckpointDirUntrusted)
+
+
 def _agree(run: Any, path: Path, error: Exception | None) -> Exception | None:
-    """Every rank takes the same decision: 0 all fine, 1 corrupt somewhere (fall back), 2 a
-    failure that is not corruption somewhere (stop)."""
-    code = 0 if error is None else (1 if is_corruption(error) else 2)
+    """Every rank takes the same decision: 0 all fine, 1 corrupt somewhere (quarantine, fall
+    back), 2 untrusted somewhere (skip, fall back), 3 any other failure somewhere (stop)."""
+    code = 0 if error is None else 1 if is_corruption(error) else 2 if is_untrusted(error) else 3
     agreed = run.reduce_max([code])[0]
     if agreed == 0:
         return None
-    if agreed == 2 and (error is None or is_corruption(error)):
+    if agreed == 3 and code != 3:
         return CheckpointError(f"{path.name}: another rank could not load it (see that rank's log)")
+    if agreed == 2 and code != 2:
+        return TrustError(f"{path.name}: another rank may not read it (see that rank's log)")
     if agreed == 1 and error is None:
         return ValidationError(f"{path.name}: another rank found it corrupt (see that rank's log)")
     return error

@@ -31,6 +31,7 @@ from typing import Any, Callable
 from ..checkpoint.catalog import Status, list_checkpoints
 from ..checkpoint.commit import WriterLock
 from ..checkpoint.validate import quarantine
+from ..checkpoint.trust import CheckpointDirUntrusted
 from ..env import LOCAL_RANK, ExitStatus, RankEnv
 from ..errors import CheckpointError, CkptsupError
 from ..events import Event
@@ -165,11 +166,12 @@ class Run:
     def resume(self) -> int:
         """Load the newest usable checkpoint (the supervisor's CKPTSUP_RESUME_FROM first); on a
         corrupt one, quarantine it and fall back to the previous. Returns the next step."""
-        from .loader import is_corruption, load_checkpoint
+        from .loader import is_corruption, is_untrusted, load_checkpoint
 
         self.channel.send(MessageKind.PHASE, {"rank": self.rank, "phase": Phase.LOAD, "step": 0})
         start = self.clock()
         candidates = self._broadcast(self._candidates() if self.rank == 0 else None)
+        untrusted: list[str] = []
         for path in candidates:
             error = load_checkpoint(self, Path(path))
             if error is None:
@@ -181,10 +183,17 @@ class Run:
                 self.channel.send(MessageKind.PHASE, {"rank": self.rank, "phase": Phase.TRAIN, "step": self.next_step})
                 return self.next_step
             log.error("ckptsup: cannot resume from %s: %s", path, error)
+            if is_untrusted(error):
+                untrusted.append(str(path))   # skipped, not quarantined: its content may be fine
+                continue
             if not is_corruption(error):
                 raise error
             if self.rank == 0:
                 self._reject(Path(path), error)
+        if untrusted:
+            # starting over would throw their progress away: a human decides (exit 2, no requeue)
+            raise CheckpointDirUntrusted(f"no checkpoint to resume from but {len(untrusted)} untrusted one(s), newest "
+                                         f"{untrusted[0]}; fix their owner/mode (see the log above) or move them aside")
         self.channel.send(MessageKind.PHASE, {"rank": self.rank, "phase": Phase.TRAIN, "step": 0})
         return 0
 
