@@ -211,6 +211,7 @@ INTEGRATION_FILES = frozenset({
     "test_hooks_disk_full.py",
     "test_hooks_node_local.py",
     "test_hooks_preemption.py",
+    "test_relaunch_local.py",
     "test_resume_bitexact.py",
     "test_resume_fsdp2.py",
     "test_supervisor_local.py",
