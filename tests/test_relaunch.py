@@ -91,6 +91,11 @@ def test_a_run_requeued_by_another_job_names_it_and_needs_a_flag():
     assert decide(RunStatus.REQUEUED, job="42", run_job="41", resume=False) == New(move_aside=True)
 
 
+def test_a_requeued_run_of_an_unknown_job_still_reads_well():
+    refused = decide(RunStatus.REQUEUED, job="42", run_job=None)
+    assert isinstance(refused, Refuse) and "holds a requeued run (3 attempts)" in refused.reason
+
+
 def test_a_live_refusal_without_a_lease_holder_still_reads_well():
     decision = decide(RunStatus.RUNNING, age=1.0, holder="")
     assert isinstance(decision, Refuse) and "its supervisor renewed its lease 1.0s ago" in decision.reason

@@ -166,7 +166,7 @@ def _set_field(cause: RootCause, name: str, value: str) -> None:
     elif name == "exitcode":
         code = re.match(r"-?\d+", value)
         signal = re.search(r"\((SIG\w+)\)", value)
-        cause.exitcode = (code.group(0) if code else value) + (f" ({signal.group(1)})" if signal else "")
+        cause.exitcode = (code.group(0) if code else value[:40]) + (f" ({signal.group(1)[:20]})" if signal else "")
     elif name == "traceback":
         cause.traceback = [value] if value else []
     elif name in ("time", "error_file"):

@@ -108,7 +108,7 @@ def decide_relaunch(prev: Previous, *, job_id: str, restart_count: int, lease_st
         return Resume(f"its supervisor died ({lease})")
     if resume is None:
         held = _HELD.get(prev.status) or (f"job {prev.job_id}'s run, requeued (scancel {prev.job_id} first "
-                                          "unless it should come back)")
+                                          "unless it should come back)" if prev.job_id else "a requeued run")
         return Refuse(f"{path} holds {held} ({_attempts(prev.attempt)}); pass --resume to continue it (its history, "
                       "checkpoints and attempt numbers) or --new to start afresh (the old run is moved aside "
                       "and kept)")
