@@ -34,6 +34,7 @@ from .safe_io import encodable, loads_json
 EVENTS_FILE = "events.jsonl"
 MAX_EVENTS_BYTES = 1 << 30       # 1 GiB: far beyond any run's restart log
 MAX_EVENT_LINE_BYTES = 1 << 20   # one record; a longer line is skipped unread
+LAST_EVENT_TAIL_BYTES = 64 << 10  # last_event: far more than one record of ours
 MAX_EVENT_DEPTH = 32             # records nest a few levels (phases, lists of nodes)
 _CHUNK = 1 << 20
 
@@ -325,6 +326,31 @@ def read_events(run_dir: str | os.PathLike[str], *, stats: ReadStats | None = No
             out.extend(_records(lines.feed(chunk), stats))
     out.extend(_records([lines.rest()], stats))
     return out
+
+
+def last_event(run_dir: str | os.PathLike[str]) -> dict[str, Any] | None:
+    """The log's last well-formed event, read from its end (at most LAST_EVENT_TAIL_BYTES): who
+    wrote the run dir last, without reading a long log. None when there is no log or no event in
+    that tail; a bad file is one EventsFileError, as for read_events."""
+    path = Path(run_dir) / EVENTS_FILE
+    opened = _open_log(path)
+    if opened is None:
+        return None
+    fh, size = opened
+    with fh:
+        try:
+            fh.seek(max(0, size - LAST_EVENT_TAIL_BYTES))
+            data = fh.read(LAST_EVENT_TAIL_BYTES)
+        except OSError as err:
+            raise EventsFileError(f"cannot read {path}: {err.strerror or err}") from None
+    lines = data.split(b"\n")
+    if size > LAST_EVENT_TAIL_BYTES:
+        lines = lines[1:]  # the tail starts inside a line
+    for line in reversed(lines):
+        record = parse_line(line)
+        if record is not None:
+            return record
+    return None
 
 
 def follow_events(run_dir: str | os.PathLike[str], *, poll_s: float = 0.5,

@@ -307,14 +307,19 @@ class RunDir:
         atomic_write_json(self.lease_path, {"pid": os.getpid(), "host": host, "epoch": epoch,
                                             "renewed": time.time()})
 
-    def lease_age_s(self, now: float | None = None) -> float | None:
-        """Seconds since the lease was renewed (wall clock: the watchdog runs on another host,
-        so monotonic clocks are not comparable), or None when there is no lease."""
+    def read_lease(self) -> dict[str, Any] | None:
+        """The lease as written ({pid, host, epoch, renewed}), None when there is none or it is
+        unreadable (the watchdog's start-up grace applies to both alike)."""
         try:
             lease = read_json(self.lease_path, max_bytes=MAX_LEASE_BYTES, what="lease", error=ConfigError)
         except (FileNotFoundError, ConfigError):
-            return None  # unreadable counts as absent: the watchdog's start-up grace applies
-        renewed = lease.get("renewed") if isinstance(lease, dict) else None
+            return None
+        return lease if isinstance(lease, dict) else None
+
+    def lease_age_s(self, now: float | None = None) -> float | None:
+        """Seconds since the lease was renewed (wall clock: the watchdog runs on another host,
+        so monotonic clocks are not comparable), or None when there is no lease."""
+        renewed = (self.read_lease() or {}).get("renewed")
         if not _number(renewed):
             return None
         return (time.time() if now is None else now) - float(renewed)

@@ -21,18 +21,18 @@ TRAIN = ROOT / "examples" / "train.py"
 STEPS = ["--steps", "40", "--save-every-steps", "5", "--step-sleep-s", "0.08"]
 
 
-def write_cfg(path: Path, extra_toml: str = "") -> Path:
-    path.write_text("[supervisor]\nhang_min_s = 4.0\nheartbeat_interval_s = 0.5\n"
+def write_cfg(path: Path, extra_toml: str = "", supervisor_toml: str = "") -> Path:
+    path.write_text("[supervisor]\nhang_min_s = 4.0\nheartbeat_interval_s = 0.5\n" + supervisor_toml +
                     "[checkpoint]\nadaptive_interval = false\nkeep_daily_days = 0\ntest_load_every = 0\n"
                     + extra_toml)
     return path
 
 
-def start(tmp: Path, *extra: str, extra_toml: str = "") -> tuple[subprocess.Popen, Path, Path]:
+def start(tmp: Path, *extra: str, extra_toml: str = "", supervisor_toml: str = "") -> tuple[subprocess.Popen, Path, Path]:
     tmp.mkdir(parents=True, exist_ok=True)
     run, out = tmp / "run", tmp / "out"
     argv = [sys.executable, "-m", "ckptsup.cli", "launch", "--nproc-per-node", "2", "--config",
-            str(write_cfg(tmp / "job.toml", extra_toml)), "--run-dir", str(run), str(TRAIN), *STEPS, "--out", str(out), *extra]
+            str(write_cfg(tmp / "job.toml", extra_toml, supervisor_toml)), "--run-dir", str(run), str(TRAIN), *STEPS, "--out", str(out), *extra]
     proc = subprocess.Popen(argv, cwd=tmp, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True)
     return proc, run, out
 
@@ -173,7 +173,8 @@ def test_a_sigkilled_supervisor_leaves_no_rank_behind(tmp_path):
 
 
 def test_a_corrupted_newest_checkpoint_is_quarantined_and_the_run_resumes_from_the_previous(tmp_path, reference):
-    proc, run, out = start(tmp_path)
+    lease = "lease_interval_s = 0.2\nlease_stale_s = 1.0\n"  # the killed supervisor's lease is soon stale
+    proc, run, out = start(tmp_path, supervisor_toml=lease)
     wait_for_commit(run, 20)
     proc.send_signal(signal.SIGKILL)  # the agent kills its ranks when the supervisor's pipe closes
     proc.communicate(timeout=30)
@@ -185,7 +186,9 @@ def test_a_corrupted_newest_checkpoint_is_quarantined_and_the_run_resumes_from_t
     shard = max((p for p in newest.rglob("*") if p.is_file() and p.suffix == ".distcp"), key=lambda p: p.stat().st_size)
     with open(shard, "r+b") as fh:
         fh.truncate(shard.stat().st_size // 2)
-    proc, run, out = start(tmp_path)  # same run dir: the run resumes
+    while time.time() - json.loads((run / "lease").read_text())["renewed"] <= 1.0:
+        time.sleep(0.1)  # a fresh lease would be a live run: the launch would be refused
+    proc, run, out = start(tmp_path, supervisor_toml=lease)  # same run dir, supervisor dead: the run resumes
     rc, log = finish(proc)
     assert rc == 0, log
     events = read_events(run)

@@ -26,16 +26,19 @@ class UsageError(CkptsupError):
 @click.option("--run-dir", type=click.Path(file_okay=False), default=None,
               help="run directory (run.run_dir; {job_id} expands); reuse it to resume a run")
 @click.option("--max-restarts", type=int, default=None, help="restart budget (supervisor.max_restarts)")
+@click.option("--resume/--new", "resume", default=None,
+              help="the run dir holds an ended run: continue it, or move it aside and start afresh")
 @click.argument("script")
 @click.argument("script_args", nargs=-1, type=click.UNPROCESSED)
 def launch(nproc_per_node: int | None, nodes: int | None, job_config: str | None, run_dir: str | None,
-           max_restarts: int | None, script: str, script_args: tuple[str, ...]) -> None:
+           max_restarts: int | None, resume: bool | None, script: str, script_args: tuple[str, ...]) -> None:
     """Run SCRIPT under the supervisor: inside a Slurm allocation (one agent per active node),
     or locally on this machine. Everything after SCRIPT reaches the script untouched."""
     from ..config import load_config
     from ..rundir import RunDir
     from .loop import Job, Supervisor
     from .placement import Placement
+    from .relaunch import prepare
     from .unhooked import uses_hooks
 
     flags = {"supervisor.nproc_per_node": nproc_per_node, "supervisor.nodes": nodes,
@@ -52,6 +55,7 @@ def launch(nproc_per_node: int | None, nodes: int | None, job_config: str | None
         where = f"the allocation has {len(placement.nodes)}" if in_slurm else "local mode runs one node"
         raise UsageError(f"--nodes {needed} active nodes requested but {where}; lower --nodes or allocate more")
     rd_path = resolved.config.run.run_dir.replace("{job_id}", placement.job_id)
+    prepare(rd_path, resolved.config, job_id=placement.job_id, resume=resume)  # refuse, move aside, or resume
     run = RunDir.create(rd_path)
     job = Job(script=str(script_path.resolve()), script_args=list(script_args), cwd=os.getcwd(), nodes_needed=needed,
               expects_hello=uses_hooks(str(script_path)))

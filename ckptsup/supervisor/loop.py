@@ -439,7 +439,8 @@ class Supervisor:
                 self.state.status = RunStatus.GAVE_UP
                 self._save_state()
                 print(f"ckptsup: giving up: {reason}", flush=True)
-                print(recovery.log_tail(self.run_dir.attempt_dir(self.state.attempt)), flush=True)
+                print(recovery.log_tail(self.run_dir.attempt_dir(self.state.attempt),
+                                        rank=failure.rank if failure else None), flush=True)
                 return ExitStatus.GIVE_UP
             case Requeue(preempted=True):
                 kind = self._stop_for_preemption()

@@ -6,7 +6,6 @@ decisions live in policy.py / preemption.py / nccl.py."""
 from __future__ import annotations
 
 import os
-import re
 import sys
 from pathlib import Path
 from typing import Any, Callable, Iterable
@@ -19,6 +18,7 @@ from .. import env as envvars
 from ..config import Config
 from ..errors import CkptsupError
 from ..events import Event
+from .error_quote import quote_logs
 from .health import NodeHealth
 from .nccl import Timeouts, derive_timeouts, nccl_env
 
@@ -142,17 +142,11 @@ def _recheck(step_dir: Path) -> tuple[list[str], bool]:
         return [f"cannot read {err.filename or step_dir}: {err.strerror or err}; check its permissions"], True
 
 
-def log_tail(attempt_dir: Path, lines: int = 3) -> str:
-    """The errors at the end of the last attempt's rank logs (a traceback's last line), so a user
-    error is visible where the give-up is reported."""
-    out = []
-    for log in sorted(attempt_dir.glob("ranks-*.log")):
-        text = log.read_text(errors="replace").splitlines()
-        errors = [x.strip() for x in text if re.match(r"^\s*[\w.]*(Error|Exception|Interrupt)\b", x)]
-        if errors:
-            out.append(f"--- {log}:")
-            out.extend(dict.fromkeys(errors[-lines:]))
-    return "\n".join(out) or f"(no error in the rank logs of {attempt_dir})"
+def log_tail(attempt_dir: Path, *, rank: int | None = None) -> str:
+    """The error that ended the attempt, quoted from its rank logs (error_quote.py: the first
+    failed rank's last traceback, bounded), so a user error is visible where the give-up is
+    reported. `rank`: the rank the supervisor saw fail, when torchrun printed no summary."""
+    return quote_logs(attempt_dir, rank=rank)
 
 
 def resume_step(resume_from: str) -> int:
