@@ -203,15 +203,19 @@ def requeue_job(client: RequeueClient, run_dir: str | os.PathLike[str] | RunDir,
             writer.close()
     except OSError as err:
         # the job is requeued already: a full or flaky run dir costs the log line, never the
-        # pending-job updates below (exclusions, partition, the hold lifted)
-        print(f"ckptsup: requeued job {job_id} but could not log it in {rd.path}: {err.strerror or err}",
-              file=sys.stderr, flush=True)
+        # pending-job updates below (exclusions, partition, the hold lifted); in-line, the
+        # finish step meets the same run dir and reports it as its one line
+        log_error = f"ckptsup: requeued job {job_id} but could not log it in {rd.path}: {err.strerror or err}"
+    else:
+        log_error = None
 
     if detach is None:
         detach = os.environ.get(SLURM_JOB_ID) == job_id
     base = dict(job_id=job_id, requeued=True, epoch=state.epoch, excluded=excluded,
                 partition=partition, phases=phases)
     if detach:
+        if log_error:
+            print(log_error, file=sys.stderr, flush=True)
         argv = finisher_argv(run_dir=rd.path, job_id=job_id, exclude=excluded, partition=partition,
                              restart_count=info.restart_count, requeued_mono=t_requeue,
                              requeued_wall=requeued_wall, deadline_s=finish_deadline_s)
