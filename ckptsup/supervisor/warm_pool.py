@@ -1,0 +1,94 @@
+"""The agent's pool of warm rank interpreters (supervisor/warm_rank.py): one per local rank,
+started with the ranks' environment once the current attempt has stepped (their torch import
+would slow the ranks' start on a small node), handed out to the next launch's workers through
+supervisor/warm_proxy.py. One generation serves one launch; the next one warms up afterwards.
+"""
+
+from __future__ import annotations
+
+import os
+import subprocess
+import sys
+from dataclasses import dataclass, field
+from pathlib import Path
+
+from .processes import terminate
+
+
+@dataclass(kw_only=True)
+class WarmPool:
+    directory: Path                       # the agent's 0700 socket dir
+    size: int
+    env: dict[str, str]
+    generation: int = 0
+    procs: list[subprocess.Popen] = field(default_factory=list)   # warming or ready, not handed out
+    in_use: list[subprocess.Popen] = field(default_factory=list)  # the current launch's ranks
+    failed: int = 0                       # generations that died before they were used
+    MAX_FAILED = 2
+
+    @staticmethod
+    def rank_env(env: dict[str, str], nproc_per_node: int) -> dict[str, str]:
+        """What the ranks' interpreters see at import: torchrun's OMP_NUM_THREADS rule applied."""
+        out = dict(env)
+        if nproc_per_node > 1:
+            out.setdefault("OMP_NUM_THREADS", "1")
+        return out
+
+    def socket(self, local_rank: int) -> Path:
+        return self.directory / f"warm-{local_rank}.sock"
+
+    def start(self) -> None:
+        """Start one warm interpreter per local rank (replacing none that is still waiting)."""
+        if self.procs or self.failed >= self.MAX_FAILED:
+            return
+        self.generation += 1
+        for local_rank in range(self.size):
+            path = self.socket(local_rank)
+            for stale in (path, Path(f"{path}.ready")):
+                stale.unlink(missing_ok=True)
+            self.procs.append(subprocess.Popen(
+                [sys.executable, "-m", "ckptsup.supervisor.warm_rank", "--listen", str(path)],
+                env=self.env, stdin=subprocess.DEVNULL, stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL,
+                start_new_session=True))
+
+    def ready(self) -> bool:
+        return bool(self.procs) and len(self.procs) == self.size and all(
+            p.poll() is None and Path(f"{self.socket(i)}.ready").exists() for i, p in enumerate(self.procs))
+
+    def hand_out(self) -> bool:
+        """The next launch uses this generation (its workers connect through warm_proxy);
+        False when it is not ready (the launch starts cold)."""
+        if not self.ready():
+            return False
+        self.in_use, self.procs = self.procs, []
+        return True
+
+    def kill_in_use(self) -> None:
+        """The launch's ranks are being killed: a warm rank that is stopped (SIGSTOP) would not
+        notice its proxy's death, so kill them directly."""
+        for proc in self.in_use:
+            terminate(proc, 0)
+        self.in_use = []
+
+    def reap(self) -> None:
+        """Collect exited ranks; a warm interpreter that died while waiting (its torch import
+        failed?) spoils its generation: the next start() tries once more, then warming stops."""
+        for proc in self.in_use:
+            proc.poll()
+        if any(p.poll() is not None for p in self.procs):
+            for proc in self.procs:
+                terminate(proc, 0)
+            self.procs = []
+            self.failed += 1
+
+    def close(self) -> None:
+        self.kill_in_use()
+        for proc in self.procs:
+            terminate(proc, 0)
+        self.procs = []
+        for local_rank in range(self.size):
+            for path in (self.socket(local_rank), Path(f"{self.socket(local_rank)}.ready")):
+                try:
+                    os.unlink(path)
+                except OSError:
+                    pass

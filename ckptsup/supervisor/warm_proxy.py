@@ -1,0 +1,69 @@
+"""The worker torchrun runs when warm interpreters are ready (`torchrun --no-python python -m
+ckptsup.supervisor.warm_proxy SCRIPT ARGS`): it hands its rank over to the warm interpreter of
+its local rank (supervisor/warm_rank.py) and stands in for it — signals forwarded, the rank's
+exit status its own. Without a ready warm interpreter it becomes the rank cold (exec python).
+
+Kept to the standard library and env.py: it starts in tens of milliseconds.
+"""
+
+from __future__ import annotations
+
+import array
+import json
+import os
+import signal
+import socket
+import sys
+
+from ..env import WARM_DIR
+
+FORWARDED = (signal.SIGTERM, signal.SIGINT, signal.SIGHUP, signal.SIGUSR1, signal.SIGUSR2)
+MODULE_FLAG = "--ckptsup-module"
+
+
+def cold(argv: list[str], module: bool) -> None:
+    os.execv(sys.executable, [sys.executable, "-u", *(["-m"] if module else []), *argv])
+
+
+def main() -> int:
+    args = sys.argv[1:]
+    module = bool(args) and args[0] == MODULE_FLAG
+    if module:
+        args = args[1:]
+    path = os.path.join(os.environ.get(WARM_DIR, ""), f"warm-{os.environ.get('LOCAL_RANK', '0')}.sock")
+    if not os.environ.get(WARM_DIR) or not os.path.exists(path + ".ready"):
+        cold(args, module)
+    sock = socket.socket(socket.AF_UNIX, socket.SOCK_STREAM)
+    try:
+        sock.connect(path)
+        request = json.dumps({"argv": args, "env": dict(os.environ), "cwd": os.getcwd(), "module": module}).encode()
+        sock.sendmsg([request + b"\n"], [(socket.SOL_SOCKET, socket.SCM_RIGHTS, array.array("i", [0, 1, 2]))])
+        reader = sock.makefile("rb")
+        hello = json.loads(reader.readline() or b"{}")
+        pid = int(hello["pid"])
+    except (OSError, ValueError, KeyError):
+        sock.close()
+        cold(args, module)   # the warm interpreter is gone or busy: start cold, lose nothing
+    for sig in FORWARDED:
+        signal.signal(sig, lambda signum, _frame: _forward(pid, signum))
+    rc = None
+    for line in reader:
+        try:
+            rc = int(json.loads(line)["rc"])
+        except (ValueError, KeyError, TypeError):
+            continue
+    # EOF: the rank's process is gone. Without an exit status it died of a signal: so do we
+    if rc is None:
+        os.kill(os.getpid(), signal.SIGKILL)
+    return rc
+
+
+def _forward(pid: int, signum: int) -> None:
+    try:
+        os.kill(pid, signum)
+    except OSError:
+        pass
+
+
+if __name__ == "__main__":
+    sys.exit(main())

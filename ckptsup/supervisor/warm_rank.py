@@ -1,0 +1,176 @@
+"""Warm rank interpreters (docs/supervisor.md §Warm restarts): a Python process that has already
+imported torch waits on a Unix socket for one rank to become.
+
+The agent keeps one per local rank (`WarmPool`), started with the environment the ranks will
+have (variables such as OMP_NUM_THREADS are read at import). torchrun then runs
+`warm_proxy` as each worker (`--no-python`): the proxy hands the warm interpreter its argv,
+environment, working directory and standard streams (SCM_RIGHTS), forwards signals, and exits
+with the rank's exit status. A restart so skips the interpreter's and torch's start-up.
+
+Run as `python -m ckptsup.supervisor.warm_rank --listen PATH`. Torch is imported in this
+process only, never in the agent or the supervisor.
+
+Wire (one connection, then the process is the rank): proxy → warm: one JSON line {argv, env,
+cwd, module} with fds 0, 1, 2 attached; warm → proxy: {"pid"}, later {"rc"}; the connection
+closes when the rank's process exits (after its atexit handlers).
+"""
+
+from __future__ import annotations
+
+import array
+import json
+import os
+import signal
+import socket
+import struct
+import sys
+import threading
+
+REQUEST_MAX = 4 << 20     # argv + environment: far below this
+ACCEPT_FDS = 3
+
+
+def recv_request(conn: socket.socket) -> tuple[dict, list[int]]:
+    """One newline-terminated JSON object and the fds sent with its first bytes (bounded)."""
+    fds = array.array("i")
+    data = b""
+    while not data.endswith(b"\n"):
+        msg, anc, _flags, _addr = conn.recvmsg(65536, socket.CMSG_SPACE(ACCEPT_FDS * fds.itemsize))
+        for level, kind, payload in anc:
+            if level == socket.SOL_SOCKET and kind == socket.SCM_RIGHTS:
+                fds.frombytes(payload[: len(payload) - len(payload) % fds.itemsize])
+        if not msg:
+            raise ConnectionError("the proxy closed before its request")
+        data += msg
+        if len(data) > REQUEST_MAX:
+            raise ValueError("request too large")
+    from ..errors import CkptsupError
+    from ..safe_io import loads_json
+
+    try:
+        request = loads_json(data, what="warm rank request", error=CkptsupError, max_depth=8)
+    except CkptsupError as err:
+        raise ValueError(str(err)) from None
+    if not isinstance(request, dict):
+        raise ValueError("request is not an object")
+    return request, list(fds)
+
+
+def _peer_uid(conn: socket.socket) -> int | None:
+    try:
+        _pid, uid, _gid = struct.unpack("3i", conn.getsockopt(socket.SOL_SOCKET, socket.SO_PEERCRED, struct.calcsize("3i")))
+    except (OSError, struct.error):
+        return None
+    return uid
+
+
+def _die_with_parent() -> None:
+    """The agent is our parent: if it dies (SIGKILL skips its cleanup), we die too."""
+    try:
+        import ctypes
+
+        ctypes.CDLL(None, use_errno=True).prctl(1, signal.SIGKILL)  # PR_SET_PDEATHSIG
+    except (OSError, AttributeError):
+        pass
+
+
+def _watch_proxy(conn: socket.socket) -> None:
+    """The proxy is the worker torchrun knows: when it is gone (killed), so is this rank."""
+    try:
+        while conn.recv(1):
+            pass
+    except OSError:
+        pass
+    os.kill(os.getpid(), signal.SIGKILL)
+
+
+def _exit_code(err: SystemExit) -> int:
+    code = err.code
+    if code is None:
+        return 0
+    if isinstance(code, int):
+        return code & 0xFF
+    print(code, file=sys.stderr)
+    return 1
+
+
+def become_rank(request: dict, fds: list[int], conn: socket.socket) -> int:
+    """Take the rank's streams, environment, cwd and argv, and run its script as __main__."""
+    import runpy
+    import traceback
+
+    for target, fd in zip((0, 1, 2), fds):
+        os.dup2(fd, target)
+        os.close(fd)
+    sys.stdout = os.fdopen(1, "w", buffering=1, closefd=False)
+    sys.stderr = os.fdopen(2, "w", buffering=1, closefd=False)
+    env = request.get("env") or {}
+    os.environ.clear()
+    os.environ.update({str(k): str(v) for k, v in env.items()})
+    os.chdir(str(request.get("cwd") or "."))
+    argv = [str(a) for a in request.get("argv") or []]
+    conn.sendall(json.dumps({"pid": os.getpid()}).encode() + b"\n")
+    threading.Thread(target=_watch_proxy, args=(conn,), name="warm-proxy-watch", daemon=True).start()
+    for sig in (signal.SIGTERM, signal.SIGINT, signal.SIGHUP, signal.SIGUSR1, signal.SIGUSR2):
+        signal.signal(sig, signal.SIG_DFL)   # the script installs its own handlers, as in a cold start
+    signal.signal(signal.SIGINT, signal.default_int_handler)
+    try:
+        if request.get("module"):
+            sys.argv = [argv[0], *argv[1:]]
+            runpy.run_module(argv[0], run_name="__main__", alter_sys=True)
+        else:
+            sys.argv = argv
+            sys.path[0] = os.path.dirname(os.path.abspath(argv[0]))
+            runpy.run_path(argv[0], run_name="__main__")
+        code = 0
+    except SystemExit as err:
+        code = _exit_code(err)
+    except BaseException:  # noqa: BLE001 — the script's own exception: its traceback, exit 1, as python does
+        traceback.print_exc()
+        code = 1
+    try:
+        sys.stdout.flush()
+        sys.stderr.flush()
+        conn.sendall(json.dumps({"rc": code}).encode() + b"\n")
+    except OSError:
+        pass
+    return code
+
+
+def main(argv: list[str] | None = None) -> int:
+    args = argv if argv is not None else sys.argv[1:]
+    if len(args) != 2 or args[0] != "--listen":
+        print("usage: python -m ckptsup.supervisor.warm_rank --listen PATH", file=sys.stderr)
+        return 2
+    _die_with_parent()
+    server = socket.socket(socket.AF_UNIX, socket.SOCK_STREAM)
+    server.bind(args[1])
+    os.chmod(args[1], 0o600)
+    server.listen(1)
+    import torch  # noqa: F401 — the expensive part, done ahead of need
+    import torch.distributed  # noqa: F401
+
+    with open(args[1] + ".ready", "w"):
+        pass   # the agent hands this interpreter out only once torch is in
+    while True:
+        conn, _ = server.accept()
+        if _peer_uid(conn) != os.getuid():
+            conn.close()   # another user cannot reach a 0700 dir; belt and braces
+            continue
+        try:
+            request, fds = recv_request(conn)
+        except (OSError, ValueError, ConnectionError):
+            conn.close()
+            continue
+        if len(fds) != 3 or not request.get("argv"):
+            for fd in fds:
+                os.close(fd)
+            conn.close()
+            continue
+        server.close()
+        os.unlink(args[1])
+        return become_rank(request, fds, conn)
+
+
+if __name__ == "__main__":
+    sys.exit(main())
