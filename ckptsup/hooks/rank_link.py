@@ -2,16 +2,22 @@
 and heartbeat() (heartbeat.py) share it.
 
 StepLink holds the channel (agent_socket.py, with its command thread) and speaks the per-step
-protocol: the hello, a `step` frame with the time since the previous step, the `nan` report, the
-supervisor's collective timeouts and the `bye`. Without CKPTSUP_RANK_SOCKET every send is a no-op.
+protocol: the hello (`checkpoints` says whether ckptsup keeps this rank's checkpoints), a `step`
+frame with the time since the previous step, the `nan` report, the supervisor's collective
+timeouts and the `bye`. Without CKPTSUP_RANK_SOCKET every send is a no-op.
+
+One process runs one kind of hooks: `claim_hooks` refuses attach() after heartbeat() and the
+reverse, under the supervisor or not, so a script fails the same way under plain torchrun.
 Nothing here imports torch (heartbeat() must stay cheap for scripts that never attach).
 """
 
 from __future__ import annotations
 
+import enum
 import logging
 import math
 import os
+import threading
 from typing import Any, NoReturn
 
 from ..env import LOCAL_RANK, ExitStatus, RankEnv
@@ -27,6 +33,44 @@ class NonFiniteLossError(CkptsupError):
     """A rank saw a non-finite loss (NaN/inf)."""
 
     exit_code = int(ExitStatus.RANK_NAN)
+
+
+class HooksMixedError(CkptsupError):
+    """A script called both ckptsup.attach() and ckptsup.heartbeat()."""
+
+
+class Hooks(enum.Enum):
+    """The kind of hooks a process runs (claim_hooks)."""
+
+    FULL = "ckptsup.attach()"
+    HEARTBEAT = "ckptsup.heartbeat()"
+
+
+class HooksClaim:
+    """The first kind claimed wins for the process; claiming the other kind is a one-line error.
+    Two step reporters of one rank would send two hellos (the agent drops the second) and two
+    step clocks; which one the supervisor believed would be an accident."""
+
+    def __init__(self) -> None:
+        self.kind: Hooks | None = None
+        self._lock = threading.Lock()
+
+    def claim(self, kind: Hooks) -> None:
+        with self._lock:
+            if self.kind is None:
+                self.kind = kind
+        if self.kind is not kind:
+            raise HooksMixedError(
+                f"this script calls {kind.value} after {self.kind.value}: use one of them — ckptsup.attach() when "
+                f"ckptsup keeps the checkpoints (its step_done is the heartbeat), ckptsup.heartbeat() when the "
+                f"script keeps its own (docs/heartbeat.md)")
+
+
+_CLAIM = HooksClaim()
+
+
+def claim_hooks(kind: Hooks) -> None:
+    _CLAIM.claim(kind)
 
 
 def loss_value(loss: Any) -> float | None:
@@ -49,14 +93,15 @@ def exit_rank(rank: int, status: ExitStatus, message: str) -> NoReturn:
 
 
 class StepLink:
-    def __init__(self, *, env: RankEnv, rank: int, world_size: int) -> None:
+    def __init__(self, *, env: RankEnv, rank: int, world_size: int, checkpoints: bool) -> None:
         self.rank = rank
         self.channel = RankChannel(socket_path=env.rank_socket, secret_file=env.secret_file, rank=rank,
                                    fr_dump_dir=env.fr_dump_dir)
         self.last_step_time: float | None = None
         self.first_step_seen = False
         self.channel.send(MessageKind.HELLO, {"rank": rank, "local_rank": int(os.environ.get(LOCAL_RANK, "0")),
-                                              "world_size": world_size, "node": env.node, "pid": os.getpid()})
+                                              "world_size": world_size, "node": env.node, "pid": os.getpid(),
+                                              "checkpoints": checkpoints})
 
     @property
     def connected(self) -> bool:

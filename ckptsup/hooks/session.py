@@ -37,7 +37,7 @@ from .process_group import new_gloo_group
 from .event_sink import Reporter
 from .settings import Settings, resolve_settings
 from ..wire import MessageKind, Phase
-from .rank_link import NonFiniteLossError, StepLink, exit_rank, is_finite
+from .rank_link import Hooks, NonFiniteLossError, StepLink, claim_hooks, exit_rank, is_finite
 from .signals import StopFlag, emergency_save_fits
 from .state import TrainingState, check_dataloader, isolate_loader_rng
 from .writer import CheckpointWriter, SaveResult, WriterConfig
@@ -84,6 +84,7 @@ def attach(*, model: Any, optimizer: Any = None, lr_scheduler: Any = None, datal
            save_every_steps: int | None = None, save_every_s: float | None = None, **overrides: Any) -> "Run":
     """Attach ckptsup to a training loop. Keyword overrides win over the supervisor's environment,
     which wins over the config files; any other [checkpoint] key may be passed too."""
+    claim_hooks(Hooks.FULL)
     env = RankEnv.from_environ()
     settings = resolve_settings(env=env, checkpoint_dir=checkpoint_dir, save_every_steps=save_every_steps,
                                 save_every_s=save_every_s, overrides=overrides)
@@ -107,7 +108,7 @@ class Run:
         self.world_size = dist.get_world_size() if self.distributed else 1
         self.state = TrainingState(model=model, optimizer=optimizer, lr_scheduler=lr_scheduler,
                                    dataloader=dataloader, extra=extra, rank=self.rank, world_size=self.world_size)
-        self.link = StepLink(env=env, rank=self.rank, world_size=self.world_size)
+        self.link = StepLink(env=env, rank=self.rank, world_size=self.world_size, checkpoints=True)
         self.channel = self.link.channel
         self.reporter = Reporter(env=env, rank=self.rank, channel=self.channel)
         self.channel.send(MessageKind.PHASE, {"rank": self.rank, "phase": Phase.INIT, "step": 0})
