@@ -205,6 +205,7 @@ def idle_cluster(dev_cluster: DevClusterFixture) -> DevClusterFixture:
 INTEGRATION_FILES = frozenset({
     "test_accounting_real.py",
     "test_elastic.py",
+    "test_heartbeat_torchrun.py",
     "test_hooks_api.py",
     "test_hooks_agent_socket.py",
     "test_hooks_corruption.py",
