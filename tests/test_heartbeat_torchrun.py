@@ -2,7 +2,9 @@
 (tests/helpers/heartbeat_train.py), against a fake agent socket: what the agent side receives —
 a hello with checkpoints=false from each rank, every step in order with its step time, bye DONE;
 a NaN on one rank is its `nan` frame and exit RANK_NAN; a stop_at ends both ranks at that step
-with RANK_STOPPED and nothing saved; without a socket the script runs silently to its end."""
+with RANK_STOPPED and nothing saved; without a socket the script runs silently to its end. Then
+the same script under `ckptsup launch` (the real agent and supervisor): it completes with no
+checkpoint events, and a NaN at the same real step on every attempt is a crash loop."""
 
 from __future__ import annotations
 
@@ -102,3 +104,35 @@ def test_without_an_agent_the_script_runs_to_its_end_silently(tmp_path) -> None:
     assert rc == 0, output[-3000:]
     assert (out / "own.pt").exists()
     assert "ckptsup" not in output and "Traceback" not in output, output[-3000:]
+
+
+# ---- through the real supervisor and agent (ckptsup launch, local mode) -----------------------
+
+def launch(tmp: Path, *args: str) -> tuple[int, str, list[dict]]:
+    from ckptsup.events import read_events
+
+    out, run = private_dir(tmp / "out"), tmp / "run"
+    cfg = tmp / "job.toml"
+    cfg.write_text("[supervisor]\nhang_min_s = 4.0\nheartbeat_interval_s = 0.5\n")
+    argv = [PY, "-m", "ckptsup.cli", "launch", "--nproc-per-node", "2", "--config", str(cfg), "--run-dir", str(run),
+            str(SCRIPT), "--out", str(out), *args]
+    done = subprocess.run(argv, cwd=tmp, env=base_env(), capture_output=True, text=True, timeout=300)
+    return done.returncode, done.stdout + done.stderr, read_events(run)
+
+
+def test_under_ckptsup_launch_a_heartbeat_only_run_completes_without_checkpoints(tmp_path) -> None:
+    rc, output, events = launch(tmp_path, "--steps", "30")
+    assert rc == ExitStatus.DONE, output[-3000:]
+    names = [e["event"] for e in events]
+    assert "run_complete" in names and "first_step" in names, names
+    assert not [n for n in names if n.startswith("checkpoint_")], names
+    assert (tmp_path / "out" / "own.pt").exists()
+
+
+def test_under_ckptsup_launch_a_nan_at_the_same_real_step_is_a_crash_loop(tmp_path) -> None:
+    rc, output, events = launch(tmp_path, "--steps", "30", "--nan-at-step", "5")
+    assert rc == ExitStatus.GIVE_UP, output[-3000:]
+    failures = [e for e in events if e["event"] == "failure_detected"]
+    assert failures and all(e["kind"] == "nan" and e["step"] == 5 and e["rank"] == 1 for e in failures), failures
+    [give_up] = [e for e in events if e["event"] == "give_up"]
+    assert "nan at step 5" in give_up["reason"]
