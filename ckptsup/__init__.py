@@ -5,8 +5,12 @@
     step = run.resume()
     ...
 
+or, for a script that keeps its own checkpoints, one call per step (docs/heartbeat.md):
+
+    ckptsup.heartbeat(step, loss)
+
 `import ckptsup` stays cheap: torch is imported on the first `attach` (the supervisor imports
-this package too and must start in well under a second).
+this package too and must start in well under a second); `heartbeat` never imports it.
 """
 
 from __future__ import annotations
@@ -15,7 +19,7 @@ from typing import Any
 
 from ._version import __version__
 
-__all__ = ["attach", "init_process_group", "__version__"]
+__all__ = ["attach", "heartbeat", "init_process_group", "__version__"]
 
 
 def attach(**kwargs: Any):
@@ -30,3 +34,15 @@ def init_process_group(**kwargs: Any):
     from .hooks.process_group import init_process_group as _init
 
     return _init(**kwargs)
+
+
+def __getattr__(name: str) -> Any:
+    # `heartbeat` is the hooks' own function, bound here on first use: a wrapper would add a
+    # function call and an import to every step of a script run without the supervisor, whose
+    # every heartbeat() is meant to cost one check.
+    if name == "heartbeat":
+        from .hooks.heartbeat import heartbeat
+
+        globals()["heartbeat"] = heartbeat
+        return heartbeat
+    raise AttributeError(f"module {__name__!r} has no attribute {name!r}")

@@ -129,6 +129,8 @@ SLURM_JOB_NAME = "SLURM_JOB_NAME"
 SLURM_SUBMIT_DIR = "SLURM_SUBMIT_DIR"
 SLURM_CONF = "SLURM_CONF"
 LOCAL_RANK = "LOCAL_RANK"
+RANK = "RANK"
+WORLD_SIZE = "WORLD_SIZE"
 PYTHONUNBUFFERED = "PYTHONUNBUFFERED"
 TORCHELASTIC_LOG_LINE_PREFIX_TEMPLATE = "TORCHELASTIC_LOG_LINE_PREFIX_TEMPLATE"
 TORCH_NCCL_ASYNC_ERROR_HANDLING = "TORCH_NCCL_ASYNC_ERROR_HANDLING"
@@ -158,6 +160,8 @@ EXTERNAL_VARS: tuple[Var, ...] = (
     Var(name=SLURM_SUBMIT_DIR, set_by="Slurm", read_by="supervisor (allocation)", meaning="directory sbatch was run from"),
     Var(name=SLURM_CONF, set_by="user, ckptsup dev-cluster", read_by="Slurm commands (slurm.client)", meaning="slurm.conf to use; the dev cluster is reached through it"),
     Var(name=LOCAL_RANK, set_by="torchrun", read_by="hooks", meaning="the rank's index on its node"),
+    Var(name=RANK, set_by="torchrun", read_by="hooks (heartbeat)", meaning="the rank's global index (attach() asks torch.distributed)"),
+    Var(name=WORLD_SIZE, set_by="torchrun", read_by="hooks (heartbeat)", meaning="the number of ranks"),
     Var(name=PYTHONUNBUFFERED, set_by="agent", read_by="Python (torchrun, ranks)", meaning="unbuffered rank output, so the per-node rank log is live"),
     Var(name=TORCHELASTIC_LOG_LINE_PREFIX_TEMPLATE, set_by="agent", read_by="torchrun (--tee)", meaning="\"[rank${rank}]: \": every rank line carries its global rank, for progress lines and the console"),
     Var(name=TORCH_NCCL_ASYNC_ERROR_HANDLING, set_by="supervisor", read_by="torch", meaning="[nccl] async_error_handling: what a failed collective does (3 = skip cleanup, tear down)"),

@@ -44,7 +44,7 @@ class MessageKind(enum.StrEnum):
     """Every frame type. StrEnum, so a member formats, hashes and compares as its value."""
 
     # rank → agent
-    HELLO = "hello"                  # {rank, local_rank, world_size, node, pid}
+    HELLO = "hello"                  # {rank, local_rank, world_size, node, pid, checkpoints}
     STEP = "step"                    # {rank, step, step_time_s, loss_finite}
     PHASE = "phase"                  # {rank, phase: Phase, step}
     NAN = "nan"                      # {rank, step, loss}

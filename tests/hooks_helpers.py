@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import json
 import os
+import secrets
 import signal
 import socket
 import subprocess
@@ -15,6 +16,8 @@ from contextlib import contextmanager
 from typing import Any, Callable, Iterator
 
 import psutil
+
+from ckptsup import wire
 
 ROOT = Path(__file__).resolve().parent.parent
 TRAIN = ROOT / "examples" / "train.py"
@@ -211,3 +214,97 @@ def attach_parts(parts, ckdir: Path, **kw):
     kw.setdefault("save_every_s", 3600)
     return ckptsup.attach(model=model, optimizer=opt, lr_scheduler=sched, dataloader=loader,
                           checkpoint_dir=str(ckdir), **kw)
+
+
+# ---- a stand-in for the agent's rank socket -------------------------------------------------
+
+class FakeAgent:
+    """Listens where the agent would, decodes every rank frame, sends commands."""
+
+    def __init__(self, base: Path) -> None:
+        self.dir = private_dir(base / "sock")
+        self.path = self.dir / "ranks.sock"
+        self.secret_file = base / "secret"
+        fd = os.open(self.secret_file, os.O_WRONLY | os.O_CREAT | os.O_EXCL, 0o600)
+        os.write(fd, secrets.token_hex(32).encode())
+        os.close(fd)
+        self.secret = self.secret_file.read_bytes().strip()
+        self.server = socket.socket(socket.AF_UNIX, socket.SOCK_STREAM)
+        self.server.bind(str(self.path))
+        self.server.listen(8)
+        self.frames: list[tuple[str, dict[str, Any]]] = []
+        self.conns: list[socket.socket] = []
+        self.ended = 0   # connections the other end closed
+        self.seq = 0
+        threading.Thread(target=self._accept, daemon=True).start()
+
+    def _accept(self) -> None:
+        while True:
+            try:
+                conn, _ = self.server.accept()
+            except OSError:
+                return
+            self.conns.append(conn)
+            threading.Thread(target=self._read, args=(conn,), daemon=True).start()
+
+    def _read(self, conn: socket.socket) -> None:
+        buf = b""
+        while True:
+            data = conn.recv(65536)
+            if not data:
+                self.ended += 1
+                return
+            buf += data
+            *lines, buf = buf.split(b"\n")
+            for line in lines:
+                m, _, body = wire.decode(line, secret=self.secret)
+                self.frames.append((m, body))
+
+    def send(self, m: str, body: dict[str, Any], *, secret: bytes | None = None, seq: int | None = None) -> None:
+        self.seq += 1
+        frame = wire.encode(m, body, seq=self.seq if seq is None else seq, secret=secret or self.secret)
+        for conn in self.conns:
+            conn.sendall(frame)
+
+    def env(self) -> dict[str, str]:
+        return {"CKPTSUP_RANK_SOCKET": str(self.path), "CKPTSUP_SECRET_FILE": str(self.secret_file),
+                "CKPTSUP_JOB_ID": "4242", "CKPTSUP_ATTEMPT": "1"}
+
+    def of(self, m: str) -> list[dict[str, Any]]:
+        return [body for name, body in list(self.frames) if name == m]
+
+    def events(self, name: str) -> list[dict[str, Any]]:
+        return [b["record"] for b in self.of("event") if b["record"]["event"] == name]
+
+    def wait_for(self, predicate, proc: subprocess.Popen, timeout: float = 60) -> None:
+        deadline = time.monotonic() + timeout
+        while time.monotonic() < deadline:
+            if predicate():
+                return
+            if proc.poll() is not None:
+                break
+            time.sleep(0.02)
+        assert predicate(), f"rc={proc.poll()} frames={[m for m, _ in self.frames][-20:]}"
+
+    def wait_ended(self, count: int, timeout: float = 20) -> None:
+        """Until `count` connections ended: every frame their ranks sent has been read."""
+        deadline = time.monotonic() + timeout
+        while self.ended < count and time.monotonic() < deadline:
+            time.sleep(0.01)
+        assert self.ended >= count, f"{self.ended} of {count} connections ended; frames={[m for m, _ in self.frames][-20:]}"
+
+    def of_rank(self, m: str, rank: int) -> list[dict[str, Any]]:
+        return [body for body in self.of(m) if body.get("rank") == rank]
+
+    def last_step(self) -> int:
+        steps = [b["step"] for b in self.of("step")]
+        return max(steps) if steps else -1
+
+    def last_step_of(self, rank: int) -> int:
+        steps = [b["step"] for b in self.of_rank("step", rank)]
+        return max(steps) if steps else -1
+
+    def close(self) -> None:
+        self.server.close()
+        for conn in self.conns:
+            conn.close()

@@ -193,6 +193,8 @@ def test_decode_bounds_the_nesting_and_the_length_before_parsing() -> None:
     {"rank": "x", "pid": BIG}, {"rank": -1, "pid": BIG}, {"rank": True, "pid": BIG}, {"rank": [], "pid": BIG},
     {"rank": 0, "pid": "me"}, {"rank": 0, "pid": 0}, {"rank": 0, "pid": -2}, {"rank": 0, "pid": [1]},
     {"pid": BIG}, {"rank": 1.5, "pid": BIG},
+    {"rank": 0, "pid": BIG, "checkpoints": "no"}, {"rank": 0, "pid": BIG, "checkpoints": 0},
+    {"rank": 0, "pid": BIG, "checkpoints": None},
 ])
 def test_a_well_signed_hello_with_a_wrong_body_is_no_rank(agent, body):
     sock = connect(agent)
@@ -200,6 +202,18 @@ def test_a_well_signed_hello_with_a_wrong_body_is_no_rank(agent, body):
     assert relayed(agent) == [] and agent.dropped == 1
     sock.close()
     assert exits(settle(agent)) == []
+
+
+@pytest.mark.parametrize("checkpoints", [False, True])
+def test_a_hello_that_says_whether_ckptsup_keeps_checkpoints_is_relayed_with_it(agent, checkpoints):
+    """checkpoints=false: heartbeat-only hooks (ckptsup.heartbeat); the supervisor reads the field."""
+    body = {"rank": 0, "local_rank": 0, "world_size": 1, "node": "n1", "pid": 3_000_999_999, "checkpoints": checkpoints}
+    sock = connect(agent)
+    sock.sendall(wire.encode("hello", body, seq=1, secret=SECRET)
+                 + wire.encode("step", {"rank": 0, "step": 0, "step_time_s": None, "loss_finite": True}, seq=2, secret=SECRET))
+    [(m, relayed_hello), (step, _)] = relayed(agent)
+    assert (m, step) == ("hello", "step") and agent.dropped == 0
+    assert relayed_hello["checkpoints"] is checkpoints and relayed_hello["rank"] == 0
 
 
 @pytest.mark.parametrize("m, body", [

@@ -4,100 +4,20 @@ reported and ends the rank with RANK_NAN. Forged and replayed commands are dropp
 
 from __future__ import annotations
 
-import os
 import secrets
-import socket
 import subprocess
-import threading
 import time
 from pathlib import Path
-from typing import Any
 
 import pytest
 
-from hooks_helpers import base_env, private_dir, train_argv
+from hooks_helpers import FakeAgent, base_env, private_dir, train_argv
 
 from ckptsup import wire
 from ckptsup.env import ExitStatus
 from ckptsup.hooks.agent_socket import RankChannel
 
 pytestmark = pytest.mark.torch
-
-
-class FakeAgent:
-    """Listens where the agent would, decodes every rank frame, sends commands."""
-
-    def __init__(self, base: Path) -> None:
-        self.dir = private_dir(base / "sock")
-        self.path = self.dir / "ranks.sock"
-        self.secret_file = base / "secret"
-        fd = os.open(self.secret_file, os.O_WRONLY | os.O_CREAT | os.O_EXCL, 0o600)
-        os.write(fd, secrets.token_hex(32).encode())
-        os.close(fd)
-        self.secret = self.secret_file.read_bytes().strip()
-        self.server = socket.socket(socket.AF_UNIX, socket.SOCK_STREAM)
-        self.server.bind(str(self.path))
-        self.server.listen(8)
-        self.frames: list[tuple[str, dict[str, Any]]] = []
-        self.conns: list[socket.socket] = []
-        self.seq = 0
-        threading.Thread(target=self._accept, daemon=True).start()
-
-    def _accept(self) -> None:
-        while True:
-            try:
-                conn, _ = self.server.accept()
-            except OSError:
-                return
-            self.conns.append(conn)
-            threading.Thread(target=self._read, args=(conn,), daemon=True).start()
-
-    def _read(self, conn: socket.socket) -> None:
-        buf = b""
-        while True:
-            data = conn.recv(65536)
-            if not data:
-                return
-            buf += data
-            *lines, buf = buf.split(b"\n")
-            for line in lines:
-                m, _, body = wire.decode(line, secret=self.secret)
-                self.frames.append((m, body))
-
-    def send(self, m: str, body: dict[str, Any], *, secret: bytes | None = None, seq: int | None = None) -> None:
-        self.seq += 1
-        frame = wire.encode(m, body, seq=self.seq if seq is None else seq, secret=secret or self.secret)
-        for conn in self.conns:
-            conn.sendall(frame)
-
-    def env(self) -> dict[str, str]:
-        return {"CKPTSUP_RANK_SOCKET": str(self.path), "CKPTSUP_SECRET_FILE": str(self.secret_file),
-                "CKPTSUP_JOB_ID": "4242", "CKPTSUP_ATTEMPT": "1"}
-
-    def of(self, m: str) -> list[dict[str, Any]]:
-        return [body for name, body in list(self.frames) if name == m]
-
-    def events(self, name: str) -> list[dict[str, Any]]:
-        return [b["record"] for b in self.of("event") if b["record"]["event"] == name]
-
-    def wait_for(self, predicate, proc: subprocess.Popen, timeout: float = 60) -> None:
-        deadline = time.monotonic() + timeout
-        while time.monotonic() < deadline:
-            if predicate():
-                return
-            if proc.poll() is not None:
-                break
-            time.sleep(0.02)
-        assert predicate(), f"rc={proc.poll()} frames={[m for m, _ in self.frames][-20:]}"
-
-    def last_step(self) -> int:
-        steps = [b["step"] for b in self.of("step")]
-        return max(steps) if steps else -1
-
-    def close(self) -> None:
-        self.server.close()
-        for conn in self.conns:
-            conn.close()
 
 
 @pytest.fixture

@@ -1,5 +1,6 @@
 """The rank side of `set_timeout`: the command the agent forwards reaches the session, which
-moves the default group to that steady collective timeout at its next step."""
+moves the default group to that steady collective timeout at its next step (through the step
+link it shares with heartbeat(), hooks/rank_link.py)."""
 
 from __future__ import annotations
 
@@ -17,14 +18,14 @@ def test_set_timeout_is_applied_at_the_next_step(tmp_path: Path, monkeypatch) ->
     torch = pytest.importorskip("torch")
     from hooks_helpers import attach_parts, fast_site_config, make_parts, private_dir
 
-    from ckptsup.hooks import session
+    from ckptsup.hooks import rank_link
 
     for name in list(os.environ):
         if name.startswith(("CKPTSUP_", "SLURM_")):
             monkeypatch.delenv(name)
     monkeypatch.setenv("CKPTSUP_SITE_CONFIG", fast_site_config())
     applied: list = []
-    monkeypatch.setattr(session, "set_steady_timeout", lambda seconds=None: applied.append(seconds))
+    monkeypatch.setattr(rank_link, "set_steady_timeout", lambda seconds=None: applied.append(seconds))
     run = attach_parts(make_parts(), private_dir(tmp_path / "ck"), save_every_s=3600)
     try:
         run.step_done(0, loss=torch.tensor(1.0))

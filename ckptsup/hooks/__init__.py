@@ -1,6 +1,9 @@
-"""ckptsup.hooks: the training side (docs/training.md). Imports torch; `import ckptsup` does not.
+"""ckptsup.hooks: the training side (docs/training.md, docs/heartbeat.md). Imports torch, except
+heartbeat.py and what it uses; `import ckptsup` does not.
 
 session.py   attach() -> Run: resume, step_done, save, close
+heartbeat.py heartbeat(step, loss): the supervisor's step protocol without checkpoints (no torch)
+rank_link.py what a rank says to its agent each step (hello, step, nan, bye), shared by both
 settings.py  attach keywords > supervisor environment > config
 state.py     what a checkpoint holds (model/optim via DCP helpers, side state as JSON tensors)
 writer.py    async sharded save: staging, DCP write, hashing, cross-rank agreement, commit

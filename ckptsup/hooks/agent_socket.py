@@ -148,6 +148,12 @@ class RankChannel:
         sock, self._sock = self._sock, None
         if sock is not None:
             try:
+                # shutdown first: close() alone neither wakes the reader thread blocked in recv()
+                # nor ends the connection while that recv() holds it
+                sock.shutdown(socket.SHUT_RDWR)
+            except OSError:
+                pass
+            try:
                 sock.close()
             except OSError:
                 pass

@@ -13,6 +13,7 @@ from __future__ import annotations
 
 import datetime
 import logging
+import sys
 from typing import Any
 
 from ..env import RankEnv
@@ -46,6 +47,8 @@ def init_process_group(backend: str | None = None, *, timeout_s: float | None = 
 def set_steady_timeout(seconds: float | None = None, group: Any = None) -> bool:
     """Move `group` (default: the default group) to the steady-state timeout. False when there is
     no value or this torch cannot change a live group's timeout."""
+    if "torch.distributed" not in sys.modules:
+        return False  # no group to move, and heartbeat() must not import torch for a script that never did
     import torch.distributed as dist
 
     if seconds is None:

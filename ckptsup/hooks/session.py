@@ -21,7 +21,6 @@ group on the background thread (writer.py).
 from __future__ import annotations
 
 import logging
-import math
 import os
 import random
 import time
@@ -35,11 +34,11 @@ from ..checkpoint.trust import CheckpointDirUntrusted
 from ..env import LOCAL_RANK, ExitStatus, RankEnv
 from ..errors import CheckpointError, CkptsupError
 from ..events import Event
-from .agent_socket import RankChannel
-from .process_group import new_gloo_group, set_steady_timeout
+from .process_group import new_gloo_group
 from .event_sink import Reporter
 from .settings import Settings, resolve_settings
 from ..wire import MessageKind, Phase
+from .rank_link import Hooks, NonFiniteLossError, StepLink, claim_hooks, exit_rank, is_finite
 from .signals import StopFlag, emergency_save_fits
 from .state import TrainingState, check_dataloader, isolate_loader_rng
 from .writer import CheckpointWriter, SaveResult, WriterConfig
@@ -81,17 +80,12 @@ class SaveTimer:
         return interval_s > 0 and now >= self.due_at(interval_s)
 
 
-class NonFiniteLossError(CkptsupError):
-    """A rank saw a non-finite loss (NaN/inf)."""
-
-    exit_code = int(ExitStatus.RANK_NAN)
-
-
 def attach(*, model: Any, optimizer: Any = None, lr_scheduler: Any = None, dataloader: Any = None,
            extra: dict[str, Any] | None = None, checkpoint_dir: str | None = None,
            save_every_steps: int | None = None, save_every_s: float | None = None, **overrides: Any) -> "Run":
     """Attach ckptsup to a training loop. Keyword overrides win over the supervisor's environment,
     which wins over the config files; any other [checkpoint] key may be passed too."""
+    claim_hooks(Hooks.FULL)
     env = RankEnv.from_environ()
     settings = resolve_settings(env=env, checkpoint_dir=checkpoint_dir, save_every_steps=save_every_steps,
                                 save_every_s=save_every_s, overrides=overrides)
@@ -115,11 +109,9 @@ class Run:
         self.world_size = dist.get_world_size() if self.distributed else 1
         self.state = TrainingState(model=model, optimizer=optimizer, lr_scheduler=lr_scheduler,
                                    dataloader=dataloader, extra=extra, rank=self.rank, world_size=self.world_size)
-        self.channel = RankChannel(socket_path=env.rank_socket, secret_file=env.secret_file, rank=self.rank,
-                                   fr_dump_dir=env.fr_dump_dir)
+        self.link = StepLink(env=env, rank=self.rank, world_size=self.world_size, checkpoints=True)
+        self.channel = self.link.channel
         self.reporter = Reporter(env=env, rank=self.rank, channel=self.channel)
-        self.channel.send(MessageKind.HELLO, {"rank": self.rank, "local_rank": int(os.environ.get(LOCAL_RANK, "0")), "world_size": self.world_size,
-                                    "node": env.node, "pid": os.getpid()})
         self.channel.send(MessageKind.PHASE, {"rank": self.rank, "phase": Phase.INIT, "step": 0})
         multi = self.distributed and self.world_size > 1
         self.control_pg = new_gloo_group(settings.save_timeout_s) if multi else None
@@ -149,9 +141,7 @@ class Run:
         self.next_sync = 0
         self.step_time_ema: float | None = None
         self.preempted = False
-        self.last_step_time: float | None = None
         self.last_progress = clock()
-        self.first_step_seen = False
         self.closed = False
         self.load_tiers: dict[str, int] = {}   # files the last resume read from each tier, all ranks together
 
@@ -257,10 +247,8 @@ class Run:
         """Call once per completed optimizer step (step = its 0-based index)."""
         now = self.clock()
         self.next_step = step + 1
-        finite = _is_finite(loss)
-        step_time = None if self.last_step_time is None else now - self.last_step_time
-        self.last_step_time = now
-        if not finite:
+        step_time = self.link.tick(now)
+        if not is_finite(loss):
             self._nan(step, loss)
         if step_time is not None:
             self.step_time_ema = step_time if self.step_time_ema is None else 0.9 * self.step_time_ema + 0.1 * step_time
@@ -269,15 +257,8 @@ class Run:
         if step >= self.next_sync:
             save = self._sync(step, now) or save
         stop = self.agreed_stop is not None and step >= self.agreed_stop
-        # every step: the supervisor's crash-loop rule compares the exact step of a failure
-        self.channel.send(MessageKind.STEP, {"rank": self.rank, "step": step, "step_time_s": step_time, "loss_finite": True})
-        if not self.first_step_seen:
-            self.first_step_seen = True
+        if self.link.step(step, step_time):
             self.reporter.emit(Event.FIRST_STEP, step=step)
-            set_steady_timeout()
-        steady = self.channel.commands.take_timeout()
-        if steady is not None:  # the supervisor measured this attempt's steps (first launch: none before)
-            set_steady_timeout(steady)
         if self.rank == 0 and step_time is not None and now - self.last_progress >= PROGRESS_EVERY_S:
             self.last_progress = now
             self.reporter.emit(Event.STEP_PROGRESS, step=step, step_time_s=round(step_time, 6))
@@ -310,10 +291,8 @@ class Run:
     def _stop_proposal(self, step: int) -> int:
         if self.stop.set:
             return step
-        stop_at = self.channel.commands.stop_at
-        if stop_at is not None:
-            return int(stop_at.get("step", step))
-        return NO_STOP
+        requested = self.link.requested_stop(step)
+        return NO_STOP if requested is None else requested
 
     def _apply_interval(self) -> None:
         change = self.channel.commands.take_interval()
@@ -327,9 +306,7 @@ class Run:
     def _nan(self, step: int, loss: Any) -> None:
         """Only this rank knows; its exit (or error) ends the others' next collective."""
         self.writer.wait()
-        value = _loss_value(loss)
-        self.channel.send(MessageKind.NAN, {"rank": self.rank, "step": step, "loss": str(value)})
-        message = f"rank {self.rank} saw a non-finite loss ({value}) at step {step}"
+        message = self.link.report_nan(step, loss)
         if self.channel.connected:
             self._exit(ExitStatus.RANK_NAN, message)
         self._shutdown(status=int(ExitStatus.RANK_NAN))
@@ -393,9 +370,8 @@ class Run:
                    f"stopped after step {step}")
 
     def _exit(self, status: ExitStatus, message: str) -> None:
-        log.warning("ckptsup: rank %d exits with %s: %s", self.rank, status.name, message)
         self._shutdown(status=int(status))
-        raise SystemExit(int(status))
+        exit_rank(self.rank, status, message)
 
     def _shutdown(self, *, status: int, drain_s: float | None = 0.0) -> None:
         if self.closed:
@@ -412,8 +388,7 @@ class Run:
         if self.keeper is not None:
             self.keeper.close(timeout_s=drain_s)  # at a preemption, never wait for promotions
             self.keeper = None
-        self.channel.send(MessageKind.BYE, {"rank": self.rank, "status": status})
-        self.channel.close()
+        self.link.bye(status)
         self.stop.uninstall()
         if self.lock is not None:
             self.lock.release()
@@ -446,17 +421,4 @@ class Run:
             self.close()
         else:
             self._shutdown(status=int(ExitStatus.FAILURE))
-
-
-def _loss_value(loss: Any) -> float | None:
-    if loss is None:
-        return None
-    if hasattr(loss, "detach"):
-        return float(loss.detach().float().cpu())
-    return float(loss)
-
-
-def _is_finite(loss: Any) -> bool:
-    value = _loss_value(loss)
-    return value is None or math.isfinite(value)
 

@@ -451,9 +451,12 @@ class Agent:
 
     def _hello(self, conn: RankConn, seq: int, body: dict[str, Any]) -> None:
         """An authenticated hello makes the connection a rank: a well-typed body, and a sequence
-        number fresh for that rank and pid (a replayed hello on a new connection is refused)."""
+        number fresh for that rank and pid (a replayed hello on a new connection is refused).
+        `checkpoints` (false: heartbeat-only hooks, ckptsup keeps no checkpoints of this rank) is
+        relayed as it is; the supervisor relies on it being a bool when present."""
         rank, pid = body.get("rank"), body.get("pid")
-        if not (_is_int(rank, low=0) and (pid is None or _is_int(pid, low=1))):
+        if not (_is_int(rank, low=0) and (pid is None or _is_int(pid, low=1))
+                and isinstance(body.get("checkpoints", True), bool)):
             self._count_drop()
             return
         conn.rank, conn.pid = rank, pid

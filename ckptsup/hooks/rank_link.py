@@ -1,0 +1,145 @@
+"""What a rank says to its agent at every step, whichever hooks speak: attach()'s Run (session.py)
+and heartbeat() (heartbeat.py) share it.
+
+StepLink holds the channel (agent_socket.py, with its command thread) and speaks the per-step
+protocol: the hello (`checkpoints` says whether ckptsup keeps this rank's checkpoints), a `step`
+frame with the time since the previous step, the `nan` report, the supervisor's collective
+timeouts and the `bye`. Without CKPTSUP_RANK_SOCKET every send is a no-op.
+
+One process runs one kind of hooks: `claim_hooks` refuses attach() after heartbeat() and the
+reverse, under the supervisor or not, so a script fails the same way under plain torchrun.
+Nothing here imports torch (heartbeat() must stay cheap for scripts that never attach).
+"""
+
+from __future__ import annotations
+
+import enum
+import logging
+import math
+import os
+import threading
+from typing import Any, NoReturn
+
+from ..env import LOCAL_RANK, ExitStatus, RankEnv
+from ..errors import CkptsupError
+from ..wire import MessageKind
+from .agent_socket import RankChannel
+from .process_group import set_steady_timeout
+
+log = logging.getLogger("ckptsup.hooks")
+
+
+class NonFiniteLossError(CkptsupError):
+    """A rank saw a non-finite loss (NaN/inf)."""
+
+    exit_code = int(ExitStatus.RANK_NAN)
+
+
+class HooksMixedError(CkptsupError):
+    """A script called both ckptsup.attach() and ckptsup.heartbeat()."""
+
+
+class Hooks(enum.Enum):
+    """The kind of hooks a process runs (claim_hooks)."""
+
+    FULL = "ckptsup.attach()"
+    HEARTBEAT = "ckptsup.heartbeat()"
+
+
+class HooksClaim:
+    """The first kind claimed wins for the process; claiming the other kind is a one-line error.
+    Two step reporters of one rank would send two hellos (the agent drops the second) and two
+    step clocks; which one the supervisor believed would be an accident."""
+
+    def __init__(self) -> None:
+        self.kind: Hooks | None = None
+        self._lock = threading.Lock()
+
+    def claim(self, kind: Hooks) -> None:
+        with self._lock:
+            if self.kind is None:
+                self.kind = kind
+        if self.kind is not kind:
+            raise HooksMixedError(
+                f"this script calls {kind.value} after {self.kind.value}: use one of them — ckptsup.attach() when "
+                f"ckptsup keeps the checkpoints (its step_done is the heartbeat), ckptsup.heartbeat() when the "
+                f"script keeps its own (docs/heartbeat.md)")
+
+
+_CLAIM = HooksClaim()
+
+
+def claim_hooks(kind: Hooks) -> None:
+    _CLAIM.claim(kind)
+
+
+def loss_value(loss: Any) -> float | None:
+    if loss is None:
+        return None
+    if hasattr(loss, "detach"):
+        return float(loss.detach().float().cpu())
+    return float(loss)
+
+
+def is_finite(loss: Any) -> bool:
+    value = loss_value(loss)
+    return value is None or math.isfinite(value)
+
+
+def exit_rank(rank: int, status: ExitStatus, message: str) -> NoReturn:
+    """The rank's exit with a status the agent reads (after the caller said bye)."""
+    log.warning("ckptsup: rank %d exits with %s: %s", rank, status.name, message)
+    raise SystemExit(int(status))
+
+
+class StepLink:
+    def __init__(self, *, env: RankEnv, rank: int, world_size: int, checkpoints: bool) -> None:
+        self.rank = rank
+        self.channel = RankChannel(socket_path=env.rank_socket, secret_file=env.secret_file, rank=rank,
+                                   fr_dump_dir=env.fr_dump_dir)
+        self.last_step_time: float | None = None
+        self.first_step_seen = False
+        self.channel.send(MessageKind.HELLO, {"rank": rank, "local_rank": int(os.environ.get(LOCAL_RANK, "0")),
+                                              "world_size": world_size, "node": env.node, "pid": os.getpid(),
+                                              "checkpoints": checkpoints})
+
+    @property
+    def connected(self) -> bool:
+        return self.channel.connected
+
+    def tick(self, now: float) -> float | None:
+        """Seconds since the previous step ended (None at the first step)."""
+        step_time = None if self.last_step_time is None else now - self.last_step_time
+        self.last_step_time = now
+        return step_time
+
+    def report_nan(self, step: int, loss: Any) -> str:
+        """The `nan` frame; returns the line that says what happened."""
+        value = loss_value(loss)
+        self.channel.send(MessageKind.NAN, {"rank": self.rank, "step": step, "loss": str(value)})
+        return f"rank {self.rank} saw a non-finite loss ({value}) at step {step}"
+
+    def step(self, step: int, step_time: float | None) -> bool:
+        """The `step` frame, sent at every step (the supervisor's crash-loop rule compares the exact
+        step of a failure), and the collective timeouts. True at the first step."""
+        self.channel.send(MessageKind.STEP, {"rank": self.rank, "step": step, "step_time_s": step_time,
+                                             "loss_finite": True})
+        first = not self.first_step_seen
+        if first:
+            self.first_step_seen = True
+            set_steady_timeout()
+        steady = self.channel.commands.take_timeout()
+        if steady is not None:  # the supervisor measured this attempt's steps (first launch: none before)
+            set_steady_timeout(steady)
+        return first
+
+    def requested_stop(self, step: int) -> int | None:
+        """The step a stop_at command asks to stop after (without one in the command: this one)."""
+        stop_at = self.channel.commands.stop_at
+        if stop_at is None:
+            return None
+        return int(stop_at.get("step", step))
+
+    def bye(self, status: int) -> None:
+        self.channel.send(MessageKind.BYE, {"rank": self.rank, "status": status})
+        self.channel.close()
