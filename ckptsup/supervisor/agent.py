@@ -249,7 +249,9 @@ class Agent:
             rdzv = ["--rdzv-backend", "c10d", "--rdzv-endpoint", spec.rdzv_endpoint, "--rdzv-id", spec.rdzv_id]
         return ["--nnodes", str(spec.nnodes), "--nproc-per-node", str(spec.nproc_per_node), *rdzv,
                 "--local-addr", addr, "--max-restarts", "0", "--monitor-interval", "0.1",
-                "--shutdown-timeout", str(int(spec.shutdown_timeout_s)), spec.script, *spec.script_args]
+                "--shutdown-timeout", str(int(spec.shutdown_timeout_s)),
+                *(["-m"] if spec.module else []), *(["--no-python"] if spec.no_python else []),
+                spec.script, *spec.script_args]
 
     def rank_env(self, extra: dict[str, str]) -> dict[str, str]:
         env = dict(os.environ)

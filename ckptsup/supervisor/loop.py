@@ -63,10 +63,12 @@ StepFactory = Callable[..., Step]   # keywords: argv, env, nodes, secret, sender
 
 @dataclass(kw_only=True)
 class Job:
-    script: str
+    script: str            # a file's absolute path; the module name with `module`
     script_args: list[str]
     cwd: str
     nodes_needed: int
+    module: bool = False   # torchrun -m
+    no_python: bool = False  # torchrun --no-python: `script` is an executable
 
 
 class Supervisor:
@@ -539,7 +541,8 @@ class Supervisor:
                           node_addrs={n: self.placement.addrs.get(n, n) for n in nodes}, env=env,
                           log_dir=str(attempt_dir), heartbeat_interval_s=self.sup.heartbeat_interval_s,
                           shutdown_timeout_s=max(60.0, self.sup.kill_grace_s, self.interval.preempt_window_s()),
-                          kill_grace_s=self.sup.kill_grace_s, cwd=self.job.cwd, rdzv_backend=self.sup.rdzv_backend)
+                          kill_grace_s=self.sup.kill_grace_s, cwd=self.job.cwd, rdzv_backend=self.sup.rdzv_backend,
+                          module=self.job.module, no_python=self.job.no_python)
         path = attempt_dir / "launch.json"
         spec.write(path)
         return spec, path

@@ -19,7 +19,7 @@ class LaunchSpec:
     """What the supervisor tells every agent of an attempt (a 0600 JSON file in the attempt dir;
     srun gives every task the same argv, so per-node values are looked up by node name)."""
 
-    script: str
+    script: str                         # a file's absolute path; the module name with `module`
     script_args: list[str]
     nproc_per_node: int
     nnodes: int
@@ -33,6 +33,8 @@ class LaunchSpec:
     kill_grace_s: float = 10.0
     cwd: str = "."
     rdzv_backend: str = "static"        # static: node rank = position in `node_addrs`; or c10d
+    module: bool = False                # torchrun -m: `script` is a module name
+    no_python: bool = False             # torchrun --no-python: `script` is an executable
 
     def to_json(self) -> dict[str, Any]:
         return dict(self.__dict__)
@@ -113,4 +115,6 @@ _CHECKS: dict[str, tuple[Callable[[Any], bool], str]] = {
     "kill_grace_s": (_seconds, "a number of seconds >= 0"),
     "cwd": (_str, "a path"),
     "rdzv_backend": (lambda v: v in ("static", "c10d"), "static or c10d"),
+    "module": (lambda v: isinstance(v, bool), "true or false"),
+    "no_python": (lambda v: isinstance(v, bool), "true or false"),
 }
