@@ -86,7 +86,8 @@ class Supervisor:
         self.sleep = sleep
         self.step_factory = step_factory
         self.health_checker = health_checker or recovery.health_checker(
-            self.config, run_dir=run_dir.path, job_id=placement.job_id, in_slurm=placement.in_slurm)
+            self.config, run_dir=run_dir.path, job_id=placement.job_id, in_slurm=placement.in_slurm,
+            gpus_per_node=placement.gpus_per_node)
         self.secret = run_dir.read_secret()
         self.sender = CommandSender(self.secret)
         self.inbox: "queue.Queue[Message]" = queue.Queue()
@@ -105,7 +106,7 @@ class Supervisor:
         self.ckpt_dir = recovery.checkpoint_dir(self.config, run_dir.path, placement.job_id)
         self.timeouts: Timeouts | None = None   # the current attempt's collective timeouts
         self.steady_pending = False             # launched before any step was measured
-        self.interval = IntervalTuner(self.config)
+        self.interval = IntervalTuner(self.config, gpus_per_node=placement.gpus_per_node)
         self.interval.grace_time_s = placement.grace_time_s
 
     # ---- bookkeeping --------------------------------------------------------------------------
@@ -184,7 +185,7 @@ class Supervisor:
         self.emit(Event.SUPERVISOR_START, script=self.job.script, resumed=not first,
                   in_slurm=self.placement.in_slurm, excluded=sorted(self.state.excluded_nodes))
         self.emit(Event.ALLOCATION, nodes=len(self.placement.nodes), node_names=list(self.placement.nodes),
-                  gpus_per_node=self.config.sbatch.gpus_per_node if self.placement.in_slurm else 0,
+                  gpus_per_node=self.placement.gpus_per_node,
                   spares=max(0, len(usable) - self.job.nodes_needed), ranks_per_node=self.sup.nproc_per_node,
                   active=self.job.nodes_needed)
 
@@ -454,7 +455,7 @@ class Supervisor:
         rank's `fr_dumped` or DUMP_WAIT_S, whichever comes first."""
         nccl = self.config.nccl
         if self.step is None or not (nccl.dump_on_timeout and nccl.flight_recorder_entries > 0
-                                     and self.config.sbatch.gpus_per_node > 0):
+                                     and self.placement.gpus_per_node > 0):
             return
         self.step.send(MessageKind.DUMP_FR, {"path": str(self.run_dir.attempt_dir(self.state.attempt) / "flight_recorder")})
         waiting = set(self.tracker.ranks) if self.tracker is not None else set()
