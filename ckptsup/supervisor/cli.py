@@ -10,7 +10,7 @@ from typing import TYPE_CHECKING
 
 import click
 
-from ..config import Resolved
+from ..config import Resolved, load_config
 from ..env import SLURM_JOB_ID
 from .torchrun_args import UsageError
 
@@ -34,10 +34,10 @@ _NOT_TORCHRUN = "(ckptsup's, not torchrun's)"
 @click.option("--no-python", "--no_python", "no_python", is_flag=True, default=False,
               help="SCRIPT is an executable, run without python (torchrun's --no-python)")
 @click.option("--max-restarts", "--max_restarts", "max_restarts", type=int, default=None,
-              help=f"restart budget of the whole run {_NOT_TORCHRUN} (supervisor.max_restarts)")
+              help=f"restart budget of the whole run, all attempts {_NOT_TORCHRUN}; supervisor.max_restarts")
 @click.option("--tee", "tee", flag_value=True, default=None,
-              help=f"every rank's output on the console, prefixed [rankN]: {_NOT_TORCHRUN}; default: rank 0's "
-                   "(supervisor.tee)")
+              help=f"every rank's output on the console, prefixed [rankN]: {_NOT_TORCHRUN}, no value; "
+                   "default: rank 0's; supervisor.tee")
 @click.option("--config", "job_config", type=click.Path(dir_okay=False), default=None, help="job TOML")
 @click.option("--run-dir", type=click.Path(file_okay=False), default=None,
               help="run directory (run.run_dir; {job_id} expands); reuse it to resume a run")
@@ -57,7 +57,6 @@ def launch(nproc_per_node: str | None, nodes: str | None, module: bool, no_pytho
 
     torchrun's command line works as it is, minus the rendezvous, which ckptsup picks
     (--standalone, --rdzv-*, --master-*, --node-rank are refused with the knob to use)."""
-    from ..config import load_config
     from ..rundir import RunDir
     from .loop import Job, Supervisor
     from .placement import Placement
