@@ -69,6 +69,17 @@ def positive_or_auto(value: Any) -> str | None:
     return positive(value)
 
 
+GPU = "gpu"
+RANK_WORDS = (GPU, AUTO)
+
+
+def ranks_choice(value: Any) -> str | None:
+    """Ranks per node: a number, or a word `ckptsup launch` resolves from the allocation."""
+    if isinstance(value, str):
+        return None if value in RANK_WORDS else f"must be an integer >= 1, \"{GPU}\" or \"{AUTO}\""
+    return at_least_one(value)
+
+
 def between(low: int, high: int, note: str = "") -> Check:
     """An integer range with both ends in the message (ports, signal leads)."""
     def check(value: Any) -> str | None:
@@ -152,7 +163,9 @@ class StorageConfig:
 
 @dataclass(kw_only=True)
 class SupervisorConfig:
-    nproc_per_node: int = knob(1, "ranks per node (torchrun --nproc-per-node)", at_least_one, max=MAX_PER_NODE)
+    nproc_per_node: Any = knob(AUTO, "ranks per node (torchrun --nproc-per-node): a number, gpu (the allocation's GPUs "
+                               "per node) or auto (its GPUs per node, else 1); `ckptsup launch` resolves the word",
+                               ranks_choice, max=MAX_PER_NODE)
     nodes: int = knob(0, "active nodes; 0 = every allocated node minus [sbatch] spares", non_negative, max=MAX_NODES, why="more than any cluster has")
     max_restarts: int = knob(10, "restart budget per run (all attempts together)", non_negative, max=10**6)
     heartbeat_interval_s: float = knob(1.0, "agent -> supervisor heartbeat period (s)", positive, max=HOUR_S)
@@ -306,6 +319,12 @@ def _type_problem(fld: dataclasses.Field, value: Any) -> str | None:
         if isinstance(value, float) and not math.isfinite(value):
             return f"must be a finite number (not nan or inf) or \"{AUTO}\""
         return None if not isinstance(value, int) or abs(value) < 2**63 else "is too large (TOML integers are 64-bit)"
+    if isinstance(default, str) and fld.metadata.get("check") is ranks_choice:
+        if isinstance(value, str):
+            return None
+        if not isinstance(value, int) or isinstance(value, bool):
+            return f"must be an integer, \"{GPU}\" or \"{AUTO}\""
+        return None if abs(value) < 2**63 else "is too large (TOML integers are 64-bit)"
     if isinstance(default, str):
         return None if isinstance(value, str) else "must be a string"
     return None

@@ -127,6 +127,10 @@ SLURM_CPUS_ON_NODE = "SLURM_CPUS_ON_NODE"
 SLURM_JOB_PARTITION = "SLURM_JOB_PARTITION"
 SLURM_JOB_NAME = "SLURM_JOB_NAME"
 SLURM_SUBMIT_DIR = "SLURM_SUBMIT_DIR"
+SLURM_GPUS_ON_NODE = "SLURM_GPUS_ON_NODE"
+SLURM_JOB_GPUS = "SLURM_JOB_GPUS"
+SLURM_STEP_GPUS = "SLURM_STEP_GPUS"
+CUDA_VISIBLE_DEVICES = "CUDA_VISIBLE_DEVICES"
 SLURM_CONF = "SLURM_CONF"
 LOCAL_RANK = "LOCAL_RANK"
 RANK = "RANK"
@@ -158,6 +162,10 @@ EXTERNAL_VARS: tuple[Var, ...] = (
     Var(name=SLURM_JOB_PARTITION, set_by="Slurm", read_by="supervisor (allocation)", meaning="partition, for its preemption GraceTime"),
     Var(name=SLURM_JOB_NAME, set_by="Slurm", read_by="supervisor (allocation)", meaning="job name"),
     Var(name=SLURM_SUBMIT_DIR, set_by="Slurm", read_by="supervisor (allocation)", meaning="directory sbatch was run from"),
+    Var(name=SLURM_GPUS_ON_NODE, set_by="Slurm", read_by="supervisor (allocation), health checks", meaning="GPUs of this node in the allocation; the supervisor's GPUs per node (else SLURM_JOB_GPUS, else scontrol show job -d)"),
+    Var(name=SLURM_JOB_GPUS, set_by="Slurm", read_by="supervisor (allocation)", meaning="GPU indices of the batch host (a comma list), counted when SLURM_GPUS_ON_NODE is unset"),
+    Var(name=SLURM_STEP_GPUS, set_by="Slurm", read_by="health checks", meaning="GPU indices a step got on its node, counted when SLURM_GPUS_ON_NODE is unset"),
+    Var(name=CUDA_VISIBLE_DEVICES, set_by="user, Slurm", read_by="supervisor (local mode), health checks", meaning="outside Slurm, the GPUs of this machine (a count of the list; unset, empty or -1 = none)"),
     Var(name=SLURM_CONF, set_by="user, ckptsup dev-cluster", read_by="Slurm commands (slurm.client)", meaning="slurm.conf to use; the dev cluster is reached through it"),
     Var(name=LOCAL_RANK, set_by="torchrun", read_by="hooks", meaning="the rank's index on its node"),
     Var(name=RANK, set_by="torchrun", read_by="hooks (heartbeat)", meaning="the rank's global index (attach() asks torch.distributed)"),

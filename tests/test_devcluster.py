@@ -28,6 +28,28 @@ def test_every_node_is_idle_after_up_and_has_its_own_hostname_and_local_dir(dev_
         assert dev_cluster.node_local_dir(node).is_dir()
 
 
+def test_nodes_have_two_gpus_and_a_gpu_job_sees_them_in_its_batch_script_and_steps(dev_cluster):
+    import stat
+
+    for device in dev_cluster.cluster.spec.gpu_devices():
+        assert stat.S_ISCHR(device.stat().st_mode) and device.parent == dev_cluster.dir / "dev"
+    gres = dev_cluster.client.run(["sinfo", "-h", "-N", "-o", "%N %G"]).stdout.split("\n")
+    assert {line.split()[1] for line in gres if line.strip()} == {"gpu:2"}  # no node dropped its GPUs
+    show = 'echo "$(hostname) on=$SLURM_GPUS_ON_NODE job=$SLURM_JOB_GPUS cvd=$CUDA_VISIBLE_DEVICES"'
+    job = dev_cluster.submit(f"#!/bin/bash\n{show}\nsrun --overlap -N2 --ntasks-per-node=1 bash -c '{show}'\n"
+                             "scontrol show job -d $SLURM_JOB_ID\n", "-N", "2", "--gpus-per-node=2")
+    dev_cluster.wait_for(lambda: dev_cluster.job_state(job) == JobState.COMPLETED, 30, what="GPU job")
+    out = dev_cluster.output(job)
+    lines = [x for x in out.splitlines() if " on=" in x]
+    assert len(lines) == 3 and all(x.endswith(" on=2 job=0,1 cvd=0,1") for x in lines), out
+    from ckptsup.slurm.allocation import gpus_from_scontrol
+
+    assert gpus_from_scontrol(out) == 2  # the parser on this Slurm's own output
+    plain = dev_cluster.submit(f"#!/bin/bash\n{show}\n", "-N", "1")
+    dev_cluster.wait_for(lambda: dev_cluster.job_state(plain) == JobState.COMPLETED, 30, what="CPU job")
+    assert dev_cluster.output(plain).strip().endswith(" on= job= cvd=")  # no GPU asked, none given
+
+
 def test_up_is_idempotent_and_starts_nothing_new_when_running(dev_cluster):
     before = dev_cluster.cluster.status().daemons
     dev_cluster.cluster.up()

@@ -78,3 +78,27 @@ def test_missing_packages_are_one_line_naming_the_apt_command(monkeypatch, tmp_p
 def test_daemons_bind_to_loopback_not_every_interface():
     c = conf()
     assert c["CommunicationParameters"] == "NoCtldInAddrAny,NoInAddrAny"
+
+
+def test_every_node_declares_two_gpus_backed_by_device_files_under_the_cluster_dir():
+    from ckptsup.slurm.devconf import render_gres_conf
+
+    c = conf()
+    assert c["GresTypes"] == "gpu"
+    assert " Gres=gpu:2 State=UNKNOWN" in c["NodeName=n[1-5]"]
+    spec = ClusterSpec(dir=Path("/x/c"))
+    # File= is what keeps Slurm 22.05 from dropping the GPUs (file-less GPU GRES turn the node INVAL)
+    assert render_gres_conf(spec).splitlines()[1:] == ["NodeName=n[1-5] Name=gpu File=/x/c/dev/nvidia[0-1]"]
+    assert spec.gres_conf == Path("/x/c/gres.conf") and spec.gpu_devices() == [Path("/x/c/dev/nvidia0"),
+                                                                              Path("/x/c/dev/nvidia1")]
+
+
+def test_a_cluster_without_gpus_declares_no_gres():
+    from ckptsup.slurm.devconf import render_gres_conf
+
+    c = conf(gpus_per_node=0)
+    assert "GresTypes" not in c and "Gres=" not in c["NodeName=n[1-5]"]
+    spec = ClusterSpec(dir=Path("/x/c"), gpus_per_node=0)
+    assert len(render_gres_conf(spec).splitlines()) == 1 and spec.gpu_devices() == []
+    one = render_gres_conf(ClusterSpec(dir=Path("/x/c"), gpus_per_node=1))
+    assert one.splitlines()[1] == "NodeName=n[1-5] Name=gpu File=/x/c/dev/nvidia0"

@@ -95,16 +95,55 @@ def test_gpus_required_without_nvidia_smi_fails_and_auto_skips(tmp_path) -> None
     assert "gpus" not in auto
 
 
-def test_gpu_count_below_gpus_per_node_fails(tmp_path) -> None:
+def fake_smi(tmp_path, gpus=2):
     fake = tmp_path / "nvidia-smi"
-    fake.write_text("#!/bin/sh\necho 'GPU 0: NVIDIA H100 (UUID: GPU-1)'\necho 'GPU 1: NVIDIA H100 (UUID: GPU-2)'\n")
+    fake.write_text("#!/bin/sh\n" + "".join(f"echo 'GPU {k}: NVIDIA H100 (UUID: GPU-{k})'\n" for k in range(gpus)))
     fake.chmod(0o755)
+    return fake
+
+
+def test_gpu_count_below_the_allocations_gpus_per_node_fails(tmp_path) -> None:
+    fake = fake_smi(tmp_path)
     c = config(check_gpus="auto")
-    c.sbatch.gpus_per_node = 4
-    result = by_name(run_local_checks(c, paths(tmp_path), which=lambda name: str(fake)))["gpus"]
+    c.sbatch.gpus_per_node = 2  # what was submitted does not count: the allocation's figure does
+    result = by_name(run_local_checks(c, paths(tmp_path), which=lambda name: str(fake), gpus_per_node=4))["gpus"]
     assert not result.ok and result.detail == "2 GPU(s) visible (need 4)"
-    c.sbatch.gpus_per_node = 2
-    assert by_name(run_local_checks(c, paths(tmp_path), which=lambda name: str(fake)))["gpus"].ok
+    assert by_name(run_local_checks(c, paths(tmp_path), which=lambda name: str(fake), gpus_per_node=2))["gpus"].ok
+
+
+def test_auto_without_nvidia_smi_counts_the_devices_slurm_gave_the_step(tmp_path, monkeypatch) -> None:
+    monkeypatch.setenv("SLURM_JOB_ID", "7")
+    monkeypatch.setenv("SLURM_GPUS_ON_NODE", "2")
+    results = by_name(run_local_checks(config(check_gpus="auto"), paths(tmp_path), which=lambda name: None,
+                                       gpus_per_node=2))
+    assert results["gpus"].ok
+    assert results["gpus"].detail == "2 GPU(s) allocated by Slurm here, no nvidia-smi to list them (need 2)"
+    node = NodeHealth(node="n1", results=tuple(results.values()))
+    assert node.summary() == f"healthy ({results['gpus'].detail})"  # the health_check event shows the GPUs
+    monkeypatch.setenv("SLURM_GPUS_ON_NODE", "1")
+    short = by_name(run_local_checks(config(check_gpus="auto"), paths(tmp_path), which=lambda name: None,
+                                     gpus_per_node=2))["gpus"]
+    assert not short.ok and short.detail.startswith("1 GPU(s) allocated by Slurm here")
+
+
+def test_auto_skips_the_gpu_check_when_the_allocation_has_none_and_require_still_demands_one(tmp_path) -> None:
+    fake = fake_smi(tmp_path, gpus=0)
+    auto = by_name(run_local_checks(config(check_gpus="auto"), paths(tmp_path), which=lambda n: str(fake),
+                                    gpus_per_node=0))
+    assert "gpus" not in auto
+    required = by_name(run_local_checks(config(check_gpus="require"), paths(tmp_path), which=lambda n: str(fake),
+                                        gpus_per_node=0))["gpus"]
+    assert not required.ok and required.detail == "0 GPU(s) visible (need 1)"
+
+
+def test_without_a_figure_the_node_expects_its_own_allocation(tmp_path, monkeypatch) -> None:
+    monkeypatch.setenv("SLURM_JOB_ID", "7")
+    monkeypatch.setenv("SLURM_STEP_GPUS", "0,1,2")
+    monkeypatch.delenv("SLURM_GPUS_ON_NODE", raising=False)
+    monkeypatch.delenv("SLURM_JOB_GPUS", raising=False)
+    fake = fake_smi(tmp_path, gpus=2)
+    result = by_name(run_local_checks(config(check_gpus="auto"), paths(tmp_path), which=lambda n: str(fake)))["gpus"]
+    assert not result.ok and result.detail == "2 GPU(s) visible (need 3)"
 
 
 def test_check_paths_expand_node_local_tier(tmp_path) -> None:
@@ -140,3 +179,44 @@ def test_node_checks_argv_is_one_overlapping_step_per_node(tmp_path) -> None:
     assert argv[0] == "srun" and "--overlap" in argv and "--nodelist=n[1,3]" in argv
     assert "--ntasks-per-node=1" in argv and "--jobid=5" in argv
     assert argv[argv.index("-m") + 1:] == ["ckptsup.supervisor.health", "--run-dir", str(tmp_path)]
+    with_gpus = health.node_checks_argv(["n1"], tmp_path, job_id="5", gpus_per_node=2)
+    assert with_gpus[with_gpus.index("-m") + 1:] == ["ckptsup.supervisor.health", "--run-dir", str(tmp_path),
+                                                     "--gpus", "2"]
+
+
+def test_the_supervisors_health_checker_hands_every_node_the_allocations_gpus(tmp_path, monkeypatch) -> None:
+    from ckptsup.supervisor import recovery
+
+    seen = []
+    monkeypatch.setattr(health, "check_gpus", lambda mode, expected, *a, **kw: seen.append(expected))
+    c = config(check_gpus="auto")
+    recovery.health_checker(c, run_dir=RunDir.create(tmp_path / "run").path, job_id="local", in_slurm=False,
+                            gpus_per_node=2)(["n1"])
+    assert seen == [2]
+    popened = []
+
+    class Proc:
+        returncode = 0
+
+        def __init__(self, argv, **kw):
+            popened.append(argv)
+
+        def communicate(self, timeout=None):
+            return "", ""
+
+    monkeypatch.setattr(health.subprocess, "Popen", Proc)
+    recovery.health_checker(c, run_dir=tmp_path / "run", job_id="5", in_slurm=True, gpus_per_node=2)(["n1", "n2"])
+    assert [argv[-2:] for argv in popened] == [["--gpus", "2"], ["--gpus", "2"]]
+
+
+def test_module_entry_checks_the_gpus_it_is_told_of_against_the_step(tmp_path) -> None:
+    rd = RunDir.create(tmp_path / "run")
+    write_config_json(Resolved(config=config(check_gpus="auto"), provenance={}), rd.config_json_path)
+    env = {k: v for k, v in os.environ.items() if not k.startswith(("SLURM_", "CUDA_"))}
+    env.update(SLURM_JOB_ID="5", SLURM_GPUS_ON_NODE="2", PATH=os.path.dirname(sys.executable))  # no nvidia-smi
+    for want, rc in (("2", 0), ("4", 1)):
+        proc = subprocess.run([sys.executable, "-m", "ckptsup.supervisor.health", "--run-dir", str(rd.path),
+                               "--node", "n1", "--gpus", want], capture_output=True, text=True, timeout=60, env=env)
+        assert proc.returncode == rc, proc.stdout + proc.stderr
+        gpus = {r["name"]: r for r in json.loads(proc.stdout)["results"]}["gpus"]
+        assert gpus["detail"] == f"2 GPU(s) allocated by Slurm here, no nvidia-smi to list them (need {want})"

@@ -120,3 +120,15 @@ def test_seed_carries_failures_and_costs_across_a_requeue():
     change = ai.observe({"event": "step_progress", "step": 1})
     assert change is None  # nothing new; the next commit retargets with the seeded history
     assert ai.observe(commit(5.0)) is not None
+
+
+def test_the_supervisors_tuner_counts_the_allocations_gpus_else_the_ranks():
+    from ckptsup.config import Config
+    from ckptsup.supervisor.interval_tuner import IntervalTuner
+
+    config = Config()
+    config.supervisor.nodes, config.supervisor.nproc_per_node, config.sbatch.gpus_per_node = 2, 3, 8
+    assert IntervalTuner(config, gpus_per_node=4)._adaptive.devices == 8   # 2 nodes x the allocation's 4
+    assert IntervalTuner(config)._adaptive.devices == 6                    # no GPU: 2 nodes x 3 ranks
+    config.supervisor.nproc_per_node = "auto"                              # unresolved: one a node
+    assert IntervalTuner(config)._adaptive.devices == 2

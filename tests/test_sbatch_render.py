@@ -58,7 +58,7 @@ def test_rendered_script_has_the_recovery_directives():
         assert line in text.splitlines()
     assert "exec " not in text  # the supervisor must be a child the script outlives
     assert 'RUN_DIR=/r/"${SLURM_JOB_ID}"' in text
-    assert "launch --run-dir \"$RUN_DIR\" --nodes 3 /t.py" in text
+    assert "launch --run-dir \"$RUN_DIR\" --nodes 3 --spares 1 --gpus-per-node 0 --signal-lead-s 90 /t.py" in text
 
 
 def test_arguments_with_shell_characters_are_quoted():
@@ -103,7 +103,50 @@ def test_flags_override_site_defaults_and_relative_paths_are_resolved(tmp_path, 
     assert prepared.params.nodes == 2 and prepared.params.spares == 1
     assert prepared.params.partition == "main" and prepared.params.time == "01:00:00"
     assert prepared.params.run_dir == f"{tmp_path}/ckptsup-runs/{{job_id}}"
-    assert f"--nodes 2 {tmp_path}/train.py" in prepared.text
+    assert f"--nodes 2 --spares 1 --gpus-per-node 0 --signal-lead-s 120 {tmp_path}/train.py" in prepared.text
+
+
+def launched_config(argv, monkeypatch):
+    """The Resolved config `ckptsup launch argv` hands the supervisor (which is not started)."""
+    from ckptsup import cli
+    from ckptsup.supervisor import loop
+
+    seen = {}
+
+    class Captured:
+        def __init__(self, *, resolved, job, run_dir, placement):
+            seen.update(resolved=resolved, job=job, placement=placement)
+
+        def run(self):
+            return ExitStatus.DONE
+
+    monkeypatch.setattr(loop, "Supervisor", Captured)
+    with pytest.raises(SystemExit) as done:
+        cli.main(argv)
+    assert done.value.code == 0
+    return seen["resolved"], seen["job"]
+
+
+def test_every_submitted_sbatch_value_the_supervisor_uses_reaches_it_inside_the_job(tmp_path, monkeypatch):
+    import shlex
+
+    site = tmp_path / "site.toml"
+    site.write_text("[sbatch]\nspares = 5\nsignal_lead_s = 300\n")
+    monkeypatch.setenv("CKPTSUP_SITE_CONFIG", str(site))
+    monkeypatch.chdir(tmp_path)
+    (tmp_path / "train.py").write_text("pass\n")
+    prepared = prepare(flags={"sbatch.nodes": 1, "sbatch.spares": 2, "sbatch.gpus_per_node": 4,
+                              "sbatch.signal_lead_s": 77}, job_config=None, script="train.py", cwd=tmp_path,
+                       ckptsup="ckptsup")
+    [line] = [x for x in prepared.text.splitlines() if x.startswith("ckptsup launch ")]
+    argv = shlex.split(line.removesuffix(" &").replace('"$RUN_DIR"', str(tmp_path / "run")))
+    # by the time the job starts (or is requeued) the site file says something else
+    site.write_text("[sbatch]\nspares = 9\nsignal_lead_s = 30\ngpus_per_node = 1\n")
+    resolved, job = launched_config(argv[1:], monkeypatch)
+    sbatch = resolved.config.sbatch
+    assert (sbatch.spares, sbatch.gpus_per_node, sbatch.signal_lead_s) == (2, 4, 77)
+    assert resolved.config.supervisor.nodes == 1 and job.nodes_needed == 1
+    assert job.script == str(tmp_path / "train.py")
 
 
 # ---- the script's own logic, in bash ----------------------------------------------------------

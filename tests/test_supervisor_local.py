@@ -234,3 +234,28 @@ def test_a_hangup_stops_the_run_like_a_preemption(tmp_path, cfg, target):
     assert [e["attempt"] for e in named(events, "launch")] == [0]
     assert json.loads((run / "state.json").read_text())["status"] == "stopped"
     assert no_rank_left(tmp_path)
+
+
+@pytest.mark.parametrize("how", ["module", "no-python"])
+def test_a_module_or_an_executable_runs_under_torchrun_as_torchrun_would_run_it(tmp_path, cfg, how):
+    import os
+
+    env = dict(os.environ)
+    if how == "module":   # torchrun -m wire_rank: python -m in every rank, the module found on PYTHONPATH
+        env["PYTHONPATH"] = os.pathsep.join([str(RANK.parent), env.get("PYTHONPATH", "")])
+        target = ["-m", "wire_rank"]
+    else:                 # torchrun --no-python ./rank.sh: the executable itself, no python in front
+        wrapper = tmp_path / "rank.sh"
+        wrapper.write_text(f'#!/bin/sh\nexec {sys.executable} {RANK} "$@"\n')
+        wrapper.chmod(0o755)
+        target = ["--no-python", "./rank.sh"]
+    argv = [*CKPTSUP, "launch", "--nproc-per-node", "2", "--config", str(cfg), "--run-dir", str(tmp_path / "run"),
+            *target, "--steps", "3", "--out", str(tmp_path / "out")]
+    proc = subprocess.run(argv, capture_output=True, text=True, timeout=120, cwd=tmp_path, env=env)
+    assert proc.returncode == 0, proc.stderr
+    events = read_events(tmp_path / "run")
+    assert named(events, "run_complete") and named(events, "supervisor_start")[0]["script"] == \
+        ("wire_rank" if how == "module" else str(tmp_path / "rank.sh"))
+    spec = json.loads((tmp_path / "run" / "attempt-0" / "launch.json").read_text())
+    assert (spec["module"], spec["no_python"]) == (how == "module", how == "no-python")
+    assert [(tmp_path / "out" / f"rank{r}.step").read_text() for r in (0, 1)] == ["3", "3"]

@@ -174,11 +174,11 @@ def site(tmp_path, monkeypatch):
 
 
 def supervisor(tmp_path, world: World, *, nodes=("n1",), needed=1, in_slurm=False, health=None,
-               flags: dict | None = None, slurm=None) -> Supervisor:
+               flags: dict | None = None, slurm=None, gpus=0) -> Supervisor:
     resolved = load_config(flags={"supervisor.nproc_per_node": world.nproc, **(flags or {})})
     run = RunDir.create(tmp_path / "run")
     placement = Placement(job_id="77", nodes=tuple(nodes), addrs={n: "127.0.0.1" for n in nodes},
-                          in_slurm=in_slurm, slurm=slurm, here="n1")
+                          in_slurm=in_slurm, slurm=slurm, here="n1", gpus_per_node=gpus)
     job = Job(script=str(tmp_path / "train.py"), script_args=[], cwd=str(tmp_path), nodes_needed=needed)
     return Supervisor(resolved=resolved, job=job, run_dir=run, placement=placement, clock=world.clock,
                       sleep=lambda s: None, step_factory=world.factory, health_checker=health or healthy())
@@ -406,13 +406,13 @@ def test_the_restart_budget_is_honoured(tmp_path, site):
     assert "restart budget spent (2 of supervisor.max_restarts=2)" in of(tmp_path, Event.GIVE_UP)[0]["reason"]
 
 
-@pytest.mark.parametrize("fault, command, flags", [
-    (Fault("crash", 2), MessageKind.KILL, {}),
-    (Fault("hang", 2), MessageKind.DUMP_FR, {"sbatch.gpus_per_node": 1}),
+@pytest.mark.parametrize("fault, command, gpus", [
+    (Fault("crash", 2), MessageKind.KILL, 0),
+    (Fault("hang", 2), MessageKind.DUMP_FR, 1),  # the allocation's GPUs: NCCL keeps a flight recorder
 ], ids=["kill-wait", "flight-recorder-wait"])
-def test_ranks_events_are_forwarded_during_every_wait(tmp_path, site, fault, command, flags):
+def test_ranks_events_are_forwarded_during_every_wait(tmp_path, site, fault, command, gpus):
     world = World(clock=Clock(tick=0.25), faults={0: fault})
-    sv = supervisor(tmp_path, world, flags=flags)
+    sv = supervisor(tmp_path, world, gpus=gpus)
     original = world.factory
 
     def factory(**kw):
@@ -435,6 +435,33 @@ def test_ranks_events_are_forwarded_during_every_wait(tmp_path, site, fault, com
     assert len(of(tmp_path, Event.FR_DUMPED)) == 1
     assert "from_a_newer_ckptsup" not in names(tmp_path)  # dropped with a log line, not a crash
     assert RunDir(path=tmp_path / "run").load_state().measured["stall_s"] == 0.5
+
+
+def test_the_allocation_event_and_the_flight_recorder_follow_the_allocations_gpus_not_the_config(tmp_path, site):
+    world = World(clock=Clock(tick=0.25), faults={0: Fault("hang", 2)})
+    sent = []
+    sv = supervisor(tmp_path, world, in_slurm=True, flags={"sbatch.gpus_per_node": 8}, gpus=0)
+    original = world.factory
+
+    def factory(**kw):
+        step = original(**kw)
+        send = step.send
+        step.send = lambda m, body=None, *, nodes=None: (sent.append(m), send(m, body, nodes=nodes))[1]
+        return step
+
+    sv.step_factory = factory
+    assert sv.run() is ExitStatus.DONE
+    [allocation] = of(tmp_path, Event.ALLOCATION)
+    assert allocation["gpus_per_node"] == 0 and allocation["ranks_per_node"] == 1
+    assert MessageKind.DUMP_FR not in sent  # gloo on a GPU-less allocation has no flight recorder
+    assert MessageKind.KILL in sent
+
+
+def test_the_allocation_event_reports_the_placements_gpus(tmp_path, site):
+    world = World(clock=Clock(), nproc=2)
+    assert supervisor(tmp_path, world, gpus=2).run() is ExitStatus.DONE
+    [allocation] = of(tmp_path, Event.ALLOCATION)
+    assert allocation["gpus_per_node"] == 2 and allocation["ranks_per_node"] == 2
 
 
 def test_step_times_are_kept_in_state_json_and_set_the_next_allocations_timeouts(tmp_path, site):

@@ -307,3 +307,35 @@ def test_nan_on_a_rank_rolls_back_and_its_node_is_replaced_by_the_spare(dev_clus
     assert again["path"] == "node" and failure["node"] not in again["nodes"] and first["spares"][0] in again["nodes"]
     assert named(events, "restart_done")[-1]["resume_step"] == 15
     assert json.loads((out / "final.json").read_text())["params_sha256"] == reference
+
+
+RANK = ROOT / "tests" / "helpers" / "wire_rank.py"  # a torch-free rank: only torchrun imports torch
+
+
+def test_a_gpu_allocation_with_nproc_gpu_runs_a_rank_per_gpu_and_the_allocation_event_says_so(dev_cluster, tmp_path):
+    run, out = tmp_path / "run", tmp_path / "out"
+    proc = subprocess.run([*CKPTSUP, "sbatch", "--submit", "--json", "--nodes", "2", "--spares", "1",
+                           "--gpus-per-node", "2", "--signal-lead-s", "77", "--nproc-per-node", "gpu",
+                           "--config", str(job_config(tmp_path)), "--run-dir", str(run),
+                           str(RANK), "--steps", "5", "--out", str(out)], capture_output=True, text=True, timeout=60,
+                          cwd=tmp_path)
+    assert proc.returncode == 0, proc.stderr
+    job = str(json.loads(proc.stdout)["job_id"])
+    dev_cluster.wait_for(lambda: finished(dev_cluster, job), 120, what=f"job {job} to finish")
+    events = read_events(run)
+    assert named(events, "run_complete"), (run / f"slurm-{job}.out").read_text()
+    [allocation] = named(events, "allocation")
+    assert (allocation["gpus_per_node"], allocation["ranks_per_node"], allocation["active"], allocation["spares"]) \
+        == (2, 2, 2, 1)
+    [launch] = named(events, "launch")
+    assert launch["world_size"] == 4 and len(launch["nodes"]) == 2
+    assert sorted(p.name for p in out.glob("rank*.step")) == [f"rank{r}.step" for r in range(4)]
+    checks = named(events, "health_check")
+    assert checks and all(c["ok"] and "2 GPU(s) allocated by Slurm here" in c["detail"] for c in checks), checks
+    effective = json.loads((run / "config.json").read_text())
+    sbatch = effective["config"]["sbatch"]
+    assert (sbatch["spares"], sbatch["gpus_per_node"], sbatch["signal_lead_s"]) == (1, 2, 77)  # as submitted
+    assert effective["config"]["supervisor"]["nproc_per_node"] == 2
+    assert effective["provenance"]["supervisor.nproc_per_node"].startswith("allocation (gpu from flag")
+    [row] = account(events).attempt_rows
+    assert (row["active_devices"], row["spare_devices"]) == (4, 2)  # the report counts the allocation's GPUs

@@ -22,6 +22,14 @@ def _cluster(directory: str, port_base: int):
     return DevCluster(ClusterSpec(dir=Path(directory), port_base=port_base))
 
 
+def _ranks(raw: str | None) -> int | str | None:
+    """--nproc-per-node as `ckptsup launch` takes it: a number or a word (render checks which)."""
+    if raw is None:
+        return None
+    raw = raw.strip().lower()
+    return int(raw) if re.fullmatch(r"[+-]?\d{1,9}", raw) else raw
+
+
 _PLAIN_PATH = re.compile(r"^[A-Za-z0-9/._+-]+$")
 _dir_option = click.option("--dir", "directory", default=str(DEFAULT_DIR), show_default=True,
                            type=click.Path(file_okay=False), help="directory holding all the cluster's state")
@@ -128,7 +136,8 @@ def revive_node(node: str, directory: str, port_base: int) -> None:
 @click.option("--template", default=None, help="template name in sbatch_templates/ or a path (sbatch.template)")
 @click.option("--extra-directive", "extra", multiple=True, help="extra #SBATCH option, repeatable (sbatch.extra_directives)")
 @click.option("--run-dir", default=None, help="run directory; {job_id} expands (run.run_dir)")
-@click.option("--nproc-per-node", type=int, default=None, help="ranks per node, handed to `ckptsup launch`")
+@click.option("--nproc-per-node", metavar="N|gpu|auto", default=None,
+              help="ranks per node, handed to `ckptsup launch` (gpu: the allocation's GPUs per node)")
 @click.option("--output", "output", type=click.Path(dir_okay=False), default=None, help="write the script here instead of stdout")
 @click.option("--submit", is_flag=True, help="create the run directory (0700) and submit the script")
 @click.option("--json", "as_json", is_flag=True, help="machine-readable output")
@@ -147,7 +156,7 @@ def sbatch(job_config, nodes, spares, partition, account, time_limit, gpus_per_n
              "sbatch.signal_lead_s": signal_lead_s, "sbatch.template": template,
              "sbatch.extra_directives": list(extra) if extra else None, "run.run_dir": run_dir}
     prepared = prepare(flags=flags, job_config=job_config, script=script, script_args=script_args,
-                       nproc_per_node=nproc_per_node)
+                       nproc_per_node=_ranks(nproc_per_node))
     if output:
         write_script(Path(output), prepared.text)
     if not submit:

@@ -27,7 +27,7 @@ import tenacity
 from ..env import SLURM_CONF
 from ..errors import SlurmCommandError
 from . import parsers
-from .allocation import Allocation, allocation_from_env
+from .allocation import Allocation, allocation_from_env, gpus_from_scontrol
 from .parsers import JobInfo, NodeInfo
 
 
@@ -74,6 +74,7 @@ class SlurmClient:
     - ``allocation_from_env(env)`` → Allocation (job id, nodes, batch host, restart count, ...)
     - ``node_info(nodes=None)`` → {node: NodeInfo(state, responding, reason)}
     - ``node_addr(node)`` → the node's NodeAddr (for the rendezvous endpoint)
+    - ``job_gpus_per_node(job_id, node)`` → the job's GPUs on `node` (`scontrol show job -d`)
     - ``drain(node, reason)`` → True, or False when Slurm says permission denied (expected
       for ordinary users; never a crash); ``resume(node)`` likewise
     - ``requeue(job_id)``; ``update_job(job_id, exc_nodes=, partition=, start_time_now=)``
@@ -146,6 +147,11 @@ class SlurmClient:
     def node_addr(self, node: str) -> str:
         fields = parsers.parse_key_values(self.run(["scontrol", "show", "node", "-o", node]).stdout)
         return fields.get("NodeAddr") or node
+
+    def job_gpus_per_node(self, job_id: str | int, node: str = "") -> int:
+        """GPUs per node of the job, from `scontrol show job -d` (for when the environment does
+        not say: allocation.gpus_from_env is None)."""
+        return gpus_from_scontrol(self.run(["scontrol", "show", "job", "-d", str(job_id)]).stdout, node)
 
     def _node_update(self, node: str, state: str, reason: str | None) -> bool:
         argv = ["scontrol", "update", f"NodeName={node}", f"State={state}"]

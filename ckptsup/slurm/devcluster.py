@@ -19,6 +19,7 @@ import shlex
 import shutil
 import signal
 import socket
+import stat
 import subprocess
 import time
 from dataclasses import dataclass
@@ -31,7 +32,7 @@ from ..env import SLURM_CONF
 from ..errors import DevClusterError
 from .client import SlurmClient
 from .daemons import Daemon, not_zombie, reap
-from .devconf import ClusterSpec, render_slurm_conf
+from .devconf import ClusterSpec, render_gres_conf, render_slurm_conf
 from .parsers import NodeInfo, NodeState
 
 REQUIRED_COMMANDS = ("slurmctld", "slurmd", "munged", "tini", "unshare", "mount", "scontrol", "sinfo", "sbatch", "squeue")
@@ -161,12 +162,29 @@ class DevCluster:
             os.chmod(self.spec.node_local_dir(node), 0o1777)  # like a node's /tmp-style scratch
         if fresh:
             self._write_hosts()
+        self._make_gpu_devices()
         text = render_slurm_conf(self.spec)
         if self.conf.exists() and self.conf.read_text() != text and not fresh:
             raise DevClusterError(f"a cluster is running in {d} with another configuration; "
                                   f"run `ckptsup dev-cluster down --dir {d}` first")
         self.conf.write_text(text)
         os.chmod(self.conf, 0o644)
+        self.spec.gres_conf.write_text(render_gres_conf(self.spec))
+        os.chmod(self.spec.gres_conf, 0o644)
+
+    def _make_gpu_devices(self) -> None:
+        """Fake GPUs for the GRES: character devices (major 195, as NVIDIA's) under the cluster
+        directory, so nothing else on this machine sees them. Slurm only stats them (task/none
+        constrains no device); opening one would fail, as no driver owns the major."""
+        devices = self.spec.gpu_devices()
+        if not devices:
+            return
+        (self.spec.dir / "dev").mkdir(mode=0o755, exist_ok=True)
+        for minor, path in enumerate(devices):
+            if path.exists() and path.is_char_device():
+                continue
+            path.unlink(missing_ok=True)
+            os.mknod(path, 0o600 | stat.S_IFCHR, os.makedev(195, minor))
 
     def _start(self, name: str, argv: list[str], **popen) -> subprocess.Popen:
         log = open(self.spec.dir / "logs" / f"{name}.out", "ab")

@@ -43,7 +43,7 @@ class SbatchParams:
     signal_lead_s: int = 120
     extra_directives: tuple[str, ...] = ()
     job_config: str = ""               # --config FILE handed to `ckptsup launch`
-    nproc_per_node: int = 0            # 0: leave it to the config
+    nproc_per_node: int | str = 0      # 0: leave it to the config; or "gpu" / "auto"
     ckptsup: str = "ckptsup"           # how the job calls ckptsup (absolute path from the CLI)
     launch_command: str = ""           # override (tests substitute a trivial command)
     requeue_command: str = ""
@@ -75,9 +75,11 @@ def check_params(p: SbatchParams) -> None:
     if p.total_nodes > MAX_NODES:
         raise ConfigError(f"sbatch.nodes + sbatch.spares = {p.total_nodes} is more than any cluster has "
                           f"(at most {MAX_NODES:,}); check the number")
+    if isinstance(p.nproc_per_node, str) and p.nproc_per_node not in ("gpu", "auto"):
+        raise ConfigError(f"nproc_per_node = {p.nproc_per_node!r} must be a number, gpu or auto")
     for name in ("gpus_per_node", "cpus_per_task", "nproc_per_node"):
         value = getattr(p, name)
-        if not 0 <= value <= MAX_PER_NODE:
+        if isinstance(value, int) and not 0 <= value <= MAX_PER_NODE:
             raise ConfigError(f"{name} = {value} must be between 0 (leave it to the site) and {MAX_PER_NODE}")
     if p.signal_lead_s < 1 or p.signal_lead_s > 65535:
         raise ConfigError(f"sbatch.signal_lead_s = {p.signal_lead_s} must be between 1 and 65535 seconds")
@@ -112,7 +114,10 @@ def _directives(p: SbatchParams) -> str:
 def _launch(p: SbatchParams) -> str:
     if p.launch_command:
         return p.launch_command
-    argv = [shlex.quote(p.ckptsup), "launch", "--run-dir", '"$RUN_DIR"', "--nodes", str(p.nodes)]
+    # the allocation's shape as submitted, so that the supervisor's [sbatch] values inside the
+    # job are these (also after a requeue, whatever the site file says by then)
+    argv = [shlex.quote(p.ckptsup), "launch", "--run-dir", '"$RUN_DIR"', "--nodes", str(p.nodes),
+            "--spares", str(p.spares), "--gpus-per-node", str(p.gpus_per_node), "--signal-lead-s", str(p.signal_lead_s)]
     if p.nproc_per_node:
         argv += ["--nproc-per-node", str(p.nproc_per_node)]
     if p.job_config:

@@ -47,7 +47,7 @@ def ckptsup_executable() -> str:
 
 
 def prepare(*, flags: Mapping[str, Any], job_config: str | None, script: str,
-            script_args: Sequence[str] = (), nproc_per_node: int | None = None,
+            script_args: Sequence[str] = (), nproc_per_node: int | str | None = None,
             cwd: Path | None = None, ckptsup: str | None = None) -> Prepared:
     cwd = cwd or Path.cwd()
     resolved = load_config(job_config=job_config, flags=flags)

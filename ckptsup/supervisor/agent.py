@@ -261,7 +261,9 @@ class Agent:
         return ["--nnodes", str(spec.nnodes), "--nproc-per-node", str(spec.nproc_per_node), *rdzv,
                 "--local-addr", addr, "--max-restarts", "0", "--monitor-interval", "0.1",
                 "--shutdown-timeout", str(int(spec.shutdown_timeout_s)), "--tee", "3",
-                "--log-dir", os.path.join(spec.log_dir, f"torchrun-{self.node}"), spec.script, *spec.script_args]
+                "--log-dir", os.path.join(spec.log_dir, f"torchrun-{self.node}"),
+                *(["-m"] if spec.module else []), *(["--no-python"] if spec.no_python else []),
+                spec.script, *spec.script_args]
 
     def rank_env(self, extra: dict[str, str]) -> dict[str, str]:
         env = dict(os.environ)

@@ -3,52 +3,80 @@ pinned ExitStatus. No torch import anywhere on this path."""
 
 from __future__ import annotations
 
+import dataclasses
 import os
 import sys
-from pathlib import Path
+from typing import TYPE_CHECKING
 
 import click
 
-from ..env import SLURM_JOB_ID, ExitStatus
-from ..errors import CkptsupError
+from ..config import Resolved, load_config
+from ..env import SLURM_JOB_ID
+from .torchrun_args import UsageError
+
+if TYPE_CHECKING:
+    from .placement import Placement
 
 
-class UsageError(CkptsupError):
-    exit_code = int(ExitStatus.USAGE)
+_NOT_TORCHRUN = "(ckptsup's, not torchrun's)"
 
 
 @click.command(context_settings={"ignore_unknown_options": True, "allow_interspersed_args": False,
                                  "help_option_names": ["-h", "--help"]})
-@click.option("--nproc-per-node", type=int, default=None, help="ranks per node (supervisor.nproc_per_node)")
-@click.option("--nodes", type=int, default=None,
-              help="active nodes; the rest of the allocation are hot spares (supervisor.nodes)")
+@click.option("--nproc-per-node", "--nproc_per_node", "nproc_per_node", metavar="N|gpu|auto", default=None,
+              help="ranks per node (supervisor.nproc_per_node): a number; gpu = the allocation's GPUs per node; "
+                   "auto (default) = its GPUs per node, else 1")
+@click.option("--nodes", "--nnodes", "nodes", metavar="N", default=None,
+              help="active nodes; the rest of the allocation are hot spares (supervisor.nodes); "
+                   "no elastic MIN:MAX")
+@click.option("-m", "--module", "module", is_flag=True, default=False,
+              help="SCRIPT is a module name, run as `python -m SCRIPT` (torchrun's -m)")
+@click.option("--no-python", "--no_python", "no_python", is_flag=True, default=False,
+              help="SCRIPT is an executable, run without python (torchrun's --no-python)")
+@click.option("--max-restarts", "--max_restarts", "max_restarts", type=int, default=None,
+              help=f"restart budget of the whole run, all attempts {_NOT_TORCHRUN}; supervisor.max_restarts")
+@click.option("--tee", "tee", flag_value=True, default=None,
+              help=f"every rank's output on the console, prefixed [rankN]: {_NOT_TORCHRUN}, no value; "
+                   "default: rank 0's; supervisor.tee")
 @click.option("--config", "job_config", type=click.Path(dir_okay=False), default=None, help="job TOML")
 @click.option("--run-dir", type=click.Path(file_okay=False), default=None,
               help="run directory (run.run_dir; {job_id} expands); reuse it to resume a run")
-@click.option("--max-restarts", type=int, default=None, help="restart budget (supervisor.max_restarts)")
 @click.option("--resume/--new", "resume", default=None,
               help="the run dir holds an ended run: continue it, or move it aside and start afresh")
+@click.option("--spares", type=int, default=None,
+              help="hot spare nodes: without --nodes, active = the allocation's nodes minus these (sbatch.spares)")
+@click.option("--signal-lead-s", type=int, default=None,
+              help="seconds of warning the job gets before its time limit, --signal=B:USR1@N (sbatch.signal_lead_s)")
+@click.option("--gpus-per-node", type=int, default=None, hidden=True,
+              help="GPUs per node the job was submitted with (sbatch.gpus_per_node; set by `ckptsup sbatch`)")
 @click.argument("script")
 @click.argument("script_args", nargs=-1, type=click.UNPROCESSED)
-def launch(nproc_per_node: int | None, nodes: int | None, job_config: str | None, run_dir: str | None,
-           max_restarts: int | None, resume: bool | None, script: str, script_args: tuple[str, ...]) -> None:
+def launch(nproc_per_node: str | None, nodes: str | None, module: bool, no_python: bool, max_restarts: int | None,
+           tee: bool | None, job_config: str | None, run_dir: str | None, resume: bool | None, spares: int | None,
+           signal_lead_s: int | None, gpus_per_node: int | None, script: str, script_args: tuple[str, ...]) -> None:
     """Run SCRIPT under the supervisor: inside a Slurm allocation (one agent per active node),
-    or locally on this machine. Everything after SCRIPT reaches the script untouched."""
-    from ..config import load_config
+    or locally on this machine. Everything after SCRIPT reaches the script untouched.
+
+    torchrun's command line works as it is, minus the rendezvous, which ckptsup picks
+    (--standalone, --rdzv-*, --master-*, --node-rank are refused with the knob to use)."""
     from ..rundir import RunDir
     from .loop import Job, Supervisor
     from .placement import Placement
     from .relaunch import prepare
     from .unhooked import uses_hooks
+    from .torchrun_args import check_target, check_tee, node_count, nproc_choice, refusal
 
-    flags = {"supervisor.nproc_per_node": nproc_per_node, "supervisor.nodes": nodes,
-             "supervisor.max_restarts": max_restarts, "run.run_dir": run_dir}
+    if script.startswith("-") and len(script) > 1:
+        raise refusal(script)  # an option click does not know landed where SCRIPT goes
+    check_tee(bool(tee), script)
+    flags = {"supervisor.nproc_per_node": nproc_choice(nproc_per_node), "supervisor.nodes": node_count(nodes),
+             "supervisor.max_restarts": max_restarts, "supervisor.tee": tee, "run.run_dir": run_dir,
+             "sbatch.spares": spares, "sbatch.signal_lead_s": signal_lead_s, "sbatch.gpus_per_node": gpus_per_node}
     resolved = load_config(job_config=job_config, flags=flags)
-    script_path = Path(script)
-    if not script_path.is_file():
-        raise UsageError(f"script {script} does not exist; pass the path of your training script")
+    target = check_target(script, module=module, no_python=no_python, cwd=os.getcwd())
     in_slurm = bool(os.environ.get(SLURM_JOB_ID))
     placement = Placement.from_slurm(os.environ, resolved.config.slurm) if in_slurm else Placement.local()
+    resolved = with_ranks_per_node(resolved, placement)
     sup = resolved.config.supervisor
     needed = sup.nodes or max(1, len(placement.nodes) - (resolved.config.sbatch.spares if in_slurm else 0))
     if needed > len(placement.nodes):
@@ -57,10 +85,28 @@ def launch(nproc_per_node: int | None, nodes: int | None, job_config: str | None
     rd_path = resolved.config.run.run_dir.replace("{job_id}", placement.job_id)
     prepare(rd_path, resolved.config, job_id=placement.job_id, resume=resume)  # refuse, move aside, or resume
     run = RunDir.create(rd_path)
-    job = Job(script=str(script_path.resolve()), script_args=list(script_args), cwd=os.getcwd(), nodes_needed=needed,
-              expects_hello=uses_hooks(str(script_path)))
+    job = Job(script=target.script, script_args=list(script_args), cwd=os.getcwd(), nodes_needed=needed,
+              module=target.module, no_python=target.no_python,
+              expects_hello=uses_hooks(target.script, module=target.module, no_python=target.no_python))
     status = Supervisor(resolved=resolved, job=job, run_dir=run, placement=placement).run()
     sys.exit(int(status))
+
+
+def with_ranks_per_node(resolved: Resolved, placement: Placement) -> Resolved:
+    """`resolved` with supervisor.nproc_per_node an integer: gpu/auto become the allocation's
+    GPUs per node (auto: else 1), recorded as coming from the allocation. Everything after the
+    edge (the loop, the launch spec, the tracker) counts ranks with it."""
+    from .torchrun_args import resolve_nproc
+
+    sup = resolved.config.supervisor
+    ranks, why = resolve_nproc(sup.nproc_per_node, placement.gpus_per_node, in_slurm=placement.in_slurm)
+    if not why:
+        return resolved
+    key = "supervisor.nproc_per_node"
+    config = dataclasses.replace(resolved.config, supervisor=dataclasses.replace(sup, nproc_per_node=ranks))
+    was = resolved.provenance.get(key, "default")
+    return Resolved(config=config, provenance={**resolved.provenance,
+                                                key: f"allocation ({sup.nproc_per_node} from {was}: {why})"})
 
 
 @click.command(hidden=True)

@@ -6,8 +6,11 @@ Checks on one node (`run_local_checks`), each a `CheckResult`:
   free_space:<t>   free space of each checkpoint tier path >= storage.min_free_gb
   shared_fs        the run dir is writable: create + write + fsync + remove a probe file
                    (in a thread, so a hung NFS mount fails the check instead of hanging us)
-  gpus             `nvidia-smi -L` lists GPUs (check_gpus = auto: only when nvidia-smi exists;
-                   require: missing nvidia-smi fails), at least sbatch.gpus_per_node of them
+  gpus             the node shows the allocation's GPUs per node (the supervisor's figure,
+                   `--gpus`): `nvidia-smi -L` lists at least that many; without nvidia-smi,
+                   check_gpus = auto counts the devices Slurm gave the check's step (SLURM_GPUS_ON_NODE,
+                   SLURM_STEP_GPUS, CUDA_VISIBLE_DEVICES: slurm/allocation.node_gpus) and
+                   require fails. auto skips the check when the allocation has no GPU
 
 On many nodes: `run_node_checks` starts one `srun --overlap` step per node at once (argv from
 `node_checks_argv`) running `python -m ckptsup.supervisor.health`; each prints one JSON line,
@@ -64,7 +67,10 @@ class NodeHealth:
         if self.error:
             return self.error
         bad = self.failed
-        return "healthy" if not bad else "; ".join(f"{r.name}: {r.detail}" for r in bad)
+        if bad:
+            return "; ".join(f"{r.name}: {r.detail}" for r in bad)
+        gpus = [r.detail for r in self.results if r.name == "gpus"]  # what the node showed of its GPUs
+        return f"healthy ({gpus[0]})" if gpus else "healthy"
 
     def to_dict(self) -> dict[str, Any]:
         return {"node": self.node, "ok": self.ok, "error": self.error,
@@ -178,14 +184,16 @@ def run_command(name: str, argv: Sequence[str], timeout_s: float, env: Mapping[s
 
 
 def check_gpus(mode: str, expected: int, timeout_s: float,
-               which: Callable[[str], str | None] = shutil.which) -> CheckResult | None:
-    if mode == "off":
+               which: Callable[[str], str | None] = shutil.which,
+               env: Mapping[str, str] | None = None) -> CheckResult | None:
+    """`expected`: the allocation's GPUs per node. None when there is nothing to check."""
+    if mode == "off" or (mode == "auto" and expected <= 0):
         return None
     smi = which("nvidia-smi")
     if smi is None:
         if mode == "require":
             return CheckResult(name="gpus", ok=False, detail="nvidia-smi not found but [health].check_gpus = require")
-        return None
+        return _allocated_gpus(expected, os.environ if env is None else env)
     t0 = time.monotonic()
     try:
         proc = subprocess.run([smi, "-L"], capture_output=True, text=True, timeout=timeout_s,
@@ -198,14 +206,26 @@ def check_gpus(mode: str, expected: int, timeout_s: float,
         return CheckResult(name="gpus", ok=False, detail=f"nvidia-smi -L exit {proc.returncode}: "
                            f"{_clip(proc.stderr or proc.stdout)}", duration_s=took)
     count = sum(1 for line in proc.stdout.splitlines() if line.startswith("GPU "))
-    want = max(1, expected)
+    want = max(1, expected)  # require with a GPU-less allocation: the node must still have one
     return CheckResult(name="gpus", ok=count >= want, detail=f"{count} GPU(s) visible (need {want})",
                        duration_s=took)
 
 
+def _allocated_gpus(expected: int, env: Mapping[str, str]) -> CheckResult:
+    """No nvidia-smi to ask (the dev cluster's fake GPUs): the devices Slurm gave this step."""
+    from ..slurm.allocation import in_allocation, node_gpus
+
+    count = node_gpus(env)
+    source = "allocated by Slurm here" if in_allocation(env) else "in CUDA_VISIBLE_DEVICES"
+    return CheckResult(name="gpus", ok=count >= expected,
+                       detail=f"{count} GPU(s) {source}, no nvidia-smi to list them (need {expected})")
+
+
 def run_local_checks(config: Config, paths: CheckPaths, *, node: str | None = None,
-                     which: Callable[[str], str | None] = shutil.which) -> list[CheckResult]:
-    """Every check on this node; never raises for an unhealthy node (that is data)."""
+                     which: Callable[[str], str | None] = shutil.which,
+                     gpus_per_node: int | None = None) -> list[CheckResult]:
+    """Every check on this node; never raises for an unhealthy node (that is data).
+    `gpus_per_node`: the allocation's (the supervisor's figure); None: this node's own."""
     node = node or node_name()
     health = config.health
     results: list[CheckResult] = []
@@ -222,7 +242,11 @@ def run_local_checks(config: Config, paths: CheckPaths, *, node: str | None = No
     for tier, path in paths.tiers.items():
         results.append(check_free_space(tier, Path(path), config.storage.min_free_gb))
     results.append(check_shared_fs(paths.run_dir, node, health.timeout_s))
-    gpu = check_gpus(health.check_gpus, config.sbatch.gpus_per_node, health.timeout_s, which=which)
+    if gpus_per_node is None:
+        from ..slurm.allocation import node_gpus
+
+        gpus_per_node = node_gpus(os.environ)
+    gpu = check_gpus(health.check_gpus, gpus_per_node, health.timeout_s, which=which)
     if gpu is not None:
         results.append(gpu)
     return results
@@ -231,12 +255,13 @@ def run_local_checks(config: Config, paths: CheckPaths, *, node: str | None = No
 # ---- many nodes through one srun step ---------------------------------------------------------
 
 def node_checks_argv(nodes: Sequence[str], run_dir: str | os.PathLike[str], *, job_id: str | None = None,
-                     python: str = sys.executable) -> list[str]:
+                     python: str = sys.executable, gpus_per_node: int | None = None) -> list[str]:
     """argv of an `srun --overlap` step running the checks once on each of `nodes`."""
     from ..slurm.client import SlurmClient
 
+    gpus = [] if gpus_per_node is None else ["--gpus", str(gpus_per_node)]
     return SlurmClient.srun_argv(nodes=list(nodes), command=[python, "-m", "ckptsup.supervisor.health",
-                                                             "--run-dir", str(run_dir)],
+                                                             "--run-dir", str(run_dir), *gpus],
                                  input_all=False, job_id=job_id, extra=["--kill-on-bad-exit=0"])
 
 
@@ -266,14 +291,16 @@ def parse_node_results(stdout: str, nodes: Iterable[str], *, failure: str = "") 
 
 
 def run_node_checks(nodes: Sequence[str], run_dir: str | os.PathLike[str], config: Config, *,
-                    job_id: str | None = None, env: Mapping[str, str] | None = None) -> dict[str, NodeHealth]:
+                    job_id: str | None = None, env: Mapping[str, str] | None = None,
+                    gpus_per_node: int | None = None) -> dict[str, NodeHealth]:
     """Run the checks on `nodes`, one `srun --overlap` step per node, all at once, and wait for
     them (bounded). One step per node so that a node Slurm already refuses (DOWN) or that hangs
     fails alone and never blames the healthy ones."""
     timeout = step_timeout_s(config)
     procs = {}
     for node in nodes:
-        procs[node] = subprocess.Popen(node_checks_argv([node], run_dir, job_id=job_id), stdout=subprocess.PIPE,
+        procs[node] = subprocess.Popen(node_checks_argv([node], run_dir, job_id=job_id, gpus_per_node=gpus_per_node),
+                                       stdout=subprocess.PIPE,
                                        stderr=subprocess.PIPE, stdin=subprocess.DEVNULL, text=True,
                                        env=None if env is None else dict(env))
     deadline = time.monotonic() + timeout
@@ -305,6 +332,7 @@ def _main(argv: Sequence[str] | None = None) -> int:
     parser.add_argument("--run-dir", required=True)
     parser.add_argument("--node", default=None)
     parser.add_argument("--job-id", default=None)
+    parser.add_argument("--gpus", type=int, default=None, help="the allocation's GPUs per node (else this node's)")
     args = parser.parse_args(argv)
     node = args.node or node_name()
     job_id = args.job_id or os.environ.get(SLURM_JOB_ID, "local")
@@ -314,7 +342,7 @@ def _main(argv: Sequence[str] | None = None) -> int:
         print(json.dumps(NodeHealth(node=node, error=f"config unreadable: {err}").to_dict()), flush=True)
         return 1
     paths = check_paths(config, args.run_dir, node=node, job_id=job_id)
-    health = NodeHealth(node=node, results=tuple(run_local_checks(config, paths, node=node)))
+    health = NodeHealth(node=node, results=tuple(run_local_checks(config, paths, node=node, gpus_per_node=args.gpus)))
     print(json.dumps(health.to_dict()), flush=True)
     return 0 if health.ok else 1
 

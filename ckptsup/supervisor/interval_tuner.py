@@ -13,7 +13,7 @@ class IntervalTuner:
     """Wires planning.adaptive.AdaptiveInterval (E) into the loop: feeds it events, reports new
     intervals. Off when checkpoint.adaptive_interval is false."""
 
-    def __init__(self, config: Config) -> None:
+    def __init__(self, config: Config, *, gpus_per_node: int = 0) -> None:
         self.config = config
         self.grace_time_s: float | None = None
         self._current = float(config.checkpoint.save_every_s)
@@ -21,7 +21,9 @@ class IntervalTuner:
         if config.checkpoint.adaptive_interval:
             from ..planning.adaptive import AdaptiveInterval
 
-            per_node = config.sbatch.gpus_per_node or config.supervisor.nproc_per_node
+            # devices that can fail: the allocation's GPUs, else the ranks (a CPU job)
+            ranks = config.supervisor.nproc_per_node
+            per_node = gpus_per_node or (ranks if isinstance(ranks, int) else 1)
             self._adaptive = AdaptiveInterval(gpu_mtbf_hours=config.cost.gpu_mtbf_hours,
                                               devices=max(1, config.supervisor.nodes or 1) * per_node,
                                               initial_interval_s=self._current)

@@ -66,11 +66,13 @@ StepFactory = Callable[..., Step]   # keywords: argv, env, nodes, secret, sender
 
 @dataclass(kw_only=True)
 class Job:
-    script: str
+    script: str            # a file's absolute path; the module name with `module`
     script_args: list[str]
     cwd: str
     nodes_needed: int
     expects_hello: bool = True   # the script uses ckptsup's hooks (recovery.uses_hooks): no hello in time is a hang
+    module: bool = False   # torchrun -m
+    no_python: bool = False  # torchrun --no-python: `script` is an executable
 
 
 class Supervisor:
@@ -88,7 +90,8 @@ class Supervisor:
         self.sleep = sleep
         self.step_factory = step_factory
         self.health_checker = health_checker or recovery.health_checker(
-            self.config, run_dir=run_dir.path, job_id=placement.job_id, in_slurm=placement.in_slurm)
+            self.config, run_dir=run_dir.path, job_id=placement.job_id, in_slurm=placement.in_slurm,
+            gpus_per_node=placement.gpus_per_node)
         self.secret = run_dir.read_secret()
         self.sender = CommandSender(self.secret)
         self.inbox: "queue.Queue[Message]" = queue.Queue()
@@ -107,7 +110,7 @@ class Supervisor:
         self.ckpt_dir = recovery.checkpoint_dir(self.config, run_dir.path, placement.job_id)
         self.timeouts: Timeouts | None = None   # the current attempt's collective timeouts
         self.steady_pending = False             # launched before any step was measured
-        self.interval = IntervalTuner(self.config)
+        self.interval = IntervalTuner(self.config, gpus_per_node=placement.gpus_per_node)
         self.attempt_wall_start = time.time()   # wall clock of the current launch (progress_dir mtimes)
         self.interval.grace_time_s = placement.grace_time_s
 
@@ -187,7 +190,7 @@ class Supervisor:
         self.emit(Event.SUPERVISOR_START, script=self.job.script, resumed=not first,
                   in_slurm=self.placement.in_slurm, excluded=sorted(self.state.excluded_nodes))
         self.emit(Event.ALLOCATION, nodes=len(self.placement.nodes), node_names=list(self.placement.nodes),
-                  gpus_per_node=self.config.sbatch.gpus_per_node if self.placement.in_slurm else 0,
+                  gpus_per_node=self.placement.gpus_per_node,
                   spares=max(0, len(usable) - self.job.nodes_needed), ranks_per_node=self.sup.nproc_per_node,
                   active=self.job.nodes_needed)
 
@@ -493,7 +496,7 @@ class Supervisor:
         rank's `fr_dumped` or DUMP_WAIT_S, whichever comes first."""
         nccl = self.config.nccl
         if self.step is None or not (nccl.dump_on_timeout and nccl.flight_recorder_entries > 0
-                                     and self.config.sbatch.gpus_per_node > 0):
+                                     and self.placement.gpus_per_node > 0):
             return
         self.step.send(MessageKind.DUMP_FR, {"path": str(self.run_dir.attempt_dir(self.state.attempt) / "flight_recorder")})
         waiting = set(self.tracker.ranks) if self.tracker is not None else set()
@@ -581,7 +584,8 @@ class Supervisor:
                           log_dir=str(attempt_dir), heartbeat_interval_s=self.sup.heartbeat_interval_s,
                           shutdown_timeout_s=max(60.0, self.sup.kill_grace_s, self.interval.preempt_window_s()),
                           kill_grace_s=self.sup.kill_grace_s, cwd=self.job.cwd, rdzv_backend=self.sup.rdzv_backend,
-                          progress_pattern=self.sup.progress_pattern, tee=self.sup.tee)
+                          progress_pattern=self.sup.progress_pattern, tee=self.sup.tee,
+                          module=self.job.module, no_python=self.job.no_python)
         path = attempt_dir / "launch.json"
         spec.write(path)
         return spec, path

@@ -61,11 +61,16 @@ class Placement:
     slurm: Any = None                       # SlurmClient inside an allocation
     grace_time_s: float | None = None       # the partition's preemption GraceTime (None: unknown)
     here: str = ""                          # the node the supervisor runs on (the batch host)
+    gpus_per_node: int = 0                  # the allocation's (slurm/allocation.py), never the config's
 
     @classmethod
-    def local(cls) -> "Placement":
-        node = node_name()
-        return cls(job_id=os.environ.get(JOB_ID, "local"), nodes=(node,), addrs={node: "127.0.0.1"})
+    def local(cls, env: Mapping[str, str] | None = None) -> "Placement":
+        from ..slurm.allocation import local_gpus
+
+        env = os.environ if env is None else env
+        node = node_name(env)
+        return cls(job_id=env.get(JOB_ID, "local"), nodes=(node,), addrs={node: "127.0.0.1"},
+                   gpus_per_node=local_gpus(env))
 
     @classmethod
     def from_slurm(cls, env: Mapping[str, str], slurm_config: Any) -> "Placement":
@@ -81,8 +86,16 @@ class Placement:
             except CkptsupError as err:  # names resolve on real clusters; the address is a refinement
                 print(f"ckptsup: NodeAddr of {node} unavailable ({err}); using its name", file=sys.stderr)
                 addrs[node] = node
+        gpus = alloc.gpus_on_node
+        if gpus is None:  # the environment does not say: ask Slurm (0 for a job without GPUs)
+            try:
+                gpus = client.job_gpus_per_node(alloc.job_id, alloc.batch_host)
+            except CkptsupError as err:
+                print(f"ckptsup: GPUs of job {alloc.job_id} unknown ({err}); counting none", file=sys.stderr)
+                gpus = 0
         return cls(job_id=alloc.job_id, nodes=tuple(alloc.nodes), addrs=addrs, in_slurm=True, slurm=client,
-                   grace_time_s=partition_grace_time(client, alloc.partition), here=alloc.batch_host)
+                   grace_time_s=partition_grace_time(client, alloc.partition), here=alloc.batch_host,
+                   gpus_per_node=gpus)
 
     def rdzv_endpoint(self, first_node: str, base_port: int, attempt: int) -> str:
         """ADDR:PORT of the attempt's store on its first node, always in [base_port,

@@ -156,18 +156,20 @@ def resume_step(resume_from: str) -> int:
     return 0 if step is None else step  # step_<N> holds the state after N steps: resume at N
 
 
-def health_checker(config: Config, *, run_dir: Path, job_id: str, in_slurm: bool) -> HealthChecker:
-    """The production checks: one srun step per node inside Slurm, in-process outside."""
+def health_checker(config: Config, *, run_dir: Path, job_id: str, in_slurm: bool,
+                   gpus_per_node: int = 0) -> HealthChecker:
+    """The production checks: one srun step per node inside Slurm, in-process outside; each node
+    must show the allocation's `gpus_per_node`."""
     from . import health as checks
 
     def check(nodes: list[str]) -> dict[str, NodeHealth]:
         if not nodes or not config.health.enabled:
             return {}
         if in_slurm:
-            return checks.run_node_checks(nodes, run_dir, config, job_id=job_id)
+            return checks.run_node_checks(nodes, run_dir, config, job_id=job_id, gpus_per_node=gpus_per_node)
         paths = checks.check_paths(config, run_dir, node=nodes[0], job_id=job_id)
-        return {nodes[0]: NodeHealth(node=nodes[0], results=tuple(checks.run_local_checks(config, paths,
-                                                                                         node=nodes[0])))}
+        results = checks.run_local_checks(config, paths, node=nodes[0], gpus_per_node=gpus_per_node)
+        return {nodes[0]: NodeHealth(node=nodes[0], results=tuple(results))}
 
     return check
 

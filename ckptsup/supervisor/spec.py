@@ -20,7 +20,7 @@ class LaunchSpec:
     """What the supervisor tells every agent of an attempt (a 0600 JSON file in the attempt dir;
     srun gives every task the same argv, so per-node values are looked up by node name)."""
 
-    script: str
+    script: str                         # a file's absolute path; the module name with `module`
     script_args: list[str]
     nproc_per_node: int
     nnodes: int
@@ -36,6 +36,8 @@ class LaunchSpec:
     rdzv_backend: str = "static"        # static: node rank = position in `node_addrs`; or c10d
     progress_pattern: str = "auto"      # [supervisor] progress_pattern (ckptsup/progress.py)
     tee: bool = False                   # every rank's output to the console, not only rank 0's
+    module: bool = False                # torchrun -m: `script` is a module name
+    no_python: bool = False             # torchrun --no-python: `script` is an executable
 
     def to_json(self) -> dict[str, Any]:
         return dict(self.__dict__)
@@ -118,4 +120,6 @@ _CHECKS: dict[str, tuple[Callable[[Any], bool], str]] = {
     "rdzv_backend": (lambda v: v in ("static", "c10d"), "static or c10d"),
     "progress_pattern": (lambda v: isinstance(v, str) and pattern_problem(v) is None, "a usable progress pattern"),
     "tee": (lambda v: isinstance(v, bool), "true or false"),
+    "module": (lambda v: isinstance(v, bool), "true or false"),
+    "no_python": (lambda v: isinstance(v, bool), "true or false"),
 }
