@@ -250,7 +250,7 @@ def test_torchrun_gets_module_or_no_python_right_before_the_script(kw, before):
     argv = agent.torchrun_argv()
     at = argv.index("pkg.train")
     assert argv[at - len(before):at] == before and argv[at:] == ["pkg.train", "--lr", "3"]
-    assert argv[at - len(before) - 2] == "--shutdown-timeout"
+    assert argv[at - len(before) - 2] == "--log-dir"   # after every option of torchrun's own
 
 
 def test_the_launch_spec_carries_module_and_no_python_and_checks_them():
