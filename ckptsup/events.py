@@ -73,6 +73,7 @@ class Event(str, enum.Enum):
     HEALTH_CHECK = "health_check"          # node, name, ok, detail
     TEARDOWN_ERROR = "teardown_error"      # node, rc: torchrun failed after every rank of the node finished
     SUPERVISION_LEVEL = "supervision_level"  # level: hooks | heartbeat | progress | process, detail: how the attempt is watched
+    WARM_READY = "warm_ready"              # node, interpreters: that node's next launch starts its ranks warm
     PROGRESS_STALE = "progress_stale"      # since_launch_s, pattern: no hello and no progress line for progress_warn_s (a warning)
 
     @classmethod

@@ -60,6 +60,7 @@ class MessageKind(enum.StrEnum):
     PREEMPT = "preempt"              # {signal, budget_s}: the agent itself got SIGTERM
     PROGRESS = "progress"            # {rank, step}: a progress line of a rank that did not say hello
     OUTPUT = "output"                # {lines, dropped}: rank output for the supervisor's console (rate-limited)
+    WARM_READY = "warm_ready"        # {interpreters}: the next launch's warm rank interpreters are ready
     # supervisor → agent (→ ranks)
     STOP_AT = "stop_at"              # {reason, save, budget_s}: stop at an agreed step (preemption)
     SAVE_NOW = "save_now"            # {reason}
@@ -77,7 +78,7 @@ HOPS: dict[MessageKind, Hop] = {
     **{k: Hop.AGENT_TO_SUPERVISOR for k in (MessageKind.HB, MessageKind.LAUNCHED, MessageKind.RANK_EXIT,
                                              MessageKind.TORCHRUN_EXIT, MessageKind.KILLED,
                                              MessageKind.RESTARTED, MessageKind.PREEMPT, MessageKind.PROGRESS,
-                                             MessageKind.OUTPUT)},
+                                             MessageKind.OUTPUT, MessageKind.WARM_READY)},
     **{k: Hop.COMMAND for k in (MessageKind.STOP_AT, MessageKind.SAVE_NOW, MessageKind.SET_INTERVAL,
                                  MessageKind.SET_TIMEOUT, MessageKind.DUMP_FR, MessageKind.KILL, MessageKind.RESTART, MessageKind.EXIT)},
 }

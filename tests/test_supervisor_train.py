@@ -18,7 +18,7 @@ pytestmark = pytest.mark.torch
 
 ROOT = Path(__file__).resolve().parents[1]
 TRAIN = ROOT / "examples" / "train.py"
-STEPS = ["--steps", "40", "--save-every-steps", "5", "--step-sleep-s", "0.08"]
+STEPS = ["--steps", "100", "--save-every-steps", "5", "--step-sleep-s", "0.08"]  # long enough to warm up first
 
 
 def write_cfg(path: Path, extra_toml: str = "", supervisor_toml: str = "") -> Path:
@@ -48,6 +48,14 @@ def params(out: Path) -> str:
 
 def named(events, name):
     return [e for e in events if e["event"] == name]
+
+
+def wait_for_warm(run: Path, timeout: float = 120) -> None:
+    """The agent's warm rank interpreters for the next launch are ready (docs/supervisor.md §Warm restarts)."""
+    deadline = time.monotonic() + timeout
+    while not named(read_events(run), "warm_ready"):
+        assert time.monotonic() < deadline, "no warm_ready event"
+        time.sleep(0.1)
 
 
 def wait_for_commit(run: Path, step: int, timeout: float = 120) -> None:
@@ -91,6 +99,7 @@ def test_rank_sigkill_restarts_fast_and_ends_bit_identical(tmp_path, reference):
     local = tmp_path / "scratch"
     proc, run, out = start(tmp_path, extra_toml=f'[storage]\nnode_local = "{local}/{{node}}/{{job_id}}"\n')
     wait_for_commit(run, 10)
+    wait_for_warm(run)
     killed_at = time.monotonic()
     rank_process(out, 1).send_signal(signal.SIGKILL)
     rc, log = finish(proc)
@@ -102,6 +111,7 @@ def test_rank_sigkill_restarts_fast_and_ends_bit_identical(tmp_path, reference):
     assert detected <= 1.0, f"crash noticed {detected:.2f}s after the SIGKILL"
     [restart] = named(events, "restart_done")
     assert restart["path"] == "fast" and restart["resume_step"] >= 10
+    assert restart["warm"] is True, "the ranks ran again in the warm interpreters"
     loaded = [e for e in named(events, "checkpoint_loaded") if e.get("step") == restart["resume_step"]]
     assert loaded and loaded[0]["read_local_files"] > 0 and loaded[0]["local_fallback_files"] == 0, loaded
     assert list(local.glob("*/*/local_rank_1/step_*")), "no local copy under <node>/<job_id>"
@@ -112,6 +122,7 @@ def test_rank_sigkill_restarts_fast_and_ends_bit_identical(tmp_path, reference):
 def test_rank_sigstop_is_a_hang_detected_within_timeout_plus_2s_and_ends_bit_identical(tmp_path, reference):
     proc, run, out = start(tmp_path)
     wait_for_commit(run, 10)
+    wait_for_warm(run)
     stopped_at = time.monotonic()
     rank_process(out, 1).send_signal(signal.SIGSTOP)
     rc, log = finish(proc)
@@ -121,6 +132,7 @@ def test_rank_sigstop_is_a_hang_detected_within_timeout_plus_2s_and_ends_bit_ide
     assert failure["kind"] == "hang" and failure["rank"] == 1 and "stopped" in failure["detail"]
     hang_timeout = 4.0  # the floor: steps of ~0.1 s give 10 x p99 < 4 s
     assert failure["mono"] - stopped_at <= hang_timeout + 2.0
+    assert named(events, "restart_done")[0]["warm"] is True
     assert params(out) == reference
     assert no_rank_left(out)
 

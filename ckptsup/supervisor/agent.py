@@ -42,12 +42,13 @@ import psutil
 from .. import wire
 from ..errors import CkptsupError
 from ..wire import Hop, MessageKind, Phase
-from ..env import (NODE, PREEMPT_BUDGET_S, PYTHONUNBUFFERED, RANK_SOCKET, SECRET_FILE,
+from ..env import (NODE, PREEMPT_BUDGET_S, PYTHONUNBUFFERED, RANK_SOCKET, SECRET_FILE, WARM_DIR,
                    TORCHELASTIC_LOG_LINE_PREFIX_TEMPLATE, ExitStatus, node_name)
 from ..rundir import read_secret
 from .spec import LaunchSpec
 from .rank_output import RankOutput
 from .standby import Standby
+from .warm_pool import WarmPool
 from .processes import GONE, RUNNING, describe_exit, terminate, zombie_status
 
 TICK_S = 0.1
@@ -218,6 +219,9 @@ class Agent:
         self.hooked_ranks: set[int] = set()     # ranks that said hello this attempt: their steps come as frames
         self.workers: dict[int, int] = {}       # pid -> global rank of torchrun's workers (from their environment)
         self.stop_sent = False                  # a stop (preemption, time limit) reached this attempt's ranks
+        self.pool: WarmPool | None = None       # warm rank interpreters for the next launch
+        self.warm = False                       # this attempt's ranks run in warm interpreters
+        self.warm_told = False                  # the supervisor heard that the pool is ready
 
     # ---- output -------------------------------------------------------------------------------
     def send(self, m: MessageKind, body: dict[str, Any]) -> None:
@@ -245,7 +249,9 @@ class Agent:
                 pass  # that rank is going away; its EOF is handled by the reader
 
     # ---- torchrun -----------------------------------------------------------------------------
-    def torchrun_argv(self) -> list[str]:
+    def torchrun_argv(self, *, warm: bool = False) -> list[str]:
+        """torchrun's argv. `warm`: every worker is warm_proxy, handing its rank to a warm
+        interpreter (supervisor/warm_rank.py) instead of starting python."""
         spec = self.spec
         addr = spec.node_addrs.get(self.node, "127.0.0.1")
         host, _, port = spec.rdzv_endpoint.rpartition(":")
@@ -262,8 +268,30 @@ class Agent:
                 "--local-addr", addr, "--max-restarts", "0", "--monitor-interval", "0.1",
                 "--shutdown-timeout", str(int(spec.shutdown_timeout_s)), "--tee", "3",
                 "--log-dir", os.path.join(spec.log_dir, f"torchrun-{self.node}"),
-                *(["-m"] if spec.module else []), *(["--no-python"] if spec.no_python else []),
-                spec.script, *spec.script_args]
+                *self._entrypoint(warm), *spec.script_args]
+
+    def _entrypoint(self, warm: bool) -> list[str]:
+        spec = self.spec
+        if warm:
+            return ["--no-python", sys.executable, "-m", "ckptsup.supervisor.warm_proxy",
+                    *(["--ckptsup-module"] if spec.module else []), spec.script]
+        return [*(["-m"] if spec.module else []), *(["--no-python"] if spec.no_python else []), spec.script]
+
+    def _pool_for(self) -> WarmPool | None:
+        """The warm pool matching the current spec (None: warm restarts off, or a binary)."""
+        spec = self.spec
+        if not spec.warm_ranks or spec.no_python:
+            if self.pool is not None:
+                self.pool.close()
+                self.pool = None
+            return None
+        if self.pool is not None and self.pool.size != spec.nproc_per_node:
+            self.pool.close()
+            self.pool = None
+        if self.pool is None:
+            self.pool = WarmPool(directory=self.sock_dir, size=spec.nproc_per_node, cwd=spec.cwd,
+                                 env=WarmPool.rank_env(self.rank_env({}), spec.nproc_per_node))
+        return self.pool
 
     def rank_env(self, extra: dict[str, str]) -> dict[str, str]:
         env = dict(os.environ)
@@ -279,14 +307,19 @@ class Agent:
         standby = self.standby or Standby()
         self.standby = None
         log = os.path.join(self.spec.log_dir, f"ranks-{self.node}.log")
-        self.torchrun = standby.launch(argv=self.torchrun_argv(), env=self.rank_env(extra_env), cwd=self.spec.cwd)
+        pool = self._pool_for()
+        self.warm = pool is not None and pool.hand_out()
+        env = self.rank_env(extra_env)
+        if self.warm:
+            env[WARM_DIR] = str(self.sock_dir)
+        self.torchrun = standby.launch(argv=self.torchrun_argv(warm=self.warm), env=env, cwd=self.spec.cwd)
         self.hooked_ranks, self.workers, self.stop_sent = set(), {}, False
         self._open_output(log)
         self.torchrun_reported = False
         self.phase = Phase.INIT
         self.last_step = None
         self.stopped_ranks = set()
-        self.send(MessageKind.LAUNCHED, {"attempt": self.attempt, "pid": self.torchrun.pid})
+        self.send(MessageKind.LAUNCHED, {"attempt": self.attempt, "pid": self.torchrun.pid, "warm": self.warm})
         self.launched_at = time.monotonic()  # the next standby warms up once this attempt steps
 
     def kill_torchrun(self, grace: float) -> float:
@@ -294,6 +327,8 @@ class Agent:
         if self.torchrun is not None:
             terminate(self.torchrun, grace)
             self.torchrun = None
+        if self.pool is not None:
+            self.pool.kill_in_use()
         self._close_output()
         for conn in list(self.conns.values()):
             if conn.rank is not None and conn.pid is not None and conn.pid == conn.peer_pid != os.getpid():
@@ -560,13 +595,23 @@ class Agent:
     def _warm_standby(self) -> None:
         """Start the next pre-imported launcher, but not while the ranks start: on a busy node its
         torch import would slow theirs. Once the attempt steps (or after STANDBY_DELAY_S)."""
-        if self.standby is not None or self.launched_at is None:
+        if self.launched_at is None:
             return
         if self.last_step is not None or time.monotonic() - self.launched_at > STANDBY_DELAY_S:
-            self.standby = Standby()
+            if self.standby is None:
+                self.standby = Standby()
+            pool = self._pool_for()
+            if pool is not None:
+                pool.start()   # the next launch's warm interpreters, once these ranks step
             self.launched_at = None
 
     def _check_processes(self) -> None:
+        if self.pool is not None:
+            self.pool.reap()
+            ready = self.pool.ready()
+            if ready and not self.warm_told:
+                self.send(MessageKind.WARM_READY, {"interpreters": self.pool.size})
+            self.warm_told = ready
         rc = self.torchrun.poll() if self.torchrun is not None else None
         now = time.monotonic()
         if rc == 0:
@@ -682,6 +727,9 @@ class Agent:
         if self.standby is not None:
             self.standby.discard()
             self.standby = None
+        if self.pool is not None:
+            self.pool.close()
+            self.pool = None
         self.server.close()
         shutil.rmtree(self.sock_dir, ignore_errors=True)
 

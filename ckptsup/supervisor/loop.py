@@ -275,8 +275,13 @@ class Supervisor:
         if msg.m is MessageKind.OUTPUT:
             print_console(msg.body)
             return None
+        if msg.m is MessageKind.WARM_READY:
+            self.emit(Event.WARM_READY, node=msg.node, interpreters=msg.body.get("interpreters"))
+            return None
         if msg.m is MessageKind.LAUNCHED and isinstance(msg.body.get("pid"), int):
             self.torchrun_pids.add(msg.body["pid"])
+            if self.restart is not None:
+                self.restart["warm"] = msg.body.get("warm") is True   # restart_done says how the ranks started
         had_first = tracker.first_step is not None
         failure = tracker.on_message(msg)
         while tracker.teardown_errors:
@@ -585,7 +590,7 @@ class Supervisor:
                           shutdown_timeout_s=max(60.0, self.sup.kill_grace_s, self.interval.preempt_window_s()),
                           kill_grace_s=self.sup.kill_grace_s, cwd=self.job.cwd, rdzv_backend=self.sup.rdzv_backend,
                           progress_pattern=self.sup.progress_pattern, tee=self.sup.tee,
-                          module=self.job.module, no_python=self.job.no_python)
+                          module=self.job.module, no_python=self.job.no_python, warm_ranks=self.sup.warm_ranks)
         path = attempt_dir / "launch.json"
         spec.write(path)
         return spec, path

@@ -121,6 +121,8 @@ def describe(event: Mapping[str, Any]) -> str:
         return f"health {g('node')}: {g('name')} {'ok' if g('ok') else 'FAILED'} {g('detail', '')}".rstrip()
     if name == Event.RUN_COMPLETE:
         return "run complete" + (f" ({_extras(e)})" if _extras(e) else "")
+    if name == Event.WARM_READY:
+        return f"{g('node', '?')}: {g('interpreters', '?')} warm rank interpreter(s) ready for the next launch"
     if name == Event.SUPERVISION_LEVEL:
         return f"supervised at the {g('level', '?')} level: {g('detail', '')}"
     if name == Event.PROGRESS_STALE:

@@ -38,6 +38,7 @@ class LaunchSpec:
     tee: bool = False                   # every rank's output to the console, not only rank 0's
     module: bool = False                # torchrun -m: `script` is a module name
     no_python: bool = False             # torchrun --no-python: `script` is an executable
+    warm_ranks: bool = True             # relaunches run the ranks in warm interpreters (supervisor/warm_pool.py)
 
     def to_json(self) -> dict[str, Any]:
         return dict(self.__dict__)
@@ -122,4 +123,5 @@ _CHECKS: dict[str, tuple[Callable[[Any], bool], str]] = {
     "tee": (lambda v: isinstance(v, bool), "true or false"),
     "module": (lambda v: isinstance(v, bool), "true or false"),
     "no_python": (lambda v: isinstance(v, bool), "true or false"),
+    "warm_ranks": (lambda v: isinstance(v, bool), "true or false"),
 }

@@ -20,6 +20,7 @@ class WarmPool:
     directory: Path                       # the agent's 0700 socket dir
     size: int
     env: dict[str, str]
+    cwd: str = "."
     generation: int = 0
     procs: list[subprocess.Popen] = field(default_factory=list)   # warming or ready, not handed out
     in_use: list[subprocess.Popen] = field(default_factory=list)  # the current launch's ranks
@@ -48,7 +49,7 @@ class WarmPool:
                 stale.unlink(missing_ok=True)
             self.procs.append(subprocess.Popen(
                 [sys.executable, "-m", "ckptsup.supervisor.warm_rank", "--listen", str(path)],
-                env=self.env, stdin=subprocess.DEVNULL, stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL,
+                env=self.env, cwd=self.cwd, stdin=subprocess.DEVNULL, stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL,
                 start_new_session=True))
 
     def ready(self) -> bool:

@@ -1,0 +1,125 @@
+"""Warm rank interpreters (supervisor/warm_rank.py, warm_proxy.py, warm_pool.py) as real
+processes: the proxy stands in for the rank exactly — its streams, environment, cwd, argv,
+exit status and signals — and starts cold when no warm interpreter is ready."""
+import os
+import signal
+import subprocess
+import sys
+import time
+from pathlib import Path
+
+import pytest
+
+from ckptsup.env import WARM_DIR
+from ckptsup.supervisor.warm_pool import WarmPool
+
+pytestmark = pytest.mark.integration
+
+SCRIPT = """
+import os, signal, sys, time
+import torch
+print("rank", os.environ["RANK"], "cwd", os.getcwd(), "argv", sys.argv[1:], "torch", "torch" in sys.modules, flush=True)
+print("to stderr", file=sys.stderr, flush=True)
+if sys.argv[1] == "wait":
+    signal.signal(signal.SIGTERM, lambda *_: (print("got SIGTERM", flush=True), sys.exit(7)))
+    time.sleep(60)
+sys.exit(int(sys.argv[1]))
+"""
+
+
+@pytest.fixture
+def pool(tmp_path):
+    directory = tmp_path / "sock"
+    directory.mkdir(mode=0o700)
+    p = WarmPool(directory=directory, size=1, env=dict(os.environ), cwd=str(tmp_path))
+    p.start()
+    deadline = time.monotonic() + 60
+    while not p.ready():
+        assert time.monotonic() < deadline, "the warm interpreter never got ready"
+        time.sleep(0.05)
+    yield p
+    p.close()
+
+
+def proxy(tmp_path, directory, *args, env_extra=None):
+    script = tmp_path / "s.py"
+    script.write_text(SCRIPT)
+    work = tmp_path / "work"
+    work.mkdir(exist_ok=True)
+    env = {**os.environ, "RANK": "3", "LOCAL_RANK": "0", **({WARM_DIR: str(directory)} if directory else {}),
+           **(env_extra or {})}
+    return subprocess.Popen([sys.executable, "-m", "ckptsup.supervisor.warm_proxy", str(script), *args], env=env,
+                            cwd=work, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
+
+
+def test_the_proxy_hands_its_rank_to_the_warm_interpreter_and_takes_its_exit_status(tmp_path, pool):
+    warm_pid = pool.procs[0].pid
+    assert pool.hand_out() and not pool.procs
+    p = proxy(tmp_path, pool.directory, "5")
+    out, err = p.communicate(timeout=60)
+    assert p.returncode == 5, err
+    assert f"rank 3 cwd {tmp_path / 'work'} argv ['5'] torch True" in out and "to stderr" in err
+    assert pool.in_use[0].wait(timeout=30) == 5 and pool.in_use[0].pid == warm_pid
+
+
+def test_a_signal_to_the_proxy_reaches_the_rank_and_a_killed_proxy_takes_the_rank_with_it(tmp_path, pool):
+    pool.hand_out()
+    p = proxy(tmp_path, pool.directory, "wait")
+    line = p.stdout.readline()
+    assert line.startswith("rank 3"), line
+    p.send_signal(signal.SIGTERM)   # torchrun's shutdown: the rank's own handler runs
+    assert p.wait(timeout=30) == 7 and "got SIGTERM" in p.stdout.read()
+    assert pool.in_use[0].wait(timeout=30) == 7
+
+
+def test_a_killed_proxy_kills_its_rank(tmp_path, pool):
+    pool.hand_out()
+    p = proxy(tmp_path, pool.directory, "wait")
+    assert p.stdout.readline().startswith("rank 3")
+    p.kill()
+    assert pool.in_use[0].wait(timeout=30) == -signal.SIGKILL
+
+
+def test_a_rank_killed_by_a_signal_kills_its_proxy_the_same_way(tmp_path, pool):
+    pool.hand_out()
+    p = proxy(tmp_path, pool.directory, "wait")
+    assert p.stdout.readline().startswith("rank 3")
+    pool.in_use[0].send_signal(signal.SIGKILL)
+    assert p.wait(timeout=30) == -signal.SIGKILL
+
+
+def test_without_a_ready_warm_interpreter_the_proxy_starts_the_rank_cold(tmp_path):
+    empty = tmp_path / "none"
+    empty.mkdir(mode=0o700)
+    for directory in (None, empty):
+        p = proxy(tmp_path, directory, "4")
+        out, _ = p.communicate(timeout=120)
+        assert p.returncode == 4 and "rank 3" in out
+
+
+def test_a_stopped_rank_is_killed_with_its_launch(tmp_path, pool):
+    pool.hand_out()
+    p = proxy(tmp_path, pool.directory, "wait")
+    assert p.stdout.readline().startswith("rank 3")
+    rank = pool.in_use[0]
+    rank.send_signal(signal.SIGSTOP)   # it would not notice its proxy's death
+    p.kill()
+    pool.kill_in_use()
+    assert rank.wait(timeout=30) == -signal.SIGKILL and not pool.in_use
+
+
+def test_the_pool_applies_torchruns_thread_rule_and_gives_up_on_interpreters_that_die(tmp_path):
+    assert WarmPool.rank_env({}, 2)["OMP_NUM_THREADS"] == "1"
+    assert WarmPool.rank_env({"OMP_NUM_THREADS": "4"}, 2)["OMP_NUM_THREADS"] == "4"
+    assert "OMP_NUM_THREADS" not in WarmPool.rank_env({}, 1)
+    directory = tmp_path / "sock"
+    directory.mkdir(mode=0o700)
+    broken = WarmPool(directory=directory, size=1, env={**os.environ, "PYTHONHOME": "/nonexistent"},
+                      cwd="/")   # python cannot start: the interpreter dies at once
+    for _ in range(broken.MAX_FAILED):
+        broken.start()
+        broken.procs[0].wait(timeout=30) if broken.procs else None
+        broken.reap()
+    assert broken.failed == broken.MAX_FAILED and not broken.procs
+    broken.start()
+    assert not broken.procs and not broken.hand_out()   # warming stops; launches start cold
