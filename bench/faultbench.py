@@ -117,6 +117,11 @@ def run_one(tool: str, fault: str, base: Path, *, cap_s: float, hang_timeout_s: 
                 result.note = f"workload did not start (rc={proc.poll()}); see {work / 'launcher.log'}"
                 return result
             time.sleep(0.2)
+        while tool == "ckptsup" and not any(e["event"] == Event.WARM_READY for e in events(work)):
+            if proc.poll() is not None or time.monotonic() > deadline:
+                result.note = "no warm_ready event: the restart below starts cold"
+                break
+            time.sleep(0.2)   # a fault before the warm interpreters are up restarts cold (docs/supervisor.md)
         old = ranks(work)
         victim = next(pid for pid, rank in old.items() if rank == 1)
         t0 = time.monotonic()
