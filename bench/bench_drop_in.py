@@ -2,7 +2,8 @@
 torch.save checkpoints, prints `step N`): fault → first step after resume, under `ckptsup launch`
 (process level + progress lines) and under `torchrun --max-restarts 3`, same script, same machine,
 same clock (the bench_restart.py method: SIGKILL of rank 1 from outside, times from this host's
-monotonic clock; "first step" = the first `step N` line the new rank 0 prints).
+monotonic clock; "first step" = the first `step N` line the new rank 0 prints). ckptsup's fault
+comes once its warm rank interpreters are up (the `warm_ready` event, seconds after each start).
 
 usage: python bench/bench_drop_in.py [--repeats 3]
 """
@@ -42,8 +43,10 @@ def ranks(work: Path) -> dict[int, int]:
     found = {}
     for proc in psutil.process_iter(["cmdline"]):
         cmd = proc.info["cmdline"] or []
-        # a worker is `python -u plain_ddp.py ...`; the launchers name the script later in their argv
-        if str(SCRIPT) in cmd[:3] and str(work / "ckpt") in cmd:
+        # a worker is `python -u plain_ddp.py ...` (cold) or `python -m ckptsup.supervisor.warm_proxy
+        # plain_ddp.py ...` (warm: it stands in for its rank); the launchers name the script later
+        worker = str(SCRIPT) in cmd[:3] or (len(cmd) > 3 and cmd[2] == "ckptsup.supervisor.warm_proxy")
+        if worker and str(SCRIPT) in cmd and str(work / "ckpt") in cmd:
             try:
                 env = proc.environ()
                 if "LOCAL_RANK" in env and proc.status() != psutil.STATUS_ZOMBIE:
@@ -51,6 +54,13 @@ def ranks(work: Path) -> dict[int, int]:
             except (psutil.Error, KeyError, ValueError):
                 continue
     return found
+
+
+def _events(work: Path) -> bytes:
+    try:
+        return (work / "run" / "events.jsonl").read_bytes()
+    except OSError:
+        return b""
 
 
 def one(tool: str, base: Path, cap_s: float = 120.0) -> float | None:
@@ -64,6 +74,10 @@ def one(tool: str, base: Path, cap_s: float = 120.0) -> float | None:
             if proc.poll() is not None or time.monotonic() > deadline:
                 raise SystemExit(f"{tool}: workload did not start; see {log_path}")
             time.sleep(0.1)
+        while tool == "ckptsup" and b'"warm_ready"' not in _events(work):
+            if time.monotonic() > deadline:
+                raise SystemExit(f"{tool}: no warm_ready event; see {work / 'run'}")
+            time.sleep(0.1)   # the steady state: a fault before the warm interpreters restarts cold
         old = ranks(work)
         victim = next(pid for pid, rank in old.items() if rank == 1)
         t0 = time.monotonic()
