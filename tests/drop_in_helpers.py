@@ -9,6 +9,8 @@ from pathlib import Path
 import psutil
 import torch
 
+from ckptsup.env import WARM_LOCAL_RANK
+
 from hooks_helpers import free_port
 
 ROOT = Path(__file__).resolve().parents[1]
@@ -32,7 +34,7 @@ def ranks_of(ckpt_dir: Path) -> dict[int, psutil.Process]:
             except psutil.Error:
                 continue
             if "RANK" in env and "LOCAL_RANK" in env:
-                out[int(env["RANK"])] = p
+                out[int(env["RANK"])] = real_rank(p)
     return out
 
 
@@ -65,3 +67,26 @@ def reference(tmp_path: Path, steps: int) -> dict:
 
 def same_model(a: dict, b: dict) -> bool:
     return a.keys() == b.keys() and all(torch.equal(a[k], b[k]) for k in a)
+
+
+def real_rank(proc: psutil.Process) -> psutil.Process:
+    """The process that runs a rank. A cold worker is the rank itself; a warm_proxy worker stands in
+    for a warm rank interpreter (docs/supervisor.md §Warm restarts): the one of its local rank, in
+    use (its socket gone), with the same working directory. Signals meant for the rank's process
+    (SIGSTOP) must go there."""
+    cmd = proc.cmdline()
+    if "ckptsup.supervisor.warm_proxy" not in cmd:
+        return proc
+    local_rank, cwd = proc.environ().get("LOCAL_RANK"), proc.cwd()
+    for p in psutil.process_iter(["cmdline"]):
+        argv = p.info["cmdline"] or []
+        if "ckptsup.supervisor.warm_rank" not in argv:
+            continue
+        try:
+            listen = argv[argv.index("--listen") + 1]
+            if (p.environ().get(WARM_LOCAL_RANK) == local_rank and p.cwd() == cwd
+                    and not Path(listen).exists()):
+                return p
+        except (psutil.Error, ValueError, IndexError):
+            continue
+    raise AssertionError(f"no warm rank interpreter behind proxy {proc.pid}")

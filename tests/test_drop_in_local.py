@@ -16,10 +16,11 @@ pytestmark = pytest.mark.integration
 
 def test_an_unmodified_ddp_script_survives_three_rank_sigkills_and_a_sigstop(tmp_path):
     """init_timeout_s = 2: the script says no hello, and is not killed for it. SIGKILL of rank 1
-    at steps 15, 30 and 45 (crash, fast path, resume from the script's own checkpoint), SIGSTOP
-    of rank 1 at step 60 (a hang, seen from rank 0's progress lines): rc 0, and the final model
-    equals an uninterrupted run's."""
-    steps = 80
+    at steps 15, 60 and 105 (crash, fast path, resume from the script's own checkpoint), SIGSTOP
+    of rank 1 at step 150 (a hang, seen from rank 0's progress lines, pinned on the stopped
+    process): rc 0, every restart in warm interpreters, and the final model equals an
+    uninterrupted run's."""
+    steps = 200   # room for four faults, each once the warm interpreters are up (~3 s)
     cfg = tmp_path / "job.toml"
     cfg.write_text("[supervisor]\ninit_timeout_s = 2.0\nheartbeat_interval_s = 0.5\nhang_min_s = 8.0\n")
     run, ckpt = tmp_path / "run", tmp_path / "ckpt"
@@ -27,8 +28,10 @@ def test_an_unmodified_ddp_script_survives_three_rank_sigkills_and_a_sigstop(tmp
             str(SCRIPT), "--steps", str(steps), "--ckpt-dir", str(ckpt), "--out", str(tmp_path / "final.pt")]
     proc = subprocess.Popen(argv, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, cwd=tmp_path)
     try:
-        for at, sig in ((15, signal.SIGKILL), (30, signal.SIGKILL), (45, signal.SIGKILL), (60, signal.SIGSTOP)):
+        for at, sig in ((15, signal.SIGKILL), (60, signal.SIGKILL), (105, signal.SIGKILL), (150, signal.SIGSTOP)):
             wait_for(lambda: newest_step(run) >= at, 120, f"step {at}")
+            ready = len(named(read_events(run), "launch"))   # each launch's warm interpreters for the next
+            wait_for(lambda: len(named(read_events(run), "warm_ready")) >= ready, 120, "warm interpreters")
             victim = ranks_of(ckpt)[1]
             victim.send_signal(sig)
             launches = len(named(read_events(run), "launch"))
@@ -43,9 +46,10 @@ def test_an_unmodified_ddp_script_survives_three_rank_sigkills_and_a_sigstop(tmp
     assert all(f["step"] is None or f["step"] > 0 for f in failures)   # only steps that were seen
     assert "process stopped" in failures[-1]["detail"] and failures[-1]["rank"] == 1
     assert not named(events, "give_up") and named(events, "run_complete")
+    assert [r["warm"] for r in named(events, "restart_done")] == [True] * 4   # warm interpreters, unhooked too
     # each attempt: process level once the 2 s init allowance passed, progress level from its first line
     final_level = {e["attempt"]: e["level"] for e in named(events, "supervision_level")}
     assert final_level == {a: "progress" for a in range(5)}, final_level
     # the console of `ckptsup launch` shows rank 0's own lines
-    assert b"step 80 loss" in console and b"resumed from step" in console
+    assert b"step 200 loss" in console and b"resumed from step" in console
     assert same_model(torch.load(tmp_path / "final.pt"), reference(tmp_path, steps))

@@ -14,6 +14,8 @@ import pytest
 
 from ckptsup.events import read_events
 
+from drop_in_helpers import real_rank
+
 pytestmark = pytest.mark.torch
 
 ROOT = Path(__file__).resolve().parents[1]
@@ -73,7 +75,7 @@ def rank_process(out: Path, rank: int) -> psutil.Process:
         if str(TRAIN) in cmd and str(out) in cmd:
             try:
                 if proc.environ().get("RANK") == str(rank):
-                    return proc
+                    return real_rank(proc)
             except psutil.Error:
                 continue
     raise AssertionError(f"rank {rank} of {out} not found")

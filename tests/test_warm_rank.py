@@ -55,7 +55,7 @@ def proxy(tmp_path, directory, *args, env_extra=None):
 def test_the_proxy_hands_its_rank_to_the_warm_interpreter_and_takes_its_exit_status(tmp_path, pool):
     warm_pid = pool.procs[0].pid
     assert pool.hand_out() and not pool.procs
-    p = proxy(tmp_path, pool.directory, "5")
+    p = proxy(tmp_path, pool.in_use_dir, "5")
     out, err = p.communicate(timeout=60)
     assert p.returncode == 5, err
     assert f"rank 3 cwd {tmp_path / 'work'} argv ['5'] torch True" in out and "to stderr" in err
@@ -64,7 +64,7 @@ def test_the_proxy_hands_its_rank_to_the_warm_interpreter_and_takes_its_exit_sta
 
 def test_a_signal_to_the_proxy_reaches_the_rank_and_a_killed_proxy_takes_the_rank_with_it(tmp_path, pool):
     pool.hand_out()
-    p = proxy(tmp_path, pool.directory, "wait")
+    p = proxy(tmp_path, pool.in_use_dir, "wait")
     line = p.stdout.readline()
     assert line.startswith("rank 3"), line
     p.send_signal(signal.SIGTERM)   # torchrun's shutdown: the rank's own handler runs
@@ -74,7 +74,7 @@ def test_a_signal_to_the_proxy_reaches_the_rank_and_a_killed_proxy_takes_the_ran
 
 def test_a_killed_proxy_kills_its_rank(tmp_path, pool):
     pool.hand_out()
-    p = proxy(tmp_path, pool.directory, "wait")
+    p = proxy(tmp_path, pool.in_use_dir, "wait")
     assert p.stdout.readline().startswith("rank 3")
     p.kill()
     assert pool.in_use[0].wait(timeout=30) == -signal.SIGKILL
@@ -82,7 +82,7 @@ def test_a_killed_proxy_kills_its_rank(tmp_path, pool):
 
 def test_a_rank_killed_by_a_signal_kills_its_proxy_the_same_way(tmp_path, pool):
     pool.hand_out()
-    p = proxy(tmp_path, pool.directory, "wait")
+    p = proxy(tmp_path, pool.in_use_dir, "wait")
     assert p.stdout.readline().startswith("rank 3")
     pool.in_use[0].send_signal(signal.SIGKILL)
     assert p.wait(timeout=30) == -signal.SIGKILL
@@ -99,7 +99,7 @@ def test_without_a_ready_warm_interpreter_the_proxy_starts_the_rank_cold(tmp_pat
 
 def test_a_stopped_rank_is_killed_with_its_launch(tmp_path, pool):
     pool.hand_out()
-    p = proxy(tmp_path, pool.directory, "wait")
+    p = proxy(tmp_path, pool.in_use_dir, "wait")
     assert p.stdout.readline().startswith("rank 3")
     rank = pool.in_use[0]
     rank.send_signal(signal.SIGSTOP)   # it would not notice its proxy's death

@@ -311,7 +311,7 @@ class Agent:
         self.warm = pool is not None and pool.hand_out()
         env = self.rank_env(extra_env)
         if self.warm:
-            env[WARM_DIR] = str(self.sock_dir)
+            env[WARM_DIR] = str(pool.in_use_dir)
         self.torchrun = standby.launch(argv=self.torchrun_argv(warm=self.warm), env=env, cwd=self.spec.cwd)
         self.hooked_ranks, self.workers, self.stop_sent = set(), {}, False
         self._open_output(log)
@@ -409,14 +409,18 @@ class Agent:
         except psutil.Error:
             return {}
         found = {}
+        warm = self.pool.in_use if self.warm and self.pool is not None else []
         for child in children:
-            rank = self.workers.get(child.pid)
+            pid, rank = child.pid, self.workers.get(child.pid)
             if rank is None:
                 try:
-                    rank = int(child.environ().get("RANK", ""))
+                    env = child.environ()
+                    rank, local_rank = int(env.get("RANK", "")), int(env.get("LOCAL_RANK", "-1"))
                 except (psutil.Error, ValueError, OSError):
                     continue
-            found[child.pid] = rank
+                if 0 <= local_rank < len(warm):
+                    pid = warm[local_rank].pid   # the proxy stands in for its warm interpreter: watch that
+            found[pid] = rank
         self.workers = found
         return found
 

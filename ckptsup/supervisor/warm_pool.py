@@ -6,12 +6,13 @@ supervisor/warm_proxy.py. One generation serves one launch; the next one warms u
 
 from __future__ import annotations
 
-import os
+import shutil
 import subprocess
 import sys
 from dataclasses import dataclass, field
 from pathlib import Path
 
+from ..env import WARM_LOCAL_RANK
 from .processes import terminate
 
 
@@ -35,21 +36,27 @@ class WarmPool:
             out.setdefault("OMP_NUM_THREADS", "1")
         return out
 
+    in_use_dir: Path | None = None        # the generation handed out (WARM_DIR of the launch)
+
+    @property
+    def generation_dir(self) -> Path:
+        """One directory per generation: a waiting interpreter never takes an in-use one's path."""
+        return self.directory / f"warm-{self.generation}"
+
     def socket(self, local_rank: int) -> Path:
-        return self.directory / f"warm-{local_rank}.sock"
+        return self.generation_dir / f"warm-{local_rank}.sock"
 
     def start(self) -> None:
         """Start one warm interpreter per local rank (replacing none that is still waiting)."""
         if self.procs or self.failed >= self.MAX_FAILED:
             return
         self.generation += 1
+        self.generation_dir.mkdir(mode=0o700, exist_ok=True)
         for local_rank in range(self.size):
             path = self.socket(local_rank)
-            for stale in (path, Path(f"{path}.ready")):
-                stale.unlink(missing_ok=True)
             self.procs.append(subprocess.Popen(
                 [sys.executable, "-m", "ckptsup.supervisor.warm_rank", "--listen", str(path)],
-                env=self.env, cwd=self.cwd, stdin=subprocess.DEVNULL, stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL,
+                env={**self.env, WARM_LOCAL_RANK: str(local_rank)}, cwd=self.cwd, stdin=subprocess.DEVNULL, stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL,
                 start_new_session=True))
 
     def ready(self) -> bool:
@@ -61,7 +68,8 @@ class WarmPool:
         False when it is not ready (the launch starts cold)."""
         if not self.ready():
             return False
-        self.in_use, self.procs = self.procs, []
+        self._remove(self.in_use_dir)
+        self.in_use, self.procs, self.in_use_dir = self.procs, [], self.generation_dir
         return True
 
     def kill_in_use(self) -> None:
@@ -87,9 +95,10 @@ class WarmPool:
         for proc in self.procs:
             terminate(proc, 0)
         self.procs = []
-        for local_rank in range(self.size):
-            for path in (self.socket(local_rank), Path(f"{self.socket(local_rank)}.ready")):
-                try:
-                    os.unlink(path)
-                except OSError:
-                    pass
+        self._remove(self.in_use_dir)
+        self._remove(self.generation_dir)
+
+    @staticmethod
+    def _remove(directory: Path | None) -> None:
+        if directory is not None:
+            shutil.rmtree(directory, ignore_errors=True)
