@@ -22,6 +22,9 @@ from pathlib import Path
 
 import psutil
 
+sys.path.insert(0, str(Path(__file__).resolve().parent))
+from faultbench import kill_launch  # noqa: E402
+
 ROOT = Path(__file__).resolve().parents[1]
 SCRIPT = ROOT / "tests" / "helpers" / "plain_ddp.py"
 BIN = Path(sys.executable).parent
@@ -92,18 +95,8 @@ def one(tool: str, base: Path, cap_s: float = 120.0) -> float | None:
             time.sleep(0.02)
         return None
     finally:
-        try:
-            os.killpg(proc.pid, signal.SIGKILL)
-        except ProcessLookupError:
-            pass
-        for pid in ranks(work):
-            try:
-                os.kill(pid, signal.SIGKILL)
-            except ProcessLookupError:
-                pass
-        proc.wait()
+        kill_launch(proc, lambda: ranks(work))
         log.close()
-        time.sleep(1.0)
 
 
 def main() -> None:

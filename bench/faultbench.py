@@ -152,31 +152,41 @@ def run_one(tool: str, fault: str, base: Path, *, cap_s: float, hang_timeout_s: 
             result.detect_s = result.acted_s
         return result
     finally:
+        kill_launch(proc, lambda: ranks(work))
+        log.close()
+
+
+def kill_launch(proc: subprocess.Popen, rank_pids) -> None:
+    """Leave nothing of a launcher run behind: its process tree, its session, and the ranks that
+    `rank_pids()` still finds (torchrun starts them in their own sessions; stopped ones resumed
+    first so that they can die)."""
+    try:
+        family = psutil.Process(proc.pid).children(recursive=True)
+    except psutil.Error:
+        family = []
+    for member in family:
         try:
-            family = psutil.Process(proc.pid).children(recursive=True)
+            member.kill()
         except psutil.Error:
-            family = []
-        for member in family:
-            try:
-                member.kill()
-            except psutil.Error:
-                pass
-        for pid in ranks(work):
-            try:
-                os.kill(pid, signal.SIGCONT)
-            except ProcessLookupError:
-                pass
+            pass
+    for pid in rank_pids():
         try:
-            os.killpg(proc.pid, signal.SIGKILL)
+            os.kill(pid, signal.SIGCONT)
         except ProcessLookupError:
             pass
-        for pid in ranks(work):  # ranks in their own sessions (torchrun starts them so)
-            try:
-                os.kill(pid, signal.SIGKILL)
-            except ProcessLookupError:
-                pass
-        proc.wait()
-        log.close()
-        time.sleep(1.0)
-        for pid in ranks(work):
+    try:
+        os.killpg(proc.pid, signal.SIGKILL)
+    except ProcessLookupError:
+        pass
+    for pid in rank_pids():
+        try:
             os.kill(pid, signal.SIGKILL)
+        except ProcessLookupError:
+            pass
+    proc.wait()
+    time.sleep(1.0)
+    for pid in rank_pids():
+        try:
+            os.kill(pid, signal.SIGKILL)
+        except ProcessLookupError:
+            pass
