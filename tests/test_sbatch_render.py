@@ -61,6 +61,21 @@ def test_rendered_script_has_the_recovery_directives():
     assert "launch --run-dir \"$RUN_DIR\" --nodes 3 --spares 1 --gpus-per-node 0 --signal-lead-s 90 /t.py" in text
 
 
+def test_a_module_or_an_executable_reaches_the_launch_line_and_bad_ones_are_one_line(tmp_path):
+    text = prepare(flags={}, job_config=None, script="pkg.train", script_args=("--lr", "3"), module=True,
+                   cwd=tmp_path).text
+    assert "-m pkg.train --lr 3" in text
+    exe = tmp_path / "rank.sh"
+    exe.write_text("#!/bin/sh\n")
+    with pytest.raises(ConfigError, match="is not executable"):
+        prepare(flags={}, job_config=None, script=str(exe), no_python=True, cwd=tmp_path)
+    exe.chmod(0o755)
+    assert f"--no-python {exe}" in prepare(flags={}, job_config=None, script=str(exe), no_python=True, cwd=tmp_path).text
+    for bad, why in (("train.py", "not a module name"), ("a b", "not a module name")):
+        with pytest.raises(ConfigError, match=why):
+            prepare(flags={}, job_config=None, script=bad, module=True, cwd=tmp_path)
+
+
 def test_arguments_with_shell_characters_are_quoted():
     text = render_sbatch(TEMPLATE, SbatchParams(run_dir="/r", script="/t.py", script_args=("$(rm -rf /)", "a b")))
     assert "'$(rm -rf /)' 'a b'" in text

@@ -138,14 +138,18 @@ def revive_node(node: str, directory: str, port_base: int) -> None:
 @click.option("--run-dir", default=None, help="run directory; {job_id} expands (run.run_dir)")
 @click.option("--nproc-per-node", metavar="N|gpu|auto", default=None,
               help="ranks per node, handed to `ckptsup launch` (gpu: the allocation's GPUs per node)")
+@click.option("-m", "--module", "module", is_flag=True, default=False,
+              help="SCRIPT is a module name, run as `python -m SCRIPT` (as ckptsup launch -m)")
+@click.option("--no-python", "no_python", is_flag=True, default=False,
+              help="SCRIPT is an executable (as ckptsup launch --no-python)")
 @click.option("--output", "output", type=click.Path(dir_okay=False), default=None, help="write the script here instead of stdout")
 @click.option("--submit", is_flag=True, help="create the run directory (0700) and submit the script")
 @click.option("--json", "as_json", is_flag=True, help="machine-readable output")
 @click.argument("script")
 @click.argument("script_args", nargs=-1, type=click.UNPROCESSED)
 def sbatch(job_config, nodes, spares, partition, account, time_limit, gpus_per_node, cpus_per_task,
-           job_name, signal_lead_s, template, extra, run_dir, nproc_per_node, output, submit, as_json,
-           script, script_args) -> None:
+           job_name, signal_lead_s, template, extra, run_dir, nproc_per_node, module, no_python, output, submit,
+           as_json, script, script_args) -> None:
     """Render the sbatch template for SCRIPT [ARGS] with site defaults and these flags;
     `--submit` submits it (after creating the run directory, which Slurm would not)."""
     from .submit import prepare, submit_script, write_script
@@ -156,7 +160,7 @@ def sbatch(job_config, nodes, spares, partition, account, time_limit, gpus_per_n
              "sbatch.signal_lead_s": signal_lead_s, "sbatch.template": template,
              "sbatch.extra_directives": list(extra) if extra else None, "run.run_dir": run_dir}
     prepared = prepare(flags=flags, job_config=job_config, script=script, script_args=script_args,
-                       nproc_per_node=_ranks(nproc_per_node))
+                       nproc_per_node=_ranks(nproc_per_node), module=module, no_python=no_python)
     if output:
         write_script(Path(output), prepared.text)
     if not submit:

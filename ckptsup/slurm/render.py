@@ -32,6 +32,8 @@ class SbatchParams:
     run_dir: str                       # absolute; may contain {job_id} (→ %j / $SLURM_JOB_ID)
     script: str                        # the training script, passed to `ckptsup launch`
     script_args: tuple[str, ...] = ()
+    module: bool = False               # `ckptsup launch -m`: script is a module name
+    no_python: bool = False            # `ckptsup launch --no-python`: script is an executable
     nodes: int = 2
     spares: int = 0
     job_name: str = "ckptsup"
@@ -122,7 +124,8 @@ def _launch(p: SbatchParams) -> str:
         argv += ["--nproc-per-node", str(p.nproc_per_node)]
     if p.job_config:
         argv += ["--config", shlex.quote(p.job_config)]
-    argv += [shlex.quote(p.script), *(shlex.quote(a) for a in p.script_args)]
+    argv += [*(["-m"] if p.module else []), *(["--no-python"] if p.no_python else []),
+             shlex.quote(p.script), *(shlex.quote(a) for a in p.script_args)]
     return " ".join(argv)
 
 

@@ -7,6 +7,7 @@ made, and the job is released."""
 from __future__ import annotations
 
 import os
+import re
 import shutil
 import sys
 import tempfile
@@ -48,25 +49,45 @@ def ckptsup_executable() -> str:
 
 def prepare(*, flags: Mapping[str, Any], job_config: str | None, script: str,
             script_args: Sequence[str] = (), nproc_per_node: int | str | None = None,
-            cwd: Path | None = None, ckptsup: str | None = None) -> Prepared:
+            cwd: Path | None = None, ckptsup: str | None = None, module: bool = False,
+            no_python: bool = False) -> Prepared:
     cwd = cwd or Path.cwd()
     resolved = load_config(job_config=job_config, flags=flags)
     config = resolved.config
     run_dir = config.run.run_dir
     if not Path(run_dir.replace(JOB_ID, "x")).is_absolute():
         run_dir = str(cwd / run_dir)
-    script_path = script if Path(script).is_absolute() else str(cwd / script)
-    if Path(script_path).is_dir():
-        raise ConfigError(f"training script {script} is a directory; pass the path of your train.py")
-    if not Path(script_path).is_file():
-        raise ConfigError(f"training script {script} does not exist; pass the path of your train.py")
+    script_path = _target(script, cwd, module=module, no_python=no_python)
     params = params_from_config(
-        config.sbatch, run_dir=run_dir, script=script_path, script_args=script_args,
+        config.sbatch, run_dir=run_dir, script=script_path, script_args=script_args, module=module,
+        no_python=no_python,
         nproc_per_node=nproc_per_node or 0,
         job_config=str(Path(job_config).resolve()) if job_config else "",
         ckptsup=ckptsup or ckptsup_executable())
     template = resolve_template(config.sbatch.template, sbatch_templates_dir())
     return Prepared(params=params, template=template, text=render_sbatch(template.read_text(), params))
+
+
+_DOTTED = re.compile(r"^[^\W\d]\w*(\.[^\W\d]\w*)*$")   # as supervisor/torchrun_args.py
+
+
+def _target(script: str, cwd: Path, *, module: bool, no_python: bool) -> str:
+    """SCRIPT as the job's `ckptsup launch` will take it (it checks again inside the job): a
+    module name is passed as is (it is imported in the job's working directory, the submit dir)."""
+    if module and no_python:
+        raise ConfigError("-m and --no-python exclude each other (a module needs python); pass one of them")
+    if module:
+        if not _DOTTED.match(script) or script.endswith(".py"):
+            raise ConfigError(f"-m {script[:60]!r} is not a module name; pass dotted Python names, e.g. -m pkg.train")
+        return script
+    path = script if Path(script).is_absolute() else str(cwd / script)
+    if Path(path).is_dir():
+        raise ConfigError(f"training script {script} is a directory; pass the path of your train.py")
+    if not Path(path).is_file():
+        raise ConfigError(f"training script {script} does not exist; pass the path of your train.py")
+    if no_python and not os.access(path, os.X_OK):
+        raise ConfigError(f"--no-python: {script} is not executable; chmod +x it, or drop --no-python")
+    return path
 
 
 def write_script(path: Path, text: str) -> Path:
