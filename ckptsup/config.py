@@ -77,6 +77,8 @@ def ranks_choice(value: Any) -> str | None:
     """Ranks per node: a number, or a word `ckptsup launch` resolves from the allocation."""
     if isinstance(value, str):
         return None if value in RANK_WORDS else f"must be an integer >= 1, \"{GPU}\" or \"{AUTO}\""
+    if isinstance(value, bool) or not isinstance(value, int):
+        return f"must be an integer >= 1, \"{GPU}\" or \"{AUTO}\""   # 1.0 too: a count of ranks
     return at_least_one(value)
 
 
