@@ -169,24 +169,20 @@ def kill_launch(proc: subprocess.Popen, rank_pids) -> None:
             member.kill()
         except psutil.Error:
             pass
-    for pid in rank_pids():
-        try:
-            os.kill(pid, signal.SIGCONT)
-        except ProcessLookupError:
-            pass
+    _signal_all(rank_pids(), signal.SIGCONT)
     try:
         os.killpg(proc.pid, signal.SIGKILL)
     except ProcessLookupError:
         pass
-    for pid in rank_pids():
-        try:
-            os.kill(pid, signal.SIGKILL)
-        except ProcessLookupError:
-            pass
+    _signal_all(rank_pids(), signal.SIGKILL)
     proc.wait()
     time.sleep(1.0)
-    for pid in rank_pids():
+    _signal_all(rank_pids(), signal.SIGKILL)
+
+
+def _signal_all(pids, signum: int) -> None:
+    for pid in pids:
         try:
-            os.kill(pid, signal.SIGKILL)
+            os.kill(pid, signum)
         except ProcessLookupError:
             pass

@@ -308,3 +308,22 @@ class FakeAgent:
         self.server.close()
         for conn in self.conns:
             conn.close()
+
+
+def capture_supervisor(monkeypatch) -> dict:
+    """Replace the loop's Supervisor with a stand-in that records what `ckptsup launch` hands it
+    (resolved config, job, placement) and exits DONE without running; returns that record."""
+    from ckptsup.env import ExitStatus
+    from ckptsup.supervisor import loop
+
+    seen: dict = {}
+
+    class Captured:
+        def __init__(self, *, resolved, job, run_dir, placement):
+            seen.update(resolved=resolved, job=job, placement=placement)
+
+        def run(self):
+            return ExitStatus.DONE
+
+    monkeypatch.setattr(loop, "Supervisor", Captured)
+    return seen

@@ -124,18 +124,9 @@ def test_flags_override_site_defaults_and_relative_paths_are_resolved(tmp_path, 
 def launched_config(argv, monkeypatch):
     """The Resolved config `ckptsup launch argv` hands the supervisor (which is not started)."""
     from ckptsup import cli
-    from ckptsup.supervisor import loop
+    from hooks_helpers import capture_supervisor
 
-    seen = {}
-
-    class Captured:
-        def __init__(self, *, resolved, job, run_dir, placement):
-            seen.update(resolved=resolved, job=job, placement=placement)
-
-        def run(self):
-            return ExitStatus.DONE
-
-    monkeypatch.setattr(loop, "Supervisor", Captured)
+    seen = capture_supervisor(monkeypatch)
     with pytest.raises(SystemExit) as done:
         cli.main(argv)
     assert done.value.code == 0

@@ -16,6 +16,8 @@ from ckptsup.supervisor.spec import LaunchSpec
 from ckptsup.supervisor.torchrun_args import (REFUSED, UsageError, check_target, check_tee, node_count,
                                               nproc_choice, refusal, resolve_nproc)
 
+from hooks_helpers import capture_supervisor
+
 
 # ---- pure ---------------------------------------------------------------------------------------
 
@@ -148,16 +150,7 @@ def launched(tmp_path, monkeypatch):
     (tmp_path / "site.toml").write_text("")
     monkeypatch.chdir(tmp_path)
     (tmp_path / "train.py").write_text("pass\n")
-    seen: dict = {}
-
-    class Captured:
-        def __init__(self, *, resolved, job, run_dir, placement):
-            seen.update(resolved=resolved, job=job, placement=placement)
-
-        def run(self):
-            return ExitStatus.DONE
-
-    monkeypatch.setattr(loop, "Supervisor", Captured)
+    seen = capture_supervisor(monkeypatch)
 
     def launch(*args):
         seen.clear()
