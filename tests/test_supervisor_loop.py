@@ -22,6 +22,7 @@ from ckptsup.supervisor.agent_step import Message, StepSignal
 from ckptsup.supervisor.health import NodeHealth
 from ckptsup.supervisor.loop import Job, Supervisor
 from ckptsup.supervisor.placement import Placement
+from ckptsup.supervisor.spec import LaunchSpec
 from ckptsup.wire import MessageKind, Phase
 
 
@@ -54,13 +55,18 @@ class World:
     faults: dict[int, Fault] = field(default_factory=dict)
     launches: int = 0
     steps_made: list[int] = field(default_factory=list)  # how many step factories were called
-    sent: list[tuple[int, MessageKind, dict[str, Any]]] = field(default_factory=list)
+    sent: list[tuple[int, MessageKind, dict[str, Any], Any]] = field(default_factory=list)  # step, kind, body, nodes
 
-    def factory(self, *, nodes, inbox, **_: Any) -> "FakeStep":
+    def factory(self, *, nodes, inbox, argv, **_: Any) -> "FakeStep":
         self.steps_made.append(len(self.steps_made))
         step = FakeStep(world=self, nodes=tuple(nodes), inbox=inbox, step_id=100 + len(self.steps_made))
-        step.play()
+        step.play(launch_nodes(LaunchSpec.read(argv[argv.index("--spec") + 1])))
         return step
+
+
+def launch_nodes(spec: LaunchSpec) -> tuple[str, ...]:
+    """The nodes that run ranks (the agent's rule: the others are spares in standby)."""
+    return tuple(spec.node_addrs)
 
 
 @dataclass
@@ -71,17 +77,21 @@ class FakeStep:
     step_id: int
     dead: set[str] = field(default_factory=set)
     running: bool = True
+    active: tuple[str, ...] = ()   # the nodes of the current launch (the rest are spares)
 
     def put(self, m, node: str, **body: Any) -> None:
         self.inbox.put(Message(recv=self.world.clock(), m=m, body={"node": node, **body}, step_id=self.step_id))
 
-    def play(self) -> None:
+    def play(self, launch: tuple[str, ...]) -> None:
         world = self.world
         fault = world.faults.get(world.launches)
         world.launches += 1
+        self.active = tuple(n for n in launch if n in self.nodes)
         for node in self.nodes:
-            self.put(MessageKind.HB, node)
-        ranks = [(node, i * world.nproc + r) for i, node in enumerate(self.nodes) for r in range(world.nproc)]
+            if node not in self.dead:
+                self.put(MessageKind.HB, node)
+        ranks = [(node, i * world.nproc + r) for i, node in enumerate(launch) for r in range(world.nproc)
+                 if node in self.nodes]
         for node, rank in ranks:
             self.put(MessageKind.HELLO, node, rank=rank)
             self.put(MessageKind.PHASE, node, rank=rank, phase=Phase.TRAIN, step=0)
@@ -94,7 +104,7 @@ class FakeStep:
             return
         for node, rank in ranks:
             self.put(MessageKind.BYE, node, rank=rank, status=0)
-        for node in self.nodes:
+        for node in self.active:
             self.put(MessageKind.TORCHRUN_EXIT, node, rc=0)
 
     def strike(self, fault: Fault, ranks: list[tuple[str, int]]) -> None:
@@ -114,15 +124,18 @@ class FakeStep:
     # -- the Step protocol --
     def send(self, m: MessageKind, body: dict[str, Any] | None = None, *, nodes=None) -> bool:
         body = dict(body or {})
-        self.world.sent.append((self.step_id, m, body))
+        self.world.sent.append((self.step_id, m, body, nodes))
         if not self.running:
             return False
-        live = [n for n in self.nodes if n not in self.dead]
+        addressed = [n for n in (nodes if nodes is not None else self.nodes) if n in self.nodes]
+        live = [n for n in addressed if n not in self.dead]
         if m is MessageKind.KILL:
             for node in live:
                 self.put(MessageKind.KILLED, node, kill_s=0.0)
         elif m is MessageKind.RESTART:
-            self.play()
+            self.play(launch_nodes(LaunchSpec.from_json(body["spec"], source="test")))
+        elif m is MessageKind.EXIT:
+            self.dead.update(addressed)
         elif m is MessageKind.STOP_AT:
             for node in live:
                 self.put(MessageKind.TORCHRUN_EXIT, node, rc=0, preempted=True)
@@ -252,7 +265,11 @@ def test_a_silent_node_after_the_kill_is_attributed_node_down_and_a_spare_takes_
     assert (attributed["kind"], attributed["node"], attributed["was_kind"]) == ("node_down", "n2", "crash")
     assert [e["path"] for e in of(tmp_path, Event.LAUNCH)] == ["initial", "node"]
     assert of(tmp_path, Event.LAUNCH)[1]["nodes"] == ["n1", "n3"] and slurm.drained == ["n2"]
-    assert len(world.steps_made) == 2
+    # the first step ran an agent on the spare too: the survivor's and the spare's agents took
+    # the new launch, no step was started, and the dead node's agent was let go
+    assert len(world.steps_made) == 1
+    assert [nodes for _, m, _, nodes in world.sent if m is MessageKind.RESTART] == [["n1", "n3"]]
+    assert [nodes for _, m, _, nodes in world.sent if m is MessageKind.EXIT][:1] == [["n2"]]
     state = RunDir(path=tmp_path / "run").load_state()
     assert state.failures[-1]["kind"] == "node_down" and "n2" in state.excluded_nodes
     events = read_events(tmp_path / "run")
@@ -297,7 +314,7 @@ def test_preemption_goes_through_decide_stops_the_ranks_and_requeues(tmp_path, s
     world = World(clock=Clock(), faults={0: Fault("preempt", 3)})
     sv = supervisor(tmp_path, world, nodes=("n1",), in_slurm=True, slurm=FakeSlurm())
     assert sv.run() is ExitStatus.PREEMPTED
-    assert [m for _, m, _ in world.sent][:2] == [MessageKind.STOP_AT, MessageKind.KILL]
+    assert [m for _, m, _, _ in world.sent][:2] == [MessageKind.STOP_AT, MessageKind.KILL]
     assert len(asked) == 1 and asked[0].startswith("preemption")
     assert of(tmp_path, Event.PREEMPTION) and RunDir(path=tmp_path / "run").load_state().failures == []
 
@@ -345,7 +362,7 @@ def test_a_hangup_to_the_supervisor_stops_it_like_a_preemption(tmp_path, site):
         signal.signal(signal.SIGHUP, before)
     [preemption] = of(tmp_path, Event.PREEMPTION)
     assert preemption["signal"] == "preemption"
-    assert [m for _, m, _ in world.sent][:1] == [MessageKind.STOP_AT]
+    assert [m for _, m, _, _ in world.sent][:1] == [MessageKind.STOP_AT]
     assert RunDir(path=tmp_path / "run").load_state().status is RunStatus.STOPPED
 
 
@@ -486,7 +503,7 @@ def test_step_times_are_kept_in_state_json_and_set_the_next_allocations_timeouts
 def test_a_first_launch_gets_its_steady_collective_timeout_once_steps_are_measured(tmp_path, site):
     world = World(clock=Clock(), steps=loop_mod.STEADY_AFTER_STEPS + 5)
     assert supervisor(tmp_path, world).run() is ExitStatus.DONE
-    sent = [body for _, m, body in world.sent if m is MessageKind.SET_TIMEOUT]
+    sent = [body for _, m, body, _ in world.sent if m is MessageKind.SET_TIMEOUT]
     [event] = of(tmp_path, Event.COLLECTIVE_TIMEOUT_SET)
     assert sent == [{"collective_s": event["collective_s"]}]
     assert event["collective_s"] < event["was_s"] and event["steps"] == loop_mod.STEADY_AFTER_STEPS
@@ -495,7 +512,7 @@ def test_a_first_launch_gets_its_steady_collective_timeout_once_steps_are_measur
 def test_a_launch_that_knew_its_step_times_sends_no_second_timeout(tmp_path, site):
     world = World(clock=Clock(), steps=loop_mod.STEADY_AFTER_STEPS + 5, faults={0: Fault("crash", 13)})
     assert supervisor(tmp_path, world).run() is ExitStatus.DONE
-    assert len([m for _, m, _ in world.sent if m is MessageKind.SET_TIMEOUT]) == 1  # the first launch only
+    assert len([m for _, m, _, _ in world.sent if m is MessageKind.SET_TIMEOUT]) == 1  # the first launch only
 
 
 def test_a_dead_node_without_a_spare_requeues_excluding_it(tmp_path, site, monkeypatch):

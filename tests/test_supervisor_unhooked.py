@@ -23,15 +23,15 @@ class UnhookedWorld(World):
     idle_reads: int = 0         # clock reads to let pass before the first line (past the init allowance)
     saves_in: Any = None        # a directory the script writes a file into at each start
 
-    def factory(self, *, nodes, inbox, **_: Any) -> "UnhookedStep":
+    def factory(self, *, nodes, inbox, **_: Any) -> "UnhookedStep":  # one node, local mode
         self.steps_made.append(len(self.steps_made))
         step = UnhookedStep(world=self, nodes=tuple(nodes), inbox=inbox, step_id=100 + len(self.steps_made))
-        step.play()
+        step.play(tuple(nodes))
         return step
 
 
 class UnhookedStep(FakeStep):
-    def play(self) -> None:
+    def play(self, launch: tuple[str, ...]) -> None:
         world = self.world
         fault = world.faults.get(world.launches)
         world.launches += 1
@@ -57,7 +57,7 @@ class UnhookedStep(FakeStep):
 
     def send(self, m: MessageKind, body: dict[str, Any] | None = None, *, nodes=None) -> bool:
         if m is MessageKind.STOP_AT and self.running:
-            self.world.sent.append((self.step_id, m, dict(body or {})))
+            self.world.sent.append((self.step_id, m, dict(body or {}), nodes))
             self.put(MessageKind.TORCHRUN_EXIT, self.nodes[0], rc=0, step=None, stopped=True)
             return True
         return super().send(m, body, nodes=nodes)

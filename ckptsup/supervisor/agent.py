@@ -1,4 +1,5 @@
-"""The agent: one per active node (an srun task, or a child process in local mode).
+"""The agent: one per usable node (an srun task, or a child process in local mode). A spare's
+agent (its node outside the launch spec) starts in standby, warms up, and waits for a restart.
 
 It runs torchrun for its node, serves a node-local Unix socket (0700 directory) where the ranks
 send HMAC'd frames, relays them up as frames on stdout (with `node` added) plus a heartbeat, and
@@ -583,6 +584,8 @@ class Agent:
             self.send(MessageKind.KILLED, {"kill_s": kill_s})
         elif m == MessageKind.RESTART:
             attempt, spec, env = _restart_args(body, self.spec)  # checked before anything is killed
+            if self.node not in spec.node_addrs:
+                raise BadCommand(f"{self.node} is not a node of that launch (a spare stays in standby)")
             kill_s = self.kill_torchrun(0) if self.torchrun is not None else 0.0
             self.attempt, self.spec = attempt, spec
             self.start_torchrun(env)
@@ -608,6 +611,14 @@ class Agent:
             if pool is not None:
                 pool.start()   # the next launch's warm interpreters, once these ranks step
             self.launched_at = None
+
+    def _prewarm(self) -> None:
+        """A spare's agent (its node is not in the launch): warm up at once, nothing here to
+        compete with, so that the launch that takes this node over starts warm."""
+        self.standby = Standby()
+        pool = self._pool_for()
+        if pool is not None:
+            pool.start()
 
     def _check_processes(self) -> None:
         if self.pool is not None:
@@ -710,7 +721,7 @@ class Agent:
             if launch:
                 self.start_torchrun({})
             else:
-                self.standby = Standby()
+                self._prewarm()
             while not self.exit_requested:
                 if self.term_signal is not None:
                     return self._preempted()
@@ -769,6 +780,8 @@ def run_agent(*, spec_path: str, attempt: int, launch: bool = True) -> int:
         from ..errors import ConfigError
 
         raise ConfigError(f"the agent needs {SECRET_FILE}; it is started by `ckptsup launch`, not by hand")
-    agent = Agent(spec=spec, node=node_name(), secret=read_secret(secret_file), out=sys.stdout.buffer,
+    node = node_name()
+    agent = Agent(spec=spec, node=node, secret=read_secret(secret_file), out=sys.stdout.buffer,
                   inp=sys.stdin.buffer, attempt=attempt)
-    return agent.run(launch=launch)
+    # one srun step runs an agent on every usable node: those outside the launch are spares
+    return agent.run(launch=launch and node in spec.node_addrs)

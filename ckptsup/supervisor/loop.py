@@ -19,7 +19,7 @@ import threading
 import time
 from dataclasses import dataclass, replace
 from pathlib import Path
-from typing import Any, Callable, Protocol, Sequence
+from typing import Any, Callable, Sequence
 
 from ..config import Resolved, write_config_json
 from ..env import ExitStatus
@@ -29,6 +29,7 @@ from ..rundir import RunDir, RunState, RunStatus
 from ..wire import MessageKind
 from . import recovery
 from .agent import LaunchSpec
+from .agent_set import AgentSet, StepFactory
 from .agent_step import AgentStep, CommandSender, Message, StepSignal
 from .attempt import AttemptTracker, Marks
 from .interval_tuner import IntervalTuner
@@ -47,21 +48,6 @@ DUMP_WAIT_S = 2.0       # ranks' hooks thread writes the flight recorder; we do 
 STEP_TIMES_KEPT = 64    # step times carried across restarts and requeues (state.json) for the timeouts
 STEADY_AFTER_STEPS = 10  # steps measured before a launch that knew none gets its steady collective timeout
 OWN_EVENTS = frozenset({Event.FIRST_STEP, Event.STEP_PROGRESS, Event.RUN_COMPLETE})
-
-
-class Step(Protocol):
-    """What the loop needs of a running set of agents (agent_step.AgentStep; a fake in tests)."""
-
-    step_id: int
-
-    def send(self, m: MessageKind, body: dict[str, Any] | None = None, *,
-             nodes: Sequence[str] | None = None) -> bool: ...
-    def alive(self) -> bool: ...
-    def close(self, grace: float) -> int | None: ...
-    def abandon(self) -> None: ...
-
-
-StepFactory = Callable[..., Step]   # keywords: argv, env, nodes, secret, sender, inbox, log_path
 
 
 @dataclass(kw_only=True)
@@ -97,7 +83,7 @@ class Supervisor:
         self.inbox: "queue.Queue[Message]" = queue.Queue()
         self.state: RunState = run_dir.load_state()
         self.writer: EventWriter | None = None
-        self.step: Step | None = None
+        self.agents = AgentSet()
         self.tracker: AttemptTracker | None = None
         self.history: list[AttemptResult] = [AttemptResult.from_record(r) for r in self.state.failures
                                              if isinstance(r, dict)]
@@ -159,8 +145,7 @@ class Supervisor:
             raise
         finally:
             self.lease_stop.set()
-            if self.step is not None:
-                self.step.close(self.sup.kill_grace_s)
+            self.agents.close(self.sup.kill_grace_s)
             if self.writer is not None:
                 self.writer.close()
             for sig, handler in previous.items():
@@ -242,7 +227,6 @@ class Supervisor:
                until: Callable[[], bool] = lambda: False) -> bool:
         """Wait for a message of the current step that `done` accepts (or for `until()`), at most
         until `deadline`. Every wait forwards ranks' events to the restart log on the way."""
-        step_id = self.step.step_id if self.step is not None else None
         while self.clock() < deadline:
             if until():
                 return True
@@ -250,25 +234,23 @@ class Supervisor:
                 msg = self.inbox.get(timeout=TICK_S)
             except queue.Empty:
                 continue
+            if not self.agents.current(msg):
+                continue
+            if msg.m is StepSignal.EOF:
+                self.agents.ended(msg.step_id)   # those agents stay silent: the caller's probe sees it
+                continue
             if msg.m is MessageKind.EVENT:
                 self._forward_event(msg.body.get("record"))
-            if msg.step_id == step_id and done(msg):
+            if done(msg):
                 return True
         return until()
 
     def _handle(self, msg: Message) -> Failure | None:
-        tracker, step = self.tracker, self.step
-        if tracker is None or step is None or msg.step_id != step.step_id:
-            return None  # a message from a replaced step
+        tracker = self.tracker
+        if tracker is None or not self.agents.current(msg):
+            return None  # a message from a replaced step, or from an agent we let go
         if msg.m is StepSignal.EOF:
-            if tracker.complete or tracker.preempted:
-                return None
-            if not self.placement.in_slurm:
-                return Failure(kind=FailureKind.CRASH, node=self.active[0], step=tracker.current_step(),
-                               detail=f"the agent died (rc={msg.body.get('rc')})")
-            # Slurm kills a step that includes a dead node: health checks find which one
-            return Failure(kind=FailureKind.NODE_DOWN, node=None, step=tracker.current_step(), suspects=self.active,
-                           detail=f"agent step ended unexpectedly (rc={msg.body.get('rc')})")
+            return self._step_ended(tracker, msg)
         if msg.m is MessageKind.EVENT:
             self._forward_event(msg.body.get("record"))
             return None
@@ -280,8 +262,9 @@ class Supervisor:
             return None
         if msg.m is MessageKind.LAUNCHED and isinstance(msg.body.get("pid"), int):
             self.torchrun_pids.add(msg.body["pid"])
-            if self.restart is not None:
-                self.restart["warm"] = msg.body.get("warm") is True   # restart_done says how the ranks started
+            if self.restart is not None and msg.node in self.active:
+                # restart_done says how the ranks started: warm only if every node's did
+                self.restart["warm"] = self.restart.get("warm", True) and msg.body.get("warm") is True
         had_first = tracker.first_step is not None
         failure = tracker.on_message(msg)
         while tracker.teardown_errors:
@@ -292,6 +275,26 @@ class Supervisor:
         if msg.m in (MessageKind.STEP, MessageKind.PROGRESS):
             self._on_step(tracker, had_first, msg)
         return failure
+
+    def _step_ended(self, tracker: AttemptTracker, msg: Message) -> Failure | None:
+        """A step's agents are all gone. A spare's is only noted (a launch that needs the node
+        starts it a new one); an active node's is the attempt's failure."""
+        lost = self.agents.ended(msg.step_id)
+        active = tuple(n for n in self.active if n in lost)
+        rc = msg.body.get("rc")
+        if not active:
+            if lost:
+                self.emit(Event.AGENT_LOST, nodes=list(lost), rc=rc)
+            return None
+        if tracker.complete or tracker.preempted:
+            return None
+        if not self.placement.in_slurm:
+            return Failure(kind=FailureKind.CRASH, node=self.active[0], step=tracker.current_step(),
+                           detail=f"the agent died (rc={rc})")
+        # the agents' srun ended under them (a dead batch host's network, scancel of the step):
+        # health checks find whether a node is to blame
+        return Failure(kind=FailureKind.NODE_DOWN, node=None, step=tracker.current_step(), suspects=active,
+                       detail=f"agent step on {', '.join(active)} ended unexpectedly (rc={rc})")
 
     def _report_level(self, tracker: AttemptTracker) -> None:
         """The supervision_level event when the attempt's level becomes known; the progress_stale
@@ -333,9 +336,9 @@ class Supervisor:
         self.steady_pending = False
         steady = recovery.attempt_timeouts(self.config, step_times=tracker.step_window.samples,
                                            save_s=self.state.measured.get("stall_s"))
-        if self.timeouts is None or self.step is None or steady.collective_s >= self.timeouts.collective_s:
+        if self.timeouts is None or steady.collective_s >= self.timeouts.collective_s:
             return
-        self.step.send(MessageKind.SET_TIMEOUT, {"collective_s": round(steady.collective_s, 3)})
+        self.agents.send(MessageKind.SET_TIMEOUT, {"collective_s": round(steady.collective_s, 3)})
         tracker.hang_cap_s = steady.hang_cap_s
         self.emit(Event.COLLECTIVE_TIMEOUT_SET, collective_s=round(steady.collective_s, 3),
                   was_s=round(self.timeouts.collective_s, 3), steps=len(tracker.step_window.samples))
@@ -361,8 +364,7 @@ class Supervisor:
 
     def _set_interval(self, interval_s: float, why: str) -> None:
         interval_s = round(interval_s, 3)
-        if self.step is not None:
-            self.step.send(MessageKind.SET_INTERVAL, {"interval_s": interval_s})
+        self.agents.send(MessageKind.SET_INTERVAL, {"interval_s": interval_s})
         assert self.writer is not None
         self.writer.emit(Event.INTERVAL_CHANGED, interval_s=interval_s, why=why)
 
@@ -371,7 +373,7 @@ class Supervisor:
         spares = tuple(n for n in self.placement.nodes if n not in self.active and n not in self.state.excluded_nodes)
         base = dict(failure=failure, active=self.active, spares=spares, excluded=frozenset(self.state.excluded_nodes),
                     nodes_needed=self.job.nodes_needed, can_requeue=self.placement.in_slurm,
-                    restarts_used=self.state.restarts, agents_alive=self.step is not None and self.step.alive())
+                    restarts_used=self.state.restarts, agents_alive=all(self.agents.has_agent(n) for n in self.active))
         return Observation(**{**base, **fields})
 
     def _decide(self, obs: Observation) -> Action:
@@ -477,12 +479,10 @@ class Supervisor:
         """SIGKILL every rank of the attempt and wait (bounded) for each live agent's ack. The ack
         doubles as a liveness probe: returns the nodes whose agent neither acked nor spoke (a
         rank's crash is often the first symptom of a dead peer node)."""
-        step = self.step
-        if step is None:
-            return []
+        agents = self.agents
         dead = {failure.node} if failure.kind is FailureKind.NODE_DOWN else set()
         waiting = {n for n in self.active if n not in dead}
-        if not step.alive() or not step.send(MessageKind.KILL, {"grace": 0}):
+        if not agents.alive() or not agents.send(MessageKind.KILL, {"grace": 0}, nodes=self.active):
             self._kill_orphans()
             return []
 
@@ -492,7 +492,7 @@ class Supervisor:
             return False
 
         deadline = self.clock() + min(self.sup.node_silence_s, max(2.0, 3 * self.sup.heartbeat_interval_s))
-        self._await(acked, deadline, until=lambda: not waiting or not step.alive())
+        self._await(acked, deadline, until=lambda: not any(agents.has_agent(n) for n in waiting))
         return sorted(waiting) if len(waiting) < len(self.active) else []
 
     def _dump_flight_recorder(self) -> None:
@@ -500,10 +500,10 @@ class Supervisor:
         one; gloo on CPU does not, so without GPUs there is nothing to wait for). Waits for every
         rank's `fr_dumped` or DUMP_WAIT_S, whichever comes first."""
         nccl = self.config.nccl
-        if self.step is None or not (nccl.dump_on_timeout and nccl.flight_recorder_entries > 0
+        if not (nccl.dump_on_timeout and nccl.flight_recorder_entries > 0
                                      and self.placement.gpus_per_node > 0):
             return
-        self.step.send(MessageKind.DUMP_FR, {"path": str(self.run_dir.attempt_dir(self.state.attempt) / "flight_recorder")})
+        self.agents.send(MessageKind.DUMP_FR, {"path": str(self.run_dir.attempt_dir(self.state.attempt) / "flight_recorder")})
         waiting = set(self.tracker.ranks) if self.tracker is not None else set()
 
         def dumped(msg: Message) -> bool:
@@ -523,10 +523,10 @@ class Supervisor:
                          grace_time_s=self.interval.grace_time_s,
                          step_p99_s=tracker.step_window.p99() if tracker else None)
         self.emit(Event.PREEMPTION, **plan.as_event())
-        step = self.step
-        if step is None or not step.alive():
+        agents = self.agents
+        if not agents.alive():
             return kind
-        step.send(MessageKind.STOP_AT, {"reason": kind.value, "save": plan.emergency_save, "budget_s": plan.budget_s})
+        agents.send(MessageKind.STOP_AT, {"reason": kind.value, "save": plan.emergency_save, "budget_s": plan.budget_s})
         waiting = set(self.active) - (tracker.done_nodes if tracker else set())
 
         def exited(msg: Message) -> bool:
@@ -535,8 +535,8 @@ class Supervisor:
             return False
 
         self._await(exited, self.clock() + plan.budget_s + self.sup.kill_grace_s,
-                    until=lambda: not waiting or not step.alive())
-        step.send(MessageKind.KILL, {"grace": 0})
+                    until=lambda: not any(agents.has_agent(n) for n in waiting))
+        agents.send(MessageKind.KILL, {"grace": 0})
         return kind
 
     def _requeue(self, action: Requeue) -> ExitStatus:
@@ -553,9 +553,7 @@ class Supervisor:
             return ExitStatus.GIVE_UP
         from .requeue import RequeueRefused, requeue_job
 
-        if self.step is not None:
-            self.step.abandon()  # ranks are already killed; srun may hang on a dead node's step: don't wait
-            self.step = None
+        self.agents.abandon()  # ranks are already killed; srun may hang on a dead node's step: don't wait
         self._save_state()
         if self.writer is not None:
             self.writer.close()  # requeue_job appends the fenced `requeue` event itself
@@ -611,20 +609,29 @@ class Supervisor:
         if marks_from is not None:
             self.tracker.marks = marks_from
         self.tracker.marks.launch_sent = now
-        if path is RecoveryPath.FAST and self.step is not None:
-            # a failed send means the agents just died: their step's EOF is the next failure
-            self.step.send(MessageKind.RESTART, {"attempt": self.state.attempt, "spec": spec.to_json()})
-        else:
-            if self.step is not None:
-                self.step.abandon()
-            log = self.run_dir.attempt_dir(self.state.attempt) / "agents.log"
-            self.step = self.step_factory(argv=self.placement.agent_argv(nodes, str(spec_path), self.state.attempt),
-                                          env=self.placement.agent_env(nodes[0]), nodes=nodes, secret=self.secret,
-                                          sender=self.sender, inbox=self.inbox, log_path=log)
-        self.active = nodes
         spares = [n for n in self.placement.nodes if n not in nodes and n not in self.state.excluded_nodes]
+        present = [n for n in nodes if self.agents.has_agent(n)]
+        if present:
+            # the agents that outlived the failure (survivors, warm spares) take the new spec; a
+            # failed send means they just died: their step's EOF is the next failure
+            self.agents.send(MessageKind.RESTART, {"attempt": self.state.attempt, "spec": spec.to_json()},
+                             nodes=present)
+        missing = [n for n in nodes if n not in present]
+        if missing:
+            # the first launch brings up the spares' agents with the rest (standby, pre-warmed)
+            start = [*missing, *(s for s in spares if not self.agents.has_agent(s))] if not present else missing
+            self._start_agents(tuple(start), spec_path)
+        self.active = nodes
         self.emit(Event.LAUNCH, nodes=list(nodes), path=path.value, spares=spares, resume_from=resume_from or None,
                   world_size=len(nodes) * self.sup.nproc_per_node)
+
+    def _start_agents(self, nodes: tuple[str, ...], spec_path: Path) -> None:
+        """One step of agents on `nodes`: those in the launch spec start their ranks, the others
+        wait in standby."""
+        log = self.run_dir.attempt_dir(self.state.attempt) / "agents.log"
+        self.agents.add(self.step_factory(argv=self.placement.agent_argv(nodes, str(spec_path), self.state.attempt),
+                                          env=self.placement.agent_env(nodes[0]), nodes=nodes, secret=self.secret,
+                                          sender=self.sender, inbox=self.inbox, log_path=log))
 
     def _kill_orphans(self) -> None:
         """Local mode, agent gone: its torchrun (own session) and ranks would live on. Slurm
@@ -642,6 +649,8 @@ class Supervisor:
             return
         self.state.excluded_nodes[node] = reason
         self._save_state()
+        self.agents.send(MessageKind.EXIT, nodes=[node])   # a live agent there leaves (no ranks, no standby)
+        self.agents.lose(node)
         may_drain = self.placement.in_slurm and self.config.slurm.drain_bad_nodes
         drained = recovery.drain(self.placement.slurm if may_drain else None, node, reason,
                                  job_id=self.placement.job_id)

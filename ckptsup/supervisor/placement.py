@@ -1,5 +1,5 @@
 """Where agents run: the local machine (one agent child) or a Slurm allocation (one srun step of
-agents per attempt). Everything placement-specific lives here so the loop is the same in both."""
+agents on every usable node, started once; supervisor/agent_set.py). Everything placement-specific lives here so the loop is the same in both."""
 
 from __future__ import annotations
 
@@ -123,7 +123,8 @@ class Placement:
         if exe:
             command = [exe, *command[3:]]
         return SlurmClient.srun_argv(nodes=list(nodes), command=command, job_id=self.job_id,
-                                     extra=["--kill-on-bad-exit=0"])
+                                     # --no-kill: a node's death ends only that node's agent (agent_set.py)
+                                     extra=["--kill-on-bad-exit=0", "--no-kill"])
 
     def agent_env(self, node_hint: str | None) -> dict[str, str]:
         env = dict(os.environ)
