@@ -4,7 +4,8 @@
              running agent (a pre-imported standby launcher); baselines: torchrun's own restart
              (--max-restarts) and ft_launcher's, same workload, same clock
   node path  a node killed on the local Slurm dev cluster (3 nodes: 2 active + 1 hot spare):
-             ckptsup starts a new agent step with srun --overlap on the survivor and the spare
+             the survivor's and the spare's agents (one --no-kill step over every node, the
+             spare's warmed up in standby) take the new launch; no new srun step
              (`--cluster-dir` to run it; it starts the cluster if needed)
 
 usage: python bench/bench_restart.py [--cluster-dir /tmp/ckptsup-bench-cluster] [--skip-node-path]
@@ -99,7 +100,8 @@ def node_path(cluster: Path, port_base: str) -> None:
     r = done[0]
     print(f"node path  ckptsup     node kill→first detection {seen:5.2f}  "
           f"(node_down pinned: {down[0]['detect_s'] if down else 'n/a'} s after its last heartbeat)  "
-          f"detect→first step {r['restart_s']:5.2f}  path={r['path']}  nodes={','.join(r['nodes'])}")
+          f"detect→first step {r['restart_s']:5.2f}  path={r['path']}  nodes={','.join(r['nodes'])}  "
+          f"warm={r.get('warm')}")
     print("           phases: " + ", ".join(f"{k} {v:.2f}" for k, v in r["phases"].items()))
 
 

@@ -96,14 +96,37 @@ def finished(dev_cluster, job: str) -> bool:
     return state is None or state.finished
 
 
+def agent_pids(dev_cluster, run: Path) -> dict[str, int]:
+    """node -> host PID of `run`'s agent there (its srun task: `ckptsup agent --spec RUN/...`)."""
+    import psutil
+
+    found = {}
+    for node in dev_cluster.nodes:
+        for pid in dev_cluster.cluster.node_pids(node):
+            try:
+                cmd = psutil.Process(pid).cmdline()
+            except psutil.Error:
+                continue
+            if "agent" in cmd and "--spec" in cmd and cmd[cmd.index("--spec") + 1].startswith(str(run)):
+                found[node] = pid
+    return found
+
+
 def test_node_death_with_a_spare_restarts_on_the_spare_within_the_allocation(dev_cluster, tmp_path, reference):
     job, run, out = submit(tmp_path, nodes=2, spares=1)
     dev_cluster.wait_for(lambda: committed(run, 15), 120, what="a checkpoint at step 15")
     first = named(read_events(run), "launch")[0]
-    victim = first["nodes"][1]
+    victim, [spare] = first["nodes"][1], first["spares"]
+    dev_cluster.wait_for(lambda: spare in {e["node"] for e in named(read_events(run), "warm_ready")}, 60,
+                         what="the spare's agent to be warm")
+    agents = agent_pids(dev_cluster, run)
+    assert set(agents) == {*first["nodes"], spare}   # one agent per usable node, the spare's too
     with dev_cluster.revived(victim):
         killed = time.time()
         dev_cluster.kill_node(victim)
+        dev_cluster.wait_for(lambda: named(read_events(run), "restart_done"), 120, what="the restart")
+        # only the dead node's agent is gone: the survivor's and the spare's are the same processes
+        assert agent_pids(dev_cluster, run) == {n: pid for n, pid in agents.items() if n != victim}
         dev_cluster.wait_for(lambda: finished(dev_cluster, job), 180, what=f"job {job} to finish")
     events = read_events(run)
     assert dev_cluster.job(job) is None or dev_cluster.job(job).state == JobState.COMPLETED
@@ -113,6 +136,7 @@ def test_node_death_with_a_spare_restarts_on_the_spare_within_the_allocation(dev
     assert [e["node"] for e in named(events, "node_excluded")] == [victim]
     restart = named(events, "restart_done")[-1]
     assert restart["path"] == "node" and restart["resume_step"] >= 15
+    assert restart["warm"] is True   # the spare's ranks started in interpreters it had warmed
     relaunch = named(events, "launch")[-1]
     assert victim not in relaunch["nodes"] and set(first["spares"]) <= set(relaunch["nodes"])
     assert not named(events, "requeue") and named(events, "run_complete")

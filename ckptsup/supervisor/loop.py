@@ -237,10 +237,12 @@ class Supervisor:
             if not self.agents.current(msg):
                 continue
             if msg.m is StepSignal.EOF:
-                self.agents.ended(msg.step_id)   # those agents stay silent: the caller's probe sees it
+                if self.tracker is not None:
+                    self._step_ended(self.tracker, msg)   # active ones stay silent: the caller's probe sees it
+                else:
+                    self.agents.ended(msg.step_id)
                 continue
-            if msg.m is MessageKind.EVENT:
-                self._forward_event(msg.body.get("record"))
+            self._note(msg)
             if done(msg):
                 return True
         return until()
@@ -251,14 +253,7 @@ class Supervisor:
             return None  # a message from a replaced step, or from an agent we let go
         if msg.m is StepSignal.EOF:
             return self._step_ended(tracker, msg)
-        if msg.m is MessageKind.EVENT:
-            self._forward_event(msg.body.get("record"))
-            return None
-        if msg.m is MessageKind.OUTPUT:
-            print_console(msg.body)
-            return None
-        if msg.m is MessageKind.WARM_READY:
-            self.emit(Event.WARM_READY, node=msg.node, interpreters=msg.body.get("interpreters"))
+        if self._note(msg):
             return None
         if msg.m is MessageKind.LAUNCHED and isinstance(msg.body.get("pid"), int):
             self.torchrun_pids.add(msg.body["pid"])
@@ -275,6 +270,19 @@ class Supervisor:
         if msg.m in (MessageKind.STEP, MessageKind.PROGRESS):
             self._on_step(tracker, had_first, msg)
         return failure
+
+    def _note(self, msg: Message) -> bool:
+        """What is only recorded, in the loop and during every wait: ranks' events, their console
+        lines, a node's warm interpreters. True when `msg` was one of those."""
+        if msg.m is MessageKind.EVENT:
+            self._forward_event(msg.body.get("record"))
+        elif msg.m is MessageKind.OUTPUT:
+            print_console(msg.body)
+        elif msg.m is MessageKind.WARM_READY:
+            self.emit(Event.WARM_READY, node=msg.node, interpreters=msg.body.get("interpreters"))
+        else:
+            return False
+        return True
 
     def _step_ended(self, tracker: AttemptTracker, msg: Message) -> Failure | None:
         """A step's agents are all gone. A spare's is only noted (a launch that needs the node
