@@ -56,6 +56,14 @@ def node_path(cluster: Path, port_base: str) -> None:
            "PATH": f"{Path(sys.executable).parent}{os.pathsep}{os.environ.get('PATH', '')}"}
     subprocess.run([*CKPTSUP, "dev-cluster", "up", "--dir", str(cluster), "--port-base", port_base],
                    check=True, env=env, stdout=subprocess.DEVNULL)
+    try:
+        node_path_on(cluster, env)
+    finally:  # its ports would collide with the test suite's second cluster (port base + 500)
+        subprocess.run([*CKPTSUP, "dev-cluster", "down", "--dir", str(cluster), "--port-base", port_base],
+                       env=env, check=False, stdout=subprocess.DEVNULL)
+
+
+def node_path_on(cluster: Path, env: dict[str, str]) -> None:
     work = Path(tempfile.mkdtemp(prefix="ckptsup-bench-node-", dir=cluster))
     (work / "job.toml").write_text("[supervisor]\nheartbeat_interval_s = 0.5\nnode_silence_s = 4.0\n"
                                    "[checkpoint]\nadaptive_interval = false\nkeep_daily_days = 0\ntest_load_every = 0\n")
