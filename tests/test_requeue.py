@@ -269,6 +269,43 @@ def test_a_failed_scontrol_requeue_leaves_the_run_requeueable_by_the_next_requeu
     assert retry.requeued and [e["event"] for e in read_events(rd.path)].count("requeue") == 1
 
 
+def test_a_scontrol_requeue_killed_by_the_requeue_it_made_counts_as_requeued(tmp_path) -> None:
+    """The dev cluster's time-limit test once saw it: the requeue kills the batch step at once,
+    the supervisor's scontrol in it (rc=-15) before it returned."""
+    rd = run_dir(tmp_path)
+
+    class KilledByItsRequeue(FakeSlurm):
+        def requeue(self, job_id):
+            self.requeued = True
+            raise SlurmCommandError(["scontrol", "requeue"], -15, "")
+
+        def job_info(self, job_id):
+            info = super().job_info(job_id)
+            if info is not None and self.requeued:
+                info.restart_count = 1   # Slurm counted the requeue
+            return info
+
+    result = requeue_job(KilledByItsRequeue(), rd, "42", "time_limit: x", [], fake_clock(), detach=False,
+                         sleep=lambda s: None)
+    assert result.requeued and rd.load_state().status == "requeued"
+    [event] = [e for e in read_events(rd.path) if e["event"] == "requeue"]
+    assert event["reason"] == "time_limit: x" and event["by"] == "supervisor"
+
+
+def test_a_scontrol_requeue_killed_by_a_signal_without_a_requeue_is_still_a_failure(tmp_path) -> None:
+    rd = run_dir(tmp_path)
+
+    class Killed(FakeSlurm):
+        def requeue(self, job_id):
+            raise SlurmCommandError(["scontrol", "requeue"], -9, "")
+
+    naps: list[float] = []
+    with pytest.raises(SlurmCommandError):
+        requeue_job(Killed(), rd, "42", "node_down", [], fake_clock(), detach=False, sleep=naps.append)
+    assert rd.load_state().status == "running" and not read_events(rd.path)
+    assert len(naps) == 10   # it looked for a requeue for 2 s before saying no
+
+
 def test_a_job_slurm_already_requeued_still_gets_the_pending_updates(tmp_path) -> None:
     rd = run_dir(tmp_path)
 

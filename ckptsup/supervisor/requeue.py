@@ -182,6 +182,8 @@ def requeue_job(client: RequeueClient, run_dir: str | os.PathLike[str] | RunDir,
             # Slurm requeued it already (a preemption with PreemptMode=REQUEUE does): the
             # pending-job updates still apply, and lift its BeginTime hold.
             already_pending = True
+        elif killed_by_its_own_requeue(client, job_id, err, restart_count=info.restart_count, sleep=sleep):
+            pass  # the requeue happened: its kill of the batch step took scontrol with it
         else:
             # Not requeued after all: the new epoch stays (fencing never hurts), but the status
             # goes back so that the next requeuer (the batch script) is not told "already requeued".
@@ -226,6 +228,28 @@ def requeue_job(client: RequeueClient, run_dir: str | os.PathLike[str] | RunDir,
                             requeued_wall=requeued_wall, clock=clock, wall=wall, sleep=sleep,
                             deadline_s=finish_deadline_s)
     return RequeueResult(**base, finish=result)
+
+
+REQUEUED_STATES = frozenset({"PENDING", "REQUEUED", "REQUEUE_HOLD", "REQUEUE_FED"})
+
+
+def killed_by_its_own_requeue(client: RequeueClient, job_id: str, err: CkptsupError, *, restart_count: int,
+                              sleep: Callable[[float], None] = time.sleep, polls: int = 10) -> bool:
+    """Whether `scontrol requeue` died of a signal because it worked: Slurm kills the requeued
+    job's batch step, which holds the requeuer (the supervisor's own scontrol), at once. Then the
+    job shows a higher restart count or a requeued state within a moment; anything else is a
+    real failure."""
+    if getattr(err, "rc", 0) >= 0:
+        return False
+    for _ in range(polls):
+        try:
+            info = client.job_info(job_id)
+        except CkptsupError:
+            info = None
+        if info is not None and (info.restart_count > restart_count or _state_name(info) in REQUEUED_STATES):
+            return True
+        sleep(0.2)
+    return False
 
 
 def finish_requeue(client: RequeueClient, run_dir: RunDir, job_id: str, *, exclude: Sequence[str],
