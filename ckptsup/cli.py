@@ -19,6 +19,8 @@ COMMANDS: dict[str, str] = {
     "log": "ckptsup.supervisor.cli_ops:log",
     "watchdog": "ckptsup.supervisor.cli_ops:watchdog",
     "requeue": "ckptsup.supervisor.cli_ops:requeue",
+    "save-now": "ckptsup.supervisor.cli_control:save_now",
+    "stop": "ckptsup.supervisor.cli_control:stop",
     "plan": "ckptsup.planning.cli:plan",
     "simulate": "ckptsup.planning.cli:simulate",
     "report": "ckptsup.planning.cli:report",

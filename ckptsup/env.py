@@ -27,7 +27,7 @@ class ExitStatus(enum.IntEnum):
 
     The template requeues the job (`scontrol requeue`) for PREEMPTED, REQUEUE and for any abnormal
     death of the supervisor (FAILURE, or killed by a signal: 128+N). It never requeues for DONE,
-    USAGE or GIVE_UP.
+    USAGE, GIVE_UP or CANCELLED.
     """
 
     DONE = 0          # training finished (run_complete)
@@ -38,6 +38,7 @@ class ExitStatus(enum.IntEnum):
     PREEMPTED = 5     # stopped for preemption or time limit, checkpoint written if it fitted; requeue
     RANK_NAN = 6      # (rank → agent) a non-finite loss was seen on this rank
     RANK_STOPPED = 7  # (rank → agent) the rank stopped at the agreed stop step on command
+    CANCELLED = 8     # stopped on the operator's request (`ckptsup stop`), checkpoint first unless --no-save; never requeue
 
     @property
     def requeues(self) -> bool:

@@ -67,6 +67,8 @@ class Event(str, enum.Enum):
     #                                        not ok and restarted: the job ran again first (nodes, job_partition, on_excluded)
     GIVE_UP = "give_up"                    # reason, kind | by
     RUN_COMPLETE = "run_complete"          # step
+    RUN_CANCELLED = "run_cancelled"        # step, saved, request: stopped on the operator's `ckptsup stop`; not requeued
+    CONTROL = "control"                    # request, command, outcome (accepted | refused), detail, step: an operator's request, acknowledged
     INTERVAL_CHANGED = "interval_changed"  # interval_s, why
     COLLECTIVE_TIMEOUT_SET = "collective_timeout_set"  # collective_s, was_s, steps: steady timeout sent mid-attempt
     PREEMPTION = "preemption"              # signal, budget_s, emergency_save: bool

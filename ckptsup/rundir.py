@@ -88,16 +88,17 @@ def atomic_write_json(path: Path, payload: Any, *, mode: int = 0o600) -> None:
 
 class RunStatus(str, enum.Enum):
     """The run's lifecycle in state.json. Transitions: RUNNING → DONE | GAVE_UP | STOPPED (the
-    supervisor) and RUNNING → REQUEUED (whoever requeues; the next supervisor sets RUNNING)."""
+    supervisor), RUNNING → CANCELLED (an operator's `ckptsup stop`) and RUNNING → REQUEUED (whoever requeues; the next supervisor sets RUNNING)."""
 
     RUNNING = "running"
     DONE = "done"          # training finished: never requeue
     GAVE_UP = "gave_up"    # policy gave up: never requeue
     STOPPED = "stopped"    # stopped for preemption / time limit; the requeue follows
     REQUEUED = "requeued"  # requeued in this epoch: no second requeuer
+    CANCELLED = "cancelled"  # stopped on the operator's request (`ckptsup stop`): never requeue
 
 
-FINISHED = (RunStatus.DONE, RunStatus.GAVE_UP)
+FINISHED = (RunStatus.DONE, RunStatus.GAVE_UP, RunStatus.CANCELLED)
 
 
 @dataclass(kw_only=True)

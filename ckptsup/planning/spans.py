@@ -28,7 +28,7 @@ from ..events import Event, FailureKind, parse_ts
 
 CLOCK_TOLERANCE_S = 2.0
 PHASES = ("kill", "health", "launch", "rendezvous", "load", "first_step")
-TERMINAL = (Event.REQUEUE, Event.GIVE_UP, Event.RUN_COMPLETE)   # the events that end an attempt (EndReason)
+TERMINAL = (Event.REQUEUE, Event.GIVE_UP, Event.RUN_COMPLETE, Event.RUN_CANCELLED)   # the events that end an attempt (EndReason)
 
 
 class EndReason(str, enum.Enum):
@@ -39,6 +39,7 @@ class EndReason(str, enum.Enum):
     REQUEUE = Event.REQUEUE.value
     GIVE_UP = Event.GIVE_UP.value
     RUN_COMPLETE = Event.RUN_COMPLETE.value
+    RUN_CANCELLED = Event.RUN_CANCELLED.value
 
 
 class SpanKind(str, enum.Enum):

@@ -19,7 +19,7 @@ from ..errors import ConfigError
 from ..events import Event
 from ..rundir import CONFIG_JSON, RunDir
 
-TERMINAL_EXIT = {Event.RUN_COMPLETE, Event.GIVE_UP}
+TERMINAL_EXIT = {Event.RUN_COMPLETE, Event.GIVE_UP, Event.RUN_CANCELLED}
 STARTUP_WAIT_S = 120.0  # how long the watchdog waits for the supervisor to create the run dir
 
 

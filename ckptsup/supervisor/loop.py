@@ -31,6 +31,7 @@ from . import recovery
 from .agent import LaunchSpec
 from .agent_set import AgentSet, StepFactory
 from .agent_step import AgentStep, CommandSender, Message, StepSignal
+from . import control
 from .attempt import AttemptTracker, Marks
 from .interval_tuner import IntervalTuner
 from .nccl import Timeouts
@@ -45,6 +46,7 @@ from .preemption import StopKind, plan_stop, stop_kind
 TICK_S = 0.05
 STEP_PROGRESS_EVERY_S = 5.0
 DUMP_WAIT_S = 2.0       # ranks' hooks thread writes the flight recorder; we do not wait longer than this
+CONTROL_POLL_S = 0.5   # how often the run dir's control/ is looked at (one scandir)
 STEP_TIMES_KEPT = 64    # step times carried across restarts and requeues (state.json) for the timeouts
 STEADY_AFTER_STEPS = 10  # steps measured before a launch that knew none gets its steady collective timeout
 OWN_EVENTS = frozenset({Event.FIRST_STEP, Event.STEP_PROGRESS, Event.RUN_COMPLETE})
@@ -98,6 +100,8 @@ class Supervisor:
         self.steady_pending = False             # launched before any step was measured
         self.interval = IntervalTuner(self.config, gpus_per_node=placement.gpus_per_node)
         self.attempt_wall_start = time.time()   # wall clock of the current launch (progress_dir mtimes)
+        self.control_seen: set[str] = set()     # operator requests answered (control.py)
+        self.control_polled = 0.0
         self.interval.grace_time_s = placement.grace_time_s
 
     # ---- bookkeeping --------------------------------------------------------------------------
@@ -189,6 +193,9 @@ class Supervisor:
             tracker = self.tracker
             assert tracker is not None
             self._report_level(tracker)
+            stop = self._take_control(tracker)
+            if stop is not None:
+                return self._cancel(stop)
             if failure is None and tracker.complete and self.stop_signal is None:
                 hooked = tracker.hooked or tracker.expect_hello
                 self.emit(Event.RUN_COMPLETE, step=tracker.last_step if tracker.last_step is not None
@@ -522,30 +529,93 @@ class Supervisor:
 
         self._await(dumped, self.clock() + DUMP_WAIT_S, until=lambda: not waiting)
 
+    # ---- operator requests (control.py) -------------------------------------------------------
+    def _take_control(self, tracker: AttemptTracker) -> control.ControlRequest | None:
+        """Answer the operator's waiting requests; a stop is returned for the loop to carry out."""
+        now = self.clock()
+        if now - self.control_polled < CONTROL_POLL_S:
+            return None
+        self.control_polled = now
+        stop = None
+        for request in control.take(self.run_dir.path, self.control_seen):
+            if isinstance(request, control.BadRequest):
+                self._ack(request.id, None, control.Outcome.REFUSED, request.why, tracker)
+            elif request.command is control.ControlCommand.SAVE_NOW:
+                refusal = self._save_now_refusal(tracker)
+                if refusal:
+                    self._ack(request.id, request.command, control.Outcome.REFUSED, refusal, tracker)
+                else:
+                    self.agents.send(MessageKind.SAVE_NOW, {"reason": f"operator request {request.id}"},
+                                     nodes=self.active)
+                    self._ack(request.id, request.command, control.Outcome.ACCEPTED,
+                              "a checkpoint at the next step boundary", tracker)
+            elif stop is None:
+                stop = request
+                save = "checkpoint, then stop" if request.save else "stop without a checkpoint"
+                self._ack(request.id, request.command, control.Outcome.ACCEPTED, f"{save}; no requeue", tracker)
+            else:
+                self._ack(request.id, request.command, control.Outcome.REFUSED, "a stop is already under way", tracker)
+        return stop
+
+    def _save_now_refusal(self, tracker: AttemptTracker) -> str:
+        level = tracker.level
+        if tracker.first_step is None and level is None:
+            return "the ranks have not started yet; ask again once they step"
+        if level is not SupervisionLevel.HOOKS:
+            return (f"this attempt is supervised at the {level.value if level else 'process'} level: its ranks "
+                    "do not keep ckptsup checkpoints, so nothing can save now (docs/drop-in.md)")
+        return ""
+
+    def _ack(self, request: str, command: control.ControlCommand | None, outcome: control.Outcome,
+             detail: str, tracker: AttemptTracker) -> None:
+        self.emit(Event.CONTROL, request=request, command=command.value if command else None,
+                  outcome=outcome.value, detail=detail, step=tracker.current_step())
+        print(f"ckptsup: operator request {request} ({command.value if command else '?'}): {outcome.value}: {detail}",
+              flush=True)
+
+    def _cancel(self, request: control.ControlRequest) -> ExitStatus:
+        """An operator's stop: the ranks agree on a stop step and save unless told not to (within
+        save_timeout_s), then the run ends CANCELLED: no requeue, by the template or anyone."""
+        step = self._stop_ranks(reason="cancelled", save=request.save, budget_s=self.sup.save_timeout_s)
+        self.emit(Event.RUN_CANCELLED, step=step, saved=request.save, request=request.id)
+        self.state.status = RunStatus.CANCELLED
+        self._save_state()
+        print(f"ckptsup: stopped on request {request.id} at step {step}; not requeueing", flush=True)
+        return ExitStatus.CANCELLED
+
     def _stop_for_preemption(self) -> StopKind:
-        """Ask the ranks to agree on a stop step and save if it fits; wait (bounded) for every
-        node's torchrun to exit; then kill what is left."""
+        """Plan the stop (does an emergency save fit the window?), then stop the ranks."""
         kind = stop_kind(self.stop_signal) if self.stop_signal is not None else StopKind.PREEMPTION
         tracker = self.tracker
         plan = plan_stop(kind=kind, config=self.config, save_s=self.state.measured.get("stall_s"),
                          grace_time_s=self.interval.grace_time_s,
                          step_p99_s=tracker.step_window.p99() if tracker else None)
         self.emit(Event.PREEMPTION, **plan.as_event())
-        agents = self.agents
+        self._stop_ranks(reason=kind.value, save=plan.emergency_save, budget_s=plan.budget_s)
+        return kind
+
+    def _stop_ranks(self, *, reason: str, save: bool, budget_s: float) -> int | None:
+        """Ask the ranks to agree on a stop step (and save if `save`); wait (bounded) for every
+        node's torchrun to exit; then kill what is left. Returns the last step the nodes saw."""
+        agents, tracker = self.agents, self.tracker
+        last = tracker.last_step if tracker is not None else None
         if not agents.alive():
-            return kind
-        agents.send(MessageKind.STOP_AT, {"reason": kind.value, "save": plan.emergency_save, "budget_s": plan.budget_s})
+            return last
+        agents.send(MessageKind.STOP_AT, {"reason": reason, "save": save, "budget_s": budget_s})
         waiting = set(self.active) - (tracker.done_nodes if tracker else set())
+        steps = [last] if last is not None else []
 
         def exited(msg: Message) -> bool:
             if msg.m is MessageKind.TORCHRUN_EXIT:
                 waiting.discard(msg.node)
+                if isinstance(msg.body.get("step"), int):
+                    steps.append(msg.body["step"])
             return False
 
-        self._await(exited, self.clock() + plan.budget_s + self.sup.kill_grace_s,
-                    until=lambda: not any(agents.has_agent(n) for n in waiting))
+        self._await(exited, self.clock() + budget_s + self.sup.kill_grace_s,
+                    until=lambda: not waiting or not any(agents.has_agent(n) for n in waiting))
         agents.send(MessageKind.KILL, {"grace": 0})
-        return kind
+        return max(steps) if steps else None
 
     def _requeue(self, action: Requeue) -> ExitStatus:
         """Inside Slurm: the fenced requeue (excluded nodes, spanning partition). Outside: nothing

@@ -20,7 +20,7 @@ from ..events import Event, parse_ts
 
 BASE_FIELDS = {"event", "ts", "mono", "job_id", "attempt", "epoch"}
 HIDDEN_BY_DEFAULT = {Event.STEP_PROGRESS}
-TERMINAL = {Event.RUN_COMPLETE, Event.GIVE_UP}
+TERMINAL = {Event.RUN_COMPLETE, Event.GIVE_UP, Event.RUN_CANCELLED}
 PHASES = ("kill_s", "health_s", "launch_s", "rendezvous_s", "load_s", "first_step_s")
 STYLE = {Event.FAILURE_DETECTED: "bold red", Event.GIVE_UP: "bold red", Event.CHECKPOINT_REJECTED: "red",
          Event.CHECKPOINT_FAILED: "red", Event.NODE_EXCLUDED: "yellow", Event.REQUEUE: "bold yellow",
@@ -121,6 +121,11 @@ def describe(event: Mapping[str, Any]) -> str:
         return f"health {g('node')}: {g('name')} {'ok' if g('ok') else 'FAILED'} {g('detail', '')}".rstrip()
     if name == Event.RUN_COMPLETE:
         return "run complete" + (f" ({_extras(e)})" if _extras(e) else "")
+    if name == Event.RUN_CANCELLED:
+        return f"stopped on request {g('request', '?')} at step {g('step', '?')}" + ("" if g("saved") else " (no save asked)")
+    if name == Event.CONTROL:
+        return (f"operator request {g('request', '?')} ({g('command', '?')}): {g('outcome', '?')}"
+                + (f", {g('detail')}" if g("detail") else ""))
     if name == Event.WARM_READY:
         return f"{g('node', '?')}: {g('interpreters', '?')} warm rank interpreter(s) ready for the next launch"
     if name == Event.SUPERVISION_LEVEL:
@@ -203,6 +208,8 @@ def summarize(events: Iterable[Mapping[str, Any]]) -> Summary:
             outcome = f"gave up: {e.get('reason', '')}"
         elif name == Event.RUN_COMPLETE:
             outcome = "complete"
+        elif name == Event.RUN_CANCELLED:
+            outcome = "cancelled on request"
         elif name in (Event.LAUNCH, Event.SUPERVISOR_START) and outcome == "requeued":
             outcome = "running"
     for r in requeues:

@@ -1,0 +1,80 @@
+"""`ckptsup save-now` and `ckptsup stop` from another shell against a real `ckptsup launch`
+(local mode: the real supervisor, agent, torchrun and 2 gloo ranks of examples/train.py, which
+saves nothing on its own here): save-now commits a checkpoint at the next step boundary; stop
+checkpoints, stops, exits 8 (CANCELLED) with the run cancelled; then the run is not live and a
+request is one line."""
+from __future__ import annotations
+
+import subprocess
+import sys
+import time
+from pathlib import Path
+
+import pytest
+
+from hooks_helpers import base_env
+
+from ckptsup.env import ExitStatus
+from ckptsup.events import read_events
+from ckptsup.rundir import RunDir, RunStatus
+
+pytestmark = pytest.mark.torch
+
+ROOT = Path(__file__).resolve().parents[1]
+CKPTSUP = [sys.executable, "-m", "ckptsup.cli"]
+
+
+def named(run: Path, name: str) -> list[dict]:
+    return [e for e in read_events(run) if e["event"] == name] if (run / "events.jsonl").exists() else []
+
+
+def wait_for(predicate, proc: subprocess.Popen, timeout: float = 120):
+    deadline = time.monotonic() + timeout
+    while time.monotonic() < deadline:
+        got = predicate()
+        if got:
+            return got
+        assert proc.poll() is None, proc.communicate()[0][-3000:]
+        time.sleep(0.2)
+    raise AssertionError("timed out")
+
+
+def control(*args: str) -> subprocess.CompletedProcess:
+    return subprocess.run([*CKPTSUP, *args], capture_output=True, text=True, timeout=60, env=base_env())
+
+
+def test_save_now_then_stop_from_another_shell(tmp_path):
+    run = tmp_path / "run"
+    cfg = tmp_path / "job.toml"
+    cfg.write_text("[supervisor]\nheartbeat_interval_s = 0.5\n[checkpoint]\nadaptive_interval = false\n")
+    launch = subprocess.Popen([*CKPTSUP, "launch", "--nproc-per-node", "2", "--config", str(cfg), "--run-dir", str(run),
+                               str(ROOT / "examples" / "train.py"), "--steps", "3000", "--step-sleep-s", "0.05",
+                               "--out", str(tmp_path / "out")], cwd=tmp_path, env=base_env(), stdout=subprocess.PIPE,
+                              stderr=subprocess.STDOUT, text=True)
+    try:
+        wait_for(lambda: named(run, "first_step"), launch)
+        time.sleep(1.0)
+        assert not named(run, "checkpoint_committed")   # nothing saves on its own in this run
+        asked = control("save-now", str(run))
+        assert asked.returncode == 0, asked.stdout + asked.stderr
+        [ack] = named(run, "control")
+        assert ack["outcome"] == "accepted" and f"(at step {ack['step']})" in asked.stdout
+        [saved] = wait_for(lambda: named(run, "checkpoint_committed"), launch)
+        # the next step boundary the ranks agree on: after the step the supervisor had seen, within a second of steps
+        assert ack["step"] <= saved["step"] <= ack["step"] + 20
+        stopped = control("stop", str(run))
+        assert stopped.returncode == 0, stopped.stdout + stopped.stderr
+        output, _ = launch.communicate(timeout=120)
+    finally:
+        launch.kill()
+    assert launch.returncode == ExitStatus.CANCELLED, output[-3000:]
+    [cancelled] = named(run, "run_cancelled")
+    last = named(run, "checkpoint_committed")[-1]
+    # the stop's checkpoint resumes at the step after the last one run: nothing lost
+    assert cancelled["saved"] is True and last["step"] > saved["step"] and last["step"] == cancelled["step"] + 1
+    assert RunDir(path=run).load_state().status is RunStatus.CANCELLED
+    assert not named(run, "requeue") and not named(run, "run_complete")
+    again = control("save-now", str(run))
+    assert again.returncode != 0
+    [line] = [x for x in again.stderr.splitlines() if x.strip()]
+    assert "is not live (status cancelled)" in line
