@@ -81,7 +81,7 @@ def watch(*, run_dir: str | os.PathLike[str] | RunDir, job_id: str, config: Conf
             return WatchResult(outcome=WatchOutcome.STOPPED, detail="stop requested")
         state = rd.load_state()
         if state.status in FINISHED:
-            return WatchResult(outcome=WatchOutcome.FINISHED, detail=f"run {state.status}")
+            return WatchResult(outcome=WatchOutcome.FINISHED, detail=f"run {state.status.value}")
         if leftover_epoch is not None and (state.epoch != leftover_epoch or state.status is not RunStatus.REQUEUED):
             leftover_epoch = None  # the new supervisor took over
         if state.status is RunStatus.REQUEUED and leftover_epoch is None:
