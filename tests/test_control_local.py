@@ -1,10 +1,11 @@
-"""`ckptsup save-now` and `ckptsup stop` from another shell against a real `ckptsup launch`
+"""`ckptsup save-now`, `ckptsup status` and `ckptsup stop` from another shell against a real `ckptsup launch`
 (local mode: the real supervisor, agent, torchrun and 2 gloo ranks of examples/train.py, which
 saves nothing on its own here): save-now commits a checkpoint at the next step boundary; stop
 checkpoints, stops, exits 8 (CANCELLED) with the run cancelled; then the run is not live and a
 request is one line."""
 from __future__ import annotations
 
+import json
 import subprocess
 import sys
 import time
@@ -43,7 +44,7 @@ def control(*args: str) -> subprocess.CompletedProcess:
     return subprocess.run([*CKPTSUP, *args], capture_output=True, text=True, timeout=60, env=base_env())
 
 
-def test_save_now_then_stop_from_another_shell(tmp_path):
+def test_save_now_status_then_stop_from_another_shell(tmp_path):
     run = tmp_path / "run"
     cfg = tmp_path / "job.toml"
     cfg.write_text("[supervisor]\nheartbeat_interval_s = 0.5\n[checkpoint]\nadaptive_interval = false\n")
@@ -62,6 +63,20 @@ def test_save_now_then_stop_from_another_shell(tmp_path):
         [saved] = wait_for(lambda: named(run, "checkpoint_committed"), launch)
         # the next step boundary the ranks agree on: after the step the supervisor had seen, within a second of steps
         assert ack["step"] <= saved["step"] <= ack["step"] + 20
+        time.sleep(2.5)   # past one STATUS_EVERY_S: the status has the commit
+        shown = control("status", "--json", str(run))
+        assert shown.returncode == 0, shown.stderr
+        st = json.loads(shown.stdout)
+        node = st["active"][0]
+        assert st["status"] == "running" and st["attempt"] == 0 and st["level"] == "hooks" and st["spares"] == []
+        assert st["nodes"][node]["agent"] is True and st["nodes"][node]["ranks_alive"] == [0, 1]
+        assert st["nodes"][node]["heartbeat_age_s"] < 5 and st["nodes"][node]["step"] >= saved["step"]
+        assert st["nodes"][node]["step_p50_s"] >= 0.05   # each step sleeps 50 ms
+        assert st["checkpoints"]["committed"]["step"] == saved["step"]
+        assert "hang_min_s" in st["hang_why"] and st["hang_timeout_s"] > 0
+        assert 0 < st["goodput"] <= 1 and st["next_save_in_s"] > 0
+        table = control("status", str(run))
+        assert table.returncode == 0 and "attempt 0" in table.stdout and node in table.stdout
         stopped = control("stop", str(run))
         assert stopped.returncode == 0, stopped.stdout + stopped.stderr
         output, _ = launch.communicate(timeout=120)

@@ -112,6 +112,12 @@ def agent_pids(dev_cluster, run: Path) -> dict[str, int]:
     return found
 
 
+def status_of(run: Path) -> dict | None:
+    """`ckptsup status --json` of the run, None until its supervisor has published."""
+    done = subprocess.run([*CKPTSUP, "status", "--json", str(run)], capture_output=True, text=True, timeout=60)
+    return json.loads(done.stdout) if done.returncode == 0 else None
+
+
 def test_node_death_with_a_spare_restarts_on_the_spare_within_the_allocation(dev_cluster, tmp_path, reference):
     job, run, out = submit(tmp_path, nodes=2, spares=1)
     dev_cluster.wait_for(lambda: committed(run, 15), 120, what="a checkpoint at step 15")
@@ -121,12 +127,18 @@ def test_node_death_with_a_spare_restarts_on_the_spare_within_the_allocation(dev
                          what="the spare's agent to be warm")
     agents = agent_pids(dev_cluster, run)
     assert set(agents) == {*first["nodes"], spare}   # one agent per usable node, the spare's too
+    before = dev_cluster.wait_for(lambda: (s := status_of(run)) and s["nodes"][spare]["warm"] and s, 30,
+                                  what="the status to show the warm spare")
+    assert before["spares"] == [spare] and before["nodes"][spare]["agent"] is True
     with dev_cluster.revived(victim):
         killed = time.time()
         dev_cluster.kill_node(victim)
         dev_cluster.wait_for(lambda: named(read_events(run), "restart_done"), 120, what="the restart")
         # only the dead node's agent is gone: the survivor's and the spare's are the same processes
         assert agent_pids(dev_cluster, run) == {n: pid for n, pid in agents.items() if n != victim}
+        after = dev_cluster.wait_for(lambda: (s := status_of(run)) and s["attempt"] == 1 and s, 30,
+                                     what="the status after the restart")
+        assert spare in after["active"] and victim in after["excluded"] and victim not in after["nodes"]
         dev_cluster.wait_for(lambda: finished(dev_cluster, job), 180, what=f"job {job} to finish")
     events = read_events(run)
     assert dev_cluster.job(job) is None or dev_cluster.job(job).state == JobState.COMPLETED

@@ -139,6 +139,9 @@ class AttemptTracker:
         view.last_heard = now
         m = msg.m
         if m == MessageKind.HB:
+            alive = body.get("ranks_alive")
+            if isinstance(alive, list):
+                view.ranks_alive = tuple(r for r in alive if isinstance(r, int))
             stopped = set(body.get("stopped_ranks") or ())
             for rank in self.ranks.values():
                 if rank.node == node:
@@ -268,6 +271,10 @@ class AttemptTracker:
         st = body.get("step_time_s")
         if isinstance(st, (int, float)) and step > self.resume_step:
             self.step_window.add(float(st))  # the first step after a (re)start is warm-up
+            view = self.node_views[node]
+            if view.step_window is None:
+                view.step_window = StepWindow(size=128)
+            view.step_window.add(float(st))
         if self.first_step is None:
             self.first_step = step
             self.marks.first_step = now

@@ -39,6 +39,8 @@ class RankView:
 class NodeView:
     node: str
     last_heard: float                 # supervisor mono of the last frame from its agent
+    ranks_alive: tuple[int, ...] = ()  # as its agent's last heartbeat said
+    step_window: "StepWindow | None" = None   # its ranks' recent step times (ckptsup status)
 
 
 @dataclass(kw_only=True)
@@ -56,6 +58,9 @@ class StepWindow:
 
     def p99(self) -> float | None:
         return percentile(self.samples, 0.99)
+
+    def p50(self) -> float | None:
+        return percentile(self.samples, 0.5)
 
 
 def percentile(values: Sequence[float], q: float) -> float | None:

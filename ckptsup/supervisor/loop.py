@@ -12,6 +12,7 @@ first step after resume. docs/architecture.md tells the whole story.
 
 from __future__ import annotations
 
+import math
 import queue
 import signal
 import socket
@@ -31,7 +32,7 @@ from . import recovery
 from .agent import LaunchSpec
 from .agent_set import AgentSet, StepFactory
 from .agent_step import AgentStep, CommandSender, Message, StepSignal
-from . import control
+from . import control, status
 from .attempt import AttemptTracker, Marks
 from .interval_tuner import IntervalTuner
 from .nccl import Timeouts
@@ -102,6 +103,11 @@ class Supervisor:
         self.attempt_wall_start = time.time()   # wall clock of the current launch (progress_dir mtimes)
         self.control_seen: set[str] = set()     # operator requests answered (control.py)
         self.control_polled = 0.0
+        self.heard: dict[str, float] = {}        # node -> mono of its agent's last frame (status.py)
+        self.warm_nodes: set[str] = set()        # nodes whose next launch starts warm
+        self.checkpoints: dict[str, dict[str, Any]] = {}   # committed | validated | durable -> {step, ts}
+        self.last_commit_mono: float | None = None
+        self.status_published = -math.inf
         self.interval.grace_time_s = placement.grace_time_s
 
     # ---- bookkeeping --------------------------------------------------------------------------
@@ -149,6 +155,7 @@ class Supervisor:
             raise
         finally:
             self.lease_stop.set()
+            self._publish_status(force=True)
             self.agents.close(self.sup.kill_grace_s)
             if self.writer is not None:
                 self.writer.close()
@@ -193,6 +200,7 @@ class Supervisor:
             tracker = self.tracker
             assert tracker is not None
             self._report_level(tracker)
+            self._publish_status()
             stop = self._take_control(tracker)
             if stop is not None:
                 return self._cancel(stop)
@@ -249,6 +257,7 @@ class Supervisor:
                 else:
                     self.agents.ended(msg.step_id)
                 continue
+            self.heard[msg.node] = msg.recv
             self._note(msg)
             if done(msg):
                 return True
@@ -260,8 +269,11 @@ class Supervisor:
             return None  # a message from a replaced step, or from an agent we let go
         if msg.m is StepSignal.EOF:
             return self._step_ended(tracker, msg)
+        self.heard[msg.node] = msg.recv
         if self._note(msg):
             return None
+        if msg.m is MessageKind.LAUNCHED:
+            self.warm_nodes.discard(msg.node)   # its warm interpreters (if any) now run these ranks
         if msg.m is MessageKind.LAUNCHED and isinstance(msg.body.get("pid"), int):
             self.torchrun_pids.add(msg.body["pid"])
             if self.restart is not None and msg.node in self.active:
@@ -286,6 +298,7 @@ class Supervisor:
         elif msg.m is MessageKind.OUTPUT:
             print_console(msg.body)
         elif msg.m is MessageKind.WARM_READY:
+            self.warm_nodes.add(msg.node)
             self.emit(Event.WARM_READY, node=msg.node, interpreters=msg.body.get("interpreters"))
         else:
             return False
@@ -372,7 +385,13 @@ class Supervisor:
         fields = {k: v for k, v in record.items() if k not in ("event", "ts", "mono", "job_id", "attempt", "epoch")}
         fields["rank_ts"] = record.get("ts")
         self.emit(name, **fields)
+        tier = {Event.CHECKPOINT_COMMITTED: "committed", Event.CHECKPOINT_VALIDATED: "validated",
+                Event.CHECKPOINT_PROMOTED: "durable"}.get(name)
+        if tier is not None and isinstance(record.get("step"), int):
+            self.checkpoints[tier] = {"step": record["step"], "ts": record.get("ts"),
+                                      **({"tier": record["tier"]} if isinstance(record.get("tier"), str) else {})}
         if name is Event.CHECKPOINT_COMMITTED:
+            self.last_commit_mono = self.clock()
             for key in ("stall_s", "write_s"):
                 if isinstance(record.get(key), (int, float)):
                     self.state.measured[key] = float(record[key])
@@ -528,6 +547,24 @@ class Supervisor:
             return False
 
         self._await(dumped, self.clock() + DUMP_WAIT_S, until=lambda: not waiting)
+
+    def _publish_status(self, *, force: bool = False) -> None:
+        """status.json for `ckptsup status`, every STATUS_EVERY_S (and at the end)."""
+        now = self.clock()
+        if not force and now - self.status_published < status.STATUS_EVERY_S:
+            return
+        self.status_published = now
+        spares = tuple(n for n in self.placement.nodes if n not in self.active and n not in self.state.excluded_nodes)
+        seen = status.Seen(now_mono=now, now_wall=time.time(), heard=self.heard, has_agent=self.agents.has_agent,
+                           warm_nodes=frozenset(self.warm_nodes), checkpoints=self.checkpoints,
+                           interval_s=self.interval.current_s(), last_commit_mono=self.last_commit_mono)
+        try:
+            status.publish(self.run_dir.path, status.build_status(
+                job_id=self.placement.job_id, attempt=self.state.attempt, epoch=self.state.epoch,
+                run_status=self.state.status.value, active=self.active, spares=spares,
+                excluded=self.state.excluded_nodes, tracker=self.tracker, config=self.sup, seen=seen))
+        except OSError as err:   # a full run dir costs the status, never the run
+            print(f"ckptsup: cannot publish {status.STATUS_FILE}: {err.strerror or err}", flush=True)
 
     # ---- operator requests (control.py) -------------------------------------------------------
     def _take_control(self, tracker: AttemptTracker) -> control.ControlRequest | None:

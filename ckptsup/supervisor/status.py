@@ -1,0 +1,99 @@
+"""The live status of a run, as its supervisor publishes it: `<run_dir>/status.json` (0600 in the
+0700 run dir, written whole and renamed in every STATUS_EVERY_S and at the end), read by
+`ckptsup status` (supervisor/cli_status.py) — no listener. `build_status` is pure: the loop
+hands it what it knows; `hang_reason` says which rule set the hang timeout in force.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any, Callable, Mapping
+
+from ..config import AUTO, SupervisorConfig
+from ..errors import ConfigError
+from ..rundir import atomic_write_json
+from ..safe_io import read_json
+from .attempt import AttemptTracker
+from .detection import hang_timeout
+
+STATUS_FILE = "status.json"
+STATUS_EVERY_S = 2.0
+STATUS_VERSION = 1
+MAX_STATUS_BYTES = 8 << 20   # 2,048 nodes x a few hundred bytes, with room
+
+
+@dataclass(frozen=True, kw_only=True)
+class Seen:
+    """What the loop knows beyond the tracker, for one status."""
+
+    now_mono: float
+    now_wall: float
+    heard: Mapping[str, float]               # node -> mono of its agent's last frame (spares too)
+    has_agent: Callable[[str], bool]
+    warm_nodes: frozenset[str]               # nodes whose next launch starts warm
+    checkpoints: Mapping[str, dict[str, Any]]  # committed | validated | durable -> {step, ts, ...}
+    interval_s: float | None                 # the checkpoint interval in force
+    last_commit_mono: float | None
+
+
+def hang_reason(config: SupervisorConfig, tracker: AttemptTracker) -> str:
+    p99 = tracker.step_window.p99()
+    if config.hang_timeout_s != AUTO:
+        why = f"supervisor.hang_timeout_s = {config.hang_timeout_s:g}s"
+    elif p99 is None:
+        why = f"hang_min_s {config.hang_min_s:g}s: no step measured yet"
+    else:
+        why = f"max(hang_min_s {config.hang_min_s:g}s, {config.hang_step_factor:g} x p99 step {p99:.3f}s)"
+    if tracker.hang_timeout_s() < hang_timeout(config, p99):
+        why += f", capped below the ranks' collective timeout ({tracker.hang_cap_s:g}s)"
+    return why
+
+
+def build_status(*, job_id: str, attempt: int, epoch: int, run_status: str, active: tuple[str, ...],
+                 spares: tuple[str, ...], excluded: Mapping[str, str], tracker: AttemptTracker | None,
+                 config: SupervisorConfig, seen: Seen) -> dict[str, Any]:
+    nodes: dict[str, dict[str, Any]] = {}
+    for node in (*active, *spares):
+        heard = seen.heard.get(node)
+        row: dict[str, Any] = {"role": "active" if node in active else "spare", "agent": seen.has_agent(node),
+                               "heartbeat_age_s": None if heard is None else round(seen.now_mono - heard, 3),
+                               "warm": node in seen.warm_nodes}
+        view = tracker.node_views.get(node) if tracker is not None and node in active else None
+        if view is not None:
+            steps = [r.last_step for r in tracker.ranks.values() if r.node == node and r.last_step is not None]
+            window = view.step_window
+            row.update(ranks_alive=list(view.ranks_alive), step=max(steps) if steps else None,
+                       step_p50_s=window.p50() if window else None, step_p99_s=window.p99() if window else None)
+        nodes[node] = row
+    out: dict[str, Any] = {
+        "v": STATUS_VERSION, "written": round(seen.now_wall, 3), "job_id": job_id, "attempt": attempt, "epoch": epoch,
+        "status": run_status, "active": list(active), "spares": list(spares), "excluded": dict(excluded),
+        "nodes": nodes, "checkpoints": {k: dict(v) for k, v in seen.checkpoints.items()},
+        "save_interval_s": seen.interval_s,
+        "next_save_in_s": (None if seen.interval_s is None or seen.last_commit_mono is None
+                           else round(seen.last_commit_mono + seen.interval_s - seen.now_mono, 1)),
+    }
+    if tracker is not None:
+        level = tracker.level
+        out.update(level=level.value if level else None, step=tracker.last_step,
+                   step_p50_s=tracker.step_window.p50(), step_p99_s=tracker.step_window.p99(),
+                   hang_timeout_s=round(tracker.hang_timeout_s(), 3), hang_why=hang_reason(config, tracker))
+    return out
+
+
+def publish(run_dir: Path, status: dict[str, Any]) -> None:
+    atomic_write_json(run_dir / STATUS_FILE, status)
+
+
+def read_status(run_dir: Path) -> dict[str, Any]:
+    """The published status (one line, naming the fix, for a missing or foreign file)."""
+    path = run_dir / STATUS_FILE
+    try:
+        data = read_json(path, max_bytes=MAX_STATUS_BYTES, what="status file", error=ConfigError)
+    except FileNotFoundError:
+        raise ConfigError(f"{path} does not exist: the run has not started under this ckptsup, or its "
+                          "supervisor has not published yet; try again in a few seconds") from None
+    if not isinstance(data, dict) or data.get("v") != STATUS_VERSION or not isinstance(data.get("nodes"), dict):
+        raise ConfigError(f"{path} is not a ckptsup status file (version {STATUS_VERSION}); move it aside")
+    return data
