@@ -9,6 +9,8 @@
       secret              0600 per-job HMAC key (ranks/agent get its path, never its value):
                           64 hex characters (secrets.token_hex(32)); anything shorter is refused
       config.json         0600 effective config the supervisor resolved (config.write_config_json)
+      status.json         0600 the live status for `ckptsup status`, rewritten every 2 s (supervisor/status.py)
+      control/            0700 operator requests (`ckptsup save-now`, `ckptsup stop`; supervisor/control.py)
       checkpoints/        default checkpoint_dir
       attempt-<N>/        per-attempt agent and rank logs, flight-recorder dumps
 

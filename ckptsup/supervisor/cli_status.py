@@ -40,7 +40,7 @@ def goodput(run: Path) -> dict[str, Any]:
     acc = account(read_events(run))
     paid = acc.paid_device_s
     return {"goodput": acc.useful_device_s / paid if paid else None, "paid_device_s": round(paid, 1),
-            "badput_device_s": {k: round(v, 1) for k, v in acc.badput_device_s.items() if v > 0}}
+            "badput_device_s": {k: round(v, 1) for k, v in acc.badput_device_s.items() if round(v, 1) > 0}}
 
 
 def snapshot(run: Path) -> dict[str, Any]:
