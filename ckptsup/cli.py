@@ -21,6 +21,7 @@ COMMANDS: dict[str, str] = {
     "requeue": "ckptsup.supervisor.cli_ops:requeue",
     "save-now": "ckptsup.supervisor.cli_control:save_now",
     "stop": "ckptsup.supervisor.cli_control:stop",
+    "replace": "ckptsup.supervisor.cli_control:replace",
     "status": "ckptsup.supervisor.cli_status:status",
     "plan": "ckptsup.planning.cli:plan",
     "simulate": "ckptsup.planning.cli:simulate",

@@ -108,12 +108,13 @@ class FailureKind(str, enum.Enum):
     NAN = "nan"
     PREEMPTED = "preempted"
     USER_ERROR = "user_error"
+    REPLACED = "replaced"      # an operator's `ckptsup replace`: the node's ranks move to a spare at a checkpoint
 
     @staticmethod
     def counts_against_mtbf(kind: object) -> bool:
         """Whether a failure of this kind (a member or its string; unknown ones count) is the
         hardware's or the system's: preemptions and the job's own errors say nothing of the MTBF."""
-        return kind not in (FailureKind.PREEMPTED, FailureKind.USER_ERROR)
+        return kind not in (FailureKind.PREEMPTED, FailureKind.USER_ERROR, FailureKind.REPLACED)
 
 
 REQUIRED_FIELDS = ("event", "ts", "mono", "job_id", "attempt")

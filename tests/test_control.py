@@ -15,7 +15,7 @@ from ckptsup.supervisor import control
 from ckptsup.supervisor.control import BadRequest, ControlCommand, ControlRequest
 from ckptsup.wire import MessageKind
 
-from test_supervisor_loop import Clock, Fault, World, fast_ticks, of, site, supervisor  # noqa: F401
+from test_supervisor_loop import Clock, FakeSlurm, Fault, World, fast_ticks, of, site, supervisor  # noqa: F401
 
 
 def test_a_request_is_taken_once_and_removed(tmp_path):
@@ -120,3 +120,56 @@ def test_a_run_without_a_live_supervisor_gets_one_line_and_no_request(tmp_path):
     [line] = done.stderr.splitlines()
     assert "has no live supervisor (no lease" in line and "is the job running?" in line
     assert not (run.path / "control").exists()
+
+
+class SavingStep:
+    """A FakeStep whose ranks commit a checkpoint when asked to save now (the hooks' answer)."""
+
+    @staticmethod
+    def wrap(world: World):
+        original = world.factory
+
+        def factory(**kw):
+            step = original(**kw)
+            send = step.send
+
+            def send_and_save(m, body=None, *, nodes=None):
+                if m is MessageKind.SAVE_NOW:
+                    step.put(MessageKind.EVENT, step.active[0], record={"event": "checkpoint_committed", "step": 4,
+                                                                       "stall_s": 0.1})
+                return send(m, body, nodes=nodes)
+
+            step.send = send_and_save  # type: ignore[method-assign]
+            return step
+
+        return factory
+
+
+def test_replace_checkpoints_then_moves_the_nodes_ranks_to_the_spare_and_drains_it(tmp_path, site):
+    slurm = FakeSlurm()
+    world = World(clock=Clock(), faults={0: Fault("hang", 4)})   # still running when the request is read
+    sv = supervisor(tmp_path, world, nodes=("n1", "n2", "n3"), needed=2, in_slurm=True, slurm=slurm)
+    sv.step_factory = SavingStep.wrap(world)
+    request = control.submit(sv.run_dir.path, ControlCommand.REPLACE, node="n2")
+    assert sv.run() is ExitStatus.DONE
+    [ack] = of(tmp_path, Event.CONTROL)
+    assert ack["outcome"] == "accepted" and ack["request"] == request.id and "n3" in ack["detail"]
+    [detected] = of(tmp_path, Event.FAILURE_DETECTED)
+    assert detected["kind"] == "replaced" and detected["node"] == "n2"
+    [relaunch] = [e for e in of(tmp_path, Event.LAUNCH) if e["path"] == "node"]
+    assert relaunch["nodes"] == ["n1", "n3"]
+    assert [e["node"] for e in of(tmp_path, Event.NODE_EXCLUDED)] == ["n2"] and slurm.drained == ["n2"]
+    state = RunDir(path=tmp_path / "run").load_state()
+    assert state.restarts == 0 and "replaced" in state.excluded_nodes["n2"]   # no restart budget spent
+
+
+def test_replace_of_a_node_not_active_or_without_a_spare_is_refused(tmp_path, site):
+    world = World(clock=Clock(), faults={0: Fault("hang", 4)})
+    sv = supervisor(tmp_path, world, nodes=("n1", "n2"), needed=2, in_slurm=True, slurm=FakeSlurm())
+    control.submit(sv.run_dir.path, ControlCommand.REPLACE, node="n9")
+    control.submit(sv.run_dir.path, ControlCommand.REPLACE, node="n2")
+    sv.run()
+    details = [a["detail"] for a in of(tmp_path, Event.CONTROL)]
+    assert [a["outcome"] for a in of(tmp_path, Event.CONTROL)] == ["refused", "refused"]
+    assert any("n9 is not an active node" in d for d in details)
+    assert any("no spare node to move n2's ranks to" in d for d in details)

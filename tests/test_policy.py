@@ -116,3 +116,17 @@ def test_backoff_is_zero_then_doubles_up_to_the_cap():
 def test_attempt_result_round_trips_through_state_json_records():
     a = failed(FailureKind.HANG, 9, attempt=4, start=3, last=8)
     assert AttemptResult.from_record(a.to_record()) == a
+
+
+def test_an_operators_replace_moves_to_a_spare_on_the_node_path_without_checks_or_budget():
+    spent = SupervisorConfig(max_restarts=0, crash_loop_threshold=1)   # no budget, a loop at once
+    action = decide(obs(FailureKind.REPLACED, node="n2", spares=("n3",)), hist(failed(FailureKind.REPLACED, 9, node="n2")),
+                    spent)
+    assert isinstance(action, RestartInAllocation) and action.path is RecoveryPath.NODE
+    assert action.nodes == ("n1", "n3") and action.exclude == ("n2",) and action.reasons[0][1].startswith("replaced")
+
+
+def test_a_replace_without_a_spare_requeues_without_the_node_inside_slurm():
+    action = decide(obs(FailureKind.REPLACED, node="n2", can_requeue=True), hist(failed(FailureKind.REPLACED, 9, node="n2")),
+                    CFG)
+    assert isinstance(action, Requeue) and action.exclude == ("n2",) and not action.preempted

@@ -375,3 +375,30 @@ def test_a_gpu_allocation_with_nproc_gpu_runs_a_rank_per_gpu_and_the_allocation_
     assert effective["provenance"]["supervisor.nproc_per_node"].startswith("allocation (gpu from flag")
     [row] = account(events).attempt_rows
     assert (row["active_devices"], row["spare_devices"]) == (4, 2)  # the report counts the allocation's GPUs
+
+
+def test_an_operators_replace_moves_a_nodes_ranks_to_the_spare_at_a_checkpoint(dev_cluster, tmp_path, reference):
+    job, run, out = submit(tmp_path, nodes=2, spares=1)
+    dev_cluster.wait_for(lambda: committed(run, 10), 120, what="a checkpoint at step 10")
+    first = named(read_events(run), "launch")[0]
+    victim, [spare] = first["nodes"][1], first["spares"]
+    try:
+        asked = subprocess.run([*CKPTSUP, "replace", str(run), victim], capture_output=True, text=True, timeout=60)
+        assert asked.returncode == 0, asked.stdout + asked.stderr
+        dev_cluster.wait_for(lambda: finished(dev_cluster, job), 180, what=f"job {job} to finish")
+        info = dev_cluster.client.node_info()[victim]   # ckptsup drained it ([slurm] drain_bad_nodes)
+        assert info.state.value in ("drained", "draining") and info.reason.startswith("ckptsup: replaced")
+    finally:
+        dev_cluster.client.resume(victim)  # give the node back to later tests
+    events = read_events(run)
+    [ack] = named(events, "control")
+    [detected] = named(events, "failure_detected")
+    assert detected["kind"] == "replaced" and detected["node"] == victim
+    saved = [e for e in named(events, "checkpoint_committed") if e["ts"] > ack["ts"]][0]   # the one asked for
+    restart = named(events, "restart_done")[-1]
+    assert restart["path"] == "node" and restart["resume_step"] == saved["step"]   # nothing lost
+    assert named(events, "launch")[-1]["nodes"] == [first["nodes"][0], spare]
+    [excluded] = named(events, "node_excluded")
+    assert excluded["node"] == victim and excluded["reason"].startswith("replaced")
+    assert not named(events, "requeue") and named(events, "run_complete")
+    assert json.loads((out / "final.json").read_text())["params_sha256"] == reference

@@ -1,4 +1,4 @@
-"""`ckptsup save-now RUN_DIR` and `ckptsup stop RUN_DIR [--no-save]`: an operator's request to a
+"""`ckptsup save-now RUN_DIR`, `ckptsup stop RUN_DIR [--no-save]` and `ckptsup replace RUN_DIR NODE`: an operator's request to a
 live run (supervisor/control.py), acknowledged by its supervisor in the restart log. Each prints
 the acknowledgement and exits 0 when accepted; a run that is not live, a refusal or no answer is
 one line and exit 1 (USAGE, 2, for a wrong run directory)."""
@@ -16,7 +16,7 @@ from ..errors import ConfigError
 from ..events import Event, read_events
 from ..rundir import RunDir, RunStatus
 from .cli_ops import _run_dir, _run_dir_files
-from .control import ACK_WAIT_S, ControlCommand, ControlRequest, Outcome, control_dir, submit
+from .control import ACK_WAIT_S, NODE_NAME, ControlCommand, ControlRequest, Outcome, control_dir, submit
 
 
 def _live(run: RunDir, command: str) -> None:
@@ -43,13 +43,13 @@ def _ack(run: Path, request: ControlRequest, wait_s: float) -> dict | None:
     return None
 
 
-def _send(run_dir: str, command: ControlCommand, *, save: bool, wait_s: float) -> None:
+def _send(run_dir: str, command: ControlCommand, *, save: bool, wait_s: float, node: str | None = None) -> None:
     name = command.value.replace("_", "-")
     path = _run_dir(run_dir)
     run = RunDir(path=path)
     with _run_dir_files(path, name):
         _live(run, name)
-        request = submit(path, command, save=save)
+        request = submit(path, command, save=save, node=node)
     ack = _ack(path, request, wait_s)
     if ack is None:
         (control_dir(path) / f"{request.id}.json").unlink(missing_ok=True)
@@ -80,3 +80,16 @@ def stop(run_dir: str, no_save: bool, wait_s: float) -> None:
     """Stop the running job of RUN_DIR: checkpoint (unless --no-save), stop, no requeue; the
     supervisor exits 8 (CANCELLED), which the sbatch template does not requeue."""
     _send(run_dir, ControlCommand.STOP, save=not no_save, wait_s=wait_s)
+
+
+@click.command("replace")
+@click.argument("run_dir", type=click.Path(file_okay=False))
+@click.argument("node")
+@click.option("--wait-s", type=click.FloatRange(min=1, max=3600), default=ACK_WAIT_S, show_default=True,
+              help="how long to wait for the supervisor's acknowledgement")
+def replace(run_dir: str, node: str, wait_s: float) -> None:
+    """Move NODE's ranks to a spare at the next checkpoint: the job checkpoints now, restarts on
+    the node path without NODE, and excludes it (drained when [slurm] drain_bad_nodes)."""
+    if not NODE_NAME.fullmatch(node):
+        raise ConfigError(f"ckptsup replace: {node[:60]!r} is not a node name (letters, digits, . _ -)")
+    _send(run_dir, ControlCommand.REPLACE, save=True, wait_s=wait_s, node=node)

@@ -13,6 +13,7 @@ from __future__ import annotations
 import enum
 import json
 import os
+import re
 import time
 import uuid
 from dataclasses import dataclass
@@ -22,6 +23,7 @@ from ..errors import ConfigError
 from ..safe_io import read_json
 
 CONTROL_DIR = "control"
+NODE_NAME = re.compile(r"[A-Za-z0-9][A-Za-z0-9._-]{0,127}")
 REQUEST_MAX_BYTES = 4096
 ACK_WAIT_S = 15.0   # how long the CLI waits for the supervisor's acknowledgement
 
@@ -29,6 +31,7 @@ ACK_WAIT_S = 15.0   # how long the CLI waits for the supervisor's acknowledgemen
 class ControlCommand(enum.StrEnum):
     SAVE_NOW = "save_now"   # a checkpoint at the next step boundary
     STOP = "stop"           # checkpoint (unless save=False), stop, never requeue: exit CANCELLED
+    REPLACE = "replace"     # move `node`'s ranks to a spare at the next checkpoint; exclude and drain it
 
 
 class Outcome(enum.StrEnum):
@@ -42,9 +45,11 @@ class ControlRequest:
     command: ControlCommand
     save: bool = True
     requested: float = 0.0   # wall clock of the request
+    node: str | None = None  # replace: the node to take out
 
     def to_json(self) -> dict:
-        return {"id": self.id, "command": self.command.value, "save": self.save, "requested": self.requested}
+        return {"id": self.id, "command": self.command.value, "save": self.save, "requested": self.requested,
+                **({"node": self.node} if self.node is not None else {})}
 
 
 @dataclass(frozen=True, kw_only=True)
@@ -57,11 +62,11 @@ def control_dir(run_dir: Path) -> Path:
     return run_dir / CONTROL_DIR
 
 
-def submit(run_dir: Path, command: ControlCommand, *, save: bool = True) -> ControlRequest:
+def submit(run_dir: Path, command: ControlCommand, *, save: bool = True, node: str | None = None) -> ControlRequest:
     """Write one request file (the caller checked that the run is live)."""
     directory = control_dir(run_dir)
     directory.mkdir(mode=0o700, exist_ok=True)
-    request = ControlRequest(id=uuid.uuid4().hex[:12], command=command, save=save, requested=time.time())
+    request = ControlRequest(id=uuid.uuid4().hex[:12], command=command, save=save, requested=time.time(), node=node)
     tmp = directory / f".{request.id}.tmp"
     fd = os.open(tmp, os.O_WRONLY | os.O_CREAT | os.O_EXCL | os.O_NOFOLLOW, 0o600)
     with os.fdopen(fd, "w") as out:
@@ -82,9 +87,13 @@ def parse(data: object, name: str) -> ControlRequest | BadRequest:
         return BadRequest(id=name, why=f"unknown command {str(command)[:40]!r} (save_now, stop)")
     if not isinstance(save, bool):
         return BadRequest(id=name, why="`save` must be true or false")
+    node = data.get("node")
+    if cmd is ControlCommand.REPLACE and not (isinstance(node, str) and NODE_NAME.fullmatch(node)):
+        return BadRequest(id=name, why="replace needs `node`: a node name (letters, digits, . _ -)")
     requested = data.get("requested", 0.0)
     ok_time = isinstance(requested, (int, float)) and not isinstance(requested, bool)
-    return ControlRequest(id=rid, command=cmd, save=save, requested=float(requested) if ok_time else 0.0)
+    return ControlRequest(id=rid, command=cmd, save=save, requested=float(requested) if ok_time else 0.0,
+                          node=node if cmd is ControlCommand.REPLACE else None)
 
 
 def take(run_dir: Path, seen: set[str]) -> list[ControlRequest | BadRequest]:

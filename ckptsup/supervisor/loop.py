@@ -54,6 +54,17 @@ OWN_EVENTS = frozenset({Event.FIRST_STEP, Event.STEP_PROGRESS, Event.RUN_COMPLET
 
 
 @dataclass(kw_only=True)
+class PendingReplace:
+    request: str
+    node: str
+    due: bool = False    # the checkpoint it waits for was committed
+
+    def failure(self, step: int | None) -> Failure:
+        return Failure(kind=FailureKind.REPLACED, node=self.node, step=step, suspects=(self.node,),
+                       detail=f"operator request {self.request}")
+
+
+@dataclass(kw_only=True)
 class Job:
     script: str            # a file's absolute path; the module name with `module`
     script_args: list[str]
@@ -108,6 +119,7 @@ class Supervisor:
         self.checkpoints: dict[str, dict[str, Any]] = {}   # committed | validated | durable -> {step, ts}
         self.last_commit_mono: float | None = None
         self.status_published = -math.inf
+        self.replace: PendingReplace | None = None   # an operator's replace, waiting for its checkpoint
         self.interval.grace_time_s = placement.grace_time_s
 
     # ---- bookkeeping --------------------------------------------------------------------------
@@ -214,6 +226,8 @@ class Supervisor:
             if failure is None and self.stop_signal is not None:
                 failure = Failure(kind=FailureKind.PREEMPTED, step=tracker.current_step(),
                                   detail=f"signal {signal.Signals(self.stop_signal).name}")
+            if failure is None and self.replace is not None and self.replace.due:
+                failure, self.replace = self.replace.failure(tracker.current_step()), None
             if failure is None:
                 failure = tracker.check(self.clock())
                 self._report_level(tracker)
@@ -392,6 +406,8 @@ class Supervisor:
                                       **({"tier": record["tier"]} if isinstance(record.get("tier"), str) else {})}
         if name is Event.CHECKPOINT_COMMITTED:
             self.last_commit_mono = self.clock()
+            if self.replace is not None:
+                self.replace.due = True   # the checkpoint the replace waited for
             for key in ("stall_s", "write_s"):
                 if isinstance(record.get(key), (int, float)):
                     self.state.measured[key] = float(record[key])
@@ -497,7 +513,8 @@ class Supervisor:
             case RestartInAllocation(nodes=nodes, path=path, backoff_s=backoff_s, failure=failure):
                 if backoff_s > 0:
                     self.sleep(backoff_s)
-                self.state.restarts += 1
+                if failure is None or failure.kind is not FailureKind.REPLACED:
+                    self.state.restarts += 1   # an operator's replace spends no restart budget
                 self.state.attempt += 1
                 self.state.epoch += 1
                 self._save_state()
@@ -586,6 +603,8 @@ class Supervisor:
                                      nodes=self.active)
                     self._ack(request.id, request.command, control.Outcome.ACCEPTED,
                               "a checkpoint at the next step boundary", tracker)
+            elif request.command is control.ControlCommand.REPLACE:
+                self._take_replace(request, tracker)
             elif stop is None:
                 stop = request
                 save = "checkpoint, then stop" if request.save else "stop without a checkpoint"
@@ -593,6 +612,26 @@ class Supervisor:
             else:
                 self._ack(request.id, request.command, control.Outcome.REFUSED, "a stop is already under way", tracker)
         return stop
+
+    def _take_replace(self, request: control.ControlRequest, tracker: AttemptTracker) -> None:
+        """Accept a replace when it can be done: ask for a checkpoint now; the restart without
+        the node follows its commit (the loop's `self.replace.due`)."""
+        node = request.node or ""
+        spares = [n for n in self.placement.nodes if n not in self.active and n not in self.state.excluded_nodes]
+        refusal = self._save_now_refusal(tracker)
+        if node not in self.active:
+            refusal = f"{node} is not an active node of this attempt (active: {', '.join(self.active)})"
+        elif not spares:
+            refusal = f"no spare node to move {node}'s ranks to"
+        elif self.replace is not None:
+            refusal = f"a replace of {self.replace.node} is already waiting for its checkpoint"
+        if refusal:
+            self._ack(request.id, request.command, control.Outcome.REFUSED, refusal, tracker)
+            return
+        self.replace = PendingReplace(request=request.id, node=node)
+        self.agents.send(MessageKind.SAVE_NOW, {"reason": f"operator replace {request.id}"}, nodes=self.active)
+        self._ack(request.id, request.command, control.Outcome.ACCEPTED,
+                  f"{node}'s ranks move to {spares[0]} after the next checkpoint; {node} is excluded", tracker)
 
     def _save_now_refusal(self, tracker: AttemptTracker) -> str:
         level = tracker.level

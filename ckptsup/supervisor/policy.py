@@ -7,7 +7,9 @@ Rules, in order:
    → Requeue excluding them inside Slurm, else GiveUp.
 1. no failure → Continue.
 2. preemption / time limit → Requeue(preempted=True) (the loop stops the ranks first; outside
-   Slurm it exits PREEMPTED).
+   Slurm it exits PREEMPTED). An operator's replace (at a checkpoint the ranks just committed)
+   → RestartInAllocation on the node path without that node, which is blamed (excluded, drained);
+   no crash-loop, budget or health rule applies to it.
 3. attribution: an agent that neither answered the kill nor spoke (`silent`) is a dead node,
    whatever the first symptom was; the action carries the attributed failure.
 4. suspects not yet checked (a hang, an unpinned node death, a crash repeating on one node) →
@@ -108,6 +110,8 @@ def decide(obs: Observation, history: History, config: SupervisorConfig) -> Acti
         return Continue()
     if failure.kind is FailureKind.PREEMPTED:
         return Requeue(reason=failure.detail or "preempted", preempted=True, failure=failure)
+    if failure.kind is FailureKind.REPLACED and failure.node is not None:
+        return _replace(obs, failure)
 
     failure = attribute(failure, obs)
     if obs.unhealthy is None:
@@ -158,6 +162,22 @@ def decide(obs: Observation, history: History, config: SupervisorConfig) -> Acti
                        reason=f"{len(candidates)} healthy node(s) left, {obs.nodes_needed} needed")
     return GiveUp(reason=f"{len(candidates)} healthy node(s) left of {obs.nodes_needed} needed and "
                          f"no requeue outside Slurm; last failure: {failure.kind.value}", failure=failure)
+
+
+def _replace(obs: Observation, failure: Failure) -> Action:
+    node = failure.node
+    assert node is not None
+    why = f"replaced: {failure.detail}" if failure.detail else "replaced on request"
+    candidates = [n for n in obs.active if n != node and n not in obs.excluded]
+    candidates += [n for n in obs.spares if n != node and n not in obs.excluded and n not in candidates]
+    if len(candidates) >= obs.nodes_needed:
+        return RestartInAllocation(nodes=tuple(candidates[: obs.nodes_needed]), path=RecoveryPath.NODE,
+                                   exclude=(node,), reasons=((node, why),), failure=failure)
+    excluded = tuple(sorted({*obs.excluded, node}))
+    if obs.can_requeue:
+        return Requeue(exclude=excluded, newly_excluded=(node,), reasons=((node, why),), failure=failure,
+                       reason=f"no spare to replace {node} with: requeue without it")
+    return GiveUp(reason=f"no spare to replace {node} with, and no requeue outside Slurm", failure=failure)
 
 
 def _start(obs: Observation) -> Action:
