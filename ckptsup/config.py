@@ -247,6 +247,12 @@ class CostConfig:
 
 
 @dataclass(kw_only=True)
+class ReportConfig:
+    prom_textfile: str = knob("", "Prometheus textfile the supervisor rewrites every few seconds while the job runs "
+                                  "(node_exporter's textfile collector; {job_id} expands); empty = off")
+
+
+@dataclass(kw_only=True)
 class Config:
     run: RunConfig = field(default_factory=RunConfig)
     checkpoint: CheckpointConfig = field(default_factory=CheckpointConfig)
@@ -257,6 +263,7 @@ class Config:
     slurm: SlurmConfig = field(default_factory=SlurmConfig)
     sbatch: SbatchConfig = field(default_factory=SbatchConfig)
     cost: CostConfig = field(default_factory=CostConfig)
+    report: ReportConfig = field(default_factory=ReportConfig)
 
     def to_dict(self) -> dict[str, dict[str, Any]]:
         return dataclasses.asdict(self)

@@ -6,6 +6,7 @@ request is one line."""
 from __future__ import annotations
 
 import json
+import re
 import subprocess
 import sys
 import time
@@ -47,7 +48,10 @@ def control(*args: str) -> subprocess.CompletedProcess:
 def test_save_now_status_then_stop_from_another_shell(tmp_path):
     run = tmp_path / "run"
     cfg = tmp_path / "job.toml"
-    cfg.write_text("[supervisor]\nheartbeat_interval_s = 0.5\n[checkpoint]\nadaptive_interval = false\n")
+    prom = tmp_path / "textfile" / "ckptsup-{job_id}.prom"
+    prom.parent.mkdir()
+    cfg.write_text("[supervisor]\nheartbeat_interval_s = 0.5\n[checkpoint]\nadaptive_interval = false\n"
+                   f"[report]\nprom_textfile = \"{prom}\"\n")
     launch = subprocess.Popen([*CKPTSUP, "launch", "--nproc-per-node", "2", "--config", str(cfg), "--run-dir", str(run),
                                str(ROOT / "examples" / "train.py"), "--steps", "3000", "--step-sleep-s", "0.05",
                                "--out", str(tmp_path / "out")], cwd=tmp_path, env=base_env(), stdout=subprocess.PIPE,
@@ -75,6 +79,13 @@ def test_save_now_status_then_stop_from_another_shell(tmp_path):
         assert st["checkpoints"]["committed"]["step"] == saved["step"]
         assert "hang_min_s" in st["hang_why"] and st["hang_timeout_s"] > 0
         assert 0 < st["goodput"] <= 1 and st["next_save_in_s"] > 0
+        live = (tmp_path / "textfile" / "ckptsup-local.prom").read_text()   # the live Prometheus textfile
+        sample = re.compile(r'^ckptsup_[a-z_]+\{job_id="local"(,[a-z]+="[^"]*")*\} -?[0-9.e+-]+$')
+        assert all(line.startswith("# ") or sample.match(line) for line in live.splitlines()), live
+        assert re.search(r'^ckptsup_run_running\{job_id="local"\} 1$', live, re.M)
+        assert re.search(r'^ckptsup_checkpoint_step\{job_id="local",tier="committed"\} ' + str(saved["step"]) + "$",
+                         live, re.M)
+        assert 0 < float(re.search(r"^ckptsup_goodput_ratio\{[^}]*\} (\S+)$", live, re.M).group(1)) <= 1
         table = control("status", str(run))
         assert table.returncode == 0 and "attempt 0" in table.stdout and node in table.stdout
         stopped = control("stop", str(run))
@@ -89,6 +100,8 @@ def test_save_now_status_then_stop_from_another_shell(tmp_path):
     assert cancelled["saved"] is True and last["step"] > saved["step"] and last["step"] == cancelled["step"] + 1
     assert RunDir(path=run).load_state().status is RunStatus.CANCELLED
     assert not named(run, "requeue") and not named(run, "run_complete")
+    ended = (tmp_path / "textfile" / "ckptsup-local.prom").read_text()   # the last one says the run ended
+    assert re.search(r'^ckptsup_run_running\{job_id="local"\} 0$', ended, re.M)
     again = control("save-now", str(run))
     assert again.returncode != 0
     [line] = [x for x in again.stderr.splitlines() if x.strip()]

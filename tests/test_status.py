@@ -42,3 +42,27 @@ def test_a_status_file_that_is_not_ours_and_a_missing_run_are_one_line_each(tmp_
     assert deep.returncode == 2 and len(deep.stderr.splitlines()) == 1 and "Traceback" not in deep.stderr
     nowhere = ckptsup("status", "4242", cwd=tmp_path)
     assert nowhere.returncode == 2 and "no run directory for job 4242 at ckptsup-runs/4242" in nowhere.stderr
+
+
+def test_a_prom_textfile_in_a_missing_directory_is_refused_at_launch_in_one_line(tmp_path):
+    cfg = tmp_path / "job.toml"
+    cfg.write_text(f'[report]\nprom_textfile = "{tmp_path}/no/such/dir/x.prom"\n')
+    script = tmp_path / "noop.py"
+    script.write_text("pass\n")
+    done = ckptsup("launch", "--config", str(cfg), "--run-dir", str(tmp_path / "run"), str(script), cwd=tmp_path)
+    assert done.returncode == 2 and len(done.stderr.splitlines()) == 1
+    assert "report.prom_textfile" in done.stderr and "its directory does not exist" in done.stderr
+    assert not (tmp_path / "run").exists()   # refused before anything was created
+
+
+def test_the_live_textfile_is_exposition_format_with_conventional_units():
+    from ckptsup.supervisor.prom_live import live_text
+
+    text = live_text({"job_id": 'j"1', "written": 1.5, "status": "running", "attempt": 2, "step": 7,
+                      "step_p50_s": 0.1, "step_p99_s": float("nan"), "active": ["n1"], "spares": [], "excluded": {},
+                      "nodes": {"n1": {"role": "active", "agent": True, "heartbeat_age_s": 0.4, "ranks_alive": [0, 1]}},
+                      "checkpoints": {"committed": {"step": 5}}, "next_save_in_s": None}, 0.9)
+    assert 'ckptsup_step_duration_seconds{job_id="j\\"1",quantile="0.5"} 0.1' in text
+    assert 'quantile="0.99"' not in text and "next_save_seconds" not in text   # NaN and None are left out
+    assert 'ckptsup_node_ranks_alive{job_id="j\\"1",node="n1"} 2' in text
+    assert 'ckptsup_goodput_ratio{job_id="j\\"1"} 0.9' in text and text.count("# TYPE ckptsup_") == text.count("# HELP ")

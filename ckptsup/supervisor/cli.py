@@ -6,6 +6,7 @@ from __future__ import annotations
 import dataclasses
 import os
 import sys
+from pathlib import Path
 from typing import TYPE_CHECKING
 
 import click
@@ -82,6 +83,10 @@ def launch(nproc_per_node: str | None, nodes: str | None, module: bool, no_pytho
     if needed > len(placement.nodes):
         where = f"the allocation has {len(placement.nodes)}" if in_slurm else "local mode runs one node"
         raise UsageError(f"--nodes {needed} active nodes requested but {where}; lower --nodes or allocate more")
+    prom = resolved.config.report.prom_textfile.replace("{job_id}", placement.job_id)
+    if prom and not Path(prom).parent.is_dir():
+        raise UsageError(f"report.prom_textfile = {prom!r}: its directory does not exist; point it into "
+                         "node_exporter's --collector.textfile.directory")
     rd_path = resolved.config.run.run_dir.replace("{job_id}", placement.job_id)
     prepare(rd_path, resolved.config, job_id=placement.job_id, resume=resume)  # refuse, move aside, or resume
     run = RunDir.create(rd_path)

@@ -32,7 +32,7 @@ from . import recovery
 from .agent import LaunchSpec
 from .agent_set import AgentSet, StepFactory
 from .agent_step import AgentStep, CommandSender, Message, StepSignal
-from . import control, status
+from . import control, prom_live, status
 from .attempt import AttemptTracker, Marks
 from .interval_tuner import IntervalTuner
 from .nccl import Timeouts
@@ -120,6 +120,10 @@ class Supervisor:
         self.last_commit_mono: float | None = None
         self.status_published = -math.inf
         self.replace: PendingReplace | None = None   # an operator's replace, waiting for its checkpoint
+        self.goodput: float | None = None         # so far, for the live Prometheus textfile
+        self.goodput_at = -math.inf
+        self.goodput_commit: float | None = None
+        self.said: set[str] = set()
         self.interval.grace_time_s = placement.grace_time_s
 
     # ---- bookkeeping --------------------------------------------------------------------------
@@ -575,13 +579,36 @@ class Supervisor:
         seen = status.Seen(now_mono=now, now_wall=time.time(), heard=self.heard, has_agent=self.agents.has_agent,
                            warm_nodes=frozenset(self.warm_nodes), checkpoints=self.checkpoints,
                            interval_s=self.interval.current_s(), last_commit_mono=self.last_commit_mono)
+        current = status.build_status(
+            job_id=self.placement.job_id, attempt=self.state.attempt, epoch=self.state.epoch,
+            run_status=self.state.status.value, active=self.active, spares=spares,
+            excluded=self.state.excluded_nodes, tracker=self.tracker, config=self.sup, seen=seen)
         try:
-            status.publish(self.run_dir.path, status.build_status(
-                job_id=self.placement.job_id, attempt=self.state.attempt, epoch=self.state.epoch,
-                run_status=self.state.status.value, active=self.active, spares=spares,
-                excluded=self.state.excluded_nodes, tracker=self.tracker, config=self.sup, seen=seen))
+            status.publish(self.run_dir.path, current)
         except OSError as err:   # a full run dir costs the status, never the run
-            print(f"ckptsup: cannot publish {status.STATUS_FILE}: {err.strerror or err}", flush=True)
+            self._once(f"cannot publish {status.STATUS_FILE}: {err.strerror or err}")
+        if self.config.report.prom_textfile:
+            self._publish_prom(current, now, force=force)
+
+    def _publish_prom(self, current: dict[str, Any], now: float, *, force: bool) -> None:
+        # goodput moves at commits (progress is useful once saved): recompute then, else seldom
+        if force or now - self.goodput_at >= prom_live.GOODPUT_EVERY_S or self.goodput_commit != self.last_commit_mono:
+            from ..planning.accounting import account
+
+            self.goodput_at, self.goodput_commit = now, self.last_commit_mono
+            acc = account(read_events(self.run_dir.path))
+            self.goodput = acc.useful_device_s / acc.paid_device_s if acc.paid_device_s else None
+        path = Path(self.config.report.prom_textfile.replace("{job_id}", self.placement.job_id))
+        try:
+            prom_live.write_textfile(path, prom_live.live_text(current, self.goodput))
+        except OSError as err:
+            self._once(f"cannot write the Prometheus textfile {path}: {err.strerror or err}")
+
+    def _once(self, line: str) -> None:
+        """A line for a problem that repeats every few seconds: said once per run."""
+        if line not in self.said:
+            self.said.add(line)
+            print(f"ckptsup: {line}", flush=True)
 
     # ---- operator requests (control.py) -------------------------------------------------------
     def _take_control(self, tracker: AttemptTracker) -> control.ControlRequest | None:
