@@ -204,6 +204,7 @@ def idle_cluster(dev_cluster: DevClusterFixture) -> DevClusterFixture:
 # keeps the split in one place instead of a marker line in each file.
 INTEGRATION_FILES = frozenset({
     "test_accounting_real.py",
+    "test_control_local.py",
     "test_elastic.py",
     "test_give_up_quote_local.py",
     "test_heartbeat_torchrun.py",
@@ -216,6 +217,7 @@ INTEGRATION_FILES = frozenset({
     "test_relaunch_local.py",
     "test_resume_bitexact.py",
     "test_resume_fsdp2.py",
+    "test_spare_agent.py",
     "test_supervisor_local.py",
     "test_supervisor_train.py",
 })

@@ -1,26 +1,12 @@
 """The job's agents (supervisor/agent_set.py): which node's agent is live, which messages count,
-how commands are addressed; then a real spare's agent (`ckptsup agent` in standby, the
-supervisor's real AgentStep channel): it warms up at once, refuses a launch without its node,
-and starts the launch that takes its node over from its warm interpreters."""
+how commands are addressed (a real spare's agent: tests/test_spare_agent.py)."""
 from __future__ import annotations
 
-import os
-import queue
-import time
 from dataclasses import dataclass, field
-from pathlib import Path
 from typing import Any
 
-import pytest
-
-from hooks_helpers import free_port
-
-from ckptsup.env import NODE, SECRET_FILE
-from ckptsup.rundir import RunDir
 from ckptsup.supervisor.agent_set import AgentSet
-from ckptsup.supervisor.agent_step import AgentStep, CommandSender, Message, StepSignal
-from ckptsup.supervisor.placement import agent_command
-from ckptsup.supervisor.spec import LaunchSpec
+from ckptsup.supervisor.agent_step import Message, StepSignal
 from ckptsup.wire import MessageKind
 
 
@@ -81,54 +67,3 @@ def test_commands_reach_exactly_the_agents_meant_one_frame_per_step():
     assert not agents.send(MessageKind.KILL) and agents.alive() and not agents.has_agent("n4")
     agents.close(0)
     assert not agents.alive() and not big.running
-
-
-# ---- a real spare's agent -----------------------------------------------------------------
-
-def spec_for(tmp: Path, node: str, script: Path, run: RunDir) -> LaunchSpec:
-    return LaunchSpec(script=str(script), script_args=[], nproc_per_node=1, nnodes=1,
-                      rdzv_endpoint=f"127.0.0.1:{free_port()}", rdzv_id="t", node_addrs={node: "127.0.0.1"},
-                      env={SECRET_FILE: str(run.secret_path), "OMP_NUM_THREADS": "1"}, log_dir=str(tmp),
-                      heartbeat_interval_s=0.5, cwd=str(tmp))
-
-
-def wait_for(inbox: "queue.Queue[Message]", kind: MessageKind, timeout: float) -> Message:
-    deadline = time.monotonic() + timeout
-    while time.monotonic() < deadline:
-        try:
-            got = inbox.get(timeout=0.1)
-        except queue.Empty:
-            continue
-        if got.m is kind:
-            return got
-        assert got.m is not StepSignal.EOF, f"the agent exited waiting for {kind.value}"
-    raise AssertionError(f"no {kind.value} in {timeout} s")
-
-
-@pytest.mark.torch
-def test_a_spares_agent_warms_up_at_once_and_its_node_starts_warm_when_a_launch_takes_it(tmp_path):
-    run = RunDir.create(tmp_path / "run")
-    script = tmp_path / "job.py"
-    script.write_text("import os\nprint('rank', os.environ['RANK'], 'on', os.environ['CKPTSUP_NODE'])\n")
-    first = spec_for(tmp_path, "n1", script, run)
-    path = tmp_path / "launch.json"
-    first.write(path)
-    inbox: "queue.Queue[Message]" = queue.Queue()
-    secret = run.read_secret()
-    step = AgentStep(argv=agent_command(str(path), 0), env={**os.environ, NODE: "n2"}, nodes=("n2",), secret=secret,
-                     sender=CommandSender(secret), inbox=inbox, log_path=tmp_path / "agents.log")
-    try:
-        wait_for(inbox, MessageKind.HB, 30)
-        ready = wait_for(inbox, MessageKind.WARM_READY, 120)   # a spare warms up without any launch
-        assert ready.node == "n2" and ready.body["interpreters"] == 1
-        step.send(MessageKind.RESTART, {"attempt": 1, "spec": first.to_json()})   # n1's launch, not n2's
-        take_over = spec_for(tmp_path, "n2", script, run)
-        step.send(MessageKind.RESTART, {"attempt": 2, "spec": take_over.to_json()})
-        launched = wait_for(inbox, MessageKind.LAUNCHED, 30)
-        assert launched.body["attempt"] == 2 and launched.body["warm"] is True
-        ended = wait_for(inbox, MessageKind.TORCHRUN_EXIT, 60)
-        assert ended.body["rc"] == 0
-    finally:
-        step.close(5)
-    assert "ignored a restart command: n2 is not a node of that launch" in (tmp_path / "agents.log").read_text()
-    assert "rank 0 on n2" in (tmp_path / "ranks-n2.log").read_text()
