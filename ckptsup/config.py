@@ -215,6 +215,13 @@ class HealthConfig:
     timeout_s: float = knob(30.0, "timeout of each health check command (s)", positive, max=WEEK_S)
     check_gpus: str = knob(AUTO, "GPUs visible: auto (when nvidia-smi exists), require, off", one_of(AUTO, "require", "off"))
     commands: list = knob([], "site commands (argv strings, no shell); non-zero exit = node unhealthy")
+    gpu_fatal_xids: list = knob([48, 61, 62, 63, 64, 74, 79, 92, 94, 95, 119, 120],
+                                "XIDs (kernel log NVRM lines, DCGM field 230) that make a node unhealthy; others are reported only")
+    gpu_max_uncorrected_ecc: int = knob(0, "volatile uncorrected ECC errors a GPU may show and stay healthy",
+                                        non_negative, max=10**9)
+    gpu_fatal_throttle: list = knob(["hw_slowdown", "hw_thermal_slowdown", "hw_power_brake_slowdown"],
+                                    "nvidia-smi clock throttle reasons that make a node unhealthy while active")
+    dcgm_diag: str = knob(AUTO, "dcgmi diag -r 1 in the checks: auto (when dcgmi exists), off", one_of(AUTO, "off"))
 
 
 @dataclass(kw_only=True)
@@ -322,6 +329,10 @@ def _type_problem(fld: dataclasses.Field, value: Any) -> str | None:
             return None if abs(value) < 2**63 else "is too large (TOML integers are 64-bit)"
         return None if math.isfinite(value) else "must be a finite number (not nan or inf)"
     if isinstance(default, list):
+        if default and isinstance(default[0], int):   # a list of numbers (XIDs)
+            ok = isinstance(value, list) and all(isinstance(v, int) and not isinstance(v, bool) and 0 <= v < 2**31
+                                                 for v in value)
+            return None if ok else "must be a list of integers (0 to 2**31-1)"
         ok = isinstance(value, list) and all(isinstance(v, str) for v in value)
         return None if ok else "must be a list of strings"
     if isinstance(default, str) and default == AUTO and fld.metadata.get("check") is positive_or_auto:

@@ -128,6 +128,8 @@ def field_value(fld: dataclasses.Field) -> st.SearchStrategy[Any]:
         candidates = st.integers(-1, int(high) if high is not None else 2 ** 63 - 1)
     elif isinstance(default, float):
         candidates = st.one_of(st.floats(0, high, allow_nan=False), st.integers(0, int(high)))
+    elif isinstance(default, list) and default and isinstance(default[0], int):
+        candidates = st.lists(st.integers(0, 2**31 - 1), max_size=3)
     elif isinstance(default, list):
         candidates = st.lists(plain_text(max_size=10), max_size=3)
     elif default == AUTO and high is not None:   # a number of seconds or "auto"

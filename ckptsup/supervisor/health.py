@@ -11,6 +11,10 @@ Checks on one node (`run_local_checks`), each a `CheckResult`:
                    check_gpus = auto counts the devices Slurm gave the check's step (SLURM_GPUS_ON_NODE,
                    SLURM_STEP_GPUS, CUDA_VISIBLE_DEVICES: slurm/allocation.node_gpus) and
                    require fails. auto skips the check when the allocation has no GPU
+  gpu_xid, gpu_ecc, gpu_remap, gpu_throttle, gpu_diag
+                   with the gpus check, whichever tools are installed: XIDs from the kernel log
+                   and DCGM, ECC and pending retirements, row remaps, clock throttling, dcgmi
+                   diag -r 1 (supervisor/gpu_health.py; thresholds in [health])
 
 On many nodes: `run_node_checks` starts one `srun --overlap` step per node at once (argv from
 `node_checks_argv`) running `python -m ckptsup.supervisor.health`; each prints one JSON line,
@@ -37,6 +41,7 @@ from ..config import Config, load_config, read_config_json
 from ..env import NODE, SLURM_JOB_ID, node_name
 from ..errors import CkptsupError
 from ..rundir import CONFIG_JSON
+from .gpu_health import gpu_checks, run_tool
 
 DETAIL_MAX = 300
 
@@ -249,6 +254,7 @@ def run_local_checks(config: Config, paths: CheckPaths, *, node: str | None = No
     gpu = check_gpus(health.check_gpus, gpus_per_node, health.timeout_s, which=which)
     if gpu is not None:
         results.append(gpu)
+        results.extend(gpu_checks(health, run_tool(which)))   # XIDs, ECC, row remaps, throttling, dcgmi diag
     return results
 
 
