@@ -76,6 +76,9 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
         p.add_argument(f"--{fault}-at-step", type=int, default=None)
         p.add_argument(f"--{fault}-rank", type=int, default=0)
     p.add_argument("--fault-mode", choices=("once", "always"), default="once")
+    p.add_argument("--slow-rank", type=int, default=None, help="this rank sleeps --slow-factor x --step-sleep-s")
+    p.add_argument("--slow-factor", type=float, default=1.0)
+    p.add_argument("--slow-from-step", type=int, default=0)
     p.add_argument("--out", default=None)
     return p.parse_args(argv)
 
@@ -141,7 +144,8 @@ def main(argv: list[str] | None = None) -> int:
         if samples_log is not None:
             os.write(samples_log, (json.dumps({"step": step, "ids": ids.tolist()}) + "\n").encode())
         if args.step_sleep_s:
-            time.sleep(args.step_sleep_s)
+            slow = rank == args.slow_rank and step >= args.slow_from_step   # a straggler, for tests
+            time.sleep(args.step_sleep_s * (args.slow_factor if slow else 1.0))
         if fault_fires(args, "crash", step, rank, marker_dir):
             raise RuntimeError(f"injected crash at step {step} on rank {rank}")
         if fault_fires(args, "hang", step, rank, marker_dir):

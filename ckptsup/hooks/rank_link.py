@@ -119,11 +119,14 @@ class StepLink:
         self.channel.send(MessageKind.NAN, {"rank": self.rank, "step": step, "loss": str(value)})
         return f"rank {self.rank} saw a non-finite loss ({value}) at step {step}"
 
-    def step(self, step: int, step_time: float | None) -> bool:
+    def step(self, step: int, step_time: float | None, *, compute_s: float | None = None) -> bool:
         """The `step` frame, sent at every step (the supervisor's crash-loop rule compares the exact
-        step of a failure), and the collective timeouts. True at the first step."""
-        self.channel.send(MessageKind.STEP, {"rank": self.rank, "step": step, "step_time_s": step_time,
-                                             "loss_finite": True})
+        step of a failure), and the collective timeouts. True at the first step. `compute_s`: the
+        step time minus the time blocked in collectives, when measured (hooks/compute_time.py)."""
+        body = {"rank": self.rank, "step": step, "step_time_s": step_time, "loss_finite": True}
+        if compute_s is not None:
+            body["compute_s"] = round(compute_s, 6)
+        self.channel.send(MessageKind.STEP, body)
         first = not self.first_step_seen
         if first:
             self.first_step_seen = True

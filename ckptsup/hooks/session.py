@@ -34,6 +34,7 @@ from ..checkpoint.trust import CheckpointDirUntrusted
 from ..env import LOCAL_RANK, ExitStatus, RankEnv
 from ..errors import CheckpointError, CkptsupError
 from ..events import Event
+from .compute_time import CommTimer
 from .process_group import new_gloo_group
 from .event_sink import Reporter
 from .settings import Settings, resolve_settings
@@ -115,6 +116,9 @@ class Run:
         self.channel.send(MessageKind.PHASE, {"rank": self.rank, "phase": Phase.INIT, "step": 0})
         multi = self.distributed and self.world_size > 1
         self.control_pg = new_gloo_group(settings.save_timeout_s) if multi else None
+        self.comm = CommTimer()   # compute time = step time - time blocked in collectives (stragglers)
+        if multi:
+            self.comm.attach(model)
         save_pg = new_gloo_group(settings.save_timeout_s) if multi else None
         self.lock = WriterLock(settings.checkpoint_dir, epoch=env.epoch, job_id=env.job_id) if self.rank == 0 else None
         if self.lock is not None:
@@ -239,7 +243,9 @@ class Run:
         import torch.distributed as dist
 
         tensor = torch.tensor(values, dtype=torch.int64)
+        t0 = time.perf_counter()
         dist.all_reduce(tensor, op=dist.ReduceOp.MAX, group=self.control_pg)
+        self.comm.add(time.perf_counter() - t0)   # waiting here for a slow rank is not compute
         return tensor.tolist()
 
     # ---- the step boundary --------------------------------------------------------------------
@@ -248,6 +254,8 @@ class Run:
         now = self.clock()
         self.next_step = step + 1
         step_time = self.link.tick(now)
+        blocked = self.comm.take_blocked()
+        compute = None if step_time is None or blocked is None else max(0.0, step_time - blocked)
         if not is_finite(loss):
             self._nan(step, loss)
         if step_time is not None:
@@ -257,7 +265,7 @@ class Run:
         if step >= self.next_sync:
             save = self._sync(step, now) or save
         stop = self.agreed_stop is not None and step >= self.agreed_stop
-        if self.link.step(step, step_time):
+        if self.link.step(step, step_time, compute_s=compute):
             self.reporter.emit(Event.FIRST_STEP, step=step)
         if self.rank == 0 and step_time is not None and now - self.last_progress >= PROGRESS_EVERY_S:
             self.last_progress = now

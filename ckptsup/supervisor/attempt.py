@@ -18,6 +18,7 @@ from ..wire import MessageKind, Phase
 from .detection import (NodeView, RankView, StepWindow, classify_rank_exit, detect_hang,
                         detect_node_down, hang_timeout, nan_failure)
 from .observations import Failure, FailureKind, SupervisionLevel
+from .stragglers import Straggler, StragglerDetector
 
 
 @dataclass(kw_only=True)
@@ -80,10 +81,16 @@ class AttemptTracker:
     stale_warned: bool = False
     stopped_sent: bool = False         # an agent passed a stop to the ranks (TORCHRUN_EXIT stopped)
     teardown_errors: list[dict[str, Any]] = field(default_factory=list)  # for the loop to record
+    stragglers: StragglerDetector | None = None
+    straggler_flags: list[Straggler] = field(default_factory=list)       # for the loop to record
 
     def __post_init__(self) -> None:
         for node in self.nodes:
             self.node_views[node] = NodeView(node=node, last_heard=self.started)
+        if self.stragglers is None:
+            c = self.config
+            self.stragglers = StragglerDetector(ratio=c.straggler_ratio, window_steps=c.straggler_window_steps,
+                                                windows=c.straggler_windows)
 
     @property
     def world_size(self) -> int:
@@ -275,6 +282,9 @@ class AttemptTracker:
             if view.step_window is None:
                 view.step_window = StepWindow(size=128)
             view.step_window.add(float(st))
+        compute = body.get("compute_s")
+        if isinstance(compute, (int, float)) and step > self.resume_step and self.stragglers is not None:
+            self.straggler_flags += self.stragglers.add(rank=rv.rank, node=node, step=step, compute_s=float(compute))
         if self.first_step is None:
             self.first_step = step
             self.marks.first_step = now

@@ -299,6 +299,8 @@ class Supervisor:
                 self.restart["warm"] = self.restart.get("warm", True) and msg.body.get("warm") is True
         had_first = tracker.first_step is not None
         failure = tracker.on_message(msg)
+        while tracker.straggler_flags:
+            self._straggler(tracker, tracker.straggler_flags.pop(0))
         while tracker.teardown_errors:
             error = tracker.teardown_errors.pop(0)
             print(f"ckptsup: every rank on {error['node']} finished, then torchrun exited rc={error['rc']}: "
@@ -659,6 +661,20 @@ class Supervisor:
         self.agents.send(MessageKind.SAVE_NOW, {"reason": f"operator replace {request.id}"}, nodes=self.active)
         self._ack(request.id, request.command, control.Outcome.ACCEPTED,
                   f"{node}'s ranks move to {spares[0]} after the next checkpoint; {node} is excluded", tracker)
+
+    def _straggler(self, tracker: AttemptTracker, found: Any) -> None:
+        """A rank flagged as a straggler: the event with the evidence; with straggler_replace, its
+        node moves to a spare at the next checkpoint (an operator's replace, by ckptsup)."""
+        spares = [n for n in self.placement.nodes if n not in self.active and n not in self.state.excluded_nodes]
+        replace = (self.sup.straggler_replace and bool(spares) and self.replace is None
+                   and tracker.level is SupervisionLevel.HOOKS)
+        self.emit(Event.STRAGGLER, **found.evidence(), replace=replace)
+        print(f"ckptsup: rank {found.rank} on {found.node} is a straggler: {found.ratio:.2f}x the other ranks' "
+              f"compute time per step for {found.windows} windows"
+              + (f"; moving it to {spares[0]} at the next checkpoint" if replace else ""), flush=True)
+        if replace:
+            self.replace = PendingReplace(request=f"straggler-rank{found.rank}", node=found.node)
+            self.agents.send(MessageKind.SAVE_NOW, {"reason": f"straggler on {found.node}"}, nodes=self.active)
 
     def _save_now_refusal(self, tracker: AttemptTracker) -> str:
         level = tracker.level
