@@ -22,7 +22,7 @@ import re
 import shutil
 import subprocess
 from dataclasses import dataclass
-from typing import Callable, Sequence
+from typing import Callable, NamedTuple, Sequence
 
 from ..config import AUTO, HealthConfig
 
@@ -133,13 +133,19 @@ def _clip(text: str) -> str:
     return text if len(text) <= DETAIL_MAX else text[: DETAIL_MAX - 3] + "..."
 
 
-def _result(name: str, ok: bool, detail: str):
-    from .health import CheckResult
+class Finding(NamedTuple):
+    """One check's verdict; health.py turns it into its CheckResult."""
 
-    return CheckResult(name=name, ok=ok, detail=_clip(detail))
+    name: str
+    ok: bool
+    detail: str
 
 
-def check_xids(health: HealthConfig, run: Runner) -> list:
+def _result(name: str, ok: bool, detail: str) -> Finding:
+    return Finding(name=name, ok=ok, detail=_clip(detail))
+
+
+def check_xids(health: HealthConfig, run: Runner) -> list[Finding]:
     seen: list[str] = []
     fatal: list[str] = []
     notes: list[str] = []
@@ -163,7 +169,7 @@ def check_xids(health: HealthConfig, run: Runner) -> list:
     return [_result("gpu_xid", True, "; ".join([detail, *notes]))]
 
 
-def check_nvidia_smi(health: HealthConfig, run: Runner) -> list:
+def check_nvidia_smi(health: HealthConfig, run: Runner) -> list[Finding]:
     query = run(["nvidia-smi", f"--query-gpu={','.join(QUERY_FIELDS)}", "--format=csv,noheader,nounits"],
                 health.timeout_s)
     if query is None:
@@ -188,7 +194,7 @@ def check_nvidia_smi(health: HealthConfig, run: Runner) -> list:
     return out
 
 
-def check_diag(health: HealthConfig, run: Runner) -> list:
+def check_diag(health: HealthConfig, run: Runner) -> list[Finding]:
     if health.dcgm_diag != AUTO:
         return []
     diag = run(["dcgmi", "diag", "-r", "1"], max(health.timeout_s, 120.0))
@@ -201,6 +207,6 @@ def check_diag(health: HealthConfig, run: Runner) -> list:
     return [_result("gpu_diag", True, "dcgmi diag -r 1 passed")]
 
 
-def gpu_checks(health: HealthConfig, run: Runner) -> list:
+def gpu_checks(health: HealthConfig, run: Runner) -> list[Finding]:
     """Every GPU check whose tool is installed (none installed: no result)."""
     return [*check_xids(health, run), *check_nvidia_smi(health, run), *check_diag(health, run)]

@@ -254,7 +254,8 @@ def run_local_checks(config: Config, paths: CheckPaths, *, node: str | None = No
     gpu = check_gpus(health.check_gpus, gpus_per_node, health.timeout_s, which=which)
     if gpu is not None:
         results.append(gpu)
-        results.extend(gpu_checks(health, run_tool(which)))   # XIDs, ECC, row remaps, throttling, dcgmi diag
+        # XIDs, ECC, row remaps, throttling, dcgmi diag
+        results.extend(CheckResult(name=f.name, ok=f.ok, detail=f.detail) for f in gpu_checks(health, run_tool(which)))
     return results
 
 
