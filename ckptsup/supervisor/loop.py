@@ -12,7 +12,6 @@ first step after resume. docs/architecture.md tells the whole story.
 
 from __future__ import annotations
 
-import math
 import queue
 import signal
 import socket
@@ -20,7 +19,7 @@ import threading
 import time
 from dataclasses import dataclass, replace
 from pathlib import Path
-from typing import Any, Callable, Sequence
+from typing import Any, Callable
 
 from ..config import Resolved, write_config_json
 from ..env import ExitStatus
@@ -32,7 +31,7 @@ from . import recovery
 from .agent import LaunchSpec
 from .agent_set import AgentSet, StepFactory
 from .agent_step import AgentStep, CommandSender, Message, StepSignal
-from . import control, prom_live, status
+from .operating import OperatorMixin
 from .attempt import AttemptTracker, Marks
 from .interval_tuner import IntervalTuner
 from .nccl import Timeouts
@@ -47,21 +46,9 @@ from .preemption import StopKind, plan_stop, stop_kind
 TICK_S = 0.05
 STEP_PROGRESS_EVERY_S = 5.0
 DUMP_WAIT_S = 2.0       # ranks' hooks thread writes the flight recorder; we do not wait longer than this
-CONTROL_POLL_S = 0.5   # how often the run dir's control/ is looked at (one scandir)
 STEP_TIMES_KEPT = 64    # step times carried across restarts and requeues (state.json) for the timeouts
 STEADY_AFTER_STEPS = 10  # steps measured before a launch that knew none gets its steady collective timeout
 OWN_EVENTS = frozenset({Event.FIRST_STEP, Event.STEP_PROGRESS, Event.RUN_COMPLETE})
-
-
-@dataclass(kw_only=True)
-class PendingReplace:
-    request: str
-    node: str
-    due: bool = False    # the checkpoint it waits for was committed
-
-    def failure(self, step: int | None) -> Failure:
-        return Failure(kind=FailureKind.REPLACED, node=self.node, step=step, suspects=(self.node,),
-                       detail=f"operator request {self.request}")
 
 
 @dataclass(kw_only=True)
@@ -75,7 +62,7 @@ class Job:
     no_python: bool = False  # torchrun --no-python: `script` is an executable
 
 
-class Supervisor:
+class Supervisor(OperatorMixin):
     def __init__(self, *, resolved: Resolved, job: Job, run_dir: RunDir, placement: Placement,
                  clock: Callable[[], float] = time.monotonic, sleep: Callable[[float], None] = time.sleep,
                  step_factory: StepFactory = AgentStep,
@@ -112,18 +99,7 @@ class Supervisor:
         self.steady_pending = False             # launched before any step was measured
         self.interval = IntervalTuner(self.config, gpus_per_node=placement.gpus_per_node)
         self.attempt_wall_start = time.time()   # wall clock of the current launch (progress_dir mtimes)
-        self.control_seen: set[str] = set()     # operator requests answered (control.py)
-        self.control_polled = 0.0
-        self.heard: dict[str, float] = {}        # node -> mono of its agent's last frame (status.py)
-        self.warm_nodes: set[str] = set()        # nodes whose next launch starts warm
-        self.checkpoints: dict[str, dict[str, Any]] = {}   # committed | validated | durable -> {step, ts}
-        self.last_commit_mono: float | None = None
-        self.status_published = -math.inf
-        self.replace: PendingReplace | None = None   # an operator's replace, waiting for its checkpoint
-        self.goodput: float | None = None         # so far, for the live Prometheus textfile
-        self.goodput_at = -math.inf
-        self.goodput_commit: float | None = None
-        self.said: set[str] = set()
+        self._init_operator()
         self.interval.grace_time_s = placement.grace_time_s
 
     # ---- bookkeeping --------------------------------------------------------------------------
@@ -557,8 +533,7 @@ class Supervisor:
         one; gloo on CPU does not, so without GPUs there is nothing to wait for). Waits for every
         rank's `fr_dumped` or DUMP_WAIT_S, whichever comes first."""
         nccl = self.config.nccl
-        if not (nccl.dump_on_timeout and nccl.flight_recorder_entries > 0
-                                     and self.placement.gpus_per_node > 0):
+        if not (nccl.dump_on_timeout and nccl.flight_recorder_entries > 0 and self.placement.gpus_per_node > 0):
             return
         self.agents.send(MessageKind.DUMP_FR, {"path": str(self.run_dir.attempt_dir(self.state.attempt) / "flight_recorder")})
         waiting = set(self.tracker.ranks) if self.tracker is not None else set()
@@ -570,137 +545,6 @@ class Supervisor:
             return False
 
         self._await(dumped, self.clock() + DUMP_WAIT_S, until=lambda: not waiting)
-
-    def _publish_status(self, *, force: bool = False) -> None:
-        """status.json for `ckptsup status`, every STATUS_EVERY_S (and at the end)."""
-        now = self.clock()
-        if not force and now - self.status_published < status.STATUS_EVERY_S:
-            return
-        self.status_published = now
-        spares = tuple(n for n in self.placement.nodes if n not in self.active and n not in self.state.excluded_nodes)
-        seen = status.Seen(now_mono=now, now_wall=time.time(), heard=self.heard, has_agent=self.agents.has_agent,
-                           warm_nodes=frozenset(self.warm_nodes), checkpoints=self.checkpoints,
-                           interval_s=self.interval.current_s(), last_commit_mono=self.last_commit_mono)
-        current = status.build_status(
-            job_id=self.placement.job_id, attempt=self.state.attempt, epoch=self.state.epoch,
-            run_status=self.state.status.value, active=self.active, spares=spares,
-            excluded=self.state.excluded_nodes, tracker=self.tracker, config=self.sup, seen=seen)
-        try:
-            status.publish(self.run_dir.path, current)
-        except OSError as err:   # a full run dir costs the status, never the run
-            self._once(f"cannot publish {status.STATUS_FILE}: {err.strerror or err}")
-        if self.config.report.prom_textfile:
-            self._publish_prom(current, now, force=force)
-
-    def _publish_prom(self, current: dict[str, Any], now: float, *, force: bool) -> None:
-        # goodput moves at commits (progress is useful once saved): recompute then, else seldom
-        if force or now - self.goodput_at >= prom_live.GOODPUT_EVERY_S or self.goodput_commit != self.last_commit_mono:
-            from ..planning.accounting import account
-
-            self.goodput_at, self.goodput_commit = now, self.last_commit_mono
-            acc = account(read_events(self.run_dir.path))
-            self.goodput = acc.useful_device_s / acc.paid_device_s if acc.paid_device_s else None
-        path = Path(self.config.report.prom_textfile.replace("{job_id}", self.placement.job_id))
-        try:
-            prom_live.write_textfile(path, prom_live.live_text(current, self.goodput))
-        except OSError as err:
-            self._once(f"cannot write the Prometheus textfile {path}: {err.strerror or err}")
-
-    def _once(self, line: str) -> None:
-        """A line for a problem that repeats every few seconds: said once per run."""
-        if line not in self.said:
-            self.said.add(line)
-            print(f"ckptsup: {line}", flush=True)
-
-    # ---- operator requests (control.py) -------------------------------------------------------
-    def _take_control(self, tracker: AttemptTracker) -> control.ControlRequest | None:
-        """Answer the operator's waiting requests; a stop is returned for the loop to carry out."""
-        now = self.clock()
-        if now - self.control_polled < CONTROL_POLL_S:
-            return None
-        self.control_polled = now
-        stop = None
-        for request in control.take(self.run_dir.path, self.control_seen):
-            if isinstance(request, control.BadRequest):
-                self._ack(request.id, None, control.Outcome.REFUSED, request.why, tracker)
-            elif request.command is control.ControlCommand.SAVE_NOW:
-                refusal = self._save_now_refusal(tracker)
-                if refusal:
-                    self._ack(request.id, request.command, control.Outcome.REFUSED, refusal, tracker)
-                else:
-                    self.agents.send(MessageKind.SAVE_NOW, {"reason": f"operator request {request.id}"},
-                                     nodes=self.active)
-                    self._ack(request.id, request.command, control.Outcome.ACCEPTED,
-                              "a checkpoint at the next step boundary", tracker)
-            elif request.command is control.ControlCommand.REPLACE:
-                self._take_replace(request, tracker)
-            elif stop is None:
-                stop = request
-                save = "checkpoint, then stop" if request.save else "stop without a checkpoint"
-                self._ack(request.id, request.command, control.Outcome.ACCEPTED, f"{save}; no requeue", tracker)
-            else:
-                self._ack(request.id, request.command, control.Outcome.REFUSED, "a stop is already under way", tracker)
-        return stop
-
-    def _take_replace(self, request: control.ControlRequest, tracker: AttemptTracker) -> None:
-        """Accept a replace when it can be done: ask for a checkpoint now; the restart without
-        the node follows its commit (the loop's `self.replace.due`)."""
-        node = request.node or ""
-        spares = [n for n in self.placement.nodes if n not in self.active and n not in self.state.excluded_nodes]
-        refusal = self._save_now_refusal(tracker)
-        if node not in self.active:
-            refusal = f"{node} is not an active node of this attempt (active: {', '.join(self.active)})"
-        elif not spares:
-            refusal = f"no spare node to move {node}'s ranks to"
-        elif self.replace is not None:
-            refusal = f"a replace of {self.replace.node} is already waiting for its checkpoint"
-        if refusal:
-            self._ack(request.id, request.command, control.Outcome.REFUSED, refusal, tracker)
-            return
-        self.replace = PendingReplace(request=request.id, node=node)
-        self.agents.send(MessageKind.SAVE_NOW, {"reason": f"operator replace {request.id}"}, nodes=self.active)
-        self._ack(request.id, request.command, control.Outcome.ACCEPTED,
-                  f"{node}'s ranks move to {spares[0]} after the next checkpoint; {node} is excluded", tracker)
-
-    def _straggler(self, tracker: AttemptTracker, found: Any) -> None:
-        """A rank flagged as a straggler: the event with the evidence; with straggler_replace, its
-        node moves to a spare at the next checkpoint (an operator's replace, by ckptsup)."""
-        spares = [n for n in self.placement.nodes if n not in self.active and n not in self.state.excluded_nodes]
-        replace = (self.sup.straggler_replace and bool(spares) and self.replace is None
-                   and tracker.level is SupervisionLevel.HOOKS)
-        self.emit(Event.STRAGGLER, **found.evidence(), replace=replace)
-        print(f"ckptsup: rank {found.rank} on {found.node} is a straggler: {found.ratio:.2f}x the other ranks' "
-              f"compute time per step for {found.windows} windows"
-              + (f"; moving it to {spares[0]} at the next checkpoint" if replace else ""), flush=True)
-        if replace:
-            self.replace = PendingReplace(request=f"straggler-rank{found.rank}", node=found.node)
-            self.agents.send(MessageKind.SAVE_NOW, {"reason": f"straggler on {found.node}"}, nodes=self.active)
-
-    def _save_now_refusal(self, tracker: AttemptTracker) -> str:
-        level = tracker.level
-        if tracker.first_step is None and level is None:
-            return "the ranks have not started yet; ask again once they step"
-        if level is not SupervisionLevel.HOOKS:
-            return (f"this attempt is supervised at the {level.value if level else 'process'} level: its ranks "
-                    "do not keep ckptsup checkpoints, so nothing can save now (docs/drop-in.md)")
-        return ""
-
-    def _ack(self, request: str, command: control.ControlCommand | None, outcome: control.Outcome,
-             detail: str, tracker: AttemptTracker) -> None:
-        self.emit(Event.CONTROL, request=request, command=command.value if command else None,
-                  outcome=outcome.value, detail=detail, step=tracker.current_step())
-        print(f"ckptsup: operator request {request} ({command.value if command else '?'}): {outcome.value}: {detail}",
-              flush=True)
-
-    def _cancel(self, request: control.ControlRequest) -> ExitStatus:
-        """An operator's stop: the ranks agree on a stop step and save unless told not to (within
-        save_timeout_s), then the run ends CANCELLED: no requeue, by the template or anyone."""
-        step = self._stop_ranks(reason="cancelled", save=request.save, budget_s=self.sup.save_timeout_s)
-        self.emit(Event.RUN_CANCELLED, step=step, saved=request.save, request=request.id)
-        self.state.status = RunStatus.CANCELLED
-        self._save_state()
-        print(f"ckptsup: stopped on request {request.id} at step {step}; not requeueing", flush=True)
-        return ExitStatus.CANCELLED
 
     def _stop_for_preemption(self) -> StopKind:
         """Plan the stop (does an emergency save fit the window?), then stop the ranks."""

@@ -1,0 +1,183 @@
+"""The operator's side of the supervisor loop (a mixin of `loop.Supervisor`, sharing its state):
+the published status (supervisor/status.py, supervisor/prom_live.py), operator requests
+(supervisor/control.py: save-now, stop, replace), and what a straggler flag leads to. Kept out of
+loop.py so that the loop reads as detect → decide → recover."""
+
+from __future__ import annotations
+
+import time
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any
+
+from ..env import ExitStatus
+from ..events import Event, read_events
+from ..rundir import RunStatus
+from ..wire import MessageKind
+from . import control, prom_live, status
+from .attempt import AttemptTracker
+from .observations import Failure, FailureKind, SupervisionLevel
+
+CONTROL_POLL_S = 0.5   # how often the run dir's control/ is looked at (one scandir)
+
+
+@dataclass(kw_only=True)
+class PendingReplace:
+    request: str
+    node: str
+    due: bool = False    # the checkpoint it waits for was committed
+
+    def failure(self, step: int | None) -> Failure:
+        return Failure(kind=FailureKind.REPLACED, node=self.node, step=step, suspects=(self.node,),
+                       detail=f"operator request {self.request}")
+
+
+class OperatorMixin:
+    """Needs the Supervisor's: clock, run_dir, placement, state, active, agents, tracker, sup,
+    config, interval, emit, _save_state, _stop_ranks; and the fields its __init__ sets below."""
+
+    def _init_operator(self) -> None:
+        self.control_seen: set[str] = set()     # operator requests answered (control.py)
+        self.control_polled = 0.0
+        self.heard: dict[str, float] = {}        # node -> mono of its agent's last frame (status.py)
+        self.warm_nodes: set[str] = set()        # nodes whose next launch starts warm
+        self.checkpoints: dict[str, dict[str, Any]] = {}   # committed | validated | durable -> {step, ts}
+        self.last_commit_mono: float | None = None
+        self.status_published = -float("inf")
+        self.replace: PendingReplace | None = None   # an operator's replace, waiting for its checkpoint
+        self.goodput: float | None = None         # so far, for the live Prometheus textfile
+        self.goodput_at = -float("inf")
+        self.goodput_commit: float | None = None
+        self.said: set[str] = set()
+
+    def _publish_status(self, *, force: bool = False) -> None:
+        """status.json for `ckptsup status`, every STATUS_EVERY_S (and at the end)."""
+        now = self.clock()
+        if not force and now - self.status_published < status.STATUS_EVERY_S:
+            return
+        self.status_published = now
+        spares = tuple(n for n in self.placement.nodes if n not in self.active and n not in self.state.excluded_nodes)
+        seen = status.Seen(now_mono=now, now_wall=time.time(), heard=self.heard, has_agent=self.agents.has_agent,
+                           warm_nodes=frozenset(self.warm_nodes), checkpoints=self.checkpoints,
+                           interval_s=self.interval.current_s(), last_commit_mono=self.last_commit_mono)
+        current = status.build_status(
+            job_id=self.placement.job_id, attempt=self.state.attempt, epoch=self.state.epoch,
+            run_status=self.state.status.value, active=self.active, spares=spares,
+            excluded=self.state.excluded_nodes, tracker=self.tracker, config=self.sup, seen=seen)
+        try:
+            status.publish(self.run_dir.path, current)
+        except OSError as err:   # a full run dir costs the status, never the run
+            self._once(f"cannot publish {status.STATUS_FILE}: {err.strerror or err}")
+        if self.config.report.prom_textfile:
+            self._publish_prom(current, now, force=force)
+
+    def _publish_prom(self, current: dict[str, Any], now: float, *, force: bool) -> None:
+        # goodput moves at commits (progress is useful once saved): recompute then, else seldom
+        if force or now - self.goodput_at >= prom_live.GOODPUT_EVERY_S or self.goodput_commit != self.last_commit_mono:
+            from ..planning.accounting import account
+
+            self.goodput_at, self.goodput_commit = now, self.last_commit_mono
+            acc = account(read_events(self.run_dir.path))
+            self.goodput = acc.useful_device_s / acc.paid_device_s if acc.paid_device_s else None
+        path = Path(self.config.report.prom_textfile.replace("{job_id}", self.placement.job_id))
+        try:
+            prom_live.write_textfile(path, prom_live.live_text(current, self.goodput))
+        except OSError as err:
+            self._once(f"cannot write the Prometheus textfile {path}: {err.strerror or err}")
+
+    def _once(self, line: str) -> None:
+        """A line for a problem that repeats every few seconds: said once per run."""
+        if line not in self.said:
+            self.said.add(line)
+            print(f"ckptsup: {line}", flush=True)
+
+    # ---- operator requests (control.py) -------------------------------------------------------
+    def _take_control(self, tracker: AttemptTracker) -> control.ControlRequest | None:
+        """Answer the operator's waiting requests; a stop is returned for the loop to carry out."""
+        now = self.clock()
+        if now - self.control_polled < CONTROL_POLL_S:
+            return None
+        self.control_polled = now
+        stop = None
+        for request in control.take(self.run_dir.path, self.control_seen):
+            if isinstance(request, control.BadRequest):
+                self._ack(request.id, None, control.Outcome.REFUSED, request.why, tracker)
+            elif request.command is control.ControlCommand.SAVE_NOW:
+                refusal = self._save_now_refusal(tracker)
+                if refusal:
+                    self._ack(request.id, request.command, control.Outcome.REFUSED, refusal, tracker)
+                else:
+                    self.agents.send(MessageKind.SAVE_NOW, {"reason": f"operator request {request.id}"},
+                                     nodes=self.active)
+                    self._ack(request.id, request.command, control.Outcome.ACCEPTED,
+                              "a checkpoint at the next step boundary", tracker)
+            elif request.command is control.ControlCommand.REPLACE:
+                self._take_replace(request, tracker)
+            elif stop is None:
+                stop = request
+                save = "checkpoint, then stop" if request.save else "stop without a checkpoint"
+                self._ack(request.id, request.command, control.Outcome.ACCEPTED, f"{save}; no requeue", tracker)
+            else:
+                self._ack(request.id, request.command, control.Outcome.REFUSED, "a stop is already under way", tracker)
+        return stop
+
+    def _take_replace(self, request: control.ControlRequest, tracker: AttemptTracker) -> None:
+        """Accept a replace when it can be done: ask for a checkpoint now; the restart without
+        the node follows its commit (the loop's `self.replace.due`)."""
+        node = request.node or ""
+        spares = [n for n in self.placement.nodes if n not in self.active and n not in self.state.excluded_nodes]
+        refusal = self._save_now_refusal(tracker)
+        if node not in self.active:
+            refusal = f"{node} is not an active node of this attempt (active: {', '.join(self.active)})"
+        elif not spares:
+            refusal = f"no spare node to move {node}'s ranks to"
+        elif self.replace is not None:
+            refusal = f"a replace of {self.replace.node} is already waiting for its checkpoint"
+        if refusal:
+            self._ack(request.id, request.command, control.Outcome.REFUSED, refusal, tracker)
+            return
+        self.replace = PendingReplace(request=request.id, node=node)
+        self.agents.send(MessageKind.SAVE_NOW, {"reason": f"operator replace {request.id}"}, nodes=self.active)
+        self._ack(request.id, request.command, control.Outcome.ACCEPTED,
+                  f"{node}'s ranks move to {spares[0]} after the next checkpoint; {node} is excluded", tracker)
+
+    def _straggler(self, tracker: AttemptTracker, found: Any) -> None:
+        """A rank flagged as a straggler: the event with the evidence; with straggler_replace, its
+        node moves to a spare at the next checkpoint (an operator's replace, by ckptsup)."""
+        spares = [n for n in self.placement.nodes if n not in self.active and n not in self.state.excluded_nodes]
+        replace = (self.sup.straggler_replace and bool(spares) and self.replace is None
+                   and tracker.level is SupervisionLevel.HOOKS)
+        self.emit(Event.STRAGGLER, **found.evidence(), replace=replace)
+        print(f"ckptsup: rank {found.rank} on {found.node} is a straggler: {found.ratio:.2f}x the other ranks' "
+              f"compute time per step for {found.windows} windows"
+              + (f"; moving it to {spares[0]} at the next checkpoint" if replace else ""), flush=True)
+        if replace:
+            self.replace = PendingReplace(request=f"straggler-rank{found.rank}", node=found.node)
+            self.agents.send(MessageKind.SAVE_NOW, {"reason": f"straggler on {found.node}"}, nodes=self.active)
+
+    def _save_now_refusal(self, tracker: AttemptTracker) -> str:
+        level = tracker.level
+        if tracker.first_step is None and level is None:
+            return "the ranks have not started yet; ask again once they step"
+        if level is not SupervisionLevel.HOOKS:
+            return (f"this attempt is supervised at the {level.value if level else 'process'} level: its ranks "
+                    "do not keep ckptsup checkpoints, so nothing can save now (docs/drop-in.md)")
+        return ""
+
+    def _ack(self, request: str, command: control.ControlCommand | None, outcome: control.Outcome,
+             detail: str, tracker: AttemptTracker) -> None:
+        self.emit(Event.CONTROL, request=request, command=command.value if command else None,
+                  outcome=outcome.value, detail=detail, step=tracker.current_step())
+        print(f"ckptsup: operator request {request} ({command.value if command else '?'}): {outcome.value}: {detail}",
+              flush=True)
+
+    def _cancel(self, request: control.ControlRequest) -> ExitStatus:
+        """An operator's stop: the ranks agree on a stop step and save unless told not to (within
+        save_timeout_s), then the run ends CANCELLED: no requeue, by the template or anyone."""
+        step = self._stop_ranks(reason="cancelled", save=request.save, budget_s=self.sup.save_timeout_s)
+        self.emit(Event.RUN_CANCELLED, step=step, saved=request.save, request=request.id)
+        self.state.status = RunStatus.CANCELLED
+        self._save_state()
+        print(f"ckptsup: stopped on request {request.id} at step {step}; not requeueing", flush=True)
+        return ExitStatus.CANCELLED
+
