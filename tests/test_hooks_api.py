@@ -43,6 +43,26 @@ def test_a_plain_dataloader_is_refused_with_a_one_line_error_naming_the_fix(tmp_
     assert "StatefulDataLoader" in message and "allow_stateless_dataloader" in message
 
 
+def test_a_dataloader_whose_state_dict_fails_is_refused_at_attach_not_at_the_first_save(tmp_path: Path) -> None:
+    """Accelerate's DataLoaderShard without use_stateful_dataloader has a state_dict attribute that
+    fails (AttributeError: dl_state_dict): refused at attach with the fix, not a crash loop at step 10."""
+    model, opt, sched, _ = make_parts()
+
+    class Shard(torch.utils.data.DataLoader):
+        def state_dict(self):
+            raise AttributeError("dl_state_dict")
+
+        def load_state_dict(self, state):
+            raise AttributeError("dl_state_dict")
+
+    with pytest.raises(ConfigError) as err:
+        ckptsup.attach(model=model, optimizer=opt, dataloader=Shard(list(range(8)), batch_size=2),
+                       checkpoint_dir=str(tmp_path / "ck"))
+    message = str(err.value)
+    assert "\n" not in message and "Shard.state_dict() fails (AttributeError: dl_state_dict)" in message
+    assert "use_stateful_dataloader=True" in message and "allow_stateless_dataloader" in message
+
+
 def test_the_stateless_opt_out_is_accepted(tmp_path: Path) -> None:
     model, opt, sched, _ = make_parts()
     plain = torch.utils.data.DataLoader(list(range(8)), batch_size=2)

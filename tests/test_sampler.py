@@ -83,3 +83,32 @@ def test_loading_a_state_of_another_dataset_or_seed_is_refused() -> None:
 def test_a_rank_outside_the_world_is_refused() -> None:
     with pytest.raises(ValueError, match="outside"):
         ResumableDistributedSampler(list(range(N)), num_replicas=2, rank=2)
+
+
+def test_set_epoch_of_the_resumed_epoch_keeps_the_loaded_position_as_frameworks_call_it() -> None:
+    """Lightning, the HF Trainer and Accelerate call set_epoch(e) at every epoch start, the resumed
+    one included: the sequence after a resume must equal the uninterrupted run's."""
+    (whole,) = group(1)
+    whole.set_epoch(0)
+    uninterrupted = list(whole)
+    whole.set_epoch(1)
+    uninterrupted += list(whole)
+    (before,) = group(1)
+    before.set_epoch(0)
+    it = iter(before)
+    seen = [next(it) for _ in range(15)]
+    (after,) = group(1, before.state_dict())
+    after.set_epoch(0)           # the framework's call at the resumed epoch's start
+    seen += list(after)
+    after.set_epoch(1)           # the next epoch starts at its beginning
+    seen += list(after)
+    assert seen == uninterrupted   # no sample repeated, none skipped
+
+
+def test_set_epoch_to_another_epoch_than_the_loaded_one_starts_that_epoch() -> None:
+    (s,) = group(1)
+    it = iter(s)
+    [next(it) for _ in range(5)]
+    (resumed,) = group(1, s.state_dict())
+    resumed.set_epoch(3)
+    assert resumed.state_dict()["epoch"] == 3 and resumed.state_dict()["global_index"] == 0

@@ -62,6 +62,11 @@ class ResumableDistributedSampler:
         return self.per_rank_remaining(start)
 
     def set_epoch(self, epoch: int) -> None:
+        """Start `epoch` at its beginning — except the epoch a resume just loaded: Lightning, the
+        HF Trainer and Accelerate call set_epoch at every epoch start, the resumed one included,
+        and resetting there would repeat the samples already trained on."""
+        if self._pending is not None and self._pending[0] == epoch:
+            return
         self._pending = (epoch, 0)
 
     def _permutation(self, epoch: int) -> list[int]:

@@ -42,6 +42,15 @@ def check_dataloader(dataloader: Any, *, allow_stateless: bool) -> None:
             f"dataloader {type(dataloader).__name__} has no state_dict/load_state_dict, so data would repeat "
             "after a restart; use torchdata.stateful_dataloader.StatefulDataLoader, or opt out with "
             "attach(allow_stateless_dataloader=True) / [checkpoint] allow_stateless_dataloader = true")
+    try:
+        dataloader.state_dict()   # once, now: a loader whose state_dict fails would fail the first save
+    except Exception as err:  # noqa: BLE001 - whatever the loader raises, the answer is the same line
+        what = f"{type(err).__name__}: {str(err)[:80]}".rstrip(": ")
+        raise ConfigError(
+            f"dataloader {type(dataloader).__name__}.state_dict() fails ({what}), so its position cannot be "
+            "saved and data would repeat after a restart; with Accelerate pass "
+            "DataLoaderConfiguration(use_stateful_dataloader=True) to the Accelerator, or use "
+            "torchdata's StatefulDataLoader, or opt out with attach(allow_stateless_dataloader=True)") from None
 
 
 def isolate_loader_rng(dataloader: Any) -> None:
