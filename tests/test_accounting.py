@@ -240,3 +240,27 @@ def test_a_dead_node_leaves_the_allocation_and_the_spare_takes_its_place():
     assert acc.paid_device_s == pytest.approx(32 * 110 + 24 * 120)             # n2 no longer paid after 110
     total = acc.useful_device_s + sum(acc.badput_device_s.values())
     assert total == pytest.approx(acc.paid_device_s)
+
+
+def test_a_node_death_found_after_a_peers_crash_charges_its_silence_before_the_crash_to_detection():
+    """The node dies at 97; its peer's rank crashes at 100 (the first symptom); the kill's ack
+    window finds the node silent and attributes at 102 (silent 5 s); the restart takes 3 s in all,
+    shorter than the silence. Detection is 97 → 100 (3 s); the restart's phases keep their time."""
+    a = dict(attempt=0, mono_base=0.0)
+    events = [
+        ev(0, "supervisor_start", **a),
+        ev(0, "allocation", nodes=2, active=2, spares=0, gpus_per_node=1, **a),
+        ev(0, "launch", nodes=["n1", "n2"], spares=[], path="initial", **a),
+        ev(10, "first_step", step=0, **a),
+        ev(100, "failure_detected", kind="crash", node="n1", step=90, detect_s=0.0, **a),
+        ev(102, "failure_attributed", kind="node_down", node="n2", was_kind="crash", detect_s=5.0, **a),
+        ev(103, "first_step", step=80, **a),
+        ev(103, "restart_done", resume_step=80, restart_s=3.0, phases={"kill_s": 2.0, "launch_s": 1.0}, **a),
+        ev(200, "run_complete", **a),
+    ]
+    acc = account(events)
+    assert acc.badput_device_s["detection"] == pytest.approx(2 * 3.0)
+    assert acc.badput_device_s["restart_kill"] == pytest.approx(2 * 2.0)
+    assert acc.badput_device_s["restart_launch"] == pytest.approx(2 * 1.0)
+    total = acc.useful_device_s + sum(acc.badput_device_s.values())
+    assert total == pytest.approx(acc.paid_device_s)

@@ -42,6 +42,8 @@ def check_dataloader(dataloader: Any, *, allow_stateless: bool) -> None:
             f"dataloader {type(dataloader).__name__} has no state_dict/load_state_dict, so data would repeat "
             "after a restart; use torchdata.stateful_dataloader.StatefulDataLoader, or opt out with "
             "attach(allow_stateless_dataloader=True) / [checkpoint] allow_stateless_dataloader = true")
+    if _creates_iterator_on_state_dict(dataloader):
+        return
     try:
         dataloader.state_dict()   # once, now: a loader whose state_dict fails would fail the first save
     except Exception as err:  # noqa: BLE001 - whatever the loader raises, the answer is the same line
@@ -51,6 +53,17 @@ def check_dataloader(dataloader: Any, *, allow_stateless: bool) -> None:
             "saved and data would repeat after a restart; with Accelerate pass "
             "DataLoaderConfiguration(use_stateful_dataloader=True) to the Accelerator, or use "
             "torchdata's StatefulDataLoader, or opt out with attach(allow_stateless_dataloader=True)") from None
+
+
+def _creates_iterator_on_state_dict(dataloader: Any) -> bool:
+    """torchdata's StatefulDataLoader: its state_dict() before the first iter() creates the
+    iterator (workers and all) and its sampler pass, which a resume's load then has to undo; its
+    state_dict is known to work, so it is not probed."""
+    try:
+        from torchdata.stateful_dataloader import StatefulDataLoader
+    except ImportError:
+        return False
+    return isinstance(dataloader, StatefulDataLoader)
 
 
 def isolate_loader_rng(dataloader: Any) -> None:

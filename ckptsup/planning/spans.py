@@ -231,7 +231,16 @@ def build_attempt(events: list[dict[str, Any]], *, default_devices: tuple[float,
             if ev.get("kind") == FailureKind.NODE_DOWN and isinstance(ev.get("node"), str):
                 down.add(ev["node"])  # the failure was this node's death (its agent fell silent)
                 if cur.kind is SpanKind.FAILURE:
-                    cur.detect_s += max(0.0, num(ev, "detect_s", 0.0) or 0.0)  # how long it had been silent
+                    # the node fell silent detect_s before this attribution: time before the
+                    # failure span began (a peer's crash was detected later) moves from the
+                    # running span into detection; silence inside the span is the recovery's own
+                    # time (the kill that probed it), already claimed by its phases
+                    silent_since = t - max(0.0, num(ev, "detect_s", 0.0) or 0.0)
+                    before = spans[-1] if spans and spans[-1].kind is SpanKind.RUNNING else None
+                    if before is not None and silent_since < cur.start:
+                        moved_to = max(silent_since, before.start)
+                        cur.detect_s += cur.start - moved_to
+                        before.end = cur.start = moved_to
         elif name == Event.FAILURE_DETECTED:
             detect = max(0.0, num(ev, "detect_s", 0.0) or 0.0)
             if ev.get("kind") == FailureKind.NODE_DOWN and isinstance(ev.get("node"), str):
