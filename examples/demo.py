@@ -136,7 +136,7 @@ def summary(evts: list[dict], victim: str) -> None:
     if moved:
         spare = sorted(set(moved[0]["nodes"]) - set(launches[0]["nodes"]))
         print(f"spare taken: {', '.join(spare) or '-'}; new node set {', '.join(moved[0]['nodes'])}"
-              f" (node path: a new agent step with srun --overlap)")
+              f" (node path: the survivors' and the warm spare's agents restarted, no new srun step)")
     if restart:
         phases = ", ".join(f"{k[:-2]} {v:.1f}s" for k, v in restart["phases"].items())
         print(f"resumed    : at step {restart['resume_step']}, {restart['restart_s']:.1f}s after detection ({phases})")
