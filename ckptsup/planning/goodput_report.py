@@ -248,7 +248,7 @@ td:nth-child(n+2){{text-align:right}}img{{max-width:100%}}</style></head><body>
 
 def prom_text(rep: dict[str, Any]) -> str:
     """Prometheus text exposition format, for node_exporter's textfile collector."""
-    job = _label(rep["job_id"])
+    job = prom_label(rep["job_id"])
     lines: list[str] = []
 
     def metric(name: str, help_text: str, samples: list[tuple[str, float | None]], kind: str = "gauge") -> None:
@@ -271,7 +271,7 @@ def prom_text(rep: dict[str, Any]) -> str:
     metric("attempts", "Attempts of the run (in-allocation restarts included).", [("", float(rep["attempts"]))])
     metric("allocations", "Allocations of the run (the first plus one per requeue).", [("", float(rep["allocations"]))])
     metric("failures", "Failures detected, by kind.",
-           [(f',kind="{_label(k)}"', float(v)) for k, v in rep["failures"].items()])
+           [(f',kind="{prom_label(k)}"', float(v)) for k, v in rep["failures"].items()])
     metric("observed_job_mtbf_seconds", "Allocated wall time per failure.", [("", rep["observed_job_mtbf_s"])])
     metric("measured_stall_seconds", "Mean blocking stall per checkpoint.", [("", rep["measured_stall_s"])])
     metric("measured_restart_seconds", "Mean restart time.", [("", rep["measured_restart_s"])])
@@ -288,5 +288,5 @@ def render_prom(rep: dict[str, Any], path: str | os.PathLike[str]) -> None:
     os.replace(tmp, target)
 
 
-def _label(value: str) -> str:
+def prom_label(value: str) -> str:
     return str(value).replace("\\", "\\\\").replace('"', '\\"').replace("\n", "\\n")

@@ -11,7 +11,6 @@ a well-typed body. A request it cannot use is removed and refused with one line 
 from __future__ import annotations
 
 import enum
-import json
 import os
 import re
 import time
@@ -20,6 +19,7 @@ from dataclasses import dataclass
 from pathlib import Path
 
 from ..errors import ConfigError
+from ..rundir import atomic_write_json
 from ..safe_io import read_json
 
 CONTROL_DIR = "control"
@@ -67,11 +67,7 @@ def submit(run_dir: Path, command: ControlCommand, *, save: bool = True, node: s
     directory = control_dir(run_dir)
     directory.mkdir(mode=0o700, exist_ok=True)
     request = ControlRequest(id=uuid.uuid4().hex[:12], command=command, save=save, requested=time.time(), node=node)
-    tmp = directory / f".{request.id}.tmp"
-    fd = os.open(tmp, os.O_WRONLY | os.O_CREAT | os.O_EXCL | os.O_NOFOLLOW, 0o600)
-    with os.fdopen(fd, "w") as out:
-        json.dump(request.to_json(), out)
-    os.replace(tmp, directory / f"{request.id}.json")
+    atomic_write_json(directory / f"{request.id}.json", request.to_json())   # its temporary is a dot file: not taken
     return request
 
 

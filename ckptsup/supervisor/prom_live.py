@@ -11,15 +11,13 @@ import os
 from pathlib import Path
 from typing import Any
 
+from ..planning.goodput_report import prom_label
+
 GOODPUT_EVERY_S = 60.0
 
 
-def _label(value: object) -> str:
-    return str(value).replace("\\", "\\\\").replace('"', '\\"').replace("\n", "\\n")
-
-
 def live_text(status: dict[str, Any], goodput: float | None) -> str:
-    job = _label(status.get("job_id", ""))
+    job = prom_label(status.get("job_id", ""))
     lines: list[str] = []
 
     def metric(name: str, help_text: str, samples: list[tuple[str, Any]]) -> None:
@@ -43,13 +41,13 @@ def live_text(status: dict[str, Any], goodput: float | None) -> str:
            [(',role="active"', len(status.get("active") or [])), (',role="spare"', len(status.get("spares") or [])),
             (',role="excluded"', len(status.get("excluded") or {}))])
     metric("node_heartbeat_age_seconds", "Seconds since the node's agent last spoke.",
-           [(f',node="{_label(n)}"', r.get("heartbeat_age_s")) for n, r in nodes.items()])
+           [(f',node="{prom_label(n)}"', r.get("heartbeat_age_s")) for n, r in nodes.items()])
     metric("node_agent_up", "1 when the node's agent runs.",
-           [(f',node="{_label(n)}"', 1 if r.get("agent") else 0) for n, r in nodes.items()])
+           [(f',node="{prom_label(n)}"', 1 if r.get("agent") else 0) for n, r in nodes.items()])
     metric("node_ranks_alive", "Ranks alive on the node, as its agent's last heartbeat said.",
-           [(f',node="{_label(n)}"', len(r.get("ranks_alive") or [])) for n, r in nodes.items() if r.get("role") == "active"])
+           [(f',node="{prom_label(n)}"', len(r.get("ranks_alive") or [])) for n, r in nodes.items() if r.get("role") == "active"])
     metric("checkpoint_step", "Step of the last checkpoint per tier (committed, validated, durable).",
-           [(f',tier="{_label(t)}"', c.get("step")) for t, c in (status.get("checkpoints") or {}).items()
+           [(f',tier="{prom_label(t)}"', c.get("step")) for t, c in (status.get("checkpoints") or {}).items()
             if isinstance(c, dict)])
     metric("next_save_seconds", "Seconds until the next time-based save is due.", [("", status.get("next_save_in_s"))])
     metric("hang_timeout_seconds", "The hang timeout in force.", [("", status.get("hang_timeout_s"))])

@@ -53,6 +53,10 @@ def hang_reason(config: SupervisorConfig, tracker: AttemptTracker) -> str:
 def build_status(*, job_id: str, attempt: int, epoch: int, run_status: str, active: tuple[str, ...],
                  spares: tuple[str, ...], excluded: Mapping[str, str], tracker: AttemptTracker | None,
                  config: SupervisorConfig, seen: Seen) -> dict[str, Any]:
+    steps: dict[str, int] = {}   # node -> its ranks' furthest step (one pass: 2,048 nodes x 8 ranks)
+    for rank in (tracker.ranks.values() if tracker is not None else ()):
+        if rank.last_step is not None:
+            steps[rank.node] = max(rank.last_step, steps.get(rank.node, rank.last_step))
     nodes: dict[str, dict[str, Any]] = {}
     for node in (*active, *spares):
         heard = seen.heard.get(node)
@@ -61,9 +65,8 @@ def build_status(*, job_id: str, attempt: int, epoch: int, run_status: str, acti
                                "warm": node in seen.warm_nodes}
         view = tracker.node_views.get(node) if tracker is not None and node in active else None
         if view is not None:
-            steps = [r.last_step for r in tracker.ranks.values() if r.node == node and r.last_step is not None]
             window = view.step_window
-            row.update(ranks_alive=list(view.ranks_alive), step=max(steps) if steps else None,
+            row.update(ranks_alive=list(view.ranks_alive), step=steps.get(node),
                        step_p50_s=window.p50() if window else None, step_p99_s=window.p99() if window else None)
         nodes[node] = row
     out: dict[str, Any] = {
