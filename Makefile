@@ -20,7 +20,7 @@ venv: $(VENV)/.installed
 $(VENV)/.installed: pyproject.toml
 	test -x $(PY) || python3 -m venv $(VENV)
 	$(PIP) install -q torch==2.13.0
-	$(PIP) install -q -e '.[train,s3,report,dev]'
+	$(PIP) install -q torch==2.13.0 -e '.[train,s3,report,dev,lightning,hf,torchtitan]'
 	touch $@
 
 demo: setup

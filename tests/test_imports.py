@@ -158,6 +158,7 @@ MAY_IMPORT = {
     "ckptsup.slurm": BASE,                            # the one seam to Slurm
     "ckptsup.hooks": BASE | {"ckptsup.checkpoint"},   # the training side: never the supervisor
     "ckptsup.supervisor": BASE | {"ckptsup.checkpoint", "ckptsup.planning", "ckptsup.slurm"},  # never the hooks
+    "ckptsup.integrations": BASE | {"ckptsup.checkpoint", "ckptsup.hooks"},  # framework callbacks over the hooks
     "ckptsup.cli": BASE,                              # subsystems' commands by name (importlib)
     "ckptsup": {"ckptsup._version", "ckptsup.hooks"},  # attach() reaches the hooks lazily
 }

@@ -1,0 +1,7 @@
+"""ckptsup.integrations: one small module per training stack (docs/integrations.md).
+
+lightning.py  CkptsupCallback for lightning.pytorch.Trainer (extra `ckptsup[lightning]`)
+hf.py         CkptsupCallback for transformers.Trainer, plus resume_path(trainer) (extra `ckptsup[hf]`)
+
+Each module imports its framework only when used: `import ckptsup` never pulls one in.
+"""
