@@ -55,7 +55,7 @@ class Event(str, enum.Enum):
     CHECKPOINT_VALIDATED = "checkpoint_validated"  # step, level
     CHECKPOINT_REJECTED = "checkpoint_rejected"    # step, level, reason
     CHECKPOINT_PROMOTED = "checkpoint_promoted"    # step, tier
-    CHECKPOINT_LOADED = "checkpoint_loaded"        # step, path, load_s, read_local_files, read_shared_files, local_fallback_files
+    CHECKPOINT_LOADED = "checkpoint_loaded"        # step, path, load_s, source, files_by_source, read_local_files, read_shared_files, local_fallback_files
     ELASTIC_RESUME = "elastic_resume"              # step, saved_world_size, world_size (hooks: resumed at another world size)
     FR_DUMPED = "fr_dumped"                        # rank, path (the hooks thread wrote the flight recorder)
     FAILURE_DETECTED = "failure_detected"  # kind, node, rank, detect_s

@@ -213,6 +213,7 @@ INTEGRATION_FILES = frozenset({
     "test_hooks_corruption.py",
     "test_hooks_disk_full.py",
     "test_hooks_node_local.py",
+    "test_hooks_object_restore.py",
     "test_hooks_preemption.py",
     "test_relaunch_local.py",
     "test_resume_bitexact.py",

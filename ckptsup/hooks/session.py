@@ -27,7 +27,6 @@ import time
 from pathlib import Path
 from typing import Any, Callable
 
-from ..checkpoint.catalog import Status, list_checkpoints
 from ..checkpoint.commit import WriterLock
 from ..checkpoint.validate import quarantine
 from ..checkpoint.trust import CheckpointDirUntrusted
@@ -39,6 +38,7 @@ from .process_group import new_gloo_group
 from .event_sink import Reporter
 from .settings import Settings, resolve_settings
 from ..wire import MessageKind, Phase
+from .resume_sources import Candidate, Source, candidates, fetch, files_by_source, object_tier
 from .rank_link import Hooks, NonFiniteLossError, StepLink, claim_hooks, exit_rank, is_finite
 from .signals import StopFlag, emergency_save_fits
 from .state import TrainingState, check_dataloader, isolate_loader_rng
@@ -159,21 +159,30 @@ class Run:
     # ---- resume -------------------------------------------------------------------------------
     def resume(self) -> int:
         """Load the newest usable checkpoint (the supervisor's CKPTSUP_RESUME_FROM first); on a
-        corrupt one, quarantine it and fall back to the previous. Returns the next step."""
+        corrupt one, quarantine it and fall back: to its object-store copy when there is one
+        (resume_sources.py), else to the previous checkpoint. Returns the next step."""
         from .loader import is_corruption, is_untrusted, load_checkpoint
 
         self.channel.send(MessageKind.PHASE, {"rank": self.rank, "phase": Phase.LOAD, "step": 0})
         start = self.clock()
-        candidates = self._broadcast(self._candidates() if self.rank == 0 else None)
+        tier = self._object_tier() if self.rank == 0 else None
+        candidates = self._broadcast(self._candidates(tier) if self.rank == 0 else None)
         untrusted: list[str] = []
-        for path in candidates:
+        for candidate in candidates:
+            path = candidate.path
+            if candidate.source is Source.OBJECT:
+                why_not = self._broadcast(fetch(tier, candidate, self.settings.checkpoint_dir) if self.rank == 0 else None)
+                if why_not is not None:
+                    log.error("ckptsup: %s", why_not)
+                    continue
             error = load_checkpoint(self, Path(path))
             if error is None:
                 self.next_step = self.last_saved_step = self._loaded_step
                 self.save_timer.restart(self.clock(), step=self.next_step)
                 self.load_tiers = self._sum_over_ranks(self._load_tiers)
                 self.reporter.emit(Event.CHECKPOINT_LOADED, step=self.next_step, path=str(path),
-                                   load_s=round(self.clock() - start, 3), **self.load_tiers)
+                                   load_s=round(self.clock() - start, 3), source=str(candidate.source),
+                                   files_by_source=files_by_source(self.load_tiers, candidate.source), **self.load_tiers)
                 self.channel.send(MessageKind.PHASE, {"rank": self.rank, "phase": Phase.TRAIN, "step": self.next_step})
                 return self.next_step
             log.error("ckptsup: cannot resume from %s: %s", path, error)
@@ -191,14 +200,16 @@ class Run:
         self.channel.send(MessageKind.PHASE, {"rank": self.rank, "phase": Phase.TRAIN, "step": 0})
         return 0
 
-    def _candidates(self) -> list[str]:
-        paths: list[str] = []
-        if self.env.resume_from:
-            paths.append(self.env.resume_from)
-        infos = [i for i in list_checkpoints(self.settings.checkpoint_dir)
-                 if i.status in (Status.COMMITTED, Status.VALIDATED)]
-        paths.extend(str(i.path) for i in reversed(infos) if str(i.path) not in paths)
-        return paths
+    def _object_tier(self) -> Any:
+        try:
+            return object_tier(self.settings.config, checkpoint_dir=self.settings.checkpoint_dir,
+                               node=self.env.node, job_id=self.env.job_id)
+        except (CkptsupError, OSError) as err:   # a bad store must not cost the shared checkpoints
+            log.warning("ckptsup: object store not used for this resume: %s", err)
+            return None
+
+    def _candidates(self, tier: Any = None) -> list[Candidate]:
+        return candidates(self.settings.checkpoint_dir, resume_from=self.env.resume_from or "", tier=tier)
 
     def _reject(self, path: Path, error: Exception) -> None:
         from ..checkpoint.commit import parse_step
