@@ -86,15 +86,23 @@ def _dump(data: Any) -> str:
 @click.option("--compare-persist-time", metavar=_DUR, default="0", show_default=True)
 @click.option("--spot-discount", type=float, help="spot price discount, 0.6 = 60% off on-demand")
 @click.option("--preemptions-per-node-day", type=float, help="spot preemptions per node per day")
+@click.option("--memory-stall", metavar=_DUR, help="two levels: the stall of a memory save (shards to node memory)")
+@click.option("--memory-restart", metavar=_DUR, help="two levels: the restart time from memory (with --memory-stall)")
+@click.option("--memory-persist-time", metavar=_DUR, default="0", show_default=True,
+              help="two levels: time until a memory save's replica is on the buddy node")
+@click.option("--memory-miss", type=float, default=0.0, show_default=True,
+              help="two levels: fraction of failures the memory tier cannot cover (a whole failure domain)")
 @click.option("--config", "job_config", type=click.Path(dir_okay=False), help="TOML layered over the site config")
 @click.option("--json", "as_json", is_flag=True, help="print the result as one JSON object")
 def plan(gpus: int, gpus_per_node: int, mtbf: str | None, failures: float | None, over: str | None,
          on_gpus: int | None, ckpt_size: str | None, stall: str, restart: str, price: float | None,
          keep_last: int, keep_daily_days: int, upload_time: str | None, persist_time: str,
          replace_time: str | None, compare_stall: str | None, compare_persist_time: str,
-         spot_discount: float | None, preemptions_per_node_day: float | None, job_config: str | None,
+         spot_discount: float | None, preemptions_per_node_day: float | None, memory_stall: str | None,
+         memory_restart: str | None, memory_persist_time: str, memory_miss: float, job_config: str | None,
          as_json: bool) -> None:
-    """How often to checkpoint, what failures cost per month, async vs sync, spot, spares."""
+    """How often to checkpoint, what failures cost per month, async vs sync, spot, spares, and
+    memory saves in front of disk saves (two levels)."""
     from .plan import PlanInputs
     from .plan import plan as run_plan
 
@@ -113,7 +121,11 @@ def plan(gpus: int, gpus_per_node: int, mtbf: str | None, failures: float | None
         replace_s=_dur(replace_time, "--replace-time", allow_zero=True),
         compare_stall_s=_dur(compare_stall, "--compare-stall"),
         compare_persist_s=_dur(compare_persist_time, "--compare-persist-time", allow_zero=True) or 0.0,
-        spot_discount=spot_discount, preemptions_per_node_day=preemptions_per_node_day)
+        spot_discount=spot_discount, preemptions_per_node_day=preemptions_per_node_day,
+        memory_stall_s=_dur(memory_stall, "--memory-stall"),
+        memory_restart_s=_dur(memory_restart, "--memory-restart", allow_zero=True),
+        memory_persist_s=_dur(memory_persist_time, "--memory-persist-time", allow_zero=True) or 0.0,
+        memory_miss=memory_miss)
     result = run_plan(inputs)  # type: ignore[arg-type]
     if as_json:
         click.echo(_dump(result))
@@ -162,8 +174,35 @@ def _print_plan(r: dict[str, Any]) -> None:
                       f"{format_usd(r['spot_usd_per_useful_gpu_hour'])} vs "
                       f"{format_usd(r['on_demand_usd_per_useful_gpu_hour'])} per useful GPU-hour; "
                       f"break-even at {r['spot_break_even_gpus']} GPUs")
+    if "two_level" in r:
+        _print_two_level(console, r)
     for warning in r["warnings"]:
         console.print(f"[yellow]warning:[/yellow] {warning}")
+
+
+def _print_two_level(console: Any, r: dict[str, Any]) -> None:
+    from rich.table import Table
+
+    t = r["two_level"]
+    table = Table(title="two levels: memory saves in front of disk saves")
+    table.add_column("")
+    table.add_column("disk only", justify="right")
+    table.add_column("memory + disk", justify="right")
+    rows = (("memory interval", "—", format_duration(t["memory_interval_s"])),
+            ("disk interval", format_duration(r["interval_s"]), format_duration(t["disk_interval_s"])),
+            ("failures resumed from disk", "100%", format_pct(t["fallback_probability"])),
+            ("waste", format_pct(r["waste_fraction"]), format_pct(t["waste_fraction"])),
+            ("  memory stalls", "—", format_pct(t["waste_memory_checkpoint_fraction"])),
+            ("  disk stalls", format_pct(r["waste_checkpoint_fraction"]), format_pct(t["waste_disk_checkpoint_fraction"])),
+            ("  rework", format_pct(r["waste_rework_fraction"]), format_pct(t["waste_rework_fraction"])),
+            ("  restarts", format_pct(r["waste_restart_fraction"]), format_pct(t["waste_restart_fraction"])),
+            ("lost per month", format_usd(r["lost_usd_per_month"]), format_usd(t["lost_usd_per_month"])))
+    for row in rows:
+        table.add_row(*row)
+    console.print(table)
+    console.print(f"memory saves every {format_duration(t['memory_interval_s'])} "
+                  f"({t['memory_saves_per_disk_save']} per disk save) save "
+                  f"{format_usd(t['savings_usd_per_month_vs_disk_only'])}/month over disk saves alone")
 
 
 # ---- simulate -------------------------------------------------------------------------------
@@ -187,12 +226,24 @@ def _print_plan(r: dict[str, Any]) -> None:
 @click.option("--days", type=float, default=30.0, show_default=True)
 @click.option("--seed", type=int, default=0, show_default=True)
 @click.option("--scale-to", default="1024,16384", show_default=True, help="gang sizes to extrapolate to (GPUs)")
+@click.option("--gpus-per-node", type=int, default=8, show_default=True, help="two levels: nodes = GPUs / this")
+@click.option("--memory-stall", metavar=_DUR, help="two levels: the stall of a memory save (with --memory-restart)")
+@click.option("--memory-restart", metavar=_DUR, help="two levels: the restart time from memory")
+@click.option("--memory-persist-time", metavar=_DUR, default="0", show_default=True,
+              help="two levels: time until a memory save's replica is on the buddy node")
+@click.option("--memory-interval", metavar=_DUR, help="two levels: compute between memory saves [optimal]")
+@click.option("--memory-saves-per-disk", type=int, help="two levels: memory saves per disk save [optimal]")
+@click.option("--memory-miss", type=float, default=0.0, show_default=True,
+              help="two levels: fraction of failures the memory tier cannot cover")
 @click.option("--json", "as_json", is_flag=True)
 def simulate(gpus: int, mtbf: str | None, failures: float | None, over: str | None, on_gpus: int | None,
              stall: str, restart: str, interval: str | None, persist_time: str, distribution: str,
              weibull_shape: float, spares: int, replace_time: str, runs: int, days: float, seed: int,
-             scale_to: str, as_json: bool) -> None:
-    """Monte-Carlo of runs under failures: waste vs the analytic model, Young vs Daly, scale-out."""
+             scale_to: str, gpus_per_node: int, memory_stall: str | None, memory_restart: str | None,
+             memory_persist_time: str, memory_interval: str | None, memory_saves_per_disk: int | None,
+             memory_miss: float, as_json: bool) -> None:
+    """Monte-Carlo of runs under failures: waste vs the analytic model, Young vs Daly, scale-out,
+    and memory saves in front of disk saves (two levels) against disk saves alone."""
     import time
 
     from . import interval as iv
@@ -235,10 +286,55 @@ def simulate(gpus: int, mtbf: str | None, failures: float | None, over: str | No
               "young_vs_daly": sm.compare_intervals(base),
               "extrapolation": sm.extrapolate(base, gpu_mtbf_s=job_mtbf * gpus, gang_sizes=sizes,
                                               runs=max(1, runs // 10))}
+    if memory_stall is not None or memory_restart is not None:
+        result["two_level"] = _simulate_two_level(
+            base, gpus=gpus, gpus_per_node=gpus_per_node, memory_stall=memory_stall, memory_restart=memory_restart,
+            memory_persist_time=memory_persist_time, memory_interval=memory_interval,
+            memory_saves_per_disk=memory_saves_per_disk, memory_miss=memory_miss, disk_only=main)
     if as_json:
         click.echo(_dump(result))
         return
     _print_sim(result)
+
+
+def _simulate_two_level(base: Any, *, gpus: int, gpus_per_node: int, memory_stall: str | None,
+                        memory_restart: str | None, memory_persist_time: str, memory_interval: str | None,
+                        memory_saves_per_disk: int | None, memory_miss: float, disk_only: dict[str, Any]) -> dict[str, Any]:
+    """The same failures with memory saves in front of the disk saves; (T_m, k) optimal unless given."""
+    import dataclasses
+
+    from . import simulate as sm
+    from . import two_level as tl
+
+    if memory_stall is None or memory_restart is None:
+        raise ConfigError("--memory-stall and --memory-restart go together (e.g. --memory-stall 2s --memory-restart 1m)")
+    if gpus_per_node < 1:
+        raise ConfigError(f"--gpus-per-node {gpus_per_node} must be >= 1")
+    level = tl.Level(stall_s=parse_duration(memory_stall, what="--memory-stall"),
+                     restart_s=parse_duration(memory_restart, what="--memory-restart", allow_zero=True),
+                     persist_s=parse_duration(memory_persist_time, what="--memory-persist-time", allow_zero=True))
+    nodes = max(1, math.ceil(gpus / gpus_per_node))
+    model = tl.TwoLevelInputs(mtbf_s=base.mtbf_s, nodes=nodes, memory=level, miss=memory_miss,
+                              disk=tl.Level(stall_s=base.stall_s, restart_s=base.restart_s, persist_s=base.persist_s))
+    best = tl.optimize(model)
+    t_m = parse_duration(memory_interval, what="--memory-interval") if memory_interval is not None else best.memory_interval_s
+    k = memory_saves_per_disk if memory_saves_per_disk is not None else best.memory_saves_per_disk_save
+    if k < 1:
+        raise ConfigError(f"--memory-saves-per-disk {k} must be >= 1")
+    p = tl.fallback_probability(disk_interval_s=k * t_m, node_mtbf_s=base.mtbf_s * nodes, miss=memory_miss)
+    two = dataclasses.replace(base, interval_s=t_m, memory=sm.MemoryLevel(
+        stall_s=level.stall_s, restart_s=level.restart_s, persist_s=level.persist_s, saves_per_disk=k,
+        fallback_probability=p))
+    sim = sm.simulate(two).summary()
+    analytic = tl.waste(model, memory_interval_s=t_m, saves_per_disk=k)
+    return {"nodes": nodes, "memory_interval_s": t_m, "disk_interval_s": k * t_m, "memory_saves_per_disk_save": k,
+            "fallback_probability": p, "simulated": sim,
+            "analytic": {"waste_fraction": analytic.total, "waste_memory_checkpoint_fraction": analytic.memory_checkpoint,
+                         "waste_disk_checkpoint_fraction": analytic.disk_checkpoint,
+                         "waste_rework_fraction": analytic.rework, "waste_restart_fraction": analytic.restart},
+            "disk_only_waste_fraction": disk_only["waste_fraction"],
+            "waste_ratio_vs_disk_only": sim["waste_fraction"] / disk_only["waste_fraction"]
+            if disk_only["waste_fraction"] > 0 else None}
 
 
 def _print_sim(r: dict[str, Any]) -> None:
@@ -274,6 +370,16 @@ def _print_sim(r: dict[str, Any]) -> None:
                     format_pct(row["analytic_waste_fraction"]), format_pct(row["sim_waste_daly"]),
                     format_pct(row["sim_waste_young"]))
     console.print(ext)
+    if "two_level" in r:
+        t = r["two_level"]
+        ratio = t["waste_ratio_vs_disk_only"]
+        console.print(f"two levels: memory saves every {format_duration(t['memory_interval_s'])}, a disk save every "
+                      f"{t['memory_saves_per_disk_save']} ({format_duration(t['disk_interval_s'])}), "
+                      f"{format_pct(t['fallback_probability'])} of failures back to disk: waste "
+                      f"{format_pct(t['simulated']['waste_fraction'])} simulated, "
+                      f"{format_pct(t['analytic']['waste_fraction'])} analytic; disk only "
+                      f"{format_pct(t['disk_only_waste_fraction'])}"
+                      + (f" (ratio {ratio:.2f})" if ratio is not None else ""))
 
 
 # ---- report ---------------------------------------------------------------------------------

@@ -42,6 +42,10 @@ class PlanInputs:
     compare_persist_s: float = 0.0
     spot_discount: float | None = None
     preemptions_per_node_day: float | None = None
+    memory_stall_s: float | None = None     # two levels (two_level.py): a memory save's stall ...
+    memory_restart_s: float | None = None   # ... the restart from memory ...
+    memory_persist_s: float = 0.0           # ... until the replica is on the buddy node
+    memory_miss: float = 0.0                # failures the memory tier cannot cover
 
 
 def validate(inp: PlanInputs) -> None:
@@ -77,6 +81,11 @@ def validate(inp: PlanInputs) -> None:
         raise ConfigError("--spot-discount and --preemptions-per-node-day go together")
     if inp.spot_discount is not None and not 0 < inp.spot_discount < 1:
         raise ConfigError(f"--spot-discount {inp.spot_discount} must be a fraction between 0 and 1 (0.6 = 60% off)")
+    if (inp.memory_stall_s is None) != (inp.memory_restart_s is None):
+        raise ConfigError("--memory-stall and --memory-restart go together (a memory save's stall and the restart "
+                          "from memory, e.g. --memory-stall 2s --memory-restart 1m)")
+    if inp.memory_stall_s is None and (inp.memory_persist_s or inp.memory_miss):
+        raise ConfigError("--memory-persist-time and --memory-miss need --memory-stall and --memory-restart")
     if inp.preemptions_per_node_day is not None and not 0 <= inp.preemptions_per_node_day < math.inf:
         raise ConfigError(f"--preemptions-per-node-day {inp.preemptions_per_node_day} must be a finite number >= 0")
 
@@ -176,6 +185,8 @@ def plan(inp: PlanInputs) -> dict[str, Any]:
 
     if inp.spot_discount is not None and inp.preemptions_per_node_day is not None:
         out.update(_spot(inp, mtbf, main, paid_month))
+    if inp.memory_stall_s is not None:
+        out["two_level"] = _two_level(inp, mtbf, nodes, paid_month, disk_only_lost=out["lost_usd_per_month"])
     out["warnings"] = warnings
     return out
 
@@ -206,6 +217,33 @@ def _spot(inp: PlanInputs, mtbf: float, main: iv.StrategyResult, paid_month: flo
         "spot_usd_per_useful_gpu_hour": spot_useful if math.isfinite(spot_useful) else None,
         "spot_pays": spot_useful <= od_useful,
         "spot_break_even_gpus": break_even,
+    }
+
+
+def _two_level(inp: PlanInputs, mtbf: float, nodes: int, paid_month: float, *, disk_only_lost: float) -> dict[str, Any]:
+    """Memory saves in front of this strategy's disk saves (docs/planning.md §Two levels)."""
+    from . import two_level as tl
+
+    assert inp.memory_stall_s is not None and inp.memory_restart_s is not None
+    res = tl.optimize(tl.TwoLevelInputs(
+        mtbf_s=mtbf, nodes=nodes, miss=inp.memory_miss,
+        memory=tl.Level(stall_s=inp.memory_stall_s, restart_s=inp.memory_restart_s, persist_s=inp.memory_persist_s),
+        disk=tl.Level(stall_s=inp.stall_s, restart_s=inp.restart_s, persist_s=inp.persist_s)))
+    w = min(res.waste.total, 1.0)
+    return {
+        "memory_stall_s": inp.memory_stall_s, "memory_restart_s": inp.memory_restart_s,
+        "memory_persist_s": inp.memory_persist_s, "memory_miss": inp.memory_miss,
+        "memory_interval_s": res.memory_interval_s, "disk_interval_s": res.disk_interval_s,
+        "memory_saves_per_disk_save": res.memory_saves_per_disk_save,
+        "fallback_probability": res.fallback_probability,
+        "waste_fraction": w,
+        "waste_memory_checkpoint_fraction": res.waste.memory_checkpoint,
+        "waste_disk_checkpoint_fraction": res.waste.disk_checkpoint,
+        "waste_rework_fraction": res.waste.rework,
+        "waste_restart_fraction": res.waste.restart,
+        "goodput_fraction": 1.0 - w,
+        "lost_usd_per_month": w * paid_month,
+        "savings_usd_per_month_vs_disk_only": disk_only_lost - w * paid_month,
     }
 
 

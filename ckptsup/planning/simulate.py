@@ -38,8 +38,21 @@ WEIBULL_SHAPES = (0.05, 20.0)   # outside, gamma(1 + 1/k) overflows or the law i
 
 
 @dataclass(frozen=True, kw_only=True)
+class MemoryLevel:
+    """Two levels (two_level.py): memory saves every `interval_s` of compute, the k-th of each disk
+    period being the disk save; a failure falls back to the newest disk checkpoint with probability
+    `fallback_probability`, else resumes from the newest memory one."""
+
+    stall_s: float
+    restart_s: float
+    persist_s: float = 0.0
+    saves_per_disk: int = 1
+    fallback_probability: float = 0.0
+
+
+@dataclass(frozen=True, kw_only=True)
 class SimInputs:
-    interval_s: float
+    interval_s: float   # with `memory`, the memory interval; stall/restart/persist are the disk level's
     stall_s: float
     restart_s: float
     mtbf_s: float
@@ -51,6 +64,7 @@ class SimInputs:
     spares: int = 0
     replace_s: float = 0.0
     seed: int = 0
+    memory: MemoryLevel | None = None
 
     def validate(self) -> None:
         """Refuse inputs that are meaningless or would run for hours / exhaust memory, naming the flag."""
@@ -76,6 +90,16 @@ class SimInputs:
         if not WEIBULL_SHAPES[0] <= self.weibull_shape <= WEIBULL_SHAPES[1]:
             raise ConfigError(f"--weibull-shape {self.weibull_shape!r} must be between {WEIBULL_SHAPES[0]} and "
                               f"{WEIBULL_SHAPES[1]} (below 1: infant mortality; 1: exponential)")
+        if self.memory is not None:
+            m = self.memory
+            for flag, value in (("--memory-stall", m.stall_s), ("--memory-restart", m.restart_s),
+                                ("--memory-persist-time", m.persist_s)):
+                if not 0 <= value < math.inf:
+                    raise ConfigError(f"simulate: {flag} ({value!r}) must be a finite number >= 0")
+            if not 1 <= m.saves_per_disk <= 1_000_000:
+                raise ConfigError(f"--memory-saves-per-disk {m.saves_per_disk} must be between 1 and 1,000,000")
+            if not 0.0 <= m.fallback_probability <= 1.0:
+                raise ConfigError(f"memory fallback probability {m.fallback_probability!r} must be between 0 and 1")
         per_run = self.days * 86400.0 / self.mtbf_s
         if per_run > MAX_FAILURES_PER_RUN or per_run * self.runs > MAX_FAILURE_DRAWS:
             raise ConfigError(f"simulate: {per_run:,.0f} expected failures per run x {self.runs:,} runs is too many "
@@ -115,6 +139,8 @@ def _draw(rng: np.random.Generator, inp: SimInputs, n: int) -> np.ndarray:
 
 def simulate(inp: SimInputs) -> SimResult:
     inp.validate()
+    if inp.memory is not None:
+        return _simulate_two_level(inp)
     rng = np.random.default_rng(inp.seed)
     n, window = inp.runs, inp.days * 86400.0
     T, C, P, R, W = inp.interval_s, inp.stall_s, inp.persist_s, inp.restart_s, inp.replace_s
@@ -149,6 +175,63 @@ def simulate(inp: SimInputs) -> SimResult:
         t[idx] = t_fail + cost
         active = idx[t[idx] < window]
     return SimResult(waste=1.0 - useful / window, stall=stall / window, lost=lost / window,
+                     restart=restart / window, failures=failures)
+
+
+def _simulate_two_level(inp: SimInputs) -> SimResult:
+    """The two-level model. A disk period is k memory periods: k compute blocks of T, each followed
+    by a memory stall except the last, followed by the disk stall. Progress is tracked absolutely
+    per run: a fallback rolls back to the newest durable disk checkpoint, which may predate the
+    previous restart (the save schedule restarts at every resume, as the hooks' does)."""
+    assert inp.memory is not None
+    m = inp.memory
+    rng = np.random.default_rng(inp.seed)
+    n, window = inp.runs, inp.days * 86400.0
+    T, k, Cm, Cd, Pm, Pd = inp.interval_s, m.saves_per_disk, m.stall_s, inp.stall_s, m.persist_s, inp.persist_s
+    cycle, super_period = T + Cm, k * inp.interval_s + (k - 1) * Cm + Cd
+
+    def saves_ended(y: np.ndarray) -> np.ndarray:      # saves of either kind finished by offset y
+        periods = np.floor(y / super_period)
+        return periods * k + np.minimum(np.floor((y - periods * super_period) / cycle), k - 1)
+
+    def compute_done(x: np.ndarray) -> np.ndarray:
+        periods = np.floor(x / super_period)
+        r = x - periods * super_period
+        q = np.minimum(np.floor(r / cycle), k - 1)
+        return (periods * k + q) * T + np.minimum(r - q * cycle, T)
+
+    t = np.zeros(n)
+    progress, disk_progress = np.zeros(n), np.zeros(n)
+    stall, lost, restart = (np.zeros(n) for _ in range(3))
+    failures = np.zeros(n, dtype=np.int64)
+    slots = np.zeros((n, inp.spares))
+    active = np.arange(n)
+    while active.size:
+        x = _draw(rng, inp, active.size)
+        start = t[active]
+        seg = np.minimum(x, window - start)
+        done_c = compute_done(seg)
+        stall[active] += seg - done_c
+        ends = x >= window - start
+        progress[active[ends]] += done_c[ends]
+        fail = ~ends
+        idx, seg_f, done_f = active[fail], seg[fail], done_c[fail]
+        base = progress[idx]
+        disk_saves = np.floor(np.maximum(seg_f - Pd, 0.0) / super_period)
+        newest_disk = np.where(disk_saves > 0, base + disk_saves * k * T, disk_progress[idx])
+        from_memory = base + saves_ended(np.maximum(seg_f - Pm, 0.0)) * T
+        fallback = rng.random(idx.size) < m.fallback_probability
+        kept = np.where(fallback, newest_disk, from_memory)
+        lost[idx] += base + done_f - kept
+        progress[idx], disk_progress[idx] = kept, np.minimum(newest_disk, kept)
+        t_fail = start[fail] + seg_f
+        wait = _spare_wait(slots, idx, t_fail, inp.spares, inp.replace_s)
+        cost = np.minimum(np.where(fallback, inp.restart_s, m.restart_s) + wait, window - t_fail)
+        restart[idx] += cost
+        failures[idx] += 1
+        t[idx] = t_fail + cost
+        active = idx[t[idx] < window]
+    return SimResult(waste=1.0 - progress / window, stall=stall / window, lost=lost / window,
                      restart=restart / window, failures=failures)
 
 
