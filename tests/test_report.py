@@ -169,3 +169,33 @@ def test_png_of_a_25_minute_run_reads_in_minutes(capsys, run_dir, tmp_path, rend
     (fig,) = rendered
     assert fig.axes[0].get_xlabel() == "wall time since first event (min)"
     assert max(fig.axes[0].get_lines()[0].get_xdata()) == pytest.approx(1525 / 60)
+
+
+def test_loads_are_counted_by_source_and_old_logs_count_as_shared():
+    from ckptsup.planning.goodput_report import loads_by_source
+
+    events = [
+        {"event": "checkpoint_loaded", "load_s": 2.0, "files_by_source": {"memory": 0, "peer_memory": 0, "node_local": 2,
+                                                                           "shared": 2, "object": 0}},
+        {"event": "checkpoint_loaded", "load_s": 9.5, "files_by_source": {"object": 4, "shared": 0}},
+        {"event": "checkpoint_loaded", "load_s": 1.5, "read_shared_files": 4, "read_local_files": 0},   # before files_by_source
+        {"event": "checkpoint_loaded", "load_s": "x", "files_by_source": {"shared": "2", 3: 1}},      # hostile: ignored
+        {"event": "checkpoint_committed", "load_s": 100.0, "files_by_source": {"shared": 9}},
+    ]
+    assert loads_by_source(events) == {
+        "node_local": {"loads": 1, "files": 2, "load_s": 2.0},
+        "shared": {"loads": 2, "files": 6, "load_s": 3.5},
+        "object": {"loads": 1, "files": 4, "load_s": 9.5},
+    }
+
+
+def test_the_report_shows_load_time_by_source(capsys, run_dir):
+    events = run_dir / EVENTS_FILE
+    last = json.loads(events.read_text().splitlines()[-1])
+    record = {**{k: last[k] for k in ("ts", "mono", "job_id", "attempt")}, "event": "checkpoint_loaded",
+              "step": 5, "load_s": 3.25, "files_by_source": {"object": 4}}
+    events.write_text(events.read_text() + json.dumps(record) + "\n")
+    code, out, _ = run_cli(capsys, "report", str(run_dir), "--json")
+    assert code == 0 and json.loads(out)["loads_by_source"]["object"] == {"loads": 1, "files": 4, "load_s": 3.25}
+    code, out, _ = run_cli(capsys, "report", str(run_dir))
+    assert code == 0 and "checkpoint loads by source" in out and "object 1 (4 files" in out

@@ -54,6 +54,30 @@ def build_report(events: Iterable[dict[str, Any]], *, price_per_gpu_hour: float,
             rec["interval_daly_observed_s"] = daly_interval(stall, observed).interval_s
     out["recommended"] = rec
     out["intervals_changed"] = acc.timeline.get("intervals", [])
+    out["loads_by_source"] = loads_by_source(events)
+    return out
+
+
+def loads_by_source(events: Iterable[dict[str, Any]]) -> dict[str, dict[str, float]]:
+    """Resumes by where their files came from (checkpoint_loaded's files_by_source; older logs
+    without it count as shared): loads, files and load seconds per source. A load that read from
+    several sources counts once under each, with its whole load time."""
+    out: dict[str, dict[str, float]] = {}
+    for event in events:
+        if event.get("event") != "checkpoint_loaded":
+            continue
+        files = event.get("files_by_source")
+        if not isinstance(files, dict):
+            files = {"shared": event.get("read_shared_files", 0), "node_local": event.get("read_local_files", 0)}
+        load_s = event.get("load_s")
+        load_s = float(load_s) if isinstance(load_s, (int, float)) and load_s >= 0 else 0.0
+        for source, count in files.items():
+            if not isinstance(source, str) or not isinstance(count, (int, float)) or count <= 0:
+                continue
+            row = out.setdefault(source, {"loads": 0, "files": 0, "load_s": 0.0})
+            row["loads"] += 1
+            row["files"] += count
+            row["load_s"] += load_s
     return out
 
 
@@ -129,6 +153,9 @@ def _summary_pairs(rep: dict[str, Any]) -> list[tuple[str, str]]:
         ("measured stall C / write", f"{format_duration(rep['measured_stall_s'])} / {format_duration(rep['measured_write_s'])}"
                                      f"  ({rep['checkpoints']} checkpoints, {format_size(rep['checkpoint_bytes'])} each)"),
         ("measured detection + restart R", f"{format_duration(rep['measured_detect_s'])} + {format_duration(rep['measured_restart_s'])}"),
+        ("checkpoint loads by source", "; ".join(
+            f"{source} {int(row['loads'])} ({int(row['files'])} files, {format_duration(row['load_s'])})"
+            for source, row in sorted(rep.get("loads_by_source", {}).items())) or "none"),
     ]
     if "interval_daly_s" in rec:
         text = (f"Daly {format_duration(rec['interval_daly_s'])} (Young {format_duration(rec['interval_young_s'])})"
