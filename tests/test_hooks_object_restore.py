@@ -124,3 +124,32 @@ def test_an_unreachable_object_store_leaves_the_shared_tier_to_resume_from(tmp_p
     step, restored = resume(ck)
     loaded = named(run_dir, "checkpoint_loaded", mark)
     assert step == 4 and loaded[-1]["source"] == "shared" and same_model(restored, parts)
+
+
+def test_new_refuses_while_the_object_store_holds_the_old_runs_checkpoints(tmp_path: Path, moto,  # noqa: F811
+                                                                          monkeypatch: pytest.MonkeyPatch) -> None:
+    """A resume would fetch them back, so `--new` would continue the old run; S3 has no rename."""
+    from ckptsup.checkpoint.s3tier import S3Tier
+    from ckptsup.checkpoint.synthetic import write_synthetic
+    from ckptsup.config import load_config
+    from ckptsup.events import EventWriter
+    from ckptsup.rundir import RunDir, RunState, RunStatus
+    from ckptsup.supervisor import relaunch
+
+    make_bucket(moto)
+    for prefix, holds in (("new-empty", False), ("new-held", True)):
+        monkeypatch.setenv("CKPTSUP_SITE_CONFIG", str(site_config(tmp_path, moto.url, prefix + "/{job_id}")))
+        config = load_config(job_config=None, flags={}).config
+        if holds:
+            S3Tier(url=f"s3://{BUCKET}/{prefix}/local", endpoint_url=moto.url).put(write_synthetic(tmp_path / "src", step=7))
+        run = tmp_path / prefix
+        RunDir.create(run).save_state(RunState(attempt=1, epoch=2, status=RunStatus.DONE))
+        EventWriter(run_dir=run, job_id="local", attempt=1).close()
+        said: list[str] = []
+        if not holds:
+            relaunch.prepare(run, config, job_id="local", resume=False, environ={}, say=said.append)
+            assert len(said) == 1 and said[0].startswith("moved the previous run"), said
+            continue
+        with pytest.raises(relaunch.LaunchRefused, match=r"holds 1 checkpoint\(s\) of the previous run \(newest step_7\)"):
+            relaunch.prepare(run, config, job_id="local", resume=False, environ={}, say=said.append)
+        assert run.is_dir() and said == []   # nothing moved

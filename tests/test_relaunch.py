@@ -253,14 +253,22 @@ def test_a_restart_count_that_is_not_a_number_is_one_line(tmp_path, config):
     assert "\n" not in str(err.value)
 
 
-def test_prepare_warns_that_an_object_store_prefix_is_shared_by_the_new_run(tmp_path, config):
+def test_prepare_new_warns_when_the_object_store_cannot_be_listed(tmp_path, config, monkeypatch):
     import dataclasses
+    import socket
 
-    config = dataclasses.replace(config, storage=dataclasses.replace(config.storage, object_store="s3://b/ck/{job_id}"))
+    with socket.socket() as s:   # a closed loopback port: refused at once
+        s.bind(("127.0.0.1", 0))
+        port = s.getsockname()[1]
+    monkeypatch.setenv("AWS_ACCESS_KEY_ID", "testing")
+    monkeypatch.setenv("AWS_SECRET_ACCESS_KEY", "testing")
+    config = dataclasses.replace(config, storage=dataclasses.replace(
+        config.storage, object_store="s3://b/ck/{job_id}", s3_endpoint_url=f"http://127.0.0.1:{port}"))
     make_run(tmp_path / "run", status=RunStatus.DONE)
     said: list[str] = []
     relaunch.prepare(tmp_path / "run", config, job_id="local", resume=False, environ={}, say=said.append)
-    assert len(said) == 2 and said[1].startswith("warning:") and "s3://b/ck/{job_id}" in said[1]
+    assert len(said) == 2 and said[0].startswith("warning: cannot list the object store s3://b/ck/{job_id}"), said
+    assert said[1].startswith("moved the previous run")
 
 
 def test_the_lease_reader_takes_an_unreadable_lease_as_none(tmp_path):

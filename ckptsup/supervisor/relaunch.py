@@ -166,15 +166,35 @@ def prepare(path: str | os.PathLike[str], config: Config, *, job_id: str, resume
         case Resume(why=why):
             say(f"resuming the run in {run_dir}: {why}")
         case New(move_aside=True):
+            _refuse_over_object_copies(config, job_id, say)
             stamp = time.strftime("%Y%m%d-%H%M%S", time.localtime(now()))
             moved = move_aside(run_dir, checkpoint_dir(config, run_dir, job_id), stamp)
             what = " and ".join(f"{src} to {dst}" for src, dst in moved)
             status = prev.status.value if prev.status else "?"
             say(f"moved the previous run ({status}, {_attempts(prev.attempt)}): {what}; starting a new run in {run_dir}")
-            if config.storage.object_store:
-                say(f"warning: the new run promotes to the same object store {config.storage.object_store}: its "
-                    "step_<N> replace the old run's there; set [storage] object_store to another prefix to keep them")
     return decision
+
+
+def _refuse_over_object_copies(config: Config, job_id: str, say: Callable[[str], None]) -> None:
+    """--new cannot move an object-store prefix aside (S3 has no rename), and a resume fetches a
+    checkpoint back from the store when the shared tier has none: the new run would continue the
+    old one. Refuse while the prefix holds checkpoints; an unreachable store only warns (the
+    hooks' resume cannot list it either)."""
+    if not config.storage.object_store:
+        return
+    from ..checkpoint.s3tier import S3Tier
+
+    try:
+        steps = S3Tier.from_config(config.storage, node="", job_id=job_id).list_steps()
+    except (CkptsupError, OSError) as err:
+        say(f"warning: cannot list the object store {config.storage.object_store} ({err}); if it holds the old run's "
+            "checkpoints the new run will resume from them")
+        return
+    if steps:
+        raise LaunchRefused(
+            f"--new: the object store {config.storage.object_store} holds {len(steps)} checkpoint(s) of the previous "
+            f"run (newest step_{max(steps)}) and a resume would fetch them back; set [storage] object_store to another "
+            "prefix (e.g. one with {job_id}) or delete them there first")
 
 
 def move_aside(run_dir: Path, ckpt_dir: Path, stamp: str) -> list[tuple[Path, Path]]:
