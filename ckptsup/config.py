@@ -164,6 +164,16 @@ class StorageConfig:
 
 
 @dataclass(kw_only=True)
+class MemoryConfig:
+    enabled: bool = knob(False, "memory tier: each rank's shard also kept in its node agent's memory, so a rank crash "
+                         "resumes from there (docs/training.md; peer replicas are not built yet)")
+    every_steps: int = knob(10, "memory saves every N steps (with enabled)", at_least_one, max=10**9)
+    keep: int = knob(2, "memory checkpoints the agent keeps per rank", at_least_one, max=100)
+    max_bytes: int = knob(0, "a rank's memory bundle larger than this turns the tier off for it with one warning; "
+                          "0 = no limit", non_negative, max=1 << 50)
+
+
+@dataclass(kw_only=True)
 class SupervisorConfig:
     nproc_per_node: Any = knob(AUTO, "ranks per node (torchrun --nproc-per-node): a number, gpu (the allocation's GPUs "
                                "per node) or auto (its GPUs per node, else 1); `ckptsup launch` resolves the word",
@@ -269,6 +279,7 @@ class Config:
     run: RunConfig = field(default_factory=RunConfig)
     checkpoint: CheckpointConfig = field(default_factory=CheckpointConfig)
     storage: StorageConfig = field(default_factory=StorageConfig)
+    memory: MemoryConfig = field(default_factory=MemoryConfig)
     supervisor: SupervisorConfig = field(default_factory=SupervisorConfig)
     nccl: NcclConfig = field(default_factory=NcclConfig)
     health: HealthConfig = field(default_factory=HealthConfig)

@@ -78,6 +78,7 @@ RESUME_FROM = "CKPTSUP_RESUME_FROM"
 SAVE_EVERY_STEPS = "CKPTSUP_SAVE_EVERY_STEPS"
 SAVE_EVERY_S = "CKPTSUP_SAVE_EVERY_S"
 RANK_SOCKET = "CKPTSUP_RANK_SOCKET"
+MEMORY_SOCKET = "CKPTSUP_MEMORY_SOCKET"
 WARM_DIR = "CKPTSUP_WARM_DIR"
 WARM_LOCAL_RANK = "CKPTSUP_WARM_LOCAL_RANK"
 SECRET_FILE = "CKPTSUP_SECRET_FILE"
@@ -102,6 +103,7 @@ VARS: tuple[Var, ...] = (
     Var(name=RESUME_FROM, set_by="supervisor", read_by="hooks", meaning="step_<N> directory validated (levels 1-2) before relaunch; empty = fresh start"),
     Var(name=SAVE_EVERY_STEPS, set_by="supervisor", read_by="hooks", meaning="save every N steps (0 = off)"),
     Var(name=SAVE_EVERY_S, set_by="supervisor", read_by="hooks", meaning="initial time-based interval; later changes arrive over the channel"),
+    Var(name=MEMORY_SOCKET, set_by="agent", read_by="hooks", meaning="node-local Unix socket (in a 0700 dir) of the agent's memory store (the memory tier)"),
     Var(name=RANK_SOCKET, set_by="agent", read_by="hooks", meaning="node-local Unix socket (in a 0700 dir) for rank heartbeats and commands"),
     Var(name=WARM_LOCAL_RANK, set_by="agent", read_by="operators, tests (ps e)", meaning="the local rank a warm rank interpreter serves: its /proc environment (the rank's own variables come later, in-process)"),
     Var(name=WARM_DIR, set_by="agent", read_by="warm_proxy (torchrun's workers)", meaning="the 0700 dir of the warm rank interpreters' sockets (warm-<local_rank>.sock); set only when they are ready"),
@@ -220,6 +222,7 @@ class RankEnv:
     collective_timeout_s: float | None
     fr_dump_dir: str | None
     preempt_budget_s: float | None
+    memory_socket: str | None = None
 
     @property
     def supervised(self) -> bool:
@@ -248,6 +251,7 @@ class RankEnv:
             collective_timeout_s=_num(env, COLLECTIVE_TIMEOUT_S, float),
             fr_dump_dir=_opt(env, FR_DUMP_DIR),
             preempt_budget_s=_num(env, PREEMPT_BUDGET_S, float),
+            memory_socket=_opt(env, MEMORY_SOCKET),
         )
 
     def to_environ(self) -> dict[str, str]:

@@ -205,7 +205,7 @@ class VerifyingReader(_file_reader_base()):  # type: ignore[misc]
             raise CheckpointError("per-rank DCP metadata is not used by ckptsup checkpoints")
         if self._metadata is None:
             name = self.manifest.metadata_file
-            data = read_nofollow(self.step_dir / name, limit=MAX_METADATA_BYTES)
+            data = self._metadata_bytes()
             actual = hash_bytes(data, algorithm_of(self.manifest.metadata_hash))
             if actual != self.manifest.metadata_hash:
                 raise ValidationError(f"{self.step_dir.name}/{name}: hash {actual} != {self.manifest.metadata_hash}; "
@@ -219,6 +219,9 @@ class VerifyingReader(_file_reader_base()):  # type: ignore[misc]
             self._check_index(metadata)
             self._metadata = metadata
         return self._metadata
+
+    def _metadata_bytes(self) -> bytes:
+        return read_nofollow(self.step_dir / self.manifest.metadata_file, limit=MAX_METADATA_BYTES)
 
     def _check_index(self, metadata: Any) -> None:
         """Every item DCP's metadata points at is an item the manifest hashed, at the same place."""
@@ -243,39 +246,8 @@ class VerifyingReader(_file_reader_base()):  # type: ignore[misc]
             grouped.setdefault(item.key, (item, []))[1].append(req)
         order = sorted(grouped.values(), key=lambda pair: (pair[0].file, pair[0].offset))
         fds: dict[Path, int] = {}
-
-        def read_item(path: Path, view: memoryview, item: Any) -> None:
-            if path not in fds:
-                fds[path] = open_regular(path)
-            got = 0
-            while got < item.length:
-                n = os.preadv(fds[path], [view[got:]], item.offset + got)
-                if n == 0:
-                    break
-                got += n
-            verify_item(view[:got], item)
-
         def fetch(item: Any) -> Any:
-            import torch
-
-            data = torch.empty(item.length, dtype=torch.uint8)  # not zero-filled, unlike bytearray
-            view = memoryview(data.numpy())
-            local = self.local_files.get(item.file)
-            if local is not None:
-                try:
-                    read_item(local, view, item)
-                    self.read_local.add(item.file)
-                    return data
-                except (ValidationError, OSError) as err:  # a bad cache: the shared copy decides
-                    del self.local_files[item.file]
-                    self.local_fallbacks.add(item.file)
-                    log.warning("ckptsup: node-local copy %s is unusable (%s); reading %s from the shared tier",
-                                local, err, item.file)
-                    if isinstance(err, ValidationError):
-                        _discard(local)  # a cache entry that fails its hash is worth nothing
-            read_item(self.step_dir / item.file, view, item)
-            self.read_shared.add(item.file)
-            return data
+            return self._fetch_item(item, fds)
 
         try:
             with concurrent.futures.ThreadPoolExecutor(max_workers=1, thread_name_prefix="ckptsup-read") as pool:
@@ -291,6 +263,30 @@ class VerifyingReader(_file_reader_base()):  # type: ignore[misc]
         fut: Future = Future()
         fut.set_result(None)
         return fut
+
+    def _fetch_item(self, item: Any, fds: dict[Path, int]) -> Any:
+        """One saved item's bytes (a uint8 tensor), hash-checked: from the node-local copy when
+        there is a good one, else the shared copy."""
+        import torch
+
+        data = torch.empty(item.length, dtype=torch.uint8)  # not zero-filled, unlike bytearray
+        view = memoryview(data.numpy())
+        local = self.local_files.get(item.file)
+        if local is not None:
+            try:
+                _read_item(fds, local, view, item)
+                self.read_local.add(item.file)
+                return data
+            except (ValidationError, OSError) as err:  # a bad cache: the shared copy decides
+                del self.local_files[item.file]
+                self.local_fallbacks.add(item.file)
+                log.warning("ckptsup: node-local copy %s is unusable (%s); reading %s from the shared tier",
+                            local, err, item.file)
+                if isinstance(err, ValidationError):
+                    _discard(local)  # a cache entry that fails its hash is worth nothing
+        _read_item(fds, self.step_dir / item.file, view, item)
+        self.read_shared.add(item.file)
+        return data
 
     def _apply(self, data: Any, item: Any, reqs: list[Any], planner: Any) -> None:
         """Deserialise one verified item (a uint8 tensor) into every request that needs it."""
@@ -313,6 +309,18 @@ class VerifyingReader(_file_reader_base()):  # type: ignore[misc]
             if not adopted:
                 target.copy_(tensor)
                 planner.commit_tensor(req, target)
+
+
+def _read_item(fds: dict[Path, int], path: Path, view: memoryview, item: Any) -> None:
+    if path not in fds:
+        fds[path] = open_regular(path)
+    got = 0
+    while got < item.length:
+        n = os.preadv(fds[path], [view[got:]], item.offset + got)
+        if n == 0:
+            break
+        got += n
+    verify_item(view[:got], item)
 
 
 def _discard(path: Path) -> None:
