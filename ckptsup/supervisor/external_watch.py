@@ -165,10 +165,11 @@ class ExternalCheckpoints:
 
     def _finish(self, pending: Pending) -> None:
         folder = pending.folder
+        if not os.path.lexists(folder.path):
+            return   # purged by the framework (keep_latest_k) while it was hashed: nothing to keep, nothing to say
         sizes = {name: size for name, (size, _) in pending.hashed.items()}
         if pending.problems or sizes != pending.listed:
-            if os.path.lexists(folder.path):   # else: purged while it was hashed, nothing to say
-                self._failed(folder.name, pending.problems[0] if pending.problems else "its files changed while hashed")
+            self._failed(folder.name, pending.problems[0] if pending.problems else "its files changed while hashed")
             return
         ids = getattr(self, "ids", {})
         manifest = ext.build_manifest(folder, pending.hashed, algorithm=self.algorithm, external_dir=self.dir,
