@@ -225,3 +225,40 @@ def test_the_watch_writes_a_manifest_once_every_node_answered_and_survives_a_pur
     poll(watch, agents)
     assert ext.known_names(tmp_path / "run") == []
     assert re.fullmatch(r"x\d+-\d+", watch.new_request_id())
+
+
+def real_dcp_folder(root: Path, name: str) -> Path:
+    import torch
+    import torch.distributed.checkpoint as dcp
+
+    folder = root / name
+    state = {"w": torch.arange(64, dtype=torch.float32).reshape(8, 8), "step": torch.tensor(5),
+             "meta": {"lr": 0.1, "milestones": [1, 2]}}
+    import warnings
+    with warnings.catch_warnings():
+        warnings.simplefilter("ignore")
+        dcp.save(state, checkpoint_id=str(folder), no_dist=True)
+    return folder
+
+
+def test_the_level3_test_load_verifies_the_hashes_first_then_loads_everything(tmp_path):
+    from ckptsup.supervisor.external_testload import run_test_load
+
+    run, ckpt = tmp_path / "run", tmp_path / "ckpt"
+    folder = real_dcp_folder(ckpt, "step-5")
+    adopt(run, folder, 5)
+    ok, line = run_test_load(folder, ext.manifest_path(run, "step-5"), timeout_s=120)
+    assert ok and line.startswith("ok: step-5: 4 entries"), line
+    meta = folder / ".metadata"
+    data = bytearray(meta.read_bytes())
+    data[-2] ^= 0xFF                      # a changed pickle is never unpickled: its hash says so first
+    meta.write_bytes(bytes(data))
+    ok, line = run_test_load(folder, ext.manifest_path(run, "step-5"), timeout_s=120)
+    assert not ok and ".metadata: hash" in line, line
+    # a folder whose bytes match its manifest but do not load (adopted broken): the load says so
+    broken = real_dcp_folder(ckpt, "step-10")
+    shard = next(p for p in broken.iterdir() if p.suffix == ".distcp")
+    shard.write_bytes(shard.read_bytes()[:10])
+    adopt(run, broken, 10)
+    ok, line = run_test_load(broken, ext.manifest_path(run, "step-10"), timeout_s=120)
+    assert not ok and line.startswith("test load failed"), line

@@ -1,6 +1,7 @@
 """The agent's part of external checkpoints (checkpoint/external.py): hash the files of an external
 step folder that the supervisor names (`ext_hash`, this node's ranks' `__<rank>_*.distcp`, plus
-`.metadata` on global rank 0's node) and answer with `ext_hashed`. One background thread, so a
+`.metadata` on global rank 0's node) and answer with `ext_hashed`; with `testload` (the folder's
+manifest), run a level-3 test load in a subprocess (supervisor/external_testload.py) too. One background thread, so a
 large checkpoint's read never stalls the agent's heartbeat or its rank sockets; the agent's loop
 sends the answers (one writer of stdout)."""
 
@@ -43,7 +44,11 @@ def parse_request(body: dict[str, Any]) -> dict[str, Any]:
         raise ExternalRequestError(f"`files` must be at most {MAX_FILES_PER_FRAME} single path components")
     if algorithm not in HASH_ALGORITHMS:
         raise ExternalRequestError(f"`algorithm` must be one of {', '.join(HASH_ALGORITHMS)}")
-    return {"request": request, "part": part, "dir": where, "folder": folder, "files": files, "algorithm": algorithm}
+    testload = body.get("testload")
+    if testload is not None and not (isinstance(testload, str) and os.path.isabs(testload) and "\x00" not in testload):
+        raise ExternalRequestError("`testload` must be the absolute path of the folder's manifest")
+    return {"request": request, "part": part, "dir": where, "folder": folder, "files": files, "algorithm": algorithm,
+            "testload": testload}
 
 
 class ExternalHasher:
@@ -81,6 +86,12 @@ def answer(job: dict[str, Any]) -> dict[str, Any]:
         hashed, problems = hash_files(Path(job["dir"]) / job["folder"], job["files"], job["algorithm"])
     except CkptsupError as err:
         hashed, problems = {}, [str(err)]
-    return {"request": job["request"], "part": job["part"], "folder": job["folder"],
-            "files": [{"path": n, "size": s, "hash": h} for n, (s, h) in sorted(hashed.items())],
-            "problems": [p[:300] for p in problems[:20]], "hash_s": round(time.monotonic() - start, 4)}
+    out = {"request": job["request"], "part": job["part"], "folder": job["folder"],
+           "files": [{"path": n, "size": s, "hash": h} for n, (s, h) in sorted(hashed.items())],
+           "problems": [p[:300] for p in problems[:20]], "hash_s": round(time.monotonic() - start, 4)}
+    if job.get("testload"):
+        from .external_testload import run_test_load
+
+        ok, detail = run_test_load(Path(job["dir"]) / job["folder"], Path(job["testload"]))
+        out["testload"] = {"ok": ok, "detail": detail, "duration_s": round(time.monotonic() - start, 4)}
+    return out

@@ -4,7 +4,9 @@ manifests of folders the framework purged, and asks the agents to hash the newes
 that has no manifest yet: each node the files of its own ranks, global rank 0's node `.metadata`
 and the rest. When every file of the listing is answered for, with the listed size, the manifest
 is written (<run_dir>/external/, 0600) and `checkpoint_committed` (`external`: the folder) is
-emitted. One request at a time; a request that is not answered within HASH_TIMEOUT_S, or whose
+emitted; every `[checkpoint] test_load_every`-th of them gets a level-3 test load on global rank 0's
+node (supervisor/external_testload.py), and a folder that fails it is moved out of the framework's
+folder. One request at a time; a request that is not answered within HASH_TIMEOUT_S, or whose
 files changed under it, is asked again later (MAX_TRIES in all)."""
 
 from __future__ import annotations
@@ -25,6 +27,7 @@ from .external_agent import MAX_FILES_PER_FRAME
 
 POLL_S = 2.0
 HASH_TIMEOUT_S = 300.0
+TESTLOAD_TIMEOUT_S = 600.0
 MAX_TRIES = 3
 
 Send = Callable[..., bool]          # AgentSet.send(m, body, nodes=[...])
@@ -41,6 +44,7 @@ class Pending:
     started: float
     hashed: dict[str, tuple[int, str]] = field(default_factory=dict)
     problems: list[str] = field(default_factory=list)
+    testload: bool = False
 
 
 def resolve_dir(config: Config, cwd: str) -> Path | None:
@@ -89,6 +93,9 @@ class ExternalCheckpoints:
         self.dir = directory
         self.pattern = ext.compile_pattern(config.checkpoint.external_pattern)
         self.algorithm = config.checkpoint.hash_algorithm
+        self.test_load_every = config.checkpoint.test_load_every   # every Nth manifest gets a test load; 0 = none
+        self.commits = 0
+        self.testload_due: ext.StepFolder | None = None
         self.run_dir = run_dir
         self.emit = emit
         self.clock = clock
@@ -124,6 +131,10 @@ class ExternalCheckpoints:
                 return
             self._failed(self.pending.folder.name, "no answer in time" if now >= self.pending.deadline else None)
             self.pending = None
+        due, self.testload_due = self.testload_due, None
+        if due is not None and os.path.lexists(due.path) and nodes and has_agent(nodes[0]):
+            self._request_testload(due, send=send, node=nodes[0])
+            return
         for folder in reversed(folders):
             if self.tries.get(folder.name, 0) >= MAX_TRIES or self.has_manifest(folder.name):
                 continue
@@ -150,6 +161,40 @@ class ExternalCheckpoints:
                                deadline=now + HASH_TIMEOUT_S, started=now)
         self.ids = ids
 
+    def _request_testload(self, folder: ext.StepFolder, *, send: Send, node: str) -> None:
+        request = self.new_request_id()
+        body = {"request": request, "part": 0, "dir": str(folder.path.parent), "folder": folder.name, "files": [],
+                "algorithm": self.algorithm, "testload": str(ext.manifest_path(self.run_dir, folder.name))}
+        if send(MessageKind.EXT_HASH, body, nodes=[node]):
+            now = self.clock()
+            self.pending = Pending(request=request, folder=folder, listed={}, waiting={(node, 0)},
+                                   deadline=now + HASH_TIMEOUT_S + TESTLOAD_TIMEOUT_S, started=now, testload=True)
+
+    def _tested(self, pending: Pending, result: Any) -> None:
+        """A test load's verdict: validated at level 3, or moved out of the framework's folder."""
+        folder = pending.folder
+        if not isinstance(result, dict) or not os.path.lexists(folder.path):
+            return
+        detail = str(result.get("detail", ""))[:400]
+        duration = result.get("duration_s")
+        if result.get("ok") is True:
+            self.emit(Event.CHECKPOINT_VALIDATED, step=folder.step, level=3, external=folder.name, duration_s=duration)
+            return
+        try:
+            manifest = ext.load_manifest(self.run_dir, folder.name)
+        except ext.ExternalError:
+            manifest = None
+        if manifest is None or any(p.endswith((": missing", " is gone")) for p in ext.check_against(folder.path, manifest)):
+            return   # the framework purged it under the test load (keep_latest_k): not a verdict on its bytes
+        try:
+            where = str(ext.move_aside(self.dir, folder.name, f"test load: {detail}", run_dir=self.run_dir))
+        except ext.ExternalError as err:
+            where = ""
+            self._say(str(err))
+        self.emit(Event.CHECKPOINT_REJECTED, step=folder.step, level=3, external=folder.name, reason=detail,
+                  quarantined=where)
+        print(f"ckptsup: {folder.name} failed its test load ({detail}); moved to {where or 'nowhere'}", flush=True)
+
     def on_answer(self, node: str, body: dict[str, Any]) -> None:
         pending = self.pending
         if pending is None or body.get("request") != pending.request:
@@ -161,7 +206,10 @@ class ExternalCheckpoints:
         take_answer(body, pending.hashed, pending.problems)
         if not pending.waiting:
             self.pending = None
-            self._finish(pending)
+            if pending.testload:
+                self._tested(pending, body.get("testload"))
+            else:
+                self._finish(pending)
 
     def _finish(self, pending: Pending) -> None:
         folder = pending.folder
@@ -183,6 +231,9 @@ class ExternalCheckpoints:
         self.emit(Event.CHECKPOINT_COMMITTED, step=folder.step, external=folder.name, path=str(folder.path),
                   bytes=manifest.total_bytes, files=len(manifest.files),
                   hash_s=round(self.clock() - pending.started, 4))
+        self.commits += 1
+        if self.test_load_every and self.commits % self.test_load_every == 0:
+            self.testload_due = folder   # at the next poll, on global rank 0's node
 
     def _failed(self, name: str, why: str | None, *, final: bool = False) -> None:
         self.tries[name] = MAX_TRIES if final else self.tries.get(name, 0) + 1
