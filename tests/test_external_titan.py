@@ -3,10 +3,8 @@ torchtitan's real `CheckpointManager` writes `step-N` folders (tests/helpers/tit
 agents hash them, the supervisor keeps their manifests in the run dir, and a bad folder is moved out
 of the framework's folder so that torchtitan's own "load latest" resumes from a good one."""
 import json
-import os
 import signal
 import subprocess
-import sys
 from pathlib import Path
 
 import psutil
@@ -27,8 +25,8 @@ STEPS, EVERY, KEEP = 30, 5, 3
 def launch(tmp: Path, *extra: str, plain: bool = False) -> tuple[subprocess.Popen, Path, Path]:
     run, ckpt = tmp / "run", tmp / "ckpt"
     cfg = tmp / "job.toml"
-    cfg.write_text(f'[checkpoint]\nexternal_dir = "ckpt"\n[supervisor]\nheartbeat_interval_s = 0.5\n'
-                   f'init_timeout_s = 2.0\n')
+    cfg.write_text('[checkpoint]\nexternal_dir = "ckpt"\n[supervisor]\nheartbeat_interval_s = 0.5\n'
+                   'init_timeout_s = 2.0\n')
     argv = [*CKPTSUP, "launch", "--nproc-per-node", "2", "--config", str(cfg), "--run-dir", str(run), str(SCRIPT),
             "--steps", str(STEPS), "--every", str(EVERY), "--keep", str(KEEP), "--folder", str(ckpt),
             "--out", str(tmp / "final.pt"), "--step-s", "0.1", *(["--plain-dcp"] if plain else []), *extra]
