@@ -101,6 +101,12 @@ def progress_check(value: Any) -> str | None:
     return pattern_problem(value)
 
 
+def external_pattern_check(value: Any) -> str | None:
+    from .checkpoint.external import pattern_problem
+
+    return pattern_problem(value)
+
+
 def tier_path(*schemes: str) -> Check:
     """A storage location: empty (tier off), a plain path, or one of the given URL schemes."""
     def check(value: Any) -> str | None:
@@ -148,6 +154,10 @@ class CheckpointConfig:
     jitter_s: float = knob(30.0, "random delay (s) added to time-based saves so jobs do not write in the same minute", non_negative, max=WEEK_S)
     emergency_margin: float = knob(1.5, "an emergency save runs only if measured save time x margin fits the budget", positive, max=100)
     allow_stateless_dataloader: bool = knob(False, "accept a dataloader without state_dict (data WILL repeat after restart)")
+    external_dir: str = knob("", "a framework's own folder of DCP step folders (torchtitan's checkpoint.folder), relative to "
+                             "the job's cwd or absolute: validated in place, bad ones moved out of it; empty = off")
+    external_pattern: str = knob(r"step-(\d+)", "regex (searched, as torchtitan does) on external_dir's folder names; its one "
+                                 "group is the step", external_pattern_check)
 
 
 @dataclass(kw_only=True)

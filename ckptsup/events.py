@@ -79,6 +79,7 @@ class Event(str, enum.Enum):
     STRAGGLER = "straggler"                # rank, node, ratio, compute_s, others_s, windows, step, replace: a rank computes slower than the others
     AGENT_LOST = "agent_lost"              # nodes, rc: a step of agents outside the launch (spares) ended; a launch needing them starts new ones
     PROGRESS_STALE = "progress_stale"      # since_launch_s, pattern: no hello and no progress line for progress_warn_s (a warning)
+    EXTERNAL_RESUME = "external_resume"    # folder, step, checked, moved_aside: the external step folder the next attempt's framework loads
 
     @classmethod
     def parse(cls, name: object) -> "Event | None":

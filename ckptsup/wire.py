@@ -61,6 +61,7 @@ class MessageKind(enum.StrEnum):
     PROGRESS = "progress"            # {rank, step}: a progress line of a rank that did not say hello
     OUTPUT = "output"                # {lines, dropped}: rank output for the supervisor's console (rate-limited)
     WARM_READY = "warm_ready"        # {interpreters}: the next launch's warm rank interpreters are ready
+    EXT_HASHED = "ext_hashed"        # {request, part, folder, files: [{path, size, hash}], problems}: answer to ext_hash
     # supervisor → agent (→ ranks)
     STOP_AT = "stop_at"              # {reason, save, budget_s}: stop at an agreed step (preemption)
     SAVE_NOW = "save_now"            # {reason}
@@ -70,6 +71,7 @@ class MessageKind(enum.StrEnum):
     KILL = "kill"                    # {grace}: agent only: kill torchrun and the ranks now
     RESTART = "restart"              # {attempt, spec: LaunchSpec as JSON}: agent only: fast-path relaunch
     EXIT = "exit"                    # {}: agent only: kill the ranks and exit
+    EXT_HASH = "ext_hash"            # {request, part, dir, folder, files, algorithm}: agent only: hash these files of an external step folder
 
 
 HOPS: dict[MessageKind, Hop] = {
@@ -78,9 +80,10 @@ HOPS: dict[MessageKind, Hop] = {
     **{k: Hop.AGENT_TO_SUPERVISOR for k in (MessageKind.HB, MessageKind.LAUNCHED, MessageKind.RANK_EXIT,
                                              MessageKind.TORCHRUN_EXIT, MessageKind.KILLED,
                                              MessageKind.RESTARTED, MessageKind.PREEMPT, MessageKind.PROGRESS,
-                                             MessageKind.OUTPUT, MessageKind.WARM_READY)},
+                                             MessageKind.OUTPUT, MessageKind.WARM_READY, MessageKind.EXT_HASHED)},
     **{k: Hop.COMMAND for k in (MessageKind.STOP_AT, MessageKind.SAVE_NOW, MessageKind.SET_INTERVAL,
-                                 MessageKind.SET_TIMEOUT, MessageKind.DUMP_FR, MessageKind.KILL, MessageKind.RESTART, MessageKind.EXIT)},
+                                 MessageKind.SET_TIMEOUT, MessageKind.DUMP_FR, MessageKind.KILL, MessageKind.RESTART, MessageKind.EXIT,
+                                 MessageKind.EXT_HASH)},
 }
 FORWARDED_COMMANDS = frozenset({MessageKind.STOP_AT, MessageKind.SAVE_NOW, MessageKind.SET_INTERVAL,
                                 MessageKind.SET_TIMEOUT, MessageKind.DUMP_FR})

@@ -49,6 +49,7 @@ from ..rundir import read_secret
 from .spec import LaunchSpec
 from .rank_output import RankOutput
 from .standby import Standby
+from .external_agent import ExternalHasher, ExternalRequestError
 from .warm_pool import WarmPool
 from .processes import GONE, RUNNING, describe_exit, terminate, zombie_status
 
@@ -224,6 +225,7 @@ class Agent:
         self.pool: WarmPool | None = None       # warm rank interpreters for the next launch
         self.warm = False                       # this attempt's ranks run in warm interpreters
         self.warm_told = False                  # the supervisor heard that the pool is ready
+        self.external = ExternalHasher()        # hashes of external step folders (supervisor/external_agent.py)
 
     # ---- output -------------------------------------------------------------------------------
     def send(self, m: MessageKind, body: dict[str, Any]) -> None:
@@ -593,6 +595,11 @@ class Agent:
             self.send(MessageKind.RESTARTED, {"attempt": self.attempt, "kill_s": kill_s})
         elif m == MessageKind.EXIT:
             self.exit_requested = True
+        elif m == MessageKind.EXT_HASH:
+            try:
+                self.external.request(body)
+            except ExternalRequestError as err:
+                raise BadCommand(str(err)) from None
         elif m in wire.FORWARDED_COMMANDS:
             self.to_ranks(m, {k: v for k, v in body.items() if k != "nodes"})
             if m == MessageKind.STOP_AT and not self.stop_sent:
@@ -730,6 +737,8 @@ class Agent:
                 self._flush_output()
                 self._check_processes()
                 self._warm_standby()
+                for answer in self.external.take():
+                    self.send(MessageKind.EXT_HASHED, answer)
                 now = time.monotonic()
                 if now - self.last_hb >= self.spec.heartbeat_interval_s:
                     self.last_hb = now

@@ -32,6 +32,8 @@ from .agent import LaunchSpec
 from .agent_set import AgentSet, StepFactory
 from .agent_step import AgentStep, CommandSender, Message, StepSignal
 from .operating import OperatorMixin
+from .external_resume import ExternalResumeMixin
+from .external_watch import ExternalCheckpoints, resolve_dir
 from .attempt import AttemptTracker, Marks
 from .interval_tuner import IntervalTuner
 from .nccl import Timeouts
@@ -62,7 +64,7 @@ class Job:
     no_python: bool = False  # torchrun --no-python: `script` is an executable
 
 
-class Supervisor(OperatorMixin):
+class Supervisor(OperatorMixin, ExternalResumeMixin):
     def __init__(self, *, resolved: Resolved, job: Job, run_dir: RunDir, placement: Placement,
                  clock: Callable[[], float] = time.monotonic, sleep: Callable[[float], None] = time.sleep,
                  step_factory: StepFactory = AgentStep,
@@ -101,6 +103,9 @@ class Supervisor(OperatorMixin):
         self.attempt_wall_start = time.time()   # wall clock of the current launch (progress_dir mtimes)
         self._init_operator()
         self.interval.grace_time_s = placement.grace_time_s
+        external_dir = resolve_dir(self.config, job.cwd)   # [checkpoint] external_dir: a framework's own step folders
+        self.external = None if external_dir is None else ExternalCheckpoints(
+            config=self.config, directory=external_dir, run_dir=run_dir.path, emit=self.emit, clock=clock)
 
     # ---- bookkeeping --------------------------------------------------------------------------
     def emit(self, name: Event, **fields: Any) -> None:
@@ -191,6 +196,7 @@ class Supervisor(OperatorMixin):
             failure = self._pump()
             tracker = self.tracker
             assert tracker is not None
+            self._poll_external()
             self._report_level(tracker)
             self._publish_status()
             stop = self._take_control(tracker)
@@ -296,6 +302,9 @@ class Supervisor(OperatorMixin):
         elif msg.m is MessageKind.WARM_READY:
             self.warm_nodes.add(msg.node)
             self.emit(Event.WARM_READY, node=msg.node, interpreters=msg.body.get("interpreters"))
+        elif msg.m is MessageKind.EXT_HASHED:
+            if self.external is not None:
+                self.external.on_answer(msg.node, msg.body)
         else:
             return False
         return True
@@ -463,7 +472,9 @@ class Supervisor(OperatorMixin):
             return AttemptResult(attempt=self.state.attempt, outcome=Outcome.FAILED, start_step=tracker.first_step,
                                  last_step=tracker.last_step, failure=failure, level=level)
         ran_s = self.clock() - tracker.started
-        newer = progress_dir_newer(self.sup.progress_dir, self.job.cwd, since_wall=self.attempt_wall_start)
+        # a new external step folder is progress too ([checkpoint] external_dir implies progress_dir)
+        newer = progress_dir_newer(self.sup.progress_dir or self.config.checkpoint.external_dir, self.job.cwd,
+                                   since_wall=self.attempt_wall_start)
         progress = newer if newer is not None else ran_s > self.sup.init_timeout_s
         return AttemptResult(attempt=self.state.attempt, outcome=Outcome.FAILED, start_step=0, last_step=None,
                              failure=failure, level=level, progress=progress)
@@ -635,6 +646,7 @@ class Supervisor(OperatorMixin):
         return spec, path
 
     def _launch(self, nodes: tuple[str, ...], *, path: RecoveryPath, marks_from: Marks | None = None) -> None:
+        self._external_resume(nodes)   # bad external step folders out of the framework's way (external_resume.py)
         resume_from = recovery.pick_resume(self.ckpt_dir, self.emit)
         step_times = self._step_times()
         timeouts = recovery.attempt_timeouts(self.config, step_times=step_times,
@@ -665,6 +677,14 @@ class Supervisor(OperatorMixin):
         self.active = nodes
         self.emit(Event.LAUNCH, nodes=list(nodes), path=path.value, spares=spares, resume_from=resume_from or None,
                   world_size=len(nodes) * self.sup.nproc_per_node)
+
+    def _poll_external(self) -> None:
+        if self.external is not None and self.active:
+            self.external.poll(send=self.agents.send, has_agent=self.agents.has_agent, nodes=self.active,
+                               nproc_per_node=int(self.sup.nproc_per_node),
+                               ids={"job_id": self.placement.job_id, "attempt": self.state.attempt,
+                                    "epoch": self.state.epoch,
+                                    "world_size": len(self.active) * int(self.sup.nproc_per_node)})
 
     def _start_agents(self, nodes: tuple[str, ...], spec_path: Path) -> None:
         """One step of agents on `nodes`: those in the launch spec start their ranks, the others

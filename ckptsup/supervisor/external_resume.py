@@ -1,0 +1,131 @@
+"""Before each launch: the newest external step folder that validates is the one the framework's
+own "load latest" must find, so every newer folder that fails (or never finished: no `.metadata`)
+is moved out of `external_dir` (checkpoint/external.py `move_aside`), never renamed in place:
+torchtitan matches `step-(\\d+)` anywhere in a name.
+
+The check of a candidate, newest first: its manifest (none yet: a save the crash interrupted
+before the agents hashed it is hashed now and adopted), trust, names and sizes (a stat each),
+then every file re-hashed and compared with the manifest, each node's agent hashing its own
+ranks' files. Files of a node without a live agent (the first launch of a supervisor, a node
+path's new node) are hashed on the supervisor's host: only for the one folder about to be loaded,
+only then. A mixin of `loop.Supervisor` (its agents, `_await`, clock, emit)."""
+
+from __future__ import annotations
+
+from ..checkpoint import external as ext
+from ..checkpoint.manifest import Manifest
+from ..errors import CkptsupError
+from ..events import Event
+from ..wire import MessageKind
+from .agent_step import Message
+from .external_watch import ExternalCheckpoints, send_requests, take_answer
+
+
+class ExternalResumeMixin:
+    """Needs the Supervisor's: external, agents, sup, clock, emit, _await, run_dir, placement, state."""
+
+    external: ExternalCheckpoints | None
+
+    def _external_resume(self, nodes: tuple[str, ...]) -> None:
+        watch = self.external
+        if watch is None:
+            return
+        watch.pending = None   # a commit-time request of the attempt that ended: its answers are ignored
+        moved: list[str] = []
+        for folder in reversed(watch.folders()):
+            start = self.clock()
+            problems, checked, manifest = self._check_external(watch, folder, nodes)
+            if problems:
+                reason = problems[0] + (f" (and {len(problems) - 1} more)" if len(problems) > 1 else "")
+                try:
+                    where = str(ext.move_aside(watch.dir, folder.name, reason, run_dir=self.run_dir.path))
+                except CkptsupError as err:
+                    self.emit(Event.CHECKPOINT_REJECTED, step=folder.step, level=1, external=folder.name,
+                              reason=reason[:400], quarantined="")
+                    raise CkptsupError(f"external step folder {folder.name} is bad ({reason[:200]}) and {err}") from None
+                self.emit(Event.CHECKPOINT_REJECTED, step=folder.step, level=1, external=folder.name,
+                          reason=reason[:400], quarantined=where)
+                print(f"ckptsup: moved {folder.name} out of {watch.dir} to {where}: {reason[:300]}", flush=True)
+                moved.append(folder.name)
+                continue
+            assert manifest is not None
+            self.emit(Event.CHECKPOINT_VALIDATED, step=folder.step, level=1, external=folder.name, checked=checked,
+                      duration_s=round(self.clock() - start, 4))
+            self.emit(Event.EXTERNAL_RESUME, folder=folder.name, step=folder.step, checked=checked, moved_aside=moved)
+            print(f"ckptsup: the framework resumes from {folder.name} (validated: {checked})", flush=True)
+            return
+        if moved:
+            self.emit(Event.EXTERNAL_RESUME, folder=None, step=None, checked="", moved_aside=moved)
+            print(f"ckptsup: no external step folder in {watch.dir} validates: the framework starts fresh", flush=True)
+
+    def _check_external(self, watch: ExternalCheckpoints, folder: ext.StepFolder,
+                        nodes: tuple[str, ...]) -> tuple[list[str], str, Manifest | None]:
+        """(problems, how it was checked, its manifest)."""
+        if not ext.is_complete(folder.path):
+            return [f"{folder.name} has no .metadata: a save that did not finish"], "", None
+        try:
+            manifest = ext.load_manifest(self.run_dir.path, folder.name)
+        except ext.ExternalError as err:
+            return [str(err)], "", None
+        adopted = manifest is None
+        if manifest is None:   # saved, then the crash came before the agents hashed it
+            listed, problems = ext.listing(folder.path)
+            if problems:
+                return problems, "", None
+            hashed, problems = self._hash_external(watch, folder, sorted(listed), nodes)
+            if problems:
+                return problems, "", None
+            if {n: s for n, (s, _) in hashed.items()} != listed:
+                return [f"{folder.name}: its files changed while they were hashed"], "", None
+            manifest = ext.build_manifest(folder, hashed, algorithm=watch.algorithm, external_dir=watch.dir,
+                                          job_id=self.placement.job_id, attempt=self.state.attempt,
+                                          epoch=self.state.epoch,
+                                          world_size=len(nodes) * int(self.sup.nproc_per_node))
+            ext.write_manifest(self.run_dir.path, folder.name, manifest)
+            self.emit(Event.CHECKPOINT_COMMITTED, step=folder.step, external=folder.name, path=str(folder.path),
+                      bytes=manifest.total_bytes, files=len(manifest.files), adopted=True)
+        problems = ext.check_against(folder.path, manifest)
+        if problems:
+            return problems, "", manifest
+        if adopted:
+            return [], "hashes (adopted at resume)", manifest
+        hashed, problems = self._hash_external(watch, folder, [f.path for f in manifest.files], nodes)
+        problems = problems + ext.compare_hashes(folder.name, manifest, hashed)
+        missing = sorted(set(manifest.file_map()) - set(hashed))
+        if not problems and missing:
+            problems = [f"{folder.name}/{missing[0]}: not hashed"]
+        return problems, "hashes", manifest
+
+    def _hash_external(self, watch: ExternalCheckpoints, folder: ext.StepFolder, names: list[str],
+                       nodes: tuple[str, ...]) -> tuple[dict[str, tuple[int, str]], list[str]]:
+        """Hashes of `names`: by the live agents of `nodes` (each its ranks' files), the rest on
+        this host; an agent that does not answer within load_timeout_s has its files hashed here."""
+        request = watch.new_request_id()
+        assignment = ext.assign_files(names, nodes, int(self.sup.nproc_per_node))
+        parts: dict[tuple[str, int], list[str]] = {}   # what each request asked for
+
+        def send(m: MessageKind, body: dict, *, nodes: list[str]) -> bool:
+            parts[(nodes[0], body["part"])] = body["files"]
+            return self.agents.send(m, body, nodes=nodes)
+
+        waiting, here = send_requests(send, request, folder, assignment, watch.algorithm, self.agents.has_agent)
+        hashed: dict[str, tuple[int, str]] = {}
+        problems: list[str] = []
+
+        def answered(msg: Message) -> bool:
+            if msg.m is MessageKind.EXT_HASHED and msg.body.get("request") == request:
+                key = (msg.node, msg.body.get("part"))
+                if key in waiting:
+                    waiting.discard(key)   # type: ignore[arg-type]
+                    take_answer(msg.body, hashed, problems)
+            return not waiting
+
+        if waiting:
+            self._await(answered, self.clock() + self.sup.load_timeout_s, until=lambda: not waiting)
+        for key in waiting:   # silent agents: their files are hashed here
+            here.extend(parts.get(key, []))
+        if here:
+            found, more = ext.hash_files(folder.path, here, watch.algorithm)
+            hashed.update(found)
+            problems.extend(more)
+        return hashed, problems
