@@ -206,6 +206,7 @@ INTEGRATION_FILES = frozenset({
     "test_accounting_real.py",
     "test_control_local.py",
     "test_elastic.py",
+    "test_external_titan.py",
     "test_give_up_quote_local.py",
     "test_heartbeat_torchrun.py",
     "test_hooks_api.py",
