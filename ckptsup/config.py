@@ -101,10 +101,21 @@ def progress_check(value: Any) -> str | None:
     return pattern_problem(value)
 
 
-def external_pattern_check(value: Any) -> str | None:
-    from .checkpoint.external import pattern_problem
+def external_pattern_problem(text: object) -> str | None:
+    """What is wrong with `external_pattern` as a regex whose one group is the step, else None."""
+    if not isinstance(text, str) or not text:
+        return "must be a regular expression with one group that captures the step number"
+    try:
+        compiled = re.compile(text)
+    except re.error as err:
+        return f"is not a regular expression ({err})"
+    if compiled.groups != 1:
+        return f"must have exactly one group (the step number), not {compiled.groups}"
+    return None
 
-    return pattern_problem(value)
+
+def external_pattern_check(value: Any) -> str | None:
+    return external_pattern_problem(value)
 
 
 def tier_path(*schemes: str) -> Check:

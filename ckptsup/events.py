@@ -52,6 +52,7 @@ class Event(str, enum.Enum):
     STEP_PROGRESS = "step_progress"      # step, step_time_s
     CHECKPOINT_COMMITTED = "checkpoint_committed"  # step, stall_s, write_s, bytes
     CHECKPOINT_FAILED = "checkpoint_failed"        # step, reason
+    MEMORY_SAVED = "memory_saved"                  # step, ok, stall_s, write_s, bytes, reason (the memory tier)
     CHECKPOINT_VALIDATED = "checkpoint_validated"  # step, level
     CHECKPOINT_REJECTED = "checkpoint_rejected"    # step, level, reason
     CHECKPOINT_PROMOTED = "checkpoint_promoted"    # step, tier

@@ -212,3 +212,26 @@ def test_a_corrupted_newest_checkpoint_is_quarantined_and_the_run_resumes_from_t
     resumed = named(events, "launch")[-1]
     assert resumed["resume_from"] and int(Path(resumed["resume_from"]).name[5:]) < int(newest.name[5:])
     assert params(out) == reference
+
+
+def test_a_rank_sigkill_resumes_from_the_agents_memory_and_ends_bit_identical(tmp_path, reference):
+    # disk saves only at the end: the restart point can only come from the memory tier
+    proc, run, out = start(tmp_path, "--save-every-steps", "1000",
+                           extra_toml="[memory]\nenabled = true\nevery_steps = 5\n")
+    deadline = time.monotonic() + 120
+    while not [e for e in named(read_events(run), "memory_saved") if e["ok"] and e["step"] >= 20]:
+        assert time.monotonic() < deadline and proc.poll() is None, "no memory save of step >= 20"
+        time.sleep(0.1)
+    wait_for_warm(run)
+    rank_process(out, 1).send_signal(signal.SIGKILL)
+    rc, log = finish(proc)
+    assert rc == 0, log
+    events = read_events(run)
+    [restart] = named(events, "restart_done")
+    assert restart["path"] == "fast" and restart["resume_step"] >= 20
+    [loaded] = named(events, "checkpoint_loaded")
+    assert loaded["source"] == "memory" and loaded["step"] == restart["resume_step"], loaded
+    assert loaded["files_by_source"]["memory"] == 2 and loaded["files_by_source"]["shared"] == 0, loaded  # a shard file a rank
+    assert not [e for e in named(events, "checkpoint_committed") if e["step"] < 100]   # nothing on disk to resume from
+    assert params(out) == reference
+    assert no_rank_left(out)

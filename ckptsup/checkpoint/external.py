@@ -24,6 +24,7 @@ from datetime import datetime, timezone
 from pathlib import Path
 from typing import Iterable, Sequence
 
+from ..config import external_pattern_problem as pattern_problem
 from ..errors import CheckpointError, ConfigError, ManifestError
 from ..safe_io import read_regular
 from .durable import rename_noreplace
@@ -48,19 +49,6 @@ class ExternalError(CheckpointError):
 
 
 # ---- names ----------------------------------------------------------------------------------
-
-def pattern_problem(text: object) -> str | None:
-    """What is wrong with `external_pattern` as a regex whose one group is the step, else None."""
-    if not isinstance(text, str) or not text:
-        return "must be a regular expression with one group that captures the step number"
-    try:
-        compiled = re.compile(text)
-    except re.error as err:
-        return f"is not a regular expression ({err})"
-    if compiled.groups != 1:
-        return f"must have exactly one group (the step number), not {compiled.groups}"
-    return None
-
 
 def compile_pattern(text: str) -> re.Pattern[str]:
     problem = pattern_problem(text)

@@ -116,3 +116,48 @@ def load_checkpoint(run: Any, path: Path) -> Exception | None:
              "%d node-local copies fell back to shared)", run.rank, path, run._loaded_step, reader.bytes_read,
              run._load_tiers["read_local_files"], run._load_tiers["read_shared_files"], run._load_tiers["local_fallback_files"])
     return None
+
+
+def load_memory(run: Any, step: int) -> Exception | None:
+    """Load this rank's memory bundle of `step` (from its agent) into run's state, on every rank
+    at once and all or nothing, like load_checkpoint: the bundle's checks, then DCP through
+    BundleReader into fresh buffers, the ranks agreeing after each; only then the live state."""
+    import torch.distributed.checkpoint as dcp
+
+    from ..memory_wire import MemoryChannelError
+    from .memory_tier import BundleReader
+    from .reader import safe_load_planner
+
+    where = Path(f"memory step_{step}")
+    error: Exception | None = None
+    reader = None
+    targets: dict[str, Any] = {}
+    try:
+        bundle = run.memory.client.get(step)
+        world = bundle.manifest.extra.get("world_size")
+        if world != run.world_size or bundle.manifest.extra.get("rank") != run.rank:
+            raise ValidationError(f"memory bundle of step {step} is rank {bundle.manifest.extra.get('rank')} of "
+                                  f"{world}, this is rank {run.rank} of {run.world_size}")
+        reader = BundleReader(bundle)
+        metadata = reader.read_metadata()
+        targets = _fresh_copy(run.state.load_targets(metadata))
+    except (*failure_errors(), MemoryChannelError, OSError) as err:
+        error = _classify(where, err)
+    error = _agree(run, where, error)
+    if error is not None:
+        return error
+    try:
+        with warnings.catch_warnings():
+            warnings.filterwarnings("ignore", message=".*assuming the intent is to load in a single process.*")
+            dcp.load(targets, storage_reader=reader, planner=safe_load_planner(), no_dist=True)
+    except failure_errors() as err:
+        error = _classify(where, err)
+    error = _agree(run, where, error)
+    if error is not None:
+        return error
+    meta = run.state.apply(targets)
+    run._loaded_step = int(meta.get("step", step))
+    run._load_tiers = {"memory_files": len(reader.read_memory)}
+    log.info("ckptsup: rank %d resumed from its agent's memory (step %d, %d bytes verified)", run.rank,
+             run._loaded_step, reader.bytes_read)
+    return None

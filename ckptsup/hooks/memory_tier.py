@@ -25,6 +25,7 @@ import io
 import logging
 import socket
 import time
+import uuid
 import warnings
 from dataclasses import dataclass
 from pathlib import Path, PurePosixPath
@@ -47,11 +48,27 @@ BUNDLE_ROOT = PurePosixPath("/ckptsup-memory")
 
 
 def memory_checkpoint_id(*, job_id: str, attempt: int, epoch: int, step: int) -> str:
-    """The same on every rank without a collective: one memory save of one attempt."""
-    return hashlib.sha256(f"ckptsup-memory/{job_id}/{epoch}/{attempt}/{step}".encode()).hexdigest()[:32]
+    """The same on every rank without a collective: one memory save of one attempt (a UUID, as
+    every manifest's checkpoint_id)."""
+    digest = hashlib.sha256(f"ckptsup-memory/{job_id}/{epoch}/{attempt}/{step}".encode()).hexdigest()
+    return str(uuid.UUID(hex=digest[:32]))
 
 
 # ---- serialising into memory ----------------------------------------------------------------------
+
+class _KeptBytes(io.BytesIO):
+    """A file DCP writes into memory: its bytes land in `files` when it is closed (DCP may close
+    the stream itself)."""
+
+    def __init__(self, files: dict[str, bytes], name: str) -> None:
+        super().__init__()
+        self._files, self._name = files, name
+
+    def close(self) -> None:
+        if not self.closed:
+            self._files[self._name] = self.getvalue()
+        super().close()
+
 
 def _memory_writer(files: dict[str, bytes]) -> Any:
     """DCP's FileSystemWriter over a dict: every file it would create is kept as bytes."""
@@ -64,9 +81,9 @@ def _memory_writer(files: dict[str, bytes]) -> Any:
             if "r" in mode:
                 yield io.BytesIO(files[str(path)])
                 return
-            stream = io.BytesIO()
+            stream = _KeptBytes(files, str(path))
             yield stream
-            files[str(path)] = stream.getvalue()
+            stream.close()
 
         def concat_path(self, path: Any, suffix: str) -> Any:
             return PurePosixPath(path) / suffix

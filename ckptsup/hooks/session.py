@@ -38,6 +38,7 @@ from .process_group import new_gloo_group
 from .event_sink import Reporter
 from .settings import Settings, resolve_settings
 from ..wire import MessageKind, Phase
+from .memory_tier import MemoryClient, MemorySaveResult, MemorySaver, memory_checkpoint_id, newest_common
 from .resume_sources import Candidate, Source, candidates, fetch, files_by_source, object_tier
 from .rank_link import Hooks, NonFiniteLossError, StepLink, claim_hooks, exit_rank, is_finite
 from .signals import StopFlag, emergency_save_fits
@@ -148,6 +149,17 @@ class Run:
         self.last_progress = clock()
         self.closed = False
         self.load_tiers: dict[str, int] = {}   # files the last resume read from each tier, all ranks together
+        self.memory, self.memory_every = self._memory_saver()
+
+    def _memory_saver(self) -> tuple[MemorySaver | None, int]:
+        """The memory tier (memory_tier.py): on when [memory] enabled and an agent holds the bundles."""
+        config = self.settings.config
+        if config is None or not config.memory.enabled or not self.env.memory_socket:
+            return None, 0
+        client = MemoryClient(socket_path=self.env.memory_socket, secret_file=self.env.secret_file, rank=self.rank)
+        saver = MemorySaver(client, algorithm=self.settings.hash_algorithm, max_bytes=config.memory.max_bytes,
+                            on_result=self._on_memory_result, clock=self.clock)
+        return saver, config.memory.every_steps
 
     def _housekeeper(self) -> Any:
         from ..checkpoint.housekeeping import Housekeeper
@@ -167,6 +179,8 @@ class Run:
         start = self.clock()
         tier = self._object_tier() if self.rank == 0 else None
         candidates = self._broadcast(self._candidates(tier) if self.rank == 0 else None)
+        if self._resume_from_memory(candidates, start):
+            return self.next_step
         untrusted: list[str] = []
         for candidate in candidates:
             path = candidate.path
@@ -199,6 +213,49 @@ class Run:
                                          f"{untrusted[0]}; fix their owner/mode (see the log above) or move them aside")
         self.channel.send(MessageKind.PHASE, {"rank": self.rank, "phase": Phase.TRAIN, "step": 0})
         return 0
+
+    def _resume_from_memory(self, candidates: list[Candidate], start: float) -> bool:
+        """The newest memory checkpoint every rank's agent holds, when no disk checkpoint is newer
+        (memory_tier.py); all or nothing, else the disk candidates decide."""
+        from ..checkpoint.commit import parse_step
+        from .loader import load_memory
+
+        if self.memory is None:
+            return False
+        try:
+            held = self.memory.client.held()
+        except (CkptsupError, OSError) as err:
+            log.warning("ckptsup: rank %d cannot ask its agent for memory checkpoints: %s", self.rank, err)
+            held = []
+        pick = newest_common(self._all_gather(held))
+        steps = [c.step if c.step is not None else parse_step(Path(c.path).name) for c in candidates]
+        newest_disk = max((s for s in steps if s is not None), default=-1)
+        if pick is None or pick[0] < newest_disk:
+            return False
+        error = load_memory(self, pick[0])
+        if error is not None:
+            log.warning("ckptsup: rank %d: memory checkpoint of step %d not used (%s); resuming from disk",
+                        self.rank, pick[0], error)
+            return False
+        self.next_step = self._loaded_step
+        self.last_saved_step = None   # the disk tiers do not hold this step yet
+        self.save_timer.restart(self.clock(), step=self.next_step)
+        self.load_tiers = self._sum_over_ranks(self._load_tiers)
+        self.reporter.emit(Event.CHECKPOINT_LOADED, step=self.next_step, path=f"memory:step_{self.next_step}",
+                           load_s=round(self.clock() - start, 3), source="memory",
+                           files_by_source={**files_by_source({}, Source.SHARED), "memory": self.load_tiers["memory_files"]},
+                           read_local_files=0, read_shared_files=0, local_fallback_files=0)
+        self.channel.send(MessageKind.PHASE, {"rank": self.rank, "phase": Phase.TRAIN, "step": self.next_step})
+        return True
+
+    def _all_gather(self, value: Any) -> list[Any]:
+        if self.control_pg is None:
+            return [value]
+        import torch.distributed as dist
+
+        out: list[Any] = [None] * self.world_size
+        dist.all_gather_object(out, value, group=self.control_pg)
+        return out
 
     def _object_tier(self) -> Any:
         try:
@@ -285,6 +342,8 @@ class Run:
             self._stop(step)
         if save:
             self.save(reason="interval")
+        if self.memory is not None and (step + 1) % self.memory_every == 0:
+            self._memory_save()
 
     def _sync(self, step: int, now: float) -> bool:
         """The ranks agree, in one small all-reduce, on what they may have learnt at different
@@ -350,6 +409,23 @@ class Run:
             self.channel.send(MessageKind.PHASE, {"rank": self.rank, "phase": Phase.TRAIN, "step": step})
         return result
 
+    def _memory_save(self) -> None:
+        """A memory save of the state after `next_step` steps; skipped while the previous one is in flight."""
+        step = self.next_step
+        cid = memory_checkpoint_id(job_id=self.env.job_id, attempt=self.env.attempt, epoch=self.env.epoch, step=step)
+        assert self.memory is not None
+        self.memory.save(step=step, checkpoint_id=cid, device_state=self.state.model_optim_state(),
+                         side_state=self.state.side_state(step=step, meta={"reason": "memory"}, with_globals=True),
+                         extra={"rank": self.rank, "world_size": self.world_size})
+
+    def _on_memory_result(self, result: MemorySaveResult) -> None:
+        if not result.ok:
+            log.warning("ckptsup: rank %d: memory save of step %d failed: %s (the disk checkpoints are unaffected)",
+                        self.rank, result.step, result.reason)
+        self.reporter.emit(Event.MEMORY_SAVED, step=result.step, ok=result.ok, stall_s=round(result.stall_s, 6),
+                           write_s=round(result.write_s, 6), bytes=result.bytes,
+                           **({"reason": result.reason[:300]} if not result.ok else {}))
+
     def _on_save_result(self, result: SaveResult) -> None:
         if result.ok:
             log.info("ckptsup: committed step %d (stall %.3fs, write %.3fs, %d bytes)",
@@ -397,6 +473,8 @@ class Run:
             return
         self.closed = True
         self.writer.close()
+        if self.memory is not None:
+            self.memory.close()
         # Drop our references to our gloo groups: torch's registry keeps them until the script's
         # destroy_process_group(); a reference of ours (the Run sits in reference cycles) would
         # keep them past it, to be freed during interpreter teardown, where a gloo group can abort

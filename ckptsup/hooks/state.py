@@ -176,10 +176,11 @@ class TrainingState:
         model_sd, optim_sd = get_state_dict(self.model, self.optimizer)
         return {"model": model_sd, "optim": optim_sd}
 
-    def side_state(self, *, step: int, meta: dict[str, Any]) -> dict[str, Any]:
-        """Fresh CPU tensors (never aliased to live training state)."""
+    def side_state(self, *, step: int, meta: dict[str, Any], with_globals: bool = False) -> dict[str, Any]:
+        """Fresh CPU tensors (never aliased to live training state). The global entries come from
+        rank 0 only, or from every rank with `with_globals` (a memory bundle restores its rank alone)."""
         out: dict[str, Any] = {}
-        if self.rank == 0:
+        if self.rank == 0 or with_globals:
             out[META_KEY] = jsontensor.to_tensor({"format": STATE_FORMAT, "step": step,
                                                   "world_size": self.world_size, **meta})
             if self.lr_scheduler is not None:

@@ -15,6 +15,7 @@ from pathlib import Path
 from typing import Any, Iterable
 
 from ..errors import ConfigError
+from ..events import Event
 from .accounting import CATEGORIES, account
 from .adaptive import posterior
 from .interval import daly_interval, young_interval
@@ -64,7 +65,7 @@ def loads_by_source(events: Iterable[dict[str, Any]]) -> dict[str, dict[str, flo
     several sources counts once under each, with its whole load time."""
     out: dict[str, dict[str, float]] = {}
     for event in events:
-        if event.get("event") != "checkpoint_loaded":
+        if event.get("event") != Event.CHECKPOINT_LOADED:
             continue
         files = event.get("files_by_source")
         if not isinstance(files, dict):

@@ -43,13 +43,14 @@ import psutil
 from .. import wire
 from ..errors import CkptsupError
 from ..wire import Hop, MessageKind, Phase
-from ..env import (NODE, PREEMPT_BUDGET_S, PYTHONUNBUFFERED, RANK_SOCKET, SECRET_FILE, WARM_DIR,
+from ..env import (MEMORY_SOCKET, NODE, PREEMPT_BUDGET_S, PYTHONUNBUFFERED, RANK_SOCKET, SECRET_FILE, WARM_DIR,
                    TORCHELASTIC_LOG_LINE_PREFIX_TEMPLATE, ExitStatus, node_name)
 from ..rundir import read_secret
 from .spec import LaunchSpec
 from .rank_output import RankOutput
 from .standby import Standby
 from .external_agent import ExternalHasher, ExternalRequestError
+from .memory_store import MemoryServer, MemoryStore
 from .warm_pool import WarmPool
 from .processes import GONE, RUNNING, describe_exit, terminate, zombie_status
 
@@ -226,6 +227,11 @@ class Agent:
         self.warm = False                       # this attempt's ranks run in warm interpreters
         self.warm_told = False                  # the supervisor heard that the pool is ready
         self.external = ExternalHasher()        # hashes of external step folders (supervisor/external_agent.py)
+        # the memory tier: the ranks' bundles live in this process, so a rank crash loses none; one
+        # store for the agent's life (a restart's ranks resume from it)
+        self.memory = None if spec.memory_keep <= 0 else MemoryServer(
+            self.sock_dir / "memory.sock", secret=secret,
+            store=MemoryStore(keep=spec.memory_keep, max_bytes=spec.memory_max_bytes)).start()
 
     # ---- output -------------------------------------------------------------------------------
     def send(self, m: MessageKind, body: dict[str, Any]) -> None:
@@ -302,6 +308,8 @@ class Agent:
         env.update(self.spec.env)
         env.update(extra)
         env[RANK_SOCKET] = str(self.sock_path)
+        if self.memory is not None:
+            env[MEMORY_SOCKET] = str(self.memory.path)
         env[NODE] = self.node
         env[PYTHONUNBUFFERED] = "1"
         env[TORCHELASTIC_LOG_LINE_PREFIX_TEMPLATE] = RANK_LINE_PREFIX
@@ -756,6 +764,8 @@ class Agent:
             self.pool.close()
             self.pool = None
         self.server.close()
+        if self.memory is not None:
+            self.memory.close()
         shutil.rmtree(self.sock_dir, ignore_errors=True)
 
 

@@ -1,99 +1,22 @@
-"""Level 3 for an external step folder: a test load in its own process, on global rank 0's node.
-
-    python -m ckptsup.supervisor.external_testload FOLDER MANIFEST
-
-First what levels 1-2 check, from ckptsup's manifest of the folder (checkpoint/external.py): the
-names and sizes, then every file's hash, `.metadata` included, so nothing is unpickled before its
-bytes are the ones hashed after the save. Then DCP's own reader loads every entry the metadata
-describes into CPU tensors allocated from it (non-tensor entries with weights_only=True), in one
-process (no_dist). Prints one line; exit 0 = ok, 1 = failed."""
+"""Level 3 for an external step folder, the agent's side: the test load runs in its own process
+(hooks/external_testload.py: torch and DCP stay out of the agent), on global rank 0's node."""
 
 from __future__ import annotations
 
 import subprocess
 import sys
-import time
-import warnings
 from pathlib import Path
-from typing import Any
-
-from ..checkpoint import external as ext
-from ..checkpoint.manifest import Manifest
-from ..errors import CkptsupError
-from ..safe_io import read_regular
 
 TIMEOUT_S = 600.0
-
-
-def verify(folder: Path, manifest: Manifest) -> list[str]:
-    problems = ext.check_against(folder, manifest)
-    if problems:
-        return problems
-    hashed, problems = ext.hash_files(folder, [f.path for f in manifest.files], manifest.hash_algorithm)
-    return problems + ext.compare_hashes(folder.name, manifest, hashed)
-
-
-def load_everything(folder: Path) -> str:
-    import torch
-    import torch.distributed.checkpoint as dcp
-    from torch.distributed.checkpoint.metadata import TensorStorageMetadata
-
-    from ..hooks.reader import safe_load_planner
-
-    start = time.monotonic()
-    reader = dcp.FileSystemReader(str(folder))
-    metadata = reader.read_metadata()
-    state: dict[str, Any] = {}
-    for key, md in metadata.state_dict_metadata.items():
-        if isinstance(md, TensorStorageMetadata):
-            state[key] = torch.empty(tuple(md.size), dtype=md.properties.dtype)
-        else:
-            state[key] = None   # a non-tensor value: replaced by the load
-    with warnings.catch_warnings():
-        warnings.filterwarnings("ignore", message=".*assuming the intent is to load in a single process.*")
-        dcp.load(state, storage_reader=reader, planner=safe_load_planner(), no_dist=True)
-    return f"ok: {folder.name}: {len(state)} entries loaded in {time.monotonic() - start:.2f} s"
-
-
-def test_load(folder: Path, manifest_file: Path) -> tuple[bool, str]:
-    try:
-        data = read_regular(manifest_file, max_bytes=ext.MAX_MANIFEST_BYTES, what="external manifest",
-                            error=ext.ExternalError, follow_symlinks=False)
-        manifest = Manifest.from_json(data, source=str(manifest_file))
-    except (CkptsupError, FileNotFoundError) as err:
-        return False, f"no usable manifest: {err}"
-    problems = verify(folder, manifest)
-    if problems:
-        return False, problems[0]
-    from torch.distributed.checkpoint.api import CheckpointException
-
-    try:
-        return True, load_everything(folder)
-    except (Exception, CheckpointException) as err:   # DCP's own is a BaseException; pickle, shape errors: all a failed load
-        lines = [line for line in str(err).splitlines() if line.strip()]
-        return False, f"test load failed: {type(err).__name__}: {(lines[-1] if lines else '')[:300]}"
+MODULE = "ckptsup.hooks.external_testload"
 
 
 def run_test_load(folder: Path, manifest_file: Path, *, timeout_s: float = TIMEOUT_S) -> tuple[bool, str]:
-    """The test load in a subprocess (torch and DCP's pickle stay out of the agent)."""
-    argv = [sys.executable, "-m", __name__, str(folder), str(manifest_file)]
+    """(ok, its one line) of the test load in a subprocess."""
+    argv = [sys.executable, "-m", MODULE, str(folder), str(manifest_file)]
     try:
         proc = subprocess.run(argv, capture_output=True, text=True, errors="replace", timeout=timeout_s, check=False)
     except subprocess.TimeoutExpired:
         return False, f"test load did not finish within {timeout_s:.0f} s"
     lines = (proc.stdout.strip() or proc.stderr.strip() or "(no output)").splitlines()
     return proc.returncode == 0, lines[-1][:400]
-
-
-def main(argv: list[str] | None = None) -> int:
-    argv = sys.argv[1:] if argv is None else argv
-    if len(argv) != 2:
-        print("usage: python -m ckptsup.supervisor.external_testload FOLDER MANIFEST", file=sys.stderr)
-        return 2
-    ok, line = test_load(Path(argv[0]), Path(argv[1]))
-    print(line, flush=True)
-    return 0 if ok else 1
-
-
-if __name__ == "__main__":
-    sys.exit(main())

@@ -640,7 +640,9 @@ class Supervisor(OperatorMixin, ExternalResumeMixin):
                           shutdown_timeout_s=max(60.0, self.sup.kill_grace_s, self.interval.preempt_window_s()),
                           kill_grace_s=self.sup.kill_grace_s, cwd=self.job.cwd, rdzv_backend=self.sup.rdzv_backend,
                           progress_pattern=self.sup.progress_pattern, tee=self.sup.tee,
-                          module=self.job.module, no_python=self.job.no_python, warm_ranks=self.sup.warm_ranks)
+                          module=self.job.module, no_python=self.job.no_python, warm_ranks=self.sup.warm_ranks,
+                          memory_keep=self.config.memory.keep if self.config.memory.enabled else 0,
+                          memory_max_bytes=self.config.memory.max_bytes)
         path = attempt_dir / "launch.json"
         spec.write(path)
         return spec, path

@@ -39,6 +39,8 @@ class LaunchSpec:
     module: bool = False                # torchrun -m: `script` is a module name
     no_python: bool = False             # torchrun --no-python: `script` is an executable
     warm_ranks: bool = True             # relaunches run the ranks in warm interpreters (supervisor/warm_pool.py)
+    memory_keep: int = 0                # [memory]: bundles the agent's memory store keeps per rank; 0 = no store
+    memory_max_bytes: int = 0           # [memory] max_bytes: a larger bundle is refused; 0 = no limit
 
     def to_json(self) -> dict[str, Any]:
         return dict(self.__dict__)
@@ -124,4 +126,6 @@ _CHECKS: dict[str, tuple[Callable[[Any], bool], str]] = {
     "module": (lambda v: isinstance(v, bool), "true or false"),
     "no_python": (lambda v: isinstance(v, bool), "true or false"),
     "warm_ranks": (lambda v: isinstance(v, bool), "true or false"),
+    "memory_keep": (_count(0), "an integer >= 0"),
+    "memory_max_bytes": (_count(0), "an integer >= 0"),
 }

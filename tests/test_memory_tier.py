@@ -1,0 +1,237 @@
+"""The memory tier's parts against real sockets, real DCP and hostile input: the memory channel
+(authentication, replay, bounds), the agent's store (keep, max_bytes; nothing a client sends stops
+it) and the rank's bundles (a real model's state round-trips bit for bit; any flipped byte is a
+ValidationError before torch sees it)."""
+
+from __future__ import annotations
+
+import json
+import secrets
+import socket
+import threading
+from pathlib import Path
+
+import pytest
+import torch
+
+from hooks_helpers import private_dir
+
+from ckptsup.errors import ValidationError
+from ckptsup.hooks.dcp_errors import root_cause
+from ckptsup.hooks.memory_tier import Bundle, BundleReader, MemoryClient, newest_common, serialize
+from ckptsup.memory_wire import MemoryChannelError, MemoryOp, Session
+from ckptsup.supervisor.memory_store import Held, MemoryServer, MemoryStore
+
+SECRET = secrets.token_hex(32).encode()
+
+
+def pair() -> tuple[socket.socket, socket.socket]:
+    a, b = socket.socketpair()
+    a.settimeout(10)
+    b.settimeout(10)
+    return a, b
+
+
+def handshake(secret_server: bytes = SECRET, secret_client: bytes = SECRET) -> tuple[Session, Session]:
+    srv, cli = pair()
+    box: dict = {}
+
+    def serve() -> None:
+        try:
+            box["s"] = Session.accept(srv, secret_server, max_payload=1 << 20)[0]
+        except MemoryChannelError as err:
+            box["err"] = err
+
+    t = threading.Thread(target=serve)
+    t.start()
+    client = Session.connect(cli, secret_client, role="rank0", max_payload=1 << 20)
+    t.join(10)
+    if "err" in box:
+        raise box["err"]
+    return box["s"], client
+
+
+def test_a_session_carries_headers_and_payloads_both_ways() -> None:
+    server, client = handshake()
+    client.send(MemoryOp.LIST, {"rank": 3}, b"abc")
+    op, body, payload = server.recv()
+    assert (op, body["rank"], payload) == (MemoryOp.LIST, 3, b"abc")
+    server.send(MemoryOp.HELD, {"rank": 3, "held": []}, [b"x" * 5, b"y"])
+    op, body, payload = client.recv()
+    assert op is MemoryOp.HELD and payload == b"xxxxxy"
+
+
+def test_a_client_without_the_secret_is_refused_at_auth() -> None:
+    with pytest.raises(MemoryChannelError, match="bad MAC"):
+        handshake(secret_client=secrets.token_hex(32).encode())
+
+
+def raw_message(server: Session) -> bytes:
+    """The next message's bytes as they arrived at the server, undecoded."""
+    from ckptsup.memory_wire import recv_exact
+
+    head = recv_exact(server.sock, 4)
+    return head + recv_exact(server.sock, int.from_bytes(head, "big"))
+
+
+def test_a_header_replayed_in_its_session_or_another_is_refused() -> None:
+    server, client = handshake()
+    client.send(MemoryOp.LIST, {"rank": 0})
+    recorded = raw_message(server)
+    client.sock.sendall(recorded)           # the first time it is good
+    assert server.recv()[0] is MemoryOp.LIST
+    client.sock.sendall(recorded)           # the same bytes again, same session
+    with pytest.raises(MemoryChannelError, match="replayed"):
+        server.recv()
+    other, other_client = handshake()        # another session: another nonce, so the MAC fails
+    other_client.sock.sendall(recorded)
+    with pytest.raises(MemoryChannelError, match="bad MAC"):
+        other.recv()
+
+
+@pytest.mark.parametrize("frame, expected", [
+    ((1 << 30).to_bytes(4, "big"), "header of"),                       # a 1 GiB header announced
+    ((5).to_bytes(4, "big") + b"[[[[[", "memory-channel header"),       # not JSON
+    ((2).to_bytes(4, "big") + b"{}", "malformed"),                      # no fields
+])
+def test_bad_headers_are_one_error(frame: bytes, expected: str) -> None:
+    server, client = handshake()
+    client.sock.sendall(frame)
+    with pytest.raises(MemoryChannelError, match=expected):
+        server.recv()
+
+
+def test_a_payload_over_the_limit_is_refused_before_it_is_read() -> None:
+    server, client = handshake()
+    client.max_payload = 1 << 30
+    body = {"rank": 0, "length": (1 << 20) + 1}
+    import hmac as _hmac
+
+    from ckptsup import memory_wire
+
+    body_json = json.dumps(body, separators=(",", ":"), sort_keys=True)
+    seq = client._sent + 1
+    mac = memory_wire._mac(SECRET, client.nonce, "list", seq, body_json)
+    client._send_line({"op": "list", "seq": seq, "body": body, "mac": mac})
+    assert _hmac  # the MAC is right: only the length is wrong
+    with pytest.raises(MemoryChannelError, match="payload of"):
+        server.recv()
+
+
+# ---- the store -------------------------------------------------------------------------------------
+
+CID = {step: str(__import__("uuid").uuid4()) for step in range(30)}
+
+
+def held(step: int, rank: int = 0, size: int = 10) -> Held:
+    return Held(step=step, rank=rank, checkpoint_id=f"c{step}", manifest="{}", sizes=(size,), payload=b"x" * size)
+
+
+def test_the_store_keeps_the_newest_bundles_per_rank_and_refuses_oversized_ones() -> None:
+    store = MemoryStore(keep=2, max_bytes=100)
+    for step in (5, 10, 15):
+        assert store.put(held(step)) is None
+    store.put(held(10, rank=1))
+    assert store.held(0) == [(10, "c10"), (15, "c15")] and store.held(1) == [(10, "c10")]
+    assert "max_bytes" in store.put(held(20, size=101))
+    assert store.get(5, 0) is None and store.get(15, 0).payload == b"x" * 10
+
+
+@pytest.fixture
+def server(tmp_path: Path):
+    path = private_dir(tmp_path / "sock") / "memory.sock"
+    srv = MemoryServer(path, secret=SECRET, store=MemoryStore(keep=2)).start()
+    yield srv
+    srv.close()
+
+
+def secret_file(tmp_path: Path) -> str:
+    path = tmp_path / "secret"
+    path.write_bytes(SECRET)
+    path.chmod(0o600)
+    return str(path)
+
+
+def state(seed: int) -> dict:
+    torch.manual_seed(seed)
+    model = torch.nn.Sequential(torch.nn.Linear(6, 8), torch.nn.ReLU(), torch.nn.Linear(8, 2))
+    opt = torch.optim.AdamW(model.parameters())
+    model(torch.randn(3, 6)).sum().backward()
+    opt.step()
+    from torch.distributed.checkpoint.state_dict import get_state_dict
+
+    msd, osd = get_state_dict(model, opt)
+    return {"model": msd, "optim": osd, "extra/side": torch.arange(5)}
+
+
+def load(bundle: Bundle, like: dict) -> dict:
+    import torch.distributed.checkpoint as dcp
+
+    from ckptsup.hooks.loader import _fresh_copy
+    from ckptsup.hooks.reader import safe_load_planner
+
+    reader = BundleReader(bundle)
+    reader.read_metadata()   # as loader.load_memory: the .metadata checks come before DCP's load
+    targets = _fresh_copy(like)
+    dcp.load(targets, storage_reader=reader, planner=safe_load_planner(), no_dist=True)
+    return targets
+
+
+def same(a: dict, b: dict) -> bool:
+    from torch.utils._pytree import tree_flatten
+
+    la, lb = tree_flatten(a)[0], tree_flatten(b)[0]
+    return len(la) == len(lb) and all(torch.equal(x, y) if isinstance(x, torch.Tensor) else x == y for x, y in zip(la, lb))
+
+
+def test_a_bundle_goes_to_the_agent_and_comes_back_bit_identical(tmp_path: Path, server) -> None:
+    saved = state(0)
+    bundle = serialize(saved, step=7, checkpoint_id=CID[7], algorithm="xxh3-128", extra={"rank": 1, "world_size": 2})
+    client = MemoryClient(socket_path=str(server.path), secret_file=secret_file(tmp_path), rank=1)
+    client.put(bundle)
+    assert client.held() == [(7, CID[7])]
+    back = client.get(7)
+    assert back.manifest.extra == {"memory": True, "rank": 1, "world_size": 2}
+    assert same(load(back, state(1)), saved)
+    with pytest.raises(ValidationError, match="no memory bundle of step 8"):
+        client.get(8)
+
+
+def test_any_flipped_byte_of_a_bundle_is_refused_before_torch_reads_it() -> None:
+    saved = state(0)
+    bundle = serialize(saved, step=3, checkpoint_id=CID[3], algorithm="xxh3-128", extra={})
+    for name in bundle.data:
+        data = bytearray(bundle.data[name])
+        data[len(data) // 2] ^= 0x01
+        bad = Bundle(manifest=bundle.manifest, data={**bundle.data, name: bytes(data)})
+        with pytest.raises(BaseException) as err:   # DCP wraps what its reader raises
+            load(bad, state(1))
+        assert isinstance(root_cause(err.value), ValidationError), err.value
+    short = Bundle(manifest=bundle.manifest, data={k: v[:-1] for k, v in bundle.data.items()})
+    with pytest.raises(ValidationError, match="bytes, its manifest says"):
+        BundleReader(short)
+
+
+def test_nothing_a_client_sends_stops_the_store(tmp_path: Path, server) -> None:
+    garbage = [b"", b"\x00\x00\x00\x05hello", (1 << 31).to_bytes(4, "big"), secrets.token_bytes(4096)]
+    for data in garbage:
+        with socket.socket(socket.AF_UNIX) as s:
+            s.connect(str(server.path))
+            s.sendall(data)
+    # a client with the secret that lies about its payload, then one that asks for ops only the store sends
+    with socket.socket(socket.AF_UNIX) as s:
+        s.connect(str(server.path))
+        session = Session.connect(s, SECRET, role="rank0", max_payload=1 << 20)
+        session.send(MemoryOp.PUT, {"step": 1, "rank": 0, "checkpoint_id": "c", "manifest": "{}", "sizes": [99]}, b"x")
+        session.send(MemoryOp.BUNDLE, {})
+    client = MemoryClient(socket_path=str(server.path), secret_file=secret_file(tmp_path), rank=0)
+    assert client.held() == []   # still serving, and nothing was stored
+    client.put(serialize(state(0), step=2, checkpoint_id=CID[2], algorithm="xxh3-128", extra={}))
+    assert client.held() == [(2, CID[2])]
+
+
+def test_the_ranks_agree_on_the_newest_step_all_hold_with_the_same_id() -> None:
+    assert newest_common([[(5, "a"), (10, "b")], [(5, "a"), (10, "b")]]) == (10, "b")
+    assert newest_common([[(5, "a"), (10, "b")], [(5, "a")]]) == (5, "a")
+    assert newest_common([[(10, "b")], [(10, "other")]]) is None      # a mix of versions is never loaded
+    assert newest_common([]) is None and newest_common([[], [(1, "a")]]) is None
