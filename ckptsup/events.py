@@ -53,6 +53,7 @@ class Event(str, enum.Enum):
     CHECKPOINT_COMMITTED = "checkpoint_committed"  # step, stall_s, write_s, bytes
     CHECKPOINT_FAILED = "checkpoint_failed"        # step, reason
     MEMORY_SAVED = "memory_saved"                  # step, ok, stall_s, write_s, bytes, reason (the memory tier)
+    MEMORY_REPLICATED = "memory_replicated"        # ok, step, ranks | node, rank, buddy, reason: every rank's replica of a step is on its buddy
     CHECKPOINT_VALIDATED = "checkpoint_validated"  # step, level
     CHECKPOINT_REJECTED = "checkpoint_rejected"    # step, level, reason
     CHECKPOINT_PROMOTED = "checkpoint_promoted"    # step, tier

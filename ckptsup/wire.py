@@ -62,6 +62,8 @@ class MessageKind(enum.StrEnum):
     OUTPUT = "output"                # {lines, dropped}: rank output for the supervisor's console (rate-limited)
     WARM_READY = "warm_ready"        # {interpreters}: the next launch's warm rank interpreters are ready
     EXT_HASHED = "ext_hashed"        # {request, part, folder, files: [{path, size, hash}], problems}: answer to ext_hash
+    MEMORY_PEER = "memory_peer"      # {addr}: where this agent's memory store takes replicas (host:port)
+    MEMORY_REPLICATED = "memory_replicated"  # {step, rank, buddy, ok, bytes, replicate_s, reason?}
     # supervisor → agent (→ ranks)
     STOP_AT = "stop_at"              # {reason, save, budget_s}: stop at an agreed step (preemption)
     SAVE_NOW = "save_now"            # {reason}
@@ -72,6 +74,7 @@ class MessageKind(enum.StrEnum):
     RESTART = "restart"              # {attempt, spec: LaunchSpec as JSON}: agent only: fast-path relaunch
     EXIT = "exit"                    # {}: agent only: kill the ranks and exit
     EXT_HASH = "ext_hash"            # {request, part, dir, folder, files, algorithm}: agent only: hash these files of an external step folder
+    MEMORY_PEERS = "memory_peers"    # {buddy: addr or "", sources: {rank: [addr, ...]}}: agent only: the memory tier's peers
 
 
 HOPS: dict[MessageKind, Hop] = {
@@ -80,10 +83,11 @@ HOPS: dict[MessageKind, Hop] = {
     **{k: Hop.AGENT_TO_SUPERVISOR for k in (MessageKind.HB, MessageKind.LAUNCHED, MessageKind.RANK_EXIT,
                                              MessageKind.TORCHRUN_EXIT, MessageKind.KILLED,
                                              MessageKind.RESTARTED, MessageKind.PREEMPT, MessageKind.PROGRESS,
-                                             MessageKind.OUTPUT, MessageKind.WARM_READY, MessageKind.EXT_HASHED)},
+                                             MessageKind.OUTPUT, MessageKind.WARM_READY, MessageKind.EXT_HASHED,
+                                             MessageKind.MEMORY_PEER, MessageKind.MEMORY_REPLICATED)},
     **{k: Hop.COMMAND for k in (MessageKind.STOP_AT, MessageKind.SAVE_NOW, MessageKind.SET_INTERVAL,
                                  MessageKind.SET_TIMEOUT, MessageKind.DUMP_FR, MessageKind.KILL, MessageKind.RESTART, MessageKind.EXIT,
-                                 MessageKind.EXT_HASH)},
+                                 MessageKind.EXT_HASH, MessageKind.MEMORY_PEERS)},
 }
 FORWARDED_COMMANDS = frozenset({MessageKind.STOP_AT, MessageKind.SAVE_NOW, MessageKind.SET_INTERVAL,
                                 MessageKind.SET_TIMEOUT, MessageKind.DUMP_FR})

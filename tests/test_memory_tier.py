@@ -20,7 +20,7 @@ from ckptsup.errors import ValidationError
 from ckptsup.hooks.dcp_errors import root_cause
 from ckptsup.hooks.memory_tier import Bundle, BundleReader, MemoryClient, newest_common, serialize
 from ckptsup.memory_wire import MemoryChannelError, MemoryOp, Session
-from ckptsup.supervisor.memory_store import Held, MemoryServer, MemoryStore
+from ckptsup.supervisor.memory_store import Held, MemoryServer, MemoryStore, PeerLinks, tcp_listener, unix_listener
 
 SECRET = secrets.token_hex(32).encode()
 
@@ -140,7 +140,7 @@ def test_the_store_keeps_the_newest_bundles_per_rank_and_refuses_oversized_ones(
 @pytest.fixture
 def server(tmp_path: Path):
     path = private_dir(tmp_path / "sock") / "memory.sock"
-    srv = MemoryServer(path, secret=SECRET, store=MemoryStore(keep=2)).start()
+    srv = MemoryServer(unix_listener(path), secret=SECRET, store=MemoryStore(keep=2)).start()
     yield srv
     srv.close()
 

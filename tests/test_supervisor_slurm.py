@@ -26,10 +26,11 @@ TRAIN_ARGS = ["--steps", "70", "--save-every-steps", "5", "--step-sleep-s", "0.1
 CKPTSUP = [sys.executable, "-m", "ckptsup.cli"]
 
 
-def job_config(tmp: Path) -> Path:
+def job_config(tmp: Path, extra_toml: str = "") -> Path:
     path = tmp / "job.toml"
     path.write_text("[supervisor]\nhang_min_s = 10.0\nheartbeat_interval_s = 0.5\nnode_silence_s = 4.0\n"
-                    f"[checkpoint]\nadaptive_interval = false\nkeep_daily_days = 0\ntest_load_every = 0\n[slurm]\nspare_partition = \"{SPANNING}\"\n")
+                    f"[checkpoint]\nadaptive_interval = false\nkeep_daily_days = 0\ntest_load_every = 0\n[slurm]\nspare_partition = \"{SPANNING}\"\n"
+                    + extra_toml)
     return path
 
 
@@ -45,11 +46,11 @@ def reference(tmp_path_factory) -> str:
 
 
 def submit(tmp: Path, *, nodes: int, spares: int, partition: str | None = None,
-           extra: tuple[str, ...] = ()) -> tuple[str, Path, Path]:
+           extra: tuple[str, ...] = (), extra_toml: str = "") -> tuple[str, Path, Path]:
     run, out = tmp / "run", tmp / "out"
     where = ["--partition", partition] if partition else []
     proc = subprocess.run([*CKPTSUP, "sbatch", "--submit", "--json", "--nodes", str(nodes), "--spares", str(spares), *where,
-                           "--nproc-per-node", "1", "--config", str(job_config(tmp)), "--run-dir", str(run),
+                           "--nproc-per-node", "1", "--config", str(job_config(tmp, extra_toml)), "--run-dir", str(run),
                            str(TRAIN), *TRAIN_ARGS, "--out", str(out), *extra],
                           capture_output=True, text=True, timeout=60, cwd=tmp)
     assert proc.returncode == 0, proc.stderr
@@ -402,3 +403,61 @@ def test_an_operators_replace_moves_a_nodes_ranks_to_the_spare_at_a_checkpoint(d
     assert excluded["node"] == victim and excluded["reason"].startswith("replaced")
     assert not named(events, "requeue") and named(events, "run_complete")
     assert json.loads((out / "final.json").read_text())["params_sha256"] == reference
+
+
+MEMORY = "[memory]\nenabled = true\nevery_steps = 5\n"
+
+
+def replicated(run: Path, step: int) -> bool:
+    return any(e["ok"] and e.get("step", -1) >= step for e in named(read_events(run), "memory_replicated"))
+
+
+def test_node_death_with_a_spare_resumes_from_memory_and_the_buddys_replica(dev_cluster, tmp_path, reference):
+    # disk saves only at the end: the spare's rank can only come back from the survivor's replica
+    job, run, out = submit(tmp_path, nodes=2, spares=1, extra=("--save-every-steps", "1000"), extra_toml=MEMORY)
+    dev_cluster.wait_for(lambda: replicated(run, 15), 120, what="every rank's replica of step >= 15")
+    first = named(read_events(run), "launch")[0]
+    victim, [spare] = first["nodes"][1], first["spares"]
+    dev_cluster.wait_for(lambda: spare in {e["node"] for e in named(read_events(run), "warm_ready")}, 60,
+                         what="the spare's agent to be warm")
+    last_replica = max(e["step"] for e in named(read_events(run), "memory_replicated") if e["ok"])
+    with dev_cluster.revived(victim):
+        dev_cluster.kill_node(victim)
+        dev_cluster.wait_for(lambda: named(read_events(run), "restart_done"), 120, what="the restart")
+        dev_cluster.wait_for(lambda: finished(dev_cluster, job), 180, what=f"job {job} to finish")
+    events = read_events(run)
+    restart = named(events, "restart_done")[-1]
+    assert restart["path"] == "node" and restart["resume_step"] >= last_replica
+    [loaded] = named(events, "checkpoint_loaded")
+    assert loaded["step"] == restart["resume_step"] and loaded["source"] == "peer_memory", loaded
+    # the survivor's rank from its own agent, the spare's from the survivor's replica of the dead node's
+    assert loaded["files_by_source"]["memory"] == 1 and loaded["files_by_source"]["peer_memory"] == 1, loaded
+    assert not [e for e in named(events, "checkpoint_committed") if e["step"] < 70]
+    assert json.loads((out / "final.json").read_text())["params_sha256"] == reference
+
+
+def test_a_node_and_its_buddy_lost_together_fall_back_to_disk(dev_cluster, tmp_path, tmp_path_factory):
+    # 3 active nodes in a ring (n1 -> n2 -> n3 -> n1) + 2 spares: the whole dev cluster. n1 runs the
+    # batch script (the supervisor), so the pair that dies together is the second node and its buddy
+    tmp = tmp_path_factory.mktemp("world3-reference")
+    proc = subprocess.run([*CKPTSUP, "launch", "--nproc-per-node", "3", "--config", str(job_config(tmp)),
+                           "--run-dir", str(tmp / "run"), str(TRAIN), *TRAIN_ARGS, "--out", str(tmp / "out")],
+                          capture_output=True, text=True, timeout=300, cwd=tmp)
+    assert proc.returncode == 0, proc.stdout + proc.stderr
+    reference3 = json.loads((tmp / "out" / "final.json").read_text())["params_sha256"]
+    job, run, out = submit(tmp_path, nodes=3, spares=2, extra=("--save-every-steps", "10"), extra_toml=MEMORY)
+    dev_cluster.wait_for(lambda: replicated(run, 15) and committed(run, 10), 120, what="replicas and a disk checkpoint")
+    first = named(read_events(run), "launch")[0]
+    _, b, c = first["nodes"]
+    with dev_cluster.revived(b, c):
+        dev_cluster.kill_node(b)
+        dev_cluster.kill_node(c)
+        dev_cluster.wait_for(lambda: named(read_events(run), "restart_done"), 120, what="the restart")
+        dev_cluster.wait_for(lambda: finished(dev_cluster, job), 180, what=f"job {job} to finish")
+    events = read_events(run)
+    restart = named(events, "restart_done")[-1]
+    [loaded] = named(events, "checkpoint_loaded")
+    assert restart["path"] == "node" and loaded["source"] == "shared", loaded
+    assert loaded["files_by_source"]["memory"] == loaded["files_by_source"]["peer_memory"] == 0
+    assert "a node and its buddy lost together" in (run / "attempt-1").joinpath(f"ranks-{first['nodes'][0]}.log").read_text()
+    assert json.loads((out / "final.json").read_text())["params_sha256"] == reference3

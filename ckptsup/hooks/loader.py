@@ -157,7 +157,10 @@ def load_memory(run: Any, step: int) -> Exception | None:
         return error
     meta = run.state.apply(targets)
     run._loaded_step = int(meta.get("step", step))
-    run._load_tiers = {"memory_files": len(reader.read_memory)}
-    log.info("ckptsup: rank %d resumed from its agent's memory (step %d, %d bytes verified)", run.rank,
-             run._loaded_step, reader.bytes_read)
+    files = len(reader.read_memory)
+    run._load_tiers = {"memory_files": files if bundle.source == "memory" else 0,
+                       "peer_memory_files": files if bundle.source == "peer_memory" else 0}
+    log.info("ckptsup: rank %d resumed from %s (step %d, %d bytes verified)", run.rank,
+             "its agent's memory" if bundle.source == "memory" else "a peer agent's memory", run._loaded_step,
+             reader.bytes_read)
     return None

@@ -120,6 +120,7 @@ def _memory_writer(files: dict[str, bytes]) -> Any:
 class Bundle:
     manifest: Manifest
     data: dict[str, bytes]     # file name -> bytes, the manifest's files
+    source: str = "memory"     # where the agent had it: its own store, or a peer's (peer_memory)
 
     @property
     def nbytes(self) -> int:
@@ -244,7 +245,8 @@ class MemoryClient:
             at += size
         if manifest.step != step or manifest.checkpoint_id != body.get("checkpoint_id"):
             raise ValidationError(f"memory bundle of step {step} is labelled step {manifest.step}")
-        return Bundle(manifest=manifest, data=data)
+        source = "peer_memory" if body.get("source") == "peer_memory" else "memory"
+        return Bundle(manifest=manifest, data=data, source=source)
 
 
 # ---- the rank's memory saves ------------------------------------------------------------------------

@@ -231,6 +231,9 @@ class Run:
         steps = [c.step if c.step is not None else parse_step(Path(c.path).name) for c in candidates]
         newest_disk = max((s for s in steps if s is not None), default=-1)
         if pick is None or pick[0] < newest_disk:
+            if held and self.rank == 0:
+                log.warning("ckptsup: no memory checkpoint every rank's agent holds is newer than the disk's step %d "
+                            "(a node and its buddy lost together, or no memory save yet): resuming from disk", newest_disk)
             return False
         error = load_memory(self, pick[0])
         if error is not None:
@@ -242,8 +245,10 @@ class Run:
         self.save_timer.restart(self.clock(), step=self.next_step)
         self.load_tiers = self._sum_over_ranks(self._load_tiers)
         self.reporter.emit(Event.CHECKPOINT_LOADED, step=self.next_step, path=f"memory:step_{self.next_step}",
-                           load_s=round(self.clock() - start, 3), source="memory",
-                           files_by_source={**files_by_source({}, Source.SHARED), "memory": self.load_tiers["memory_files"]},
+                           load_s=round(self.clock() - start, 3),
+                           source="peer_memory" if self.load_tiers["peer_memory_files"] else "memory",
+                           files_by_source={**files_by_source({}, Source.SHARED), "memory": self.load_tiers["memory_files"],
+                                            "peer_memory": self.load_tiers["peer_memory_files"]},
                            read_local_files=0, read_shared_files=0, local_fallback_files=0)
         self.channel.send(MessageKind.PHASE, {"rank": self.rank, "phase": Phase.TRAIN, "step": self.next_step})
         return True

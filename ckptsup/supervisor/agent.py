@@ -50,7 +50,7 @@ from .spec import LaunchSpec
 from .rank_output import RankOutput
 from .standby import Standby
 from .external_agent import ExternalHasher, ExternalRequestError
-from .memory_store import MemoryServer, MemoryStore
+from .memory_store import MemoryServer, MemoryStore, PeerLinks, tcp_listener, unix_listener
 from .warm_pool import WarmPool
 from .processes import GONE, RUNNING, describe_exit, terminate, zombie_status
 
@@ -228,10 +228,18 @@ class Agent:
         self.warm_told = False                  # the supervisor heard that the pool is ready
         self.external = ExternalHasher()        # hashes of external step folders (supervisor/external_agent.py)
         # the memory tier: the ranks' bundles live in this process, so a rank crash loses none; one
-        # store for the agent's life (a restart's ranks resume from it)
-        self.memory = None if spec.memory_keep <= 0 else MemoryServer(
-            self.sock_dir / "memory.sock", secret=secret,
-            store=MemoryStore(keep=spec.memory_keep, max_bytes=spec.memory_max_bytes)).start()
+        # store for the agent's life (a restart's ranks resume from it), replicated to a buddy
+        # node's agent over TCP (memory_store.py)
+        self.memory: MemoryServer | None = None
+        self.replicas: MemoryServer | None = None
+        self.peers: PeerLinks | None = None
+        if spec.memory_keep > 0:
+            store = MemoryStore(keep=spec.memory_keep, max_bytes=spec.memory_max_bytes)
+            self.peers = PeerLinks(secret=secret, node=node)
+            self.memory = MemoryServer(unix_listener(self.sock_dir / "memory.sock"), secret=secret, store=store,
+                                       peers=self.peers).start()
+            self.replicas = MemoryServer(tcp_listener(spec.memory_addrs.get(node) or "127.0.0.1"), secret=secret,
+                                         store=store).start()
 
     # ---- output -------------------------------------------------------------------------------
     def send(self, m: MessageKind, body: dict[str, Any]) -> None:
@@ -603,6 +611,8 @@ class Agent:
             self.send(MessageKind.RESTARTED, {"attempt": self.attempt, "kill_s": kill_s})
         elif m == MessageKind.EXIT:
             self.exit_requested = True
+        elif m == MessageKind.MEMORY_PEERS:
+            self._memory_peers(body)
         elif m == MessageKind.EXT_HASH:
             try:
                 self.external.request(body)
@@ -733,6 +743,8 @@ class Agent:
         for signum in (signal.SIGTERM, signal.SIGINT, signal.SIGHUP):  # a hangup stops like a preemption
             signal.signal(signum, self.on_signal)
         try:
+            if self.replicas is not None:
+                self.send(MessageKind.MEMORY_PEER, {"addr": self.replicas.address})
             self.heartbeat()
             if launch:
                 self.start_torchrun({})
@@ -747,6 +759,8 @@ class Agent:
                 self._warm_standby()
                 for answer in self.external.take():
                     self.send(MessageKind.EXT_HASHED, answer)
+                for note in self.peers.take() if self.peers is not None else ():
+                    self.send(MessageKind.MEMORY_REPLICATED, note)
                 now = time.monotonic()
                 if now - self.last_hb >= self.spec.heartbeat_interval_s:
                     self.last_hb = now
@@ -754,6 +768,18 @@ class Agent:
             return ExitStatus.DONE
         finally:
             self.shutdown()
+
+    def _memory_peers(self, body: dict[str, Any]) -> None:
+        """memory_peers: the buddy to replicate to and, per rank, the agents that may hold it."""
+        if self.peers is None:
+            raise BadCommand("memory_peers, but this agent has no memory store ([memory] enabled is false)")
+        buddy, sources = body.get("buddy", ""), body.get("sources", {})
+        if not (buddy == "" or _peer_addr(buddy)):
+            raise BadCommand(f"`buddy` must be host:port or empty, not {buddy!r:.40}")
+        if not (isinstance(sources, dict) and all(isinstance(k, str) and k.isascii() and k.isdigit() and isinstance(v, list)
+                                                  and all(_peer_addr(a) for a in v) for k, v in sources.items())):
+            raise BadCommand("`sources` must map ranks to lists of host:port")
+        self.peers.set(buddy=buddy, sources={int(k): list(v) for k, v in sources.items()})
 
     def shutdown(self) -> None:
         self.kill_torchrun(0)
@@ -764,9 +790,15 @@ class Agent:
             self.pool.close()
             self.pool = None
         self.server.close()
-        if self.memory is not None:
-            self.memory.close()
+        for server in (self.memory, self.replicas):
+            if server is not None:
+                server.close()
         shutil.rmtree(self.sock_dir, ignore_errors=True)
+
+
+def _peer_addr(value: Any) -> bool:
+    host, _, port = value.rpartition(":") if isinstance(value, str) else ("", "", "")
+    return bool(host) and port.isascii() and port.isdigit() and 0 < int(port) < 65536
 
 
 class BadCommand(CkptsupError):

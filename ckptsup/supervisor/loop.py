@@ -34,6 +34,7 @@ from .agent_step import AgentStep, CommandSender, Message, StepSignal
 from .operating import OperatorMixin
 from .external_resume import ExternalResumeMixin
 from .external_watch import ExternalCheckpoints, resolve_dir
+from .memory_peers import MemoryPeers
 from .attempt import AttemptTracker, Marks
 from .interval_tuner import IntervalTuner
 from .nccl import Timeouts
@@ -103,6 +104,7 @@ class Supervisor(OperatorMixin, ExternalResumeMixin):
         self.attempt_wall_start = time.time()   # wall clock of the current launch (progress_dir mtimes)
         self._init_operator()
         self.interval.grace_time_s = placement.grace_time_s
+        self.memory_peers = MemoryPeers() if self.config.memory.enabled else None   # the memory tier's placement
         external_dir = resolve_dir(self.config, job.cwd)   # [checkpoint] external_dir: a framework's own step folders
         self.external = None if external_dir is None else ExternalCheckpoints(
             config=self.config, directory=external_dir, run_dir=run_dir.path, emit=self.emit, clock=clock)
@@ -305,6 +307,11 @@ class Supervisor(OperatorMixin, ExternalResumeMixin):
         elif msg.m is MessageKind.EXT_HASHED:
             if self.external is not None:
                 self.external.on_answer(msg.node, msg.body)
+        elif msg.m is MessageKind.MEMORY_PEER:
+            if self.memory_peers is not None and self.memory_peers.on_peer(msg.node, msg.body.get("addr")):
+                self._send_memory_peers()
+        elif msg.m is MessageKind.MEMORY_REPLICATED:
+            self._memory_replicated(msg)
         else:
             return False
         return True
@@ -642,7 +649,9 @@ class Supervisor(OperatorMixin, ExternalResumeMixin):
                           progress_pattern=self.sup.progress_pattern, tee=self.sup.tee,
                           module=self.job.module, no_python=self.job.no_python, warm_ranks=self.sup.warm_ranks,
                           memory_keep=self.config.memory.keep if self.config.memory.enabled else 0,
-                          memory_max_bytes=self.config.memory.max_bytes)
+                          memory_max_bytes=self.config.memory.max_bytes,
+                          memory_addrs={n: self.placement.addrs.get(n, n) for n in self.placement.nodes}
+                          if self.config.memory.enabled else {})
         path = attempt_dir / "launch.json"
         spec.write(path)
         return spec, path
@@ -666,6 +675,9 @@ class Supervisor(OperatorMixin, ExternalResumeMixin):
         self.tracker.marks.launch_sent = now
         spares = [n for n in self.placement.nodes if n not in nodes and n not in self.state.excluded_nodes]
         present = [n for n in nodes if self.agents.has_agent(n)]
+        if self.memory_peers is not None:   # before the restart: the ranks ask their agents at once
+            self.memory_peers.launch(nodes, int(self.sup.nproc_per_node))
+            self._send_memory_peers()
         if present:
             # the agents that outlived the failure (survivors, warm spares) take the new spec; a
             # failed send means they just died: their step's EOF is the next failure
@@ -679,6 +691,26 @@ class Supervisor(OperatorMixin, ExternalResumeMixin):
         self.active = nodes
         self.emit(Event.LAUNCH, nodes=list(nodes), path=path.value, spares=spares, resume_from=resume_from or None,
                   world_size=len(nodes) * self.sup.nproc_per_node)
+
+    def _send_memory_peers(self) -> None:
+        """Every launched node's buddy and sources (memory_peers.py), to the agents that are up."""
+        assert self.memory_peers is not None
+        alive = [n for n in self.placement.nodes if self.agents.has_agent(n)]
+        for node, body in self.memory_peers.commands(alive).items():
+            if self.agents.has_agent(node):
+                self.agents.send(MessageKind.MEMORY_PEERS, body, nodes=[node])
+
+    def _memory_replicated(self, msg: Message) -> None:
+        if self.memory_peers is None:
+            return
+        if msg.body.get("ok") is not True:
+            self.emit(Event.MEMORY_REPLICATED, ok=False, node=msg.node, step=msg.body.get("step"),
+                      rank=msg.body.get("rank"), buddy=msg.body.get("buddy"), reason=str(msg.body.get("reason", ""))[:300])
+            return
+        world = len(self.active) * int(self.sup.nproc_per_node)
+        step = self.memory_peers.on_replicated(msg.body, world)
+        if step is not None:
+            self.emit(Event.MEMORY_REPLICATED, ok=True, step=step, ranks=world)
 
     def _poll_external(self) -> None:
         if self.external is not None and self.active:

@@ -3,6 +3,12 @@ bundles, held in the agent's own memory so that a rank crash loses none of them,
 ranks of the next attempt over the memory channel (memory_wire.py, a Unix socket in the agent's
 private directory).
 
+With peers (`PeerLinks`): every bundle a local rank puts is replicated to the buddy agent's
+store on another node, over TCP (`tcp_listener`: the node's own address, a port the kernel picks,
+the same authenticated memory channel); a rank asking for a bundle its agent lacks (a spare that
+took over a dead node's ranks) gets it from the agents the supervisor named as its sources, and
+the answer says `peer_memory`.
+
 The store never interprets a bundle: it keeps the manifest text and the payload as they came and
 hands both back; the rank checks every byte against the manifest's hashes before using any. It
 keeps the newest `keep` bundles per rank (one memory save in flight while the previous one is the
@@ -11,13 +17,15 @@ restore point), and refuses a bundle over `max_bytes`.
 
 from __future__ import annotations
 
+import contextlib
 import logging
 import os
 import socket
 import threading
+import time
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Any, Callable
+from typing import Any
 
 from ..memory_wire import MemoryChannelError, MemoryOp, Session
 
@@ -25,6 +33,8 @@ log = logging.getLogger("ckptsup.agent")
 
 MAX_CLIENTS = 256       # concurrent connections: a node runs a few ranks; more is not a rank of ours
 ACCEPT_POLL_S = 0.5
+PEER_CONNECT_TIMEOUT_S = 3.0
+PEER_IO_TIMEOUT_S = 120.0   # a replica of a large bundle takes a while; a hung peer must not hold a thread forever
 
 
 @dataclass(frozen=True)
@@ -79,32 +89,52 @@ def _int(body: dict[str, Any], key: str) -> int:
     return value
 
 
-class MemoryServer:
-    """Serves a MemoryStore on a Unix socket: one thread accepts, one thread per connection.
-    Nothing a client sends can raise out of it: a broken session is closed and logged."""
+def unix_listener(path: str | os.PathLike[str]) -> socket.socket:
+    sock = socket.socket(socket.AF_UNIX, socket.SOCK_STREAM)
+    old = os.umask(0o177)      # the socket file 0600 from its creation (the dir is 0700 too)
+    try:
+        sock.bind(str(path))
+    finally:
+        os.umask(old)
+    return sock
 
-    def __init__(self, path: str | os.PathLike[str], *, secret: bytes, store: MemoryStore,
-                 on_stored: Callable[[Held], None] | None = None) -> None:
-        self.path = Path(path)
+
+def tcp_listener(addr: str) -> socket.socket:
+    """The node's own address (never 0.0.0.0), a port the kernel picks."""
+    if addr in ("", "0.0.0.0", "::"):
+        raise ValueError(f"the replica listener needs the node's own address, not {addr!r}")
+    family = socket.AF_INET6 if ":" in addr else socket.AF_INET
+    sock = socket.socket(family, socket.SOCK_STREAM)
+    sock.bind((addr, 0))
+    return sock
+
+
+class MemoryServer:
+    """Serves a MemoryStore on a listening socket (Unix for the node's ranks, TCP for the peer
+    agents): one thread accepts, one thread per connection. Nothing a client sends can raise out
+    of it: a broken session is closed and logged."""
+
+    def __init__(self, listener: socket.socket, *, secret: bytes, store: MemoryStore,
+                 peers: "PeerLinks | None" = None) -> None:
         self.secret = secret
         self.store = store
-        self.on_stored = on_stored or (lambda held: None)
+        self.peers = peers
         self.max_payload = store.max_bytes or (1 << 40)
-        self._sock: socket.socket | None = None
+        self._sock = listener
+        self.path = Path(listener.getsockname()) if listener.family == socket.AF_UNIX else None
         self._stop = threading.Event()
         self._clients = threading.BoundedSemaphore(MAX_CLIENTS)
         self._thread: threading.Thread | None = None
 
+    @property
+    def address(self) -> str:
+        """host:port of a TCP server."""
+        host, port = self._sock.getsockname()[:2]
+        return f"[{host}]:{port}" if ":" in host else f"{host}:{port}"
+
     def start(self) -> "MemoryServer":
-        sock = socket.socket(socket.AF_UNIX, socket.SOCK_STREAM)
-        old = os.umask(0o177)      # the socket file 0600 from its creation (the dir is 0700 too)
-        try:
-            sock.bind(str(self.path))
-        finally:
-            os.umask(old)
-        sock.listen(64)
-        sock.settimeout(ACCEPT_POLL_S)
-        self._sock = sock
+        self._sock.listen(64)
+        self._sock.settimeout(ACCEPT_POLL_S)
         self._thread = threading.Thread(target=self._accept_loop, name="ckptsup-memory", daemon=True)
         self._thread.start()
         return self
@@ -113,12 +143,12 @@ class MemoryServer:
         self._stop.set()
         if self._thread is not None:
             self._thread.join(timeout=5)
-        if self._sock is not None:
-            self._sock.close()
-        try:
-            os.unlink(self.path)
-        except OSError:
-            pass
+        self._sock.close()
+        if self.path is not None:
+            try:
+                os.unlink(self.path)
+            except OSError:
+                pass
 
     def _accept_loop(self) -> None:
         assert self._sock is not None
@@ -141,39 +171,164 @@ class MemoryServer:
                 session, role = Session.accept(conn, self.secret, max_payload=self.max_payload)
                 while not self._stop.is_set():
                     op, body, payload = session.recv()
-                    self._answer(session, op, body, payload)
+                    self._answer(session, role, op, body, payload)
         except (MemoryChannelError, OSError) as err:
             if "closed the memory channel" not in str(err):
                 log.warning("ckptsup agent: memory channel closed: %s", err)
         finally:
             self._clients.release()
 
-    def _answer(self, session: Session, op: MemoryOp, body: dict[str, Any], payload: bytes) -> None:
+    def _answer(self, session: Session, role: str, op: MemoryOp, body: dict[str, Any], payload: bytes) -> None:
         match op:
             case MemoryOp.PUT:
-                sizes = body.get("sizes")
-                manifest, cid = body.get("manifest"), body.get("checkpoint_id")
-                if (not isinstance(sizes, list) or not all(type(n) is int and n >= 0 for n in sizes)
-                        or sum(sizes) != len(payload) or not isinstance(manifest, str) or not isinstance(cid, str)):
-                    raise MemoryChannelError("a put whose sizes, manifest or checkpoint id do not fit its payload")
-                held = Held(step=_int(body, "step"), rank=_int(body, "rank"), checkpoint_id=cid, manifest=manifest,
-                            sizes=tuple(sizes), payload=payload)
+                held = held_from_body(body, payload)
                 refused = self.store.put(held)
                 if refused is not None:
                     session.send(MemoryOp.REFUSED, {"reason": refused})
                     return
-                self.on_stored(held)
                 session.send(MemoryOp.STORED, {"step": held.step, "rank": held.rank})
+                if self.peers is not None and role.startswith("rank"):   # a replica is not replicated again
+                    self.peers.replicate(held)
             case MemoryOp.LIST:
                 rank = _int(body, "rank")
-                session.send(MemoryOp.HELD, {"rank": rank, "held": [list(h) for h in self.store.held(rank)]})
+                held = {tuple(h) for h in self.store.held(rank)}
+                if self.peers is not None and role.startswith("rank"):
+                    held |= self.peers.held(rank)
+                session.send(MemoryOp.HELD, {"rank": rank, "held": [list(h) for h in sorted(held)]})
             case MemoryOp.GET:
                 step, rank = _int(body, "step"), _int(body, "rank")
-                held = self.store.get(step, rank)
-                if held is None:
+                found, source = self.store.get(step, rank), "memory"
+                if found is None and self.peers is not None and role.startswith("rank"):
+                    found, source = self.peers.fetch(step, rank), "peer_memory"
+                    if found is not None:
+                        self.store.put(found)   # this node's copy from now on
+                if found is None:
                     session.send(MemoryOp.MISSING, {"step": step, "rank": rank})
                     return
-                session.send(MemoryOp.BUNDLE, {"step": step, "rank": rank, "checkpoint_id": held.checkpoint_id,
-                                               "manifest": held.manifest, "sizes": list(held.sizes)}, held.payload)
+                session.send(MemoryOp.BUNDLE, {"step": step, "rank": rank, "checkpoint_id": found.checkpoint_id,
+                                               "manifest": found.manifest, "sizes": list(found.sizes),
+                                               "source": source}, found.payload)
             case _:
                 raise MemoryChannelError(f"a client may not send {op.value}")
+
+
+def held_from_body(body: dict[str, Any], payload: bytes) -> Held:
+    sizes, manifest, cid = body.get("sizes"), body.get("manifest"), body.get("checkpoint_id")
+    if (not isinstance(sizes, list) or not all(type(n) is int and n >= 0 for n in sizes)
+            or sum(sizes) != len(payload) or not isinstance(manifest, str) or not isinstance(cid, str)):
+        raise MemoryChannelError("a bundle whose sizes, manifest or checkpoint id do not fit its payload")
+    return Held(step=_int(body, "step"), rank=_int(body, "rank"), checkpoint_id=cid, manifest=manifest,
+                sizes=tuple(sizes), payload=payload)
+
+
+def _split_addr(addr: str) -> tuple[str, int]:
+    host, _, port = addr.rpartition(":")
+    return host.strip("[]"), int(port)
+
+
+class PeerLinks:
+    """This agent's links to the other agents' stores: the buddy it replicates to, and for each
+    rank it may be asked about but lacks, the agents that may hold it (set by the supervisor's
+    memory_peers command). Replication runs on one background thread, newest bundle first (an
+    older one still queued for the same rank is dropped); its outcomes wait in `take()` for the
+    agent's loop to report."""
+
+    def __init__(self, *, secret: bytes, node: str, connect_timeout_s: float = PEER_CONNECT_TIMEOUT_S) -> None:
+        self.secret = secret
+        self.node = node
+        self.connect_timeout_s = connect_timeout_s
+        self.buddy = ""
+        self.sources: dict[int, list[str]] = {}
+        self._lock = threading.Lock()
+        self._queue: dict[int, Held] = {}        # rank -> the newest bundle waiting to go to the buddy
+        self._wake = threading.Event()
+        self._notes: list[dict[str, Any]] = []
+        self._thread = threading.Thread(target=self._replicate_loop, name="ckptsup-replica", daemon=True)
+        self._thread.start()
+
+    def set(self, *, buddy: str, sources: dict[int, list[str]]) -> None:
+        with self._lock:
+            self.buddy, self.sources = buddy, sources
+
+    def replicate(self, held: Held) -> None:
+        with self._lock:
+            if not self.buddy:
+                return
+            self._queue[held.rank] = held
+        self._wake.set()
+
+    def take(self) -> list[dict[str, Any]]:
+        with self._lock:
+            notes, self._notes = self._notes, []
+        return notes
+
+    def _replicate_loop(self) -> None:
+        while True:
+            self._wake.wait()
+            with self._lock:
+                self._wake.clear()
+                batch, self._queue = list(self._queue.values()), {}
+                buddy = self.buddy
+            for held in batch:
+                start = time.monotonic()
+                try:
+                    with self._session(buddy) as session:
+                        session.send(MemoryOp.PUT, _put_body(held), held.payload)
+                        op, body, _ = session.recv()
+                    ok, reason = op is MemoryOp.STORED, "" if op is MemoryOp.STORED else str(body.get("reason", op.value))
+                except (MemoryChannelError, OSError, ValueError) as err:
+                    ok, reason = False, str(err)[:200]
+                note = {"step": held.step, "rank": held.rank, "buddy": buddy, "ok": ok, "bytes": held.nbytes,
+                        "replicate_s": round(time.monotonic() - start, 6)}
+                if not ok:
+                    note["reason"] = reason
+                with self._lock:
+                    self._notes.append(note)
+
+    @contextlib.contextmanager
+    def _session(self, addr: str) -> Any:
+        host, port = _split_addr(addr)
+        sock = socket.create_connection((host, port), timeout=self.connect_timeout_s)
+        try:
+            sock.settimeout(PEER_IO_TIMEOUT_S)
+            yield Session.connect(sock, self.secret, role=f"replica:{self.node}", max_payload=1 << 40)
+        finally:
+            sock.close()
+
+    def held(self, rank: int) -> set[tuple[int, str]]:
+        """What the rank's source agents hold of it (an unreachable one holds nothing)."""
+        with self._lock:
+            addrs = list(self.sources.get(rank, []))
+        found: set[tuple[int, str]] = set()
+        for addr in addrs:
+            try:
+                with self._session(addr) as session:
+                    session.send(MemoryOp.LIST, {"rank": rank})
+                    op, body, _ = session.recv()
+            except (MemoryChannelError, OSError, ValueError) as err:
+                log.warning("ckptsup agent: memory source %s of rank %d is unreachable: %s", addr, rank, err)
+                continue
+            rows = body.get("held") if op is MemoryOp.HELD else None
+            for row in rows if isinstance(rows, list) else []:
+                if isinstance(row, list) and len(row) == 2 and type(row[0]) is int and isinstance(row[1], str):
+                    found.add((row[0], row[1]))
+        return found
+
+    def fetch(self, step: int, rank: int) -> Held | None:
+        with self._lock:
+            addrs = list(self.sources.get(rank, []))
+        for addr in addrs:
+            try:
+                with self._session(addr) as session:
+                    session.send(MemoryOp.GET, {"step": step, "rank": rank})
+                    op, body, payload = session.recv()
+                if op is MemoryOp.BUNDLE:
+                    return held_from_body(body, payload)
+            except (MemoryChannelError, OSError, ValueError) as err:
+                log.warning("ckptsup agent: memory source %s of rank %d failed: %s", addr, rank, err)
+        return None
+
+
+def _put_body(held: Held) -> dict[str, Any]:
+    return {"step": held.step, "rank": held.rank, "checkpoint_id": held.checkpoint_id, "manifest": held.manifest,
+            "sizes": list(held.sizes)}

@@ -41,6 +41,7 @@ class LaunchSpec:
     warm_ranks: bool = True             # relaunches run the ranks in warm interpreters (supervisor/warm_pool.py)
     memory_keep: int = 0                # [memory]: bundles the agent's memory store keeps per rank; 0 = no store
     memory_max_bytes: int = 0           # [memory] max_bytes: a larger bundle is refused; 0 = no limit
+    memory_addrs: dict[str, str] = dataclasses.field(default_factory=dict)  # every usable node -> the address its replica listener binds
 
     def to_json(self) -> dict[str, Any]:
         return dict(self.__dict__)
@@ -67,7 +68,8 @@ class LaunchSpec:
             name = unknown[0] if unknown[0].isascii() and unknown[0].isidentifier() and len(unknown[0]) <= 64 \
                 else repr(unknown[0])[:40]   # a name of any length and characters: the line stays one line
             raise ConfigError(f"{source} has unknown field {name}; {fix}")
-        missing = [name for name, f in fields.items() if f.default is dataclasses.MISSING and name not in data]
+        missing = [name for name, f in fields.items() if f.default is dataclasses.MISSING
+                   and f.default_factory is dataclasses.MISSING and name not in data]
         if missing:
             raise ConfigError(f"{source} lacks {', '.join(missing)}; {fix}")
         for name, value in data.items():
@@ -128,4 +130,5 @@ _CHECKS: dict[str, tuple[Callable[[Any], bool], str]] = {
     "warm_ranks": (lambda v: isinstance(v, bool), "true or false"),
     "memory_keep": (_count(0), "an integer >= 0"),
     "memory_max_bytes": (_count(0), "an integer >= 0"),
+    "memory_addrs": (_str_map, "an object of node -> address"),
 }
