@@ -445,7 +445,8 @@ def test_a_node_and_its_buddy_lost_together_fall_back_to_disk(dev_cluster, tmp_p
                           capture_output=True, text=True, timeout=300, cwd=tmp)
     assert proc.returncode == 0, proc.stdout + proc.stderr
     reference3 = json.loads((tmp / "out" / "final.json").read_text())["params_sha256"]
-    job, run, out = submit(tmp_path, nodes=3, spares=2, extra=("--save-every-steps", "10"), extra_toml=MEMORY)
+    job, run, out = submit(tmp_path, nodes=3, spares=2, partition=SPANNING, extra=("--save-every-steps", "10"),
+                           extra_toml=MEMORY)   # the main partition has 4 nodes
     dev_cluster.wait_for(lambda: replicated(run, 15) and committed(run, 10), 120, what="replicas and a disk checkpoint")
     first = named(read_events(run), "launch")[0]
     _, b, c = first["nodes"]
@@ -459,5 +460,5 @@ def test_a_node_and_its_buddy_lost_together_fall_back_to_disk(dev_cluster, tmp_p
     [loaded] = named(events, "checkpoint_loaded")
     assert restart["path"] == "node" and loaded["source"] == "shared", loaded
     assert loaded["files_by_source"]["memory"] == loaded["files_by_source"]["peer_memory"] == 0
-    assert "a node and its buddy lost together" in (run / "attempt-1").joinpath(f"ranks-{first['nodes'][0]}.log").read_text()
+    assert "a node and its buddy lost together" in (run / f"slurm-{job}.out").read_text()   # rank 0's console line
     assert json.loads((out / "final.json").read_text())["params_sha256"] == reference3
