@@ -140,12 +140,13 @@ def test_socket_dirs_of_killed_agents_on_this_host_are_swept_and_no_others(tmp_p
 
     from ckptsup.supervisor.agent import socket_dir_prefix, sweep_stale_socket_dirs
 
-    def make(host, pid):
-        return Path(tempfile.mkdtemp(prefix=socket_dir_prefix(host, pid), dir=tmp_path))
+    def make(host, pid, pidns="7"):
+        return Path(tempfile.mkdtemp(prefix=socket_dir_prefix(host, pid, pidns), dir=tmp_path))
 
     dead, live = make("n1", 111), make("n1", 222)
     other_host, dashed_host = make("n2", 111), make("n1-2", 111)
+    other_namespace = make("n1", 111, pidns="8")   # another dev cluster's n1: its pid 111 is not ours
     (dead / "ranks.sock").write_text("")
-    removed = sweep_stale_socket_dirs(tmp_path, host="n1", alive=lambda pid: pid == 222)
+    removed = sweep_stale_socket_dirs(tmp_path, host="n1", alive=lambda pid: pid == 222, pidns="7")
     assert removed == [dead] and not dead.exists()
-    assert live.exists() and other_host.exists() and dashed_host.exists()
+    assert live.exists() and other_host.exists() and dashed_host.exists() and other_namespace.exists()

@@ -67,24 +67,33 @@ UNAUTH_LOG_EVERY_S = 10.0
 SOCKET_DIR_PREFIX = "ckptsup-agent-"
 
 
-def socket_dir_prefix(host: str | None = None, pid: int | None = None) -> str:
-    """`ckptsup-agent-<host>-<pid>-`: the host and pid say whose directory it is, so that the
-    next agent on this host can remove those of killed agents (a SIGKILL skips our cleanup)."""
-    return f"{_host_prefix(host)}{pid or os.getpid()}-"
+def socket_dir_prefix(host: str | None = None, pid: int | None = None, pidns: str | None = None) -> str:
+    """`ckptsup-agent-<host>-<pid namespace>-<pid>-`: whose directory it is, so that the next agent
+    on this host can remove those of killed agents (a SIGKILL skips our cleanup). The pid namespace
+    is part of the name because a pid means something only inside its own: two dev clusters on one
+    machine both have a node "n1" sharing /tmp, and their agents must not sweep each other's."""
+    return f"{_host_prefix(host, pidns)}{pid or os.getpid()}-"
 
 
-def _host_prefix(host: str | None) -> str:
+def _pid_namespace() -> str:
+    try:
+        return str(os.stat("/proc/self/ns/pid").st_ino)
+    except OSError:
+        return "0"
+
+
+def _host_prefix(host: str | None, pidns: str | None = None) -> str:
     # a long FQDN is cut: the socket's whole path must stay within AF_UNIX's 108 bytes
-    return f"{SOCKET_DIR_PREFIX}{(host or socket.gethostname())[:40]}-"
+    return f"{SOCKET_DIR_PREFIX}{(host or socket.gethostname())[:40]}-{pidns or _pid_namespace()}-"
 
 
 def sweep_stale_socket_dirs(tmp: Path | None = None, host: str | None = None,
-                            alive: Callable[[int], bool] = psutil.pid_exists) -> list[Path]:
+                            alive: Callable[[int], bool] = psutil.pid_exists, pidns: str | None = None) -> list[Path]:
     """Remove this host's agent socket directories whose agent is gone. Only our own uid's, only
     this host's (nodes may share /tmp while their pid numbers are their own), never one whose pid
     is alive (a reused pid keeps a stale directory, the safe side)."""
     tmp = tmp or Path(tempfile.gettempdir())
-    prefix = _host_prefix(host)
+    prefix = _host_prefix(host, pidns)
     removed = []
     for path in tmp.glob(f"{prefix}*"):
         # exactly <pid>-<mkdtemp's 8 characters>: host "n1" must not claim host "n1-2"'s directories
