@@ -163,3 +163,37 @@ def test_rank_sigkills_and_a_corrupt_newest_checkpoint_resume_with_the_reference
     assert loaded == [first, second - 5], loaded   # the corrupt one refused, the one before it used
     assert named(events, "run_complete") and not named(events, "give_up")
     assert_same_run(out, lightning_reference)
+
+
+def test_sigterm_to_the_ranks_stops_them_at_one_step_with_an_emergency_checkpoint_and_exit_preempted(
+        tmp_path: Path, lightning_reference: Path) -> None:
+    """SIGTERM straight to both ranks, as Slurm's preemption sends it (plain torchrun: no supervisor
+    to ask them): ckptsup's handler, not Lightning's, takes it; the ranks agree on a stop step, save
+    (the budget fits the measured save) and exit 5, never 0; the resumed run equals the reference."""
+    tmp = private_dir(tmp_path)
+    out, ckpt = tmp / "out", tmp / "ck"
+    def argv() -> list[str]:
+        return [sys.executable, "-m", "torch.distributed.run", "--nproc-per-node", "2", "--master-addr", "127.0.0.1",
+                "--master-port", str(free_port()), str(SCRIPT), *ARGS, "--step-s", "0.1", "--out", str(out),
+                "--ckpt-dir", str(ckpt)]
+
+    env = base_env({"CKPTSUP_PREEMPT_BUDGET_S": "120"})
+    proc = subprocess.Popen(argv(), env=env, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, cwd=tmp)
+    try:
+        wait_for(lambda: (ckpt / "step_10").is_dir() and len(samples(out, 1)) > 12, 180, "step 12 after step_10")
+        for rank in rank_processes(out).values():
+            rank.send_signal(signal.SIGTERM)
+        console, _ = proc.communicate(timeout=120)
+    finally:
+        proc.kill()
+    text = console.decode()
+    assert proc.returncode != 0, text[-3000:]
+    assert text.count("exits with PREEMPTED") == 2 and "exitcode  : 5" in text and "done at step" not in text
+    stopped = [int(line.split("stopping after step ")[1].split()[0]) for line in text.splitlines()
+               if "stopping after step" in line and "emergency save written" in line]
+    assert len(set(stopped)) == 1 and len(stopped) == 2, text[-3000:]   # both ranks, the same step
+    assert newest_checkpoint(ckpt) == stopped[0] + 1
+    resumed = subprocess.run(argv(), env=base_env(), capture_output=True, text=True,
+                             timeout=300, cwd=tmp)
+    assert resumed.returncode == 0, resumed.stdout[-2000:] + resumed.stderr[-3000:]
+    assert_same_run(out, lightning_reference)
