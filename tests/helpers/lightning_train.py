@@ -7,7 +7,7 @@ bench/bench_lightning.py). 2 ranks of DDP on CPU (gloo) under torchrun or `ckpts
 
 The model has dropout (the RNG matters) and a decaying LR (the scheduler matters). Every rank
 appends one JSON line per batch to DIR/samples_rank<r>.jsonl: {"step": global step, "ids": the
-sample ids} (a resumed run rewrites the steps after its checkpoint; the last line of a step wins),
+sample ids, "t": wall time at the batch's start} (a resumed run rewrites the steps after its checkpoint; the last line of a step wins),
 and at the end writes DIR/final_rank<r>.pt (the parameters). Rank 0 prints `step N loss X`.
 
 --mode plain: no callback, no checkpoints (the overhead baseline); lightning-ckpt: Lightning's
@@ -50,7 +50,7 @@ class Net(pl.LightningModule):
         ids, x, y = batch
         if self.log_file is None:
             self.log_file = open(os.path.join(self.args.out, f"samples_rank{self.global_rank}.jsonl"), "a")
-        self.log_file.write(json.dumps({"step": self.global_step, "ids": ids.tolist()}) + "\n")
+        self.log_file.write(json.dumps({"step": self.global_step, "ids": ids.tolist(), "t": time.time()}) + "\n")
         self.log_file.flush()
         if self.args.step_s:
             time.sleep(self.args.step_s)
@@ -96,8 +96,9 @@ def main() -> None:
         callbacks.append(ModelCheckpoint(dirpath=args.ckpt_dir, every_n_train_steps=args.every, save_top_k=-1,
                                          save_last=True))
         ckpt_path = "last"
-    trainer = pl.Trainer(accelerator="cpu", devices=int(os.environ.get("LOCAL_WORLD_SIZE", "1")),
-                         strategy="ddp" if int(os.environ.get("WORLD_SIZE", "1")) > 1 else "auto",
+    world, local = int(os.environ.get("WORLD_SIZE", "1")), int(os.environ.get("LOCAL_WORLD_SIZE", "1"))
+    trainer = pl.Trainer(accelerator="cpu", devices=local, num_nodes=world // local,
+                         strategy="ddp" if world > 1 else "auto",
                          max_epochs=args.epochs, callbacks=callbacks,
                          enable_checkpointing=args.mode == "lightning-ckpt", logger=False,
                          enable_progress_bar=False, enable_model_summary=False, num_sanity_val_steps=0,
