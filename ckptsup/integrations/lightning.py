@@ -1,0 +1,175 @@
+"""ckptsup as Lightning's checkpointer: `Trainer(callbacks=[CkptsupCallback()], enable_checkpointing=False)`.
+
+    trainer = lightning.pytorch.Trainer(..., callbacks=[CkptsupCallback()], enable_checkpointing=False)
+    trainer.fit(model, datamodule)      # no ckpt_path: ckptsup resumes from its newest validated checkpoint
+
+The callback (docs/integrations.md §Lightning; the hooks' own rules in docs/training.md):
+- on_fit_start (the strategy has wrapped the model, the optimizers and schedulers exist): attach
+  with the DDP-wrapped model (so the comm-hook timer measures compute time), every optimizer,
+  every LR scheduler, Lightning's fit-loop position, the callbacks' and precision plugin's state
+  and the data position; then resume, before `fit_loop.run()` reads the loop state;
+- on_train_start (the train loader and its iterator exist; Lightning's signal handlers are in):
+  the data position (lightning_data.py), ckptsup's SIGTERM/USR1/HUP handlers back in place of
+  Lightning's, and the RNG restored again, undoing what setup_data drew since the resume;
+- on_train_batch_end: `step_done(trainer.global_step - 1, loss=)` once per optimizer step (with
+  gradient accumulation the accumulated batches' worst loss is checked at the step);
+- on_fit_end: the final checkpoint and a clean end, or, after a stop signal, a preemption exit;
+  on_exception: shut down as failed, no checkpoint of a broken state.
+"""
+
+from __future__ import annotations
+
+import logging
+import signal
+import threading
+import warnings
+from typing import Any
+
+try:
+    from lightning.pytorch.callbacks import Callback
+except ImportError:  # the standalone package; its Trainer calls the same hooks
+    from pytorch_lightning.callbacks import Callback
+
+from ..env import ExitStatus
+from ..errors import ConfigError
+from ..hooks.rank_link import is_finite
+from ..hooks.signals import STOP_SIGNALS
+from . import lightning_data as data
+from .lightning_state import Callbacks, FitLoop, Precision, Schedulers
+
+log = logging.getLogger("ckptsup.integrations.lightning")
+
+# Lightning warns on a mid-epoch resume of a loader without state_dict; ckptsup restores its position
+_NOT_RESUMABLE_WARNING = r"You're resuming from a checkpoint that ended before the epoch ended"
+
+
+class CkptsupCallback(Callback):
+    """No required arguments. Keyword options go to ckptsup.attach: checkpoint_dir,
+    save_every_steps, save_every_s and any other [checkpoint] key."""
+
+    def __init__(self, *, checkpoint_dir: str | None = None, save_every_steps: int | None = None,
+                 save_every_s: float | None = None, **attach_options: Any) -> None:
+        super().__init__()
+        self.attach_options = {"checkpoint_dir": checkpoint_dir, "save_every_steps": save_every_steps,
+                               "save_every_s": save_every_s, **attach_options}
+        self.run: Any = None
+        self.resumed_step = 0
+        self.data = data.DataPosition()
+        self._rng_after_resume: Any = None
+        self._stop_handlers: dict[int, Any] = {}
+        self._last_global_step = 0
+        self._loss: Any = None
+
+    # ---- fit start: attach and resume ---------------------------------------------------------
+    def on_fit_start(self, trainer: Any, pl_module: Any) -> None:
+        from ..hooks.session import attach
+        from ..hooks.state import capture_rng
+
+        if trainer.checkpoint_callbacks and trainer.is_global_zero:
+            warnings.warn("ckptsup: Lightning's ModelCheckpoint is active too and writes checkpoints of its own; "
+                          "ckptsup already checkpoints the full state: pass Trainer(enable_checkpointing=False)",
+                          stacklevel=2)
+        optimizers = list(trainer.optimizers)
+        optimizer = None if not optimizers else optimizers[0] if len(optimizers) == 1 else tuple(optimizers)
+        self.data.batches_done = lambda: int(trainer.fit_loop.epoch_loop.batch_progress.current.ready)
+        extra = {"lightning_fit_loop": FitLoop(trainer), "lightning_data": self.data,
+                 "lightning_callbacks": Callbacks(trainer), "lightning_precision": Precision(trainer)}
+        self.run = attach(model=trainer.strategy.model, optimizer=optimizer, lr_scheduler=Schedulers(trainer),
+                          extra=extra, **{k: v for k, v in self.attach_options.items() if v is not None})
+        if threading.current_thread() is threading.main_thread():
+            self._stop_handlers = {signum: signal.getsignal(signum) for signum in STOP_SIGNALS}
+        self.resumed_step = self.run.resume()
+        if self.resumed_step > 0:
+            if trainer.ckpt_path:
+                raise ConfigError(f"trainer.fit(ckpt_path={trainer.ckpt_path!r}) and ckptsup's checkpoint of step "
+                                  f"{self.resumed_step} both want to restore the run; drop ckpt_path (ckptsup resumes)")
+            if trainer.global_step != self.resumed_step:
+                log.warning("ckptsup: resumed step %d but Lightning's global_step is %d (optimizer steps per "
+                            "batch other than one?)", self.resumed_step, trainer.global_step)
+            self._rng_after_resume = capture_rng()
+        self._last_global_step = trainer.global_step
+
+    # ---- train start: data position, signals, RNG ---------------------------------------------
+    def on_train_start(self, trainer: Any, pl_module: Any) -> None:
+        from ..hooks.state import restore_rng
+
+        for signum, handler in self._stop_handlers.items():
+            signal.signal(signum, handler)   # Lightning's SIGTERM handler runs a collective in the handler
+        self._install_samplers(trainer)
+        if self._rng_after_resume is not None:
+            restore_rng(*self._rng_after_resume)
+            self._rng_after_resume = None
+
+    def _install_samplers(self, trainer: Any) -> None:
+        from ..hooks.state import isolate_loader_rng
+
+        combined = trainer.fit_loop._combined_loader
+        loaders = list(combined.flattened) if combined is not None else []
+        samplers: list[data.LoaderSampler | None] = []
+        batch_sizes: list[int] = []
+        workers = False
+        for loader in loaders:
+            plan = data.plan_loader(loader) if len(loaders) == 1 else data.SamplerPlan(
+                reason=f"the fit has {len(loaders)} train loaders; ckptsup restores the position of one")
+            if not plan.ok:
+                if trainer.is_global_zero:
+                    warnings.warn(f"ckptsup: the train loader's data position is not restored after a restart: "
+                                  f"{plan.reason}", stacklevel=2)
+                samplers.append(None)
+                batch_sizes.append(0)
+                continue
+            samplers.append(data.install_sampler(loader, plan))
+            batch_sizes.append(int(loader.batch_sampler.batch_size))
+            isolate_loader_rng(loader)   # later iterators must not draw from the global RNG
+            workers = workers or loader.num_workers > 0
+        self.data.track(samplers, batch_sizes)
+        self.data.apply()
+        if samplers and all(s is not None for s in samplers):
+            warnings.filterwarnings("ignore", message=_NOT_RESUMABLE_WARNING)
+        if workers:
+            # worker processes pulled indices from the old sampler when setup_data created the iterator
+            iter(trainer.fit_loop._data_fetcher)
+
+    # ---- every batch ----------------------------------------------------------------------------
+    def on_train_batch_end(self, trainer: Any, pl_module: Any, outputs: Any, batch: Any, batch_idx: int) -> None:
+        loss = _loss_of(outputs)
+        if self._loss is None or is_finite(self._loss):
+            self._loss = loss   # the accumulation window's first non-finite loss is kept
+        global_step = trainer.global_step
+        if global_step == self._last_global_step:
+            return   # accumulating: no optimizer step yet
+        self._last_global_step = global_step
+        handler = self._stop_handlers.get(signal.SIGTERM)
+        if trainer.received_sigterm and callable(handler):
+            handler(signal.SIGTERM, None)   # Lightning saw one (ckptsup's flag only): the ranks agree on a stop
+        loss, self._loss = self._loss, None
+        self.run.step_done(global_step - 1, loss=loss)
+
+    # ---- the end --------------------------------------------------------------------------------
+    def on_fit_end(self, trainer: Any, pl_module: Any) -> None:
+        run = self.run
+        if run is None or run.closed:
+            return
+        # a stop signal that came after the last agreement: a preemption, never "done"
+        if not run.all_ok(not (run.stop.set or trainer.received_sigterm)):
+            run.preempted = True
+            run._stop(max(0, run.next_step - 1))   # emergency save when it fits; SystemExit(PREEMPTED)
+        run.close()
+
+    def on_exception(self, trainer: Any, pl_module: Any, exception: BaseException) -> None:
+        run = self.run
+        if run is None or run.closed:
+            return   # ckptsup's own exit (a stop, a NaN) already closed it
+        if isinstance(exception, SystemExit) and trainer.received_sigterm:
+            # Lightning's SIGTERMException (exit code None, i.e. 0): each rank at its own point, no save
+            run._shutdown(status=int(ExitStatus.PREEMPTED))
+            exception.code = int(ExitStatus.PREEMPTED)
+            return
+        run.__exit__(type(exception), exception, None)
+
+
+def _loss_of(outputs: Any) -> Any:
+    """The loss in what training_step returned (a tensor, or a dict with "loss"); None otherwise."""
+    if isinstance(outputs, dict):
+        outputs = outputs.get("loss")
+    return outputs if hasattr(outputs, "detach") or isinstance(outputs, (int, float)) else None
