@@ -209,6 +209,7 @@ INTEGRATION_FILES = frozenset({
     "test_external_titan.py",
     "test_give_up_quote_local.py",
     "test_heartbeat_torchrun.py",
+    "test_integration_lightning.py",
     "test_hooks_api.py",
     "test_hooks_agent_socket.py",
     "test_hooks_corruption.py",
