@@ -5,6 +5,7 @@ ValidationError before torch sees it)."""
 
 from __future__ import annotations
 
+import contextlib
 import json
 import secrets
 import socket
@@ -215,15 +216,18 @@ def test_any_flipped_byte_of_a_bundle_is_refused_before_torch_reads_it() -> None
 def test_nothing_a_client_sends_stops_the_store(tmp_path: Path, server) -> None:
     garbage = [b"", b"\x00\x00\x00\x05hello", (1 << 31).to_bytes(4, "big"), secrets.token_bytes(4096)]
     for data in garbage:
-        with socket.socket(socket.AF_UNIX) as s:
+        with socket.socket(socket.AF_UNIX) as s, contextlib.suppress(OSError):   # the store may hang up first
             s.connect(str(server.path))
             s.sendall(data)
     # a client with the secret that lies about its payload, then one that asks for ops only the store sends
-    with socket.socket(socket.AF_UNIX) as s:
-        s.connect(str(server.path))
-        session = Session.connect(s, SECRET, role="rank0", max_payload=1 << 20)
-        session.send(MemoryOp.PUT, {"step": 1, "rank": 0, "checkpoint_id": "c", "manifest": "{}", "sizes": [99]}, b"x")
-        session.send(MemoryOp.BUNDLE, {})
+    for op, body, payload in ((MemoryOp.PUT, {"step": 1, "rank": 0, "checkpoint_id": "c", "manifest": "{}",
+                                              "sizes": [99]}, b"x"), (MemoryOp.BUNDLE, {}, b"")):
+        with socket.socket(socket.AF_UNIX) as s, contextlib.suppress(OSError):
+            s.connect(str(server.path))
+            session = Session.connect(s, SECRET, role="rank0", max_payload=1 << 20)
+            session.send(op, body, payload)
+            s.settimeout(10)
+            assert s.recv(1) == b""   # the store closed this session
     client = MemoryClient(socket_path=str(server.path), secret_file=secret_file(tmp_path), rank=0)
     assert client.held() == []   # still serving, and nothing was stored
     client.put(serialize(state(0), step=2, checkpoint_id=CID[2], algorithm="xxh3-128", extra={}))

@@ -119,7 +119,7 @@ def _memory_writer(files: dict[str, bytes]) -> Any:
 @dataclass(frozen=True)
 class Bundle:
     manifest: Manifest
-    data: dict[str, bytes]     # file name -> bytes, the manifest's files
+    data: dict[str, Any]       # file name -> its bytes (bytes, or a view of the received buffer)
     source: str = "memory"     # where the agent had it: its own store, or a peer's (peer_memory)
 
     @property
@@ -173,7 +173,7 @@ class BundleReader(VerifyingReader):
         self.read_memory: set[str] = set()
 
     def _metadata_bytes(self) -> bytes:
-        return self.bundle.data[self.manifest.metadata_file]
+        return bytes(self.bundle.data[self.manifest.metadata_file])
 
     def _fetch_item(self, item: Any, fds: dict[Path, int]) -> Any:
         import torch
@@ -183,7 +183,11 @@ class BundleReader(VerifyingReader):
         view = memoryview(self.bundle.data[item.file])[item.offset:item.offset + item.length]
         verify_item(view, item)
         self.read_memory.add(item.file)
-        return torch.frombuffer(bytearray(view), dtype=torch.uint8)
+        if not view.nbytes:
+            return torch.empty(0, dtype=torch.uint8)
+        # the item's tensors may keep living in the received (writable) buffer, adopt=True: no
+        # copy; a read-only one is copied, since an optimizer state loaded from it is written to
+        return torch.frombuffer(bytearray(view) if view.readonly else view, dtype=torch.uint8)
 
 
 # ---- the channel to the agent -----------------------------------------------------------------------
@@ -239,9 +243,9 @@ class MemoryClient:
         sizes = body.get("sizes")
         if not isinstance(sizes, list) or len(sizes) != len(manifest.files) or sum(sizes) != len(payload):
             raise ValidationError(f"memory bundle of step {step}: its payload does not split into its manifest's files")
-        data, at = {}, 0
+        data, at, whole = {}, 0, memoryview(payload)
         for entry, size in zip(manifest.files, sizes):
-            data[entry.path] = payload[at:at + size]
+            data[entry.path] = whole[at:at + size]   # views of the one received buffer, no copies
             at += size
         if manifest.step != step or manifest.checkpoint_id != body.get("checkpoint_id"):
             raise ValidationError(f"memory bundle of step {step} is labelled step {manifest.step}")
