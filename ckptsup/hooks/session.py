@@ -469,6 +469,19 @@ class Run:
         self._exit(ExitStatus.PREEMPTED if preempted else ExitStatus.RANK_STOPPED,
                    f"stopped after step {step}")
 
+    def stop_now(self, *, preempted: bool = True) -> None:
+        """Stop after the last completed step: a preemption (an emergency save when it fits) or a
+        requested stop; raises SystemExit with PREEMPTED or RANK_STOPPED. Collective: every rank
+        calls it at the same step (after an agreement, e.g. all_ok). For framework callbacks that
+        learn of a stop outside step_done."""
+        self.preempted = self.preempted or preempted
+        self._stop(max(0, self.next_step - 1))
+
+    def abandon(self, *, preempted: bool = False) -> None:
+        """Shut down without a save (the framework's loop raised): the agent hears FAILURE, or
+        PREEMPTED when a stop signal is why."""
+        self._shutdown(status=int(ExitStatus.PREEMPTED if preempted else ExitStatus.FAILURE))
+
     def _exit(self, status: ExitStatus, message: str) -> None:
         self._shutdown(status=int(status))
         exit_rank(self.rank, status, message)

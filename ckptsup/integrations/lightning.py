@@ -152,8 +152,7 @@ class CkptsupCallback(Callback):
             return
         # a stop signal that came after the last agreement: a preemption, never "done"
         if not run.all_ok(not (run.stop.set or trainer.received_sigterm)):
-            run.preempted = True
-            run._stop(max(0, run.next_step - 1))   # emergency save when it fits; SystemExit(PREEMPTED)
+            run.stop_now(preempted=True)   # emergency save when it fits; SystemExit(PREEMPTED)
         run.close()
 
     def on_exception(self, trainer: Any, pl_module: Any, exception: BaseException) -> None:
@@ -162,7 +161,7 @@ class CkptsupCallback(Callback):
             return   # ckptsup's own exit (a stop, a NaN) already closed it
         if isinstance(exception, SystemExit) and trainer.received_sigterm:
             # Lightning's SIGTERMException (exit code None, i.e. 0): each rank at its own point, no save
-            run._shutdown(status=int(ExitStatus.PREEMPTED))
+            run.abandon(preempted=True)
             exception.code = int(ExitStatus.PREEMPTED)
             return
         run.__exit__(type(exception), exception, None)
