@@ -89,6 +89,7 @@ FR_DUMP_DIR = "CKPTSUP_FR_DUMP_DIR"
 PREEMPT_BUDGET_S = "CKPTSUP_PREEMPT_BUDGET_S"
 TEST_SAVE_DELAY_S = "CKPTSUP_TEST_SAVE_DELAY_S"
 TEST_LOAD_DELAY_S = "CKPTSUP_TEST_LOAD_DELAY_S"
+TEST_FLIP_MEMORY = "CKPTSUP_TEST_FLIP_MEMORY"
 
 # fmt: off
 VARS: tuple[Var, ...] = (
@@ -115,6 +116,7 @@ VARS: tuple[Var, ...] = (
     Var(name=PREEMPT_BUDGET_S, set_by="supervisor", read_by="agent, hooks", meaning="seconds the ranks have for an emergency save after a stop command"),
     Var(name=TEST_SAVE_DELAY_S, set_by="tests", read_by="hooks (writer)", meaning="fault injection: sleep between writing the shards and the commit; never set in production"),
     Var(name=TEST_LOAD_DELAY_S, set_by="tests", read_by="hooks (loader)", meaning="fault injection: sleep before loading a checkpoint; never set in production"),
+    Var(name=TEST_FLIP_MEMORY, set_by="tests", read_by="agent (memory store)", meaning="fault injection: flip one bit of every bundle the agent's memory store keeps; never set in production"),
 )
 # fmt: on
 

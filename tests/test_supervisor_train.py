@@ -235,3 +235,24 @@ def test_a_rank_sigkill_resumes_from_the_agents_memory_and_ends_bit_identical(tm
     assert not [e for e in named(events, "checkpoint_committed") if e["step"] < 100]   # nothing on disk to resume from
     assert params(out) == reference
     assert no_rank_left(out)
+
+
+def test_a_corrupt_memory_bundle_is_refused_and_the_disk_checkpoint_used_with_nothing_quarantined(
+        tmp_path, reference, monkeypatch):
+    monkeypatch.setenv("CKPTSUP_TEST_FLIP_MEMORY", "1")   # the agent's store flips a bit of every bundle it keeps
+    proc, run, out = start(tmp_path, "--save-every-steps", "10",
+                           extra_toml="[memory]\nenabled = true\nevery_steps = 5\n")
+    deadline = time.monotonic() + 120
+    while not [e for e in named(read_events(run), "memory_saved") if e["ok"] and e["step"] >= 25]:
+        assert time.monotonic() < deadline and proc.poll() is None, "no memory save of step >= 25"
+        time.sleep(0.1)
+    wait_for_warm(run)
+    rank_process(out, 1).send_signal(signal.SIGKILL)
+    rc, log = finish(proc)
+    assert rc == 0, log
+    events = read_events(run)
+    [loaded] = named(events, "checkpoint_loaded")
+    assert loaded["source"] == "shared" and loaded["step"] % 10 == 0 and loaded["files_by_source"]["memory"] == 0
+    assert "memory checkpoint of step" in log and "not used" in log   # the refused bundle, said on the console
+    assert not named(events, "checkpoint_rejected") and not (run / "checkpoints" / "quarantine").exists()
+    assert params(out) == reference

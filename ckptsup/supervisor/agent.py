@@ -43,7 +43,7 @@ import psutil
 from .. import wire
 from ..errors import CkptsupError
 from ..wire import Hop, MessageKind, Phase
-from ..env import (MEMORY_SOCKET, NODE, PREEMPT_BUDGET_S, PYTHONUNBUFFERED, RANK_SOCKET, SECRET_FILE, WARM_DIR,
+from ..env import (MEMORY_SOCKET, TEST_FLIP_MEMORY, NODE, PREEMPT_BUDGET_S, PYTHONUNBUFFERED, RANK_SOCKET, SECRET_FILE, WARM_DIR,
                    TORCHELASTIC_LOG_LINE_PREFIX_TEMPLATE, ExitStatus, node_name)
 from ..rundir import read_secret
 from .spec import LaunchSpec
@@ -243,7 +243,8 @@ class Agent:
         self.replicas: MemoryServer | None = None
         self.peers: PeerLinks | None = None
         if spec.memory_keep > 0:
-            store = MemoryStore(keep=spec.memory_keep, max_bytes=spec.memory_max_bytes)
+            store = MemoryStore(keep=spec.memory_keep, max_bytes=spec.memory_max_bytes,
+                                flip_bits=bool(os.environ.get(TEST_FLIP_MEMORY)))
             self.peers = PeerLinks(secret=secret, node=node)
             self.memory = MemoryServer(unix_listener(self.sock_dir / "memory.sock"), secret=secret, store=store,
                                        peers=self.peers).start()

@@ -52,9 +52,10 @@ class Held:
 
 
 class MemoryStore:
-    def __init__(self, *, keep: int = 2, max_bytes: int = 0) -> None:
+    def __init__(self, *, keep: int = 2, max_bytes: int = 0, flip_bits: bool = False) -> None:
         self.keep = keep
         self.max_bytes = max_bytes
+        self.flip_bits = flip_bits   # fault injection for tests (CKPTSUP_TEST_FLIP_MEMORY); never in production
         self._lock = threading.Lock()
         self._by_rank: dict[int, dict[int, Held]] = {}
 
@@ -62,6 +63,11 @@ class MemoryStore:
         """Keep `held` (replacing the same step); None, or why it was refused."""
         if self.max_bytes and held.nbytes > self.max_bytes:
             return f"a bundle of {held.nbytes} bytes is over [memory] max_bytes = {self.max_bytes}"
+        if self.flip_bits and held.payload:
+            payload = bytearray(held.payload)
+            payload[len(payload) - 1 - len(payload) // 3] ^= 0x10   # inside the shard (files go in name order: .metadata, then the larger shard)
+            held = Held(step=held.step, rank=held.rank, checkpoint_id=held.checkpoint_id, manifest=held.manifest,
+                        sizes=held.sizes, payload=payload)
         with self._lock:
             steps = self._by_rank.setdefault(held.rank, {})
             steps[held.step] = held
