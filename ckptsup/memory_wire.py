@@ -18,6 +18,7 @@ import enum
 import hashlib
 import hmac
 import json
+import mmap
 import secrets
 import socket
 from dataclasses import dataclass
@@ -54,9 +55,13 @@ def _mac(secret: bytes, nonce: str, op: str, seq: int, body_json: str) -> str:
     return hmac.new(secret, text.encode("utf-8", "surrogatepass"), hashlib.sha256).hexdigest()
 
 
-def recv_exact(sock: socket.socket, n: int) -> bytearray:
-    """Exactly n bytes, read straight into one buffer (a bundle is not copied again)."""
-    out = bytearray(n)
+LARGE_BYTES = 1 << 20
+
+
+def recv_exact(sock: socket.socket, n: int) -> bytearray | mmap.mmap:
+    """Exactly n bytes, read straight into one writable buffer (a bundle is not copied again). A
+    large one is an anonymous mapping: bytearray(n) would first write n zero bytes."""
+    out: bytearray | mmap.mmap = mmap.mmap(-1, n) if n >= LARGE_BYTES else bytearray(n)
     view, got = memoryview(out), 0
     while got < n:
         k = sock.recv_into(view[got:], n - got)
@@ -141,7 +146,7 @@ class Session:
             raise MemoryChannelError(f"a memory-channel header of {len(data)} bytes is over the limit")
         self.sock.sendall(len(data).to_bytes(4, "big") + data)
 
-    def recv(self) -> tuple[MemoryOp, dict[str, Any], bytearray]:
+    def recv(self) -> tuple[MemoryOp, dict[str, Any], bytearray | mmap.mmap]:
         """→ (op, body, payload). Raises MemoryChannelError on anything but a good next message."""
         line = _recv_header(self.sock, MAX_HEADER_BYTES)
         frame = loads_json(line, what="memory-channel header", error=MemoryChannelError, max_depth=MAX_HEADER_DEPTH)
