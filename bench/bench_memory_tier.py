@@ -37,6 +37,7 @@ sys.path.insert(0, str(ROOT))
 
 import torch  # noqa: E402
 
+from bench_hash import evict as evict_file  # noqa: E402
 from ckptsup.hooks.memory_tier import BundleReader, MemoryClient, memory_checkpoint_id, serialize  # noqa: E402
 
 SECRET_HEX = "ab" * 32
@@ -88,12 +89,7 @@ def restore(bundle_fetch, like: dict) -> float:
 def evict(directory: Path) -> None:
     for path in directory.rglob("*"):
         if path.is_file():
-            fd = os.open(path, os.O_RDONLY)
-            try:
-                os.fsync(fd)
-                os.posix_fadvise(fd, 0, 0, os.POSIX_FADV_DONTNEED)
-            finally:
-                os.close(fd)
+            evict_file(path)
 
 
 def dd_read(path: Path) -> float:

@@ -7,11 +7,11 @@ import math
 
 import pytest
 
-from ckptsup.cli import main
 from ckptsup.errors import ConfigError
 from ckptsup.planning import interval as iv
 from ckptsup.planning import two_level as tl
 from ckptsup.planning.simulate import MemoryLevel, SimInputs, simulate
+from test_planning_plan import run_cli
 
 # the mission's case: 1,024 GPUs (128 nodes) failing every 44.5 h; disk saves stall 30 s and a
 # restart from disk takes 10 min; a memory save stalls 2 s, its replica is on the buddy 10 s later,
@@ -20,16 +20,6 @@ MISSION_MTBF = 54 * 86400 * 16384 / 466 / 1024
 MISSION = tl.TwoLevelInputs(mtbf_s=MISSION_MTBF, nodes=128,
                             memory=tl.Level(stall_s=2, restart_s=60, persist_s=10),
                             disk=tl.Level(stall_s=30, restart_s=600))
-
-
-def run_cli(capsys, *args):
-    try:
-        main(list(args))
-        code = 0
-    except SystemExit as exit_:
-        code = exit_.code
-    out, err = capsys.readouterr()
-    return code, out, err
 
 
 def test_the_fallback_probability_is_a_buddy_failure_within_one_disk_interval_or_a_miss():

@@ -214,14 +214,18 @@ def test_a_corrupted_newest_checkpoint_is_quarantined_and_the_run_resumes_from_t
     assert params(out) == reference
 
 
+def wait_for_memory_save(proc: subprocess.Popen, run: Path, step: int, timeout: float = 120) -> None:
+    deadline = time.monotonic() + timeout
+    while not [e for e in named(read_events(run), "memory_saved") if e["ok"] and e["step"] >= step]:
+        assert time.monotonic() < deadline and proc.poll() is None, f"no memory save of step >= {step}"
+        time.sleep(0.1)
+
+
 def test_a_rank_sigkill_resumes_from_the_agents_memory_and_ends_bit_identical(tmp_path, reference):
     # disk saves only at the end: the restart point can only come from the memory tier
     proc, run, out = start(tmp_path, "--save-every-steps", "1000",
                            extra_toml="[memory]\nenabled = true\nevery_steps = 5\n")
-    deadline = time.monotonic() + 120
-    while not [e for e in named(read_events(run), "memory_saved") if e["ok"] and e["step"] >= 20]:
-        assert time.monotonic() < deadline and proc.poll() is None, "no memory save of step >= 20"
-        time.sleep(0.1)
+    wait_for_memory_save(proc, run, 20)
     wait_for_warm(run)
     rank_process(out, 1).send_signal(signal.SIGKILL)
     rc, log = finish(proc)
@@ -242,10 +246,7 @@ def test_a_corrupt_memory_bundle_is_refused_and_the_disk_checkpoint_used_with_no
     monkeypatch.setenv("CKPTSUP_TEST_FLIP_MEMORY", "1")   # the agent's store flips a bit of every bundle it keeps
     proc, run, out = start(tmp_path, "--save-every-steps", "10",
                            extra_toml="[memory]\nenabled = true\nevery_steps = 5\n")
-    deadline = time.monotonic() + 120
-    while not [e for e in named(read_events(run), "memory_saved") if e["ok"] and e["step"] >= 25]:
-        assert time.monotonic() < deadline and proc.poll() is None, "no memory save of step >= 25"
-        time.sleep(0.1)
+    wait_for_memory_save(proc, run, 25)
     wait_for_warm(run)
     rank_process(out, 1).send_signal(signal.SIGKILL)
     rc, log = finish(proc)

@@ -13,7 +13,6 @@ from __future__ import annotations
 
 import sys
 import time
-import warnings
 from pathlib import Path
 from typing import Any
 
@@ -31,11 +30,10 @@ def verify(folder: Path, manifest: Manifest) -> list[str]:
 
 
 def load_everything(folder: Path) -> str:
-    import torch
     import torch.distributed.checkpoint as dcp
-    from torch.distributed.checkpoint.metadata import TensorStorageMetadata
 
-    from .reader import load_metadata_bytes, safe_load_planner
+    from .reader import load_metadata_bytes
+    from .testload import load_all_entries
 
     start = time.monotonic()
     # DCP's own read_metadata is a raw pickle.load: the allow-list unpickler reads the same
@@ -48,15 +46,7 @@ def load_everything(folder: Path) -> str:
             return metadata
 
     reader = Reader(str(folder))
-    state: dict[str, Any] = {}
-    for key, md in metadata.state_dict_metadata.items():
-        if isinstance(md, TensorStorageMetadata):
-            state[key] = torch.empty(tuple(md.size), dtype=md.properties.dtype)
-        else:
-            state[key] = None   # a non-tensor value: replaced by the load
-    with warnings.catch_warnings():
-        warnings.filterwarnings("ignore", message=".*assuming the intent is to load in a single process.*")
-        dcp.load(state, storage_reader=reader, planner=safe_load_planner(), no_dist=True)
+    state = load_all_entries(reader, metadata)
     return f"ok: {folder.name}: {len(state)} entries loaded in {time.monotonic() - start:.2f} s"
 
 

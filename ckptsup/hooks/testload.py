@@ -17,19 +17,15 @@ from pathlib import Path
 from typing import Any
 
 
-
-def test_load(step_dir: Path) -> str:
+def load_all_entries(reader: Any, metadata: Any) -> dict[str, Any]:
+    """Every entry `metadata` describes, loaded through `reader` into fresh CPU tensors (non-tensor
+    entries with weights_only=True, through the safe planner), in one process."""
     import torch
     import torch.distributed.checkpoint as dcp
     from torch.distributed.checkpoint.metadata import TensorStorageMetadata
 
-    from . import jsontensor
-    from .reader import VerifyingReader, safe_load_planner
-    from .state import PREFIX
+    from .reader import safe_load_planner
 
-    start = time.monotonic()
-    reader = VerifyingReader(step_dir, adopt=True)
-    metadata = reader.read_metadata()
     state: dict[str, Any] = {}
     for key, md in metadata.state_dict_metadata.items():
         if isinstance(md, TensorStorageMetadata):
@@ -39,6 +35,18 @@ def test_load(step_dir: Path) -> str:
     with warnings.catch_warnings():
         warnings.filterwarnings("ignore", message=".*assuming the intent is to load in a single process.*")
         dcp.load(state, storage_reader=reader, planner=safe_load_planner(), no_dist=True)
+    return state
+
+
+def test_load(step_dir: Path) -> str:
+    from . import jsontensor
+    from .reader import VerifyingReader
+    from .state import PREFIX
+
+    start = time.monotonic()
+    reader = VerifyingReader(step_dir, adopt=True)
+    metadata = reader.read_metadata()
+    state = load_all_entries(reader, metadata)
     for key, value in state.items():
         if key.startswith(PREFIX) and not key.endswith("torch_rng"):
             jsontensor.from_tensor(value)
