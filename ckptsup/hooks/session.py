@@ -157,14 +157,17 @@ class Run:
                                        emit=lambda event, fields: self.reporter.emit(event, **fields))
 
     # ---- resume -------------------------------------------------------------------------------
-    def resume(self) -> int:
+    def resume(self, *, candidates: list[str] | None = None) -> int:
         """Load the newest usable checkpoint (the supervisor's CKPTSUP_RESUME_FROM first); on a
-        corrupt one, quarantine it and fall back to the previous. Returns the next step."""
+        corrupt one, quarantine it and fall back to the previous. Returns the next step.
+        `candidates` (rank 0's list counts): try only these, newest first — a framework that has
+        already positioned its data for one checkpoint (integrations/hf.py) pins it."""
         from .loader import is_corruption, is_untrusted, load_checkpoint
 
         self.channel.send(MessageKind.PHASE, {"rank": self.rank, "phase": Phase.LOAD, "step": 0})
         start = self.clock()
-        candidates = self._broadcast(self._candidates() if self.rank == 0 else None)
+        mine = (self._candidates() if candidates is None else list(candidates)) if self.rank == 0 else None
+        candidates = self._broadcast(mine)
         untrusted: list[str] = []
         for path in candidates:
             error = load_checkpoint(self, Path(path))
