@@ -142,6 +142,10 @@ def main() -> None:
     else:
         trainer.train()
     torch.save({k: v.detach().clone() for k, v in model.state_dict().items()}, out / f"final_rank{rank}.pt")
+    if torch.distributed.is_initialized():
+        # gloo torn down at interpreter exit can abort a 2-rank run after it finished (pytorch PR 179291)
+        torch.distributed.barrier()
+        torch.distributed.destroy_process_group()
 
 
 if __name__ == "__main__":
