@@ -15,6 +15,7 @@ import dataclasses
 import json
 import logging
 import os
+import warnings
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
@@ -93,7 +94,9 @@ def read_trainer_state(step_dir: Path) -> dict[str, Any]:
             raise CheckpointError(f"{step_dir.name} holds no HF TrainerState: it was not written by "
                                   "ckptsup.integrations.hf.CkptsupCallback; move it aside or use another checkpoint_dir")
         target = {key: torch.empty(tuple(entry.size), dtype=entry.properties.dtype)}
-        dcp.load(target, storage_reader=reader, planner=safe_load_planner(), no_dist=True)
+        with warnings.catch_warnings():   # rank 0 alone reads it, on purpose
+            warnings.filterwarnings("ignore", message=".*assuming the intent is to load in a single process.*")
+            dcp.load(target, storage_reader=reader, planner=safe_load_planner(), no_dist=True)
     except failure_errors() as err:
         raise _classify(step_dir, err) from None
     state = jsontensor.from_tensor(target[key])
