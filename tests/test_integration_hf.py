@@ -20,6 +20,7 @@ import pytest
 import torch
 
 from ckptsup.checkpoint.catalog import Status, list_checkpoints
+from ckptsup.checkpoint.manifest import load_manifest
 from ckptsup.env import ExitStatus
 from ckptsup.events import read_events
 
@@ -190,3 +191,28 @@ def test_a_nan_loss_on_one_rank_is_reported_and_ends_it_with_rank_nan(tmp_path):
     [nan] = agent.of("nan")
     assert nan["step"] == 5 and nan["loss"] == "nan"
     assert agent.last_step() == 4
+
+
+def test_a_checkpoint_that_fails_only_while_loading_is_quarantined_and_the_next_start_uses_the_previous(tmp_path):
+    """resume_path vets the checkpoint's structure and its TrainerState; a model item whose hash
+    fails is found by the full load in on_train_begin, after HF positioned its data for that
+    checkpoint: it is quarantined and the rank fails, so the restart resumes from the one before."""
+    tmp = private_dir(tmp_path)
+    ck, out = tmp / "ck", tmp / "out"
+    one = [sys.executable, str(SCRIPT), "--out", str(out), "--checkpoint-dir", str(ck), "--save-every-steps", "4"]
+    first = subprocess.run([*one, "--epochs", "1"], env=base_env(), capture_output=True, text=True, timeout=180)
+    assert first.returncode == 0, first.stderr[-3000:]
+    assert committed(ck) == [4, 8, 12]
+    manifest = load_manifest(ck / "step_12")
+    item = max((i for i in manifest.items if i.key.startswith("model.")), key=lambda i: i.length)
+    shard = ck / "step_12" / item.file
+    data = bytearray(shard.read_bytes())
+    data[item.offset + item.length // 2] ^= 1
+    shard.write_bytes(bytes(data))
+    failed = subprocess.run([*one, "--epochs", "2"], env=base_env(), capture_output=True, text=True, timeout=180)
+    assert failed.returncode != 0 and "step_12 was rejected while loading" in failed.stderr, failed.stderr[-3000:]
+    assert committed(ck) == [4, 8] and any((ck / "quarantine").iterdir())
+    again = subprocess.run([*one, "--epochs", "2"], env=base_env(), capture_output=True, text=True, timeout=180)
+    assert again.returncode == 0, again.stderr[-3000:]
+    lines = [json.loads(line)["step"] for line in (out / "samples_rank0.jsonl").read_text().splitlines()]
+    assert lines == [*range(12), *range(8, 24)], "the restart resumed from step_8"
