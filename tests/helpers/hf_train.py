@@ -18,8 +18,10 @@ wall-clock time, for the benchmark) and at the end DIR/final_rank<r>.pt (paramet
 from __future__ import annotations
 
 import argparse
+import faulthandler
 import json
 import os
+import signal
 import time
 from pathlib import Path
 
@@ -74,6 +76,24 @@ class Synthetic(torch.utils.data.Dataset):
         return {"x": self.x[i], "labels": self.y[i], "sample_id": i}
 
 
+CALLBACK_S = [0.0]   # --time-callback: seconds spent inside CkptsupCallback's per-step work so far
+
+
+def time_callback(callback) -> None:
+    """Wrap the callback's per-step entry points (and the loss tap) with a timer (the benchmark)."""
+    for name in ("on_step_begin", "on_step_end", "tap_loss"):
+        inner = getattr(callback, name)
+
+        def timed(*a, _inner=inner, **k):
+            t0 = time.perf_counter()
+            try:
+                return _inner(*a, **k)
+            finally:
+                CALLBACK_S[0] += time.perf_counter() - t0
+
+        setattr(callback, name, timed)
+
+
 class Record(TrainerCallback):
     """Per step: the ids this rank trained on; an optional sleep; an optional NaN on one rank."""
 
@@ -90,7 +110,7 @@ class Record(TrainerCallback):
     def on_step_end(self, args, state, control, **kwargs):
         step = state.global_step - 1
         self.samples.write(json.dumps({"step": step, "ids": self.model.last_ids}) + "\n")
-        self.steps.write(f"{time.time():.6f} {step}\n")
+        self.steps.write(f"{time.time():.6f} {step} {CALLBACK_S[0]:.9f}\n")
         if self.rank == 0:
             print(f"hf step {step} done", flush=True)
         if self.step_sleep_s:
@@ -108,9 +128,11 @@ def main() -> None:
     ap.add_argument("--checkpoint-dir", default=None)
     ap.add_argument("--step-sleep-s", type=float, default=0.0)
     ap.add_argument("--work-s", type=float, default=0.0, help="sleep inside forward (part of the step)")
+    ap.add_argument("--time-callback", action="store_true", help="record the callback's own time per step")
     ap.add_argument("--nan-at-step", type=int, default=None)
     ap.add_argument("--nan-rank", type=int, default=1)
     args = ap.parse_args()
+    faulthandler.register(signal.SIGUSR2)   # `kill -USR2 <rank>` prints its stacks (a stuck run)
     out = Path(args.out)
     out.mkdir(parents=True, exist_ok=True)
 
@@ -130,7 +152,10 @@ def main() -> None:
     if args.mode == "ckptsup":
         from ckptsup.integrations.hf import CkptsupCallback
 
-        callbacks.append(CkptsupCallback(save_every_steps=args.save_every_steps, checkpoint_dir=args.checkpoint_dir))
+        callback = CkptsupCallback(save_every_steps=args.save_every_steps, checkpoint_dir=args.checkpoint_dir)
+        if args.time_callback:
+            time_callback(callback)
+        callbacks.append(callback)
     trainer = Trainer(model=model, args=targs, train_dataset=Synthetic(args.dataset_size), callbacks=callbacks)
     if args.mode == "ckptsup":
         from ckptsup.integrations.hf import resume_path
