@@ -114,6 +114,11 @@ def test_a_preempted_hf_run_is_requeued_and_resumed_not_complete(dev_cluster, tm
     assert first_end["event"] != "run_complete"
     assert [f for f in named(events, "failure_detected") if f["kind"] == "preempted"]
     assert len(named(events, "run_complete")) == 1 and named(events, "run_complete")[0]["ts"] > starts[-1]["ts"]
-    assert named(events, "checkpoint_loaded"), "the requeued run resumed from ckptsup's checkpoint"
+    # the ranks got the SIGTERM, stopped at an agreed step, wrote the emergency checkpoint (GraceTime
+    # fits the save measured at step_4) and left HF's train() with PREEMPTED; the requeue resumed from it
+    log = "".join(p.read_text(errors="replace") for p in run.glob("attempt-*/ranks-*.log"))
+    assert log.count("exits with PREEMPTED") == 2 and log.count("emergency save written") == 2
+    stop = int(log.split("exits with PREEMPTED: stopped after step ")[1].split()[0])
+    assert named(events, "checkpoint_loaded")[0]["step"] == stop + 1
     assert_like_reference(out, reference)
     assert dev_cluster.job_state(urgent) is None or dev_cluster.job_state(urgent).finished
