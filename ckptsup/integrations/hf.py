@@ -75,11 +75,11 @@ class CkptsupCallback(_Base):  # type: ignore[misc,valid-type]
     # ---- lifecycle ----------------------------------------------------------------------------
     def on_train_begin(self, args: Any, state: Any, control: Any, model: Any = None, optimizer: Any = None,
                        lr_scheduler: Any = None, train_dataloader: Any = None, **_: Any) -> None:
-        import ckptsup
+        from ..hooks.session import attach
 
         self._check_args(args)
         wrapped = getattr(self.trainer, "model_wrapped", None) or model
-        self.run = ckptsup.attach(model=wrapped, optimizer=_inner_optimizer(optimizer), lr_scheduler=lr_scheduler,
+        self.run = attach(model=wrapped, optimizer=_inner_optimizer(optimizer), lr_scheduler=lr_scheduler,
                                   dataloader=None, extra={STATE_EXTRA: TrainerStateExtra(state)},
                                   **{k: v for k, v in self.options.items() if v is not None})
         atexit.register(self._fail_if_open)
