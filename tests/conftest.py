@@ -210,6 +210,8 @@ INTEGRATION_FILES = frozenset({
     "test_external_unit.py",
     "test_give_up_quote_local.py",
     "test_heartbeat_torchrun.py",
+    "test_integration_hf.py",
+    "test_integration_hf_unit.py",
     "test_integration_lightning.py",
     "test_integration_lightning_unit.py",
     "test_memory_tier.py",

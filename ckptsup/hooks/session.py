@@ -27,7 +27,7 @@ import time
 from pathlib import Path
 from typing import Any, Callable
 
-from ..checkpoint.commit import WriterLock
+from ..checkpoint.commit import WriterLock, parse_step
 from ..checkpoint.validate import quarantine
 from ..checkpoint.trust import CheckpointDirUntrusted
 from ..env import LOCAL_RANK, ExitStatus, RankEnv
@@ -39,7 +39,7 @@ from .event_sink import Reporter
 from .settings import Settings, resolve_settings
 from ..wire import MessageKind, Phase
 from .memory_tier import MemoryClient, MemorySaveResult, MemorySaver, memory_checkpoint_id, newest_common
-from .resume_sources import Candidate, Source, candidates, fetch, files_by_source, object_tier
+from .resume_sources import Candidate, Source, candidates as resume_candidates, fetch, files_by_source, object_tier
 from .rank_link import Hooks, NonFiniteLossError, StepLink, claim_hooks, exit_rank, is_finite
 from .signals import StopFlag, emergency_save_fits
 from .state import TrainingState, check_dataloader, isolate_loader_rng
@@ -169,20 +169,28 @@ class Run:
                                        emit=lambda event, fields: self.reporter.emit(event, **fields))
 
     # ---- resume -------------------------------------------------------------------------------
-    def resume(self) -> int:
+    def resume(self, *, candidates: list[str] | None = None) -> int:
         """Load the newest usable checkpoint (the supervisor's CKPTSUP_RESUME_FROM first); on a
         corrupt one, quarantine it and fall back: to its object-store copy when there is one
-        (resume_sources.py), else to the previous checkpoint. Returns the next step."""
+        (resume_sources.py), else to the previous checkpoint. Returns the next step.
+        `candidates` (rank 0's list counts): try only these, newest first — a framework that has
+        already positioned its data for one checkpoint (integrations/hf.py) pins it, so neither
+        the memory tier nor the object store is asked."""
         from .loader import is_corruption, is_untrusted, load_checkpoint
 
         self.channel.send(MessageKind.PHASE, {"rank": self.rank, "phase": Phase.LOAD, "step": 0})
         start = self.clock()
-        tier = self._object_tier() if self.rank == 0 else None
-        candidates = self._broadcast(self._candidates(tier) if self.rank == 0 else None)
-        if self._resume_from_memory(candidates, start):
+        pinned = candidates is not None
+        tier = self._object_tier() if self.rank == 0 and not pinned else None
+        mine = None
+        if self.rank == 0:
+            mine = (self._candidates(tier) if not pinned else
+                    [Candidate(str(p), Source.SHARED, parse_step(Path(p).name)) for p in candidates or []])
+        found, pinned = self._broadcast((mine, pinned))
+        if not pinned and self._resume_from_memory(found, start):
             return self.next_step
         untrusted: list[str] = []
-        for candidate in candidates:
+        for candidate in found:
             path = candidate.path
             if candidate.source is Source.OBJECT:
                 why_not = self._broadcast(fetch(tier, candidate, self.settings.checkpoint_dir) if self.rank == 0 else None)
@@ -217,7 +225,6 @@ class Run:
     def _resume_from_memory(self, candidates: list[Candidate], start: float) -> bool:
         """The newest memory checkpoint every rank's agent holds, when no disk checkpoint is newer
         (memory_tier.py); all or nothing, else the disk candidates decide."""
-        from ..checkpoint.commit import parse_step
         from .loader import load_memory
 
         if self.memory is None:
@@ -271,11 +278,9 @@ class Run:
             return None
 
     def _candidates(self, tier: Any = None) -> list[Candidate]:
-        return candidates(self.settings.checkpoint_dir, resume_from=self.env.resume_from or "", tier=tier)
+        return resume_candidates(self.settings.checkpoint_dir, resume_from=self.env.resume_from or "", tier=tier)
 
     def _reject(self, path: Path, error: Exception) -> None:
-        from ..checkpoint.commit import parse_step
-
         step = parse_step(path.name)
         if path.is_dir():
             try:

@@ -1,0 +1,166 @@
+"""The HF Trainer's TrainerState in a ckptsup checkpoint, and reading it back before train().
+
+HF positions its data inside `Trainer.train()`, before any callback runs: from the
+`trainer_state.json` of the folder passed as `resume_from_checkpoint` it derives the epochs and
+batches to skip (accelerate's `skip_first_batches`). So the TrainerState rides in every ckptsup
+checkpoint as the extra `hf_trainer_state`, and `choose_checkpoint` reads it out of the newest
+usable checkpoint — through the same checks as a resume (trust, strict manifest, sizes, level-2
+structure, the `.metadata` hash before its allow-listed unpickling, the item's own hash before its
+bytes are decoded) — so that `resume_path` can hand HF a folder holding nothing but that JSON.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import json
+import logging
+import os
+import warnings
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any
+
+from ..checkpoint.catalog import Status, list_checkpoints
+from ..checkpoint.trust import CheckpointDirUntrusted, check_checkpoint_dir, private_mkdir
+from ..checkpoint.validate import quarantine
+from ..errors import CheckpointError
+from ..hooks import jsontensor
+from ..hooks.state import EXTRA_PREFIX
+
+log = logging.getLogger("ckptsup.integrations.hf")
+
+STATE_EXTRA = "hf_trainer_state"
+STATE_NAME = "trainer_state.json"      # transformers.trainer.TRAINER_STATE_NAME
+RESUME_DIR = "hf_resume"               # <checkpoint_dir>/hf_resume/rank<r>/trainer_state.json
+# set from the current run by HF itself (TrainerState.init_training_references), never restored
+PER_RUN_FIELDS = frozenset({"is_local_process_zero", "is_world_process_zero", "max_steps", "num_train_epochs",
+                            "trial_name", "trial_params"})
+
+
+class TrainerStateExtra:
+    """The live TrainerState as a ckptsup extra (state_dict / load_state_dict). Rank 0's copy is
+    saved; on load the per-process fields stay this process's own."""
+
+    def __init__(self, state: Any) -> None:
+        self.state = state
+
+    def state_dict(self) -> dict[str, Any]:
+        return dataclasses.asdict(self.state)
+
+    def load_state_dict(self, saved: dict[str, Any]) -> None:
+        for name, value in saved.items():
+            if name not in PER_RUN_FIELDS and hasattr(self.state, name):
+                setattr(self.state, name, value)
+
+
+@dataclass
+class Choice:
+    """What rank 0 found; the same object reaches every rank."""
+
+    path: str | None = None                 # the checkpoint to resume from (None: a fresh start)
+    step: int = 0
+    state: dict[str, Any] | None = None     # its TrainerState
+    rejected: list[tuple[str, str]] = field(default_factory=list)   # (path, reason): corrupt, quarantined
+    error: str | None = None                # a failure every rank raises (one line)
+
+
+def candidates(checkpoint_dir: Path, resume_from: str | None) -> list[str]:
+    """Newest first: the supervisor's CKPTSUP_RESUME_FROM, then every committed or validated
+    step_<N> (the order Run.resume tries them in)."""
+    paths = [resume_from] if resume_from else []
+    if not check_checkpoint_dir(checkpoint_dir):
+        return paths
+    infos = [i for i in list_checkpoints(checkpoint_dir) if i.status in (Status.COMMITTED, Status.VALIDATED)]
+    paths.extend(str(i.path) for i in reversed(infos) if str(i.path) not in paths)
+    return paths
+
+
+def read_trainer_state(step_dir: Path) -> dict[str, Any]:
+    """The TrainerState saved in `step_dir`, verified before anything is decoded. Raises the
+    loader's classification: corruption (ValidationError/ManifestError), untrusted (TrustError),
+    or CheckpointError (anything else: e.g. a checkpoint written without this callback)."""
+    import torch
+    import torch.distributed.checkpoint as dcp
+
+    from ..hooks.dcp_errors import failure_errors
+    from ..hooks.loader import _classify
+    from ..hooks.reader import VerifyingReader, safe_load_planner
+
+    key = EXTRA_PREFIX + STATE_EXTRA
+    try:
+        reader = VerifyingReader(step_dir)
+        entry = reader.read_metadata().state_dict_metadata.get(key)
+        if entry is None:
+            raise CheckpointError(f"{step_dir.name} holds no HF TrainerState: it was not written by "
+                                  "ckptsup.integrations.hf.CkptsupCallback; move it aside or use another checkpoint_dir")
+        target = {key: torch.empty(tuple(entry.size), dtype=entry.properties.dtype)}
+        with warnings.catch_warnings():   # rank 0 alone reads it, on purpose
+            warnings.filterwarnings("ignore", message=".*assuming the intent is to load in a single process.*")
+            dcp.load(target, storage_reader=reader, planner=safe_load_planner(), no_dist=True)
+    except failure_errors() as err:
+        raise _classify(step_dir, err) from None
+    state = jsontensor.from_tensor(target[key])
+    if not isinstance(state, dict) or not isinstance(state.get("global_step"), int):
+        raise CheckpointError(f"{step_dir.name}: its HF TrainerState has no integer global_step")
+    return state
+
+
+def choose_checkpoint(checkpoint_dir: Path, resume_from: str | None) -> Choice:
+    """Rank 0: the newest checkpoint whose TrainerState reads back verified. A corrupt one is
+    quarantined at once (the Run reports it at attach) and the previous is tried; an untrusted
+    one is skipped; anything else stops the run, as in Run.resume."""
+    from ..checkpoint.commit import parse_step
+    from ..hooks.loader import is_corruption, is_untrusted
+
+    choice = Choice()
+    untrusted: list[str] = []
+    try:
+        paths = candidates(checkpoint_dir, resume_from)
+    except CheckpointDirUntrusted as err:
+        return Choice(error=str(err))
+    for path in paths:
+        try:
+            state = read_trainer_state(Path(path))
+        except Exception as err:  # noqa: BLE001 - classified below, as the loader does
+            log.error("ckptsup: cannot resume from %s: %s", path, err)
+            if is_untrusted(err):
+                untrusted.append(path)
+                continue
+            if not is_corruption(err):
+                choice.error = str(err)
+                return choice
+            _quarantine(Path(path), str(err))
+            choice.rejected.append((path, str(err)))
+            continue
+        step = parse_step(Path(path).name)
+        if step is not None and step != state["global_step"]:
+            choice.error = (f"{Path(path).name} holds TrainerState.global_step {state['global_step']}: it was saved with "
+                            "another step numbering than the HF callback's; use a checkpoint_dir of its own")
+            return choice
+        choice.path, choice.step, choice.state = path, state["global_step"], state
+        return choice
+    if untrusted:
+        choice.error = (f"no checkpoint to resume from but {len(untrusted)} untrusted one(s), newest {untrusted[0]}; "
+                        "fix their owner/mode (see the log above) or move them aside")
+    return choice
+
+
+def _quarantine(path: Path, reason: str) -> None:
+    if not path.is_dir():
+        return
+    try:
+        log.error("ckptsup: quarantined %s as %s", path, quarantine(path, reason))
+    except (CheckpointError, OSError) as err:
+        log.error("ckptsup: could not quarantine %s: %s", path, err)
+
+
+def write_state_folder(checkpoint_dir: Path, rank: int, state: dict[str, Any]) -> Path:
+    """<checkpoint_dir>/hf_resume/rank<r>/trainer_state.json (dirs 0700, file 0600): all HF reads
+    from the folder it is given; the weights stay in the ckptsup checkpoint only."""
+    folder = private_mkdir(private_mkdir(checkpoint_dir / RESUME_DIR) / f"rank{rank}")
+    tmp = folder / f".{STATE_NAME}.tmp"
+    fd = os.open(tmp, os.O_WRONLY | os.O_CREAT | os.O_TRUNC | os.O_NOFOLLOW, 0o600)
+    with os.fdopen(fd, "w", encoding="utf-8") as out:
+        out.write(json.dumps(state, indent=2, sort_keys=True) + "\n")
+    os.replace(tmp, folder / STATE_NAME)
+    return folder
