@@ -62,17 +62,20 @@ def step_times(out: Path, first: int = 10) -> list[float]:
     return [starts[b] - starts[a] for a, b in zip(steps, steps[1:]) if b == a + 1]
 
 
-def overhead_run(mode: str, base: Path, steps: int) -> list[float]:
+def overhead_run(mode: str, base: Path, steps: int) -> tuple[list[float], float | None]:
     work = Path(tempfile.mkdtemp(prefix=f"{mode}-", dir=base))
     os.chmod(work, 0o700)
     samples = steps * 8    # 2 ranks x batch 4: `steps` optimizer steps in one epoch
     argv = [str(BIN / "torchrun"), "--nproc-per-node", "2", "--master-addr", "127.0.0.1", "--master-port",
             str(free_port()), str(SCRIPT), "--mode", mode, "--epochs", "1", "--samples", str(samples),
-            "--every", "0", "--step-s", str(STEP_S), "--out", str(work / "out"), "--ckpt-dir", str(work / "ck")]
+            "--every", "0", "--step-s", str(STEP_S), "--out", str(work / "out"), "--ckpt-dir", str(work / "ck"),
+            *(["--time-callback"] if mode == "ckptsup" else [])]
     proc = subprocess.run(argv, cwd=work, env=env(), capture_output=True, text=True, timeout=600)
     if proc.returncode != 0:
         raise SystemExit(f"{mode} run failed:\n{proc.stdout[-2000:]}{proc.stderr[-2000:]}")
-    return step_times(work / "out")
+    timed = work / "out" / "callback_s.json"
+    own = json.loads(timed.read_text()) if timed.exists() else None
+    return step_times(work / "out"), (own["callback_s"] / max(1, own["steps"])) if own else None
 
 
 def command(tool: str, work: Path) -> list[str]:
@@ -158,9 +161,12 @@ def main() -> None:
     args = ap.parse_args()
     base = Path(tempfile.mkdtemp(prefix="ckptsup-bench-lightning-"))
     times: dict[str, list[float]] = {"plain": [], "ckptsup": []}
+    own: list[float] = []
     for _ in range(args.repeats):
         for mode in ("plain", "ckptsup"):
-            times[mode] += overhead_run(mode, base, args.steps)
+            steps, inside = overhead_run(mode, base, args.steps)
+            times[mode] += steps
+            own += [inside] if inside is not None else []
     plain, hooked = statistics.median(times["plain"]), statistics.median(times["ckptsup"])
     mean_plain, mean_hooked = statistics.fmean(times["plain"]), statistics.fmean(times["ckptsup"])
     print(f"Lightning step, no callback:     median {plain * 1e3:.2f} ms, mean {mean_plain * 1e3:.2f} ms "
@@ -169,6 +175,10 @@ def main() -> None:
           f"({len(times['ckptsup'])} steps)")
     print(f"per-step overhead: {(hooked - plain) * 1e3:+.2f} ms median = {(hooked / plain - 1) * 100:+.2f}% "
           f"(mean {(mean_hooked / mean_plain - 1) * 100:+.2f}%)", flush=True)
+    if own:
+        per_step = statistics.median(own)
+        print(f"same run: the callback's own time {per_step * 1e6:.1f} us per {hooked * 1e3:.2f} ms step = "
+              f"{per_step / hooked * 100:.2f}% (per run: {', '.join(f'{o * 1e6:.1f}' for o in own)} us)", flush=True)
     if args.skip_restart:
         return
     medians = {}

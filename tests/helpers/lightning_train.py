@@ -69,6 +69,23 @@ class Net(pl.LightningModule):
                           num_workers=self.args.workers)
 
 
+CALLBACK_S = [0.0]   # --time-callback: seconds inside the callback's per-step hook so far (rank 0)
+
+
+def time_callback(callback) -> None:
+    """Time the callback's per-step entry point in place (the benchmark's same-run figure)."""
+    inner = callback.on_train_batch_end
+
+    def timed(*a, **k):
+        t0 = time.perf_counter()
+        try:
+            return inner(*a, **k)
+        finally:
+            CALLBACK_S[0] += time.perf_counter() - t0
+
+    callback.on_train_batch_end = timed
+
+
 def main() -> None:
     ap = argparse.ArgumentParser()
     ap.add_argument("--out", required=True)
@@ -81,6 +98,7 @@ def main() -> None:
     ap.add_argument("--every", type=int, default=5)
     ap.add_argument("--ckpt-dir", default=None)
     ap.add_argument("--no-distributed-sampler", action="store_true")
+    ap.add_argument("--time-callback", action="store_true", help="the benchmark: time spent inside the callback's per-step hook")
     args = ap.parse_args()
     os.makedirs(args.out, exist_ok=True)
     pl.seed_everything(7, workers=True)
@@ -90,6 +108,8 @@ def main() -> None:
         from ckptsup.integrations.lightning import CkptsupCallback
 
         callbacks.append(CkptsupCallback(save_every_steps=args.every, checkpoint_dir=args.ckpt_dir))
+        if args.time_callback:
+            time_callback(callbacks[-1])
     elif args.mode == "lightning-ckpt":
         from lightning.pytorch.callbacks import ModelCheckpoint
 
@@ -109,6 +129,9 @@ def main() -> None:
                os.path.join(args.out, f"final_rank{trainer.global_rank}.pt"))
     if trainer.global_rank == 0:
         print(f"done at step {trainer.global_step}", flush=True)
+        if args.time_callback:
+            with open(os.path.join(args.out, "callback_s.json"), "w") as fh:
+                json.dump({"callback_s": CALLBACK_S[0], "steps": trainer.global_step}, fh)
     if torch.distributed.is_initialized():
         torch.distributed.destroy_process_group()   # gloo groups freed at interpreter exit can abort it
 
