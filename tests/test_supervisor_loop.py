@@ -593,3 +593,12 @@ def test_the_next_allocation_starts_from_the_earlier_ones_failures_and_costs(tmp
     finally:
         second.lease_stop.set()
         second.writer.close()
+
+
+def test_the_load_phase_is_split_by_the_sources_files_came_from():
+    from ckptsup.supervisor.loop import load_by_source
+
+    files = {"memory": 2, "peer_memory": 2, "node_local": 0, "shared": 0, "object": 0}
+    assert load_by_source(1.0, files) == {"memory": 0.5, "peer_memory": 0.5}
+    assert load_by_source(0.3, {"shared": 3, "object": 1, "bad": "x", 7: 2}) == {"object": 0.075, "shared": 0.225}
+    assert load_by_source(None, files) == {} and load_by_source(1.0, {}) == {} and load_by_source(1.0, {"shared": 0}) == {}

@@ -432,6 +432,7 @@ def test_node_death_with_a_spare_resumes_from_memory_and_the_buddys_replica(dev_
     assert loaded["step"] == restart["resume_step"] and loaded["source"] == "peer_memory", loaded
     # the survivor's rank from its own agent, the spare's from the survivor's replica of the dead node's
     assert loaded["files_by_source"]["memory"] == 1 and loaded["files_by_source"]["peer_memory"] == 1, loaded
+    assert set(restart["load_by_source"]) == {"memory", "peer_memory"}
     assert not [e for e in named(events, "checkpoint_committed") if e["step"] < 70]
     assert json.loads((out / "final.json").read_text())["params_sha256"] == reference
 

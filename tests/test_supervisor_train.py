@@ -236,6 +236,7 @@ def test_a_rank_sigkill_resumes_from_the_agents_memory_and_ends_bit_identical(tm
     [loaded] = named(events, "checkpoint_loaded")
     assert loaded["source"] == "memory" and loaded["step"] == restart["resume_step"], loaded
     assert loaded["files_by_source"]["memory"] == 2 and loaded["files_by_source"]["shared"] == 0, loaded  # a shard file a rank
+    assert set(restart["load_by_source"]) == {"memory"} and restart["load_by_source"]["memory"] == restart["phases"]["load_s"]
     assert not [e for e in named(events, "checkpoint_committed") if e["step"] < 100]   # nothing on disk to resume from
     assert params(out) == reference
     assert no_rank_left(out)

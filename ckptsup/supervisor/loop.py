@@ -65,6 +65,16 @@ class Job:
     no_python: bool = False  # torchrun --no-python: `script` is an executable
 
 
+def load_by_source(load_s: Any, files: dict[str, Any]) -> dict[str, float]:
+    """The restart's load phase split by where its files came from, in proportion to the files
+    read from each source (checkpoint_loaded's files_by_source); {} without a load. Pure."""
+    counts = {k: v for k, v in files.items() if isinstance(k, str) and isinstance(v, (int, float)) and v > 0}
+    total = sum(counts.values())
+    if not isinstance(load_s, (int, float)) or not total:
+        return {}
+    return {k: round(load_s * v / total, 4) for k, v in sorted(counts.items())}
+
+
 class Supervisor(OperatorMixin, ExternalResumeMixin):
     def __init__(self, *, resolved: Resolved, job: Job, run_dir: RunDir, placement: Placement,
                  clock: Callable[[], float] = time.monotonic, sleep: Callable[[float], None] = time.sleep,
@@ -93,6 +103,7 @@ class Supervisor(OperatorMixin, ExternalResumeMixin):
                                              if isinstance(r, dict)]
         self.active: tuple[str, ...] = ()
         self.restart: dict[str, Any] | None = None   # pending restart_done fields
+        self.loaded_files: dict[str, Any] = {}        # the attempt's checkpoint_loaded files_by_source
         self.torchrun_pids: set[int] = set()          # local mode: launchers to reap if the agent dies
         self.stop_signal: int | None = None
         self.lease_stop = threading.Event()
@@ -355,8 +366,10 @@ class Supervisor(OperatorMixin, ExternalResumeMixin):
             if self.restart is not None:
                 restart, self.restart = self.restart, None
                 restart_s = msg.recv - restart.pop("detect")
+                phases = tracker.marks.phases()
                 self.emit(Event.RESTART_DONE, restart_s=round(restart_s, 4), resume_step=tracker.first_step,
-                          phases=tracker.marks.phases(), **restart)
+                          phases=phases, load_by_source=load_by_source(phases.get("load_s"), self.loaded_files),
+                          **restart)
                 self.state.measured["restart_s"] = round(restart_s, 4)
         if self.steady_pending and len(tracker.step_window.samples) >= STEADY_AFTER_STEPS:
             self._set_steady_timeout(tracker)
@@ -402,6 +415,8 @@ class Supervisor(OperatorMixin, ExternalResumeMixin):
         if tier is not None and isinstance(record.get("step"), int):
             self.checkpoints[tier] = {"step": record["step"], "ts": record.get("ts"),
                                       **({"tier": record["tier"]} if isinstance(record.get("tier"), str) else {})}
+        if name is Event.CHECKPOINT_LOADED and isinstance(record.get("files_by_source"), dict):
+            self.loaded_files = record["files_by_source"]
         if name is Event.CHECKPOINT_COMMITTED:
             self.last_commit_mono = self.clock()
             if self.replace is not None:
@@ -658,6 +673,7 @@ class Supervisor(OperatorMixin, ExternalResumeMixin):
 
     def _launch(self, nodes: tuple[str, ...], *, path: RecoveryPath, marks_from: Marks | None = None) -> None:
         self._external_resume(nodes)   # bad external step folders out of the framework's way (external_resume.py)
+        self.loaded_files = {}
         resume_from = recovery.pick_resume(self.ckpt_dir, self.emit)
         step_times = self._step_times()
         timeouts = recovery.attempt_timeouts(self.config, step_times=step_times,
