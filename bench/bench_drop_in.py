@@ -20,10 +20,9 @@ import tempfile
 import time
 from pathlib import Path
 
-import psutil
 
 sys.path.insert(0, str(Path(__file__).resolve().parent))
-from faultbench import kill_launch  # noqa: E402
+from faultbench import kill_launch, worker_ranks  # noqa: E402
 
 ROOT = Path(__file__).resolve().parents[1]
 SCRIPT = ROOT / "tests" / "helpers" / "plain_ddp.py"
@@ -43,20 +42,7 @@ def command(tool: str, work: Path) -> list[str]:
 
 
 def ranks(work: Path) -> dict[int, int]:
-    found = {}
-    for proc in psutil.process_iter(["cmdline"]):
-        cmd = proc.info["cmdline"] or []
-        # a worker is `python -u plain_ddp.py ...` (cold) or `python -m ckptsup.supervisor.warm_proxy
-        # plain_ddp.py ...` (warm: it stands in for its rank); the launchers name the script later
-        worker = str(SCRIPT) in cmd[:3] or (len(cmd) > 3 and cmd[2] == "ckptsup.supervisor.warm_proxy")
-        if worker and str(SCRIPT) in cmd and str(work / "ckpt") in cmd:
-            try:
-                env = proc.environ()
-                if "LOCAL_RANK" in env and proc.status() != psutil.STATUS_ZOMBIE:
-                    found[proc.pid] = int(env["RANK"])
-            except (psutil.Error, KeyError, ValueError):
-                continue
-    return found
+    return worker_ranks(SCRIPT, work / "ckpt")
 
 
 def _events(work: Path) -> bytes:

@@ -27,10 +27,9 @@ import tempfile
 import time
 from pathlib import Path
 
-import psutil
 
 sys.path.insert(0, str(Path(__file__).resolve().parent))
-from faultbench import kill_launch  # noqa: E402
+from faultbench import kill_launch, worker_ranks  # noqa: E402
 
 ROOT = Path(__file__).resolve().parents[1]
 SCRIPT = ROOT / "tests" / "helpers" / "lightning_train.py"
@@ -91,18 +90,7 @@ def command(tool: str, work: Path) -> list[str]:
 
 
 def ranks(work: Path) -> dict[int, int]:
-    found = {}
-    for proc in psutil.process_iter(["cmdline"]):
-        cmd = proc.info["cmdline"] or []
-        worker = str(SCRIPT) in cmd[:3] or (len(cmd) > 3 and cmd[2] == "ckptsup.supervisor.warm_proxy")
-        if worker and str(SCRIPT) in cmd and str(work / "out") in cmd:
-            try:
-                e = proc.environ()
-                if "LOCAL_RANK" in e and proc.status() != psutil.STATUS_ZOMBIE:
-                    found[proc.pid] = int(e["RANK"])
-            except (psutil.Error, KeyError, ValueError):
-                continue
-    return found
+    return worker_ranks(SCRIPT, work / "out")
 
 
 def batches_since(out: Path, t0: float) -> bool:

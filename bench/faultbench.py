@@ -86,6 +86,25 @@ def ranks(work: Path) -> dict[int, int]:
     return found
 
 
+def worker_ranks(script: Path, marker: Path) -> dict[int, int]:
+    """{pid: rank} of a script's rank processes whose command line holds `marker` (a path unique
+    to the run). A worker is `python [-u] SCRIPT ...` (cold) or `python -m
+    ckptsup.supervisor.warm_proxy SCRIPT ...` (warm: it stands in for its rank); the launchers name
+    the script later in their command lines."""
+    found = {}
+    for proc in psutil.process_iter(["cmdline"]):
+        cmd = proc.info["cmdline"] or []
+        worker = str(script) in cmd[:3] or (len(cmd) > 3 and cmd[2] == "ckptsup.supervisor.warm_proxy")
+        if worker and str(script) in cmd and str(marker) in cmd:
+            try:
+                env = proc.environ()
+                if "LOCAL_RANK" in env and proc.status() != psutil.STATUS_ZOMBIE:
+                    found[proc.pid] = int(env["RANK"])
+            except (psutil.Error, KeyError, ValueError):
+                continue
+    return found
+
+
 def samples(work: Path) -> int:
     path = work / "out" / "samples_rank0.jsonl"
     try:
