@@ -74,39 +74,18 @@ def _agree(run: Any, path: Path, error: Exception | None) -> Exception | None:
 def load_checkpoint(run: Any, path: Path) -> Exception | None:
     """Load `path` into run's state on every rank. None on success (run._loaded_step is set),
     else the error (the same decision on every rank)."""
-    import torch.distributed.checkpoint as dcp
-
     from ..checkpoint.local_cache import find_local_files
-    from .reader import VerifyingReader, safe_load_planner
+    from .reader import VerifyingReader
 
-    error: Exception | None = None
-    reader = None
-    targets: dict[str, Any] = {}
-    try:
+    def open_reader() -> Any:
         reader = VerifyingReader(path, adopt=True)
         reader.use_local(find_local_files(run.settings.node_local_dir, path, reader.manifest))
-        metadata = reader.read_metadata()
-        targets = _fresh_copy(run.state.load_targets(metadata))
-    except failure_errors() as err:
-        error = _classify(path, err)
-    error = _agree(run, path, error)
-    if error is not None:
-        return error
+        return reader
+
     delay = float(os.environ.get(TEST_LOAD_DELAY_S, "0") or 0)
-    if delay > 0:
-        print(f"ckptsup-test: rank {run.rank} delaying the load of {path.name}", file=sys.stderr, flush=True)
-        time.sleep(delay)
-    try:
-        with warnings.catch_warnings():
-            warnings.filterwarnings("ignore", message=".*assuming the intent is to load in a single process.*")
-            dcp.load(targets, storage_reader=reader, planner=safe_load_planner(), process_group=run.control_pg,
-                     no_dist=run.control_pg is None)
-    except failure_errors() as err:
-        error = _classify(path, err)  # DCP raised the same failure on every rank
-    error = _agree(run, path, error)
+    error, reader, meta = _load_agreed(run, path, open_reader, process_group=run.control_pg, delay_s=delay)
     if error is not None:
         return error
-    meta = run.state.apply(targets)
     run._loaded_step = int(meta.get("step", 0))
     run._load_tiers = reader.tier_counts()
     if not meta.get("same_world", True) and run.rank == 0:
@@ -120,47 +99,65 @@ def load_checkpoint(run: Any, path: Path) -> Exception | None:
 
 def load_memory(run: Any, step: int) -> Exception | None:
     """Load this rank's memory bundle of `step` (from its agent) into run's state, on every rank
-    at once and all or nothing, like load_checkpoint: the bundle's checks, then DCP through
-    BundleReader into fresh buffers, the ranks agreeing after each; only then the live state."""
-    import torch.distributed.checkpoint as dcp
-
+    at once and all or nothing, like load_checkpoint (each rank reads its own bundle: no
+    process group in DCP's load)."""
     from ..memory_wire import MemoryChannelError
     from .memory_tier import BundleReader
-    from .reader import safe_load_planner
 
-    where = Path(f"memory step_{step}")
-    error: Exception | None = None
-    reader = None
-    targets: dict[str, Any] = {}
-    try:
+    def open_reader() -> Any:
         bundle = run.memory.client.get(step)
         world = bundle.manifest.extra.get("world_size")
         if world != run.world_size or bundle.manifest.extra.get("rank") != run.rank:
             raise ValidationError(f"memory bundle of step {step} is rank {bundle.manifest.extra.get('rank')} of "
                                   f"{world}, this is rank {run.rank} of {run.world_size}")
-        reader = BundleReader(bundle)
+        return BundleReader(bundle)
+
+    error, reader, meta = _load_agreed(run, Path(f"memory step_{step}"), open_reader, process_group=None,
+                                       open_errors=(MemoryChannelError, OSError))
+    if error is not None:
+        return error
+    run._loaded_step = int(meta.get("step", step))
+    files, source = len(reader.read_memory), reader.bundle.source
+    run._load_tiers = {"memory_files": files if source == "memory" else 0,
+                       "peer_memory_files": files if source == "peer_memory" else 0}
+    log.info("ckptsup: rank %d resumed from %s (step %d, %d bytes verified)", run.rank,
+             "its agent's memory" if source == "memory" else "a peer agent's memory", run._loaded_step,
+             reader.bytes_read)
+    return None
+
+
+def _load_agreed(run: Any, where: Path, open_reader: Any, *, process_group: Any, delay_s: float = 0.0,
+                 open_errors: tuple[type[BaseException], ...] = ()) -> tuple[Exception | None, Any, Any]:
+    """The all-or-nothing load both sources share: open the reader and size fresh buffers from
+    its (checked) metadata, the ranks agree; DCP loads through the reader, the ranks agree; only
+    then the live state. → (error, reader, the checkpoint's meta)."""
+    import torch.distributed.checkpoint as dcp
+
+    from .reader import safe_load_planner
+
+    error: Exception | None = None
+    reader = None
+    targets: dict[str, Any] = {}
+    try:
+        reader = open_reader()
         metadata = reader.read_metadata()
         targets = _fresh_copy(run.state.load_targets(metadata))
-    except (*failure_errors(), MemoryChannelError, OSError) as err:
+    except (*failure_errors(), *open_errors) as err:
         error = _classify(where, err)
     error = _agree(run, where, error)
     if error is not None:
-        return error
+        return error, None, None
+    if delay_s > 0:
+        print(f"ckptsup-test: rank {run.rank} delaying the load of {where.name}", file=sys.stderr, flush=True)
+        time.sleep(delay_s)
     try:
         with warnings.catch_warnings():
             warnings.filterwarnings("ignore", message=".*assuming the intent is to load in a single process.*")
-            dcp.load(targets, storage_reader=reader, planner=safe_load_planner(), no_dist=True)
+            dcp.load(targets, storage_reader=reader, planner=safe_load_planner(), process_group=process_group,
+                     no_dist=process_group is None)
     except failure_errors() as err:
-        error = _classify(where, err)
+        error = _classify(where, err)  # DCP raised the same failure on every rank
     error = _agree(run, where, error)
     if error is not None:
-        return error
-    meta = run.state.apply(targets)
-    run._loaded_step = int(meta.get("step", step))
-    files = len(reader.read_memory)
-    run._load_tiers = {"memory_files": files if bundle.source == "memory" else 0,
-                       "peer_memory_files": files if bundle.source == "peer_memory" else 0}
-    log.info("ckptsup: rank %d resumed from %s (step %d, %d bytes verified)", run.rank,
-             "its agent's memory" if bundle.source == "memory" else "a peer agent's memory", run._loaded_step,
-             reader.bytes_read)
-    return None
+        return error, None, None
+    return None, reader, run.state.apply(targets)
