@@ -92,14 +92,17 @@ def test_an_uninterrupted_run_gets_manifests_that_vanish_with_purged_folders(ref
 
 def test_a_corrupted_newest_folder_and_an_unfinished_one_are_moved_aside_and_the_run_ends_bit_identical(
         tmp_path, reference):
-    """The script holds after saving step 15 until released: the test waits for step-15's manifest,
+    """The script holds after saving step 15 until released: the test waits for step-10's and step-15's manifests,
     flips bytes in rank 1's file (same size), leaves an unfinished step-999 (no .metadata), then
     SIGKILLs rank 1. The next attempt finds both bad, moves them out of the framework's folder,
     torchtitan loads step-10, and the final parameters equal the uninterrupted run's."""
     release = tmp_path / "release"
     proc, run, ckpt = launch(tmp_path, "--hold-after", "15", "--release", str(release))
     try:
-        wait_for(lambda: any(e["external"] == "step-15" for e in committed(run)), 120, "step-15's manifest")
+        # The watch hashes the newest unhashed folder first: step-15's manifest can come before
+        # step-10's, and this test is about a resume from a step-10 hashed while the run went on.
+        wait_for(lambda: {"step-10", "step-15"} <= {e["external"] for e in committed(run)}, 120,
+                 "step-10's and step-15's manifests")
         victim = ckpt / "step-15" / "__1_0.distcp"
         data = bytearray(victim.read_bytes())
         data[len(data) // 2] ^= 0xFF
