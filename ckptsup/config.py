@@ -200,6 +200,9 @@ class SupervisorConfig:
                                "per node) or auto (its GPUs per node, else 1); `ckptsup launch` resolves the word",
                                ranks_choice, max=MAX_PER_NODE)
     nodes: int = knob(0, "active nodes; 0 = every allocated node minus [sbatch] spares", non_negative, max=MAX_NODES, why="more than any cluster has")
+    batch_host_spare: bool = knob(False, "with spares in the allocation, the batch host (where the supervisor runs) is "
+                                  "the last hot spare: an active node's death never takes the supervisor with it; it "
+                                  "trains only once no other spare is left")
     max_restarts: int = knob(10, "restart budget per run (all attempts together)", non_negative, max=10**6)
     heartbeat_interval_s: float = knob(1.0, "agent -> supervisor heartbeat period (s)", positive, max=HOUR_S)
     node_silence_s: float = knob(5.0, "an agent silent this long while others talk = node down (s)", positive, max=WEEK_S)

@@ -116,7 +116,7 @@ VARS: tuple[Var, ...] = (
     Var(name=PREEMPT_BUDGET_S, set_by="supervisor", read_by="agent, hooks", meaning="seconds the ranks have for an emergency save after a stop command"),
     Var(name=TEST_SAVE_DELAY_S, set_by="tests", read_by="hooks (writer)", meaning="fault injection: sleep between writing the shards and the commit; never set in production"),
     Var(name=TEST_LOAD_DELAY_S, set_by="tests", read_by="hooks (loader)", meaning="fault injection: sleep before loading a checkpoint; never set in production"),
-    Var(name=TEST_FLIP_MEMORY, set_by="tests", read_by="agent (memory store)", meaning="fault injection: flip one bit of every bundle the agent's memory store keeps; never set in production"),
+    Var(name=TEST_FLIP_MEMORY, set_by="tests", read_by="agent (memory store)", meaning="fault injection: flip one bit of the bundles the agent's memory store keeps: 1 every one, own its node's ranks' only, replica the peers' copies only; never set in production"),
 )
 # fmt: on
 

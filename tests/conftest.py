@@ -214,6 +214,7 @@ INTEGRATION_FILES = frozenset({
     "test_integration_hf_unit.py",
     "test_integration_lightning.py",
     "test_integration_lightning_unit.py",
+    "test_memory_sources.py",
     "test_memory_tier.py",
     "test_hooks_api.py",
     "test_hooks_agent_socket.py",

@@ -278,6 +278,19 @@ def test_a_silent_node_after_the_kill_is_attributed_node_down_and_a_spare_takes_
     assert account(events).failures == {"node_down": 1}
 
 
+@pytest.mark.parametrize("keep_it_spare, first, second", [(False, ["n1", "n2"], ["n1", "n3"]),
+                                                          (True, ["n2", "n3"], ["n3", "n1"])])
+def test_the_batch_host_is_the_last_spare_with_batch_host_spare(tmp_path, site, keep_it_spare, first, second):
+    # n1 runs the supervisor; with the knob it trains only once no other spare is left
+    world = World(clock=Clock(), faults={0: Fault("node_death", 2, node="n2")})
+    sv = supervisor(tmp_path, world, nodes=("n1", "n2", "n3"), needed=2, in_slurm=True, slurm=FakeSlurm(),
+                    flags={"supervisor.batch_host_spare": keep_it_spare})
+    assert sv.run() is ExitStatus.DONE
+    launches = of(tmp_path, Event.LAUNCH)
+    assert [e["nodes"] for e in launches] == [first, second]
+    assert launches[0]["spares"] == (["n1"] if keep_it_spare else ["n3"])
+
+
 def test_a_hang_is_detected_by_the_clock_and_its_suspect_is_health_checked(tmp_path, site):
     calls: list = []
     world = World(clock=Clock(tick=0.25), faults={0: Fault("hang", 2)})

@@ -6,6 +6,8 @@ from __future__ import annotations
 
 import datetime as dt
 import json
+import os
+import signal
 import subprocess
 import sys
 import time
@@ -26,9 +28,9 @@ TRAIN_ARGS = ["--steps", "70", "--save-every-steps", "5", "--step-sleep-s", "0.1
 CKPTSUP = [sys.executable, "-m", "ckptsup.cli"]
 
 
-def job_config(tmp: Path, extra_toml: str = "") -> Path:
+def job_config(tmp: Path, extra_toml: str = "", supervisor_toml: str = "") -> Path:
     path = tmp / "job.toml"
-    path.write_text("[supervisor]\nhang_min_s = 10.0\nheartbeat_interval_s = 0.5\nnode_silence_s = 4.0\n"
+    path.write_text("[supervisor]\nhang_min_s = 10.0\nheartbeat_interval_s = 0.5\nnode_silence_s = 4.0\n" + supervisor_toml +
                     f"[checkpoint]\nadaptive_interval = false\nkeep_daily_days = 0\ntest_load_every = 0\n[slurm]\nspare_partition = \"{SPANNING}\"\n"
                     + extra_toml)
     return path
@@ -46,11 +48,11 @@ def reference(tmp_path_factory) -> str:
 
 
 def submit(tmp: Path, *, nodes: int, spares: int, partition: str | None = None,
-           extra: tuple[str, ...] = (), extra_toml: str = "") -> tuple[str, Path, Path]:
+           extra: tuple[str, ...] = (), extra_toml: str = "", supervisor_toml: str = "") -> tuple[str, Path, Path]:
     run, out = tmp / "run", tmp / "out"
     where = ["--partition", partition] if partition else []
     proc = subprocess.run([*CKPTSUP, "sbatch", "--submit", "--json", "--nodes", str(nodes), "--spares", str(spares), *where,
-                           "--nproc-per-node", "1", "--config", str(job_config(tmp, extra_toml)), "--run-dir", str(run),
+                           "--nproc-per-node", "1", "--config", str(job_config(tmp, extra_toml, supervisor_toml)), "--run-dir", str(run),
                            str(TRAIN), *TRAIN_ARGS, "--out", str(out), *extra],
                           capture_output=True, text=True, timeout=60, cwd=tmp)
     assert proc.returncode == 0, proc.stderr
@@ -405,7 +407,8 @@ def test_an_operators_replace_moves_a_nodes_ranks_to_the_spare_at_a_checkpoint(d
     assert json.loads((out / "final.json").read_text())["params_sha256"] == reference
 
 
-MEMORY = "[memory]\nenabled = true\nevery_steps = 5\n"
+MEMORY_EVERY = 5
+MEMORY = f"[memory]\nenabled = true\nevery_steps = {MEMORY_EVERY}\n"
 
 
 def replicated(run: Path, step: int) -> bool:
@@ -434,28 +437,58 @@ def test_node_death_with_a_spare_resumes_from_memory_and_the_buddys_replica(dev_
     assert loaded["files_by_source"]["memory"] == 1 and loaded["files_by_source"]["peer_memory"] == 1, loaded
     assert set(restart["load_by_source"]) == {"memory", "peer_memory"}
     assert not [e for e in named(events, "checkpoint_committed") if e["step"] < 70]
+    # what the death cost: at most the memory interval plus the steps of the save whose replica
+    # was still in flight (saved, not yet on the buddy) when the node died
+    death = named(events, "failure_detected")[0]   # its step: the newest step the job had reached
+    before = [e for e in events if ts(e) <= ts(death)]
+    saved = max(e["step"] for e in named(before, "memory_saved") if e["ok"])
+    whole = max(e["step"] for e in named(before, "memory_replicated") if e["ok"] and "ranks" in e)
+    assert whole <= restart["resume_step"] <= saved, (whole, restart, saved)
+    assert death["step"] - restart["resume_step"] <= MEMORY_EVERY + (saved - whole), (death, restart, saved, whole)
     assert json.loads((out / "final.json").read_text())["params_sha256"] == reference
 
 
-def test_a_node_and_its_buddy_lost_together_fall_back_to_disk(dev_cluster, tmp_path):
-    # 3 active nodes in a ring (n1 -> n2 -> n3 -> n1) + 2 spares: the whole dev cluster. n1 runs the
-    # batch script (the supervisor), so the pair that dies together is the second node and its buddy.
-    # No parameter comparison: a 3-rank node-path resume on the dev cluster ends a few ulps away from
-    # the uninterrupted run, with the memory tier off too (found here; 2-rank resumes are bit-exact)
-    job, run, out = submit(tmp_path, nodes=3, spares=2, partition=SPANNING, extra=("--save-every-steps", "10"),
-                           extra_toml=MEMORY)   # the main partition has 4 nodes
+def test_a_rank_whose_own_memory_copy_is_flipped_loads_the_buddys_replica(dev_cluster, tmp_path, reference,
+                                                                         monkeypatch):
+    # every agent flips a bit of the bundles its own ranks put (their replicas on the buddy stay
+    # intact); no disk save before the end: the resume can only come from memory
+    monkeypatch.setenv("CKPTSUP_TEST_FLIP_MEMORY", "own")
+    job, run, out = submit(tmp_path, nodes=2, spares=0, extra=("--save-every-steps", "1000"), extra_toml=MEMORY)
+    dev_cluster.wait_for(lambda: replicated(run, 15), 120, what="every rank's replica of step >= 15")
+    os.kill(rank_pid(run, 1), signal.SIGKILL)
+    dev_cluster.wait_for(lambda: finished(dev_cluster, job), 240, what=f"job {job} to finish")
+    events = read_events(run)
+    restart = named(events, "restart_done")[-1]
+    [loaded] = named(events, "checkpoint_loaded")
+    assert restart["path"] == "fast" and loaded["step"] == restart["resume_step"] >= 15, loaded
+    # each rank refused its own agent's copy and took its buddy's replica of the same bundle
+    assert loaded["files_by_source"]["memory"] == 0 and loaded["files_by_source"]["peer_memory"] == 2, loaded
+    assert "its memory copy of step" in (run / f"slurm-{job}.out").read_text()   # rank 0's console: why
+    assert not named(events, "checkpoint_rejected") and not (run / "checkpoints" / "quarantine").exists()
+    assert json.loads((out / "final.json").read_text())["params_sha256"] == reference
+
+
+def test_a_node_and_its_buddy_lost_together_fall_back_to_disk_bit_identical(dev_cluster, tmp_path, reference):
+    # 2 active + 2 spares, the batch host kept as the last spare ([supervisor] batch_host_spare):
+    # the two active nodes are each other's buddy and die together, the supervisor lives on
+    job, run, out = submit(tmp_path, nodes=2, spares=2, extra=("--save-every-steps", "10"),
+                           extra_toml=MEMORY, supervisor_toml="batch_host_spare = true\n")
     dev_cluster.wait_for(lambda: replicated(run, 15) and committed(run, 10), 120, what="replicas and a disk checkpoint")
-    first = named(read_events(run), "launch")[0]
-    _, b, c = first["nodes"]
-    with dev_cluster.revived(b, c):
+    events = read_events(run)
+    first = named(events, "launch")[0]
+    batch_host = named(events, "allocation")[0]["node_names"][0]   # Slurm runs the batch script there
+    assert batch_host not in first["nodes"] and first["spares"][-1] == batch_host, first
+    a, b = first["nodes"]
+    with dev_cluster.revived(a, b):
+        dev_cluster.kill_node(a)
         dev_cluster.kill_node(b)
-        dev_cluster.kill_node(c)
         dev_cluster.wait_for(lambda: named(read_events(run), "restart_done"), 120, what="the restart")
         dev_cluster.wait_for(lambda: finished(dev_cluster, job), 180, what=f"job {job} to finish")
     events = read_events(run)
     restart = named(events, "restart_done")[-1]
     [loaded] = named(events, "checkpoint_loaded")
-    assert restart["path"] == "node" and loaded["source"] == "shared", loaded
+    assert restart["path"] == "node" and loaded["source"] == "shared" and loaded["step"] % 10 == 0, loaded
     assert loaded["files_by_source"]["memory"] == loaded["files_by_source"]["peer_memory"] == 0
+    assert sorted(named(events, "launch")[-1]["nodes"]) == sorted([first["spares"][0], batch_host])
     assert "a node and its buddy lost together" in (run / f"slurm-{job}.out").read_text()   # rank 0's console line
-    assert json.loads((out / "final.json").read_text())["step"] == 70 and named(events, "run_complete")
+    assert json.loads((out / "final.json").read_text())["params_sha256"] == reference

@@ -100,20 +100,31 @@ def load_checkpoint(run: Any, path: Path) -> Exception | None:
 def load_memory(run: Any, step: int) -> Exception | None:
     """Load this rank's memory bundle of `step` (from its agent) into run's state, on every rank
     at once and all or nothing, like load_checkpoint (each rank reads its own bundle: no
-    process group in DCP's load)."""
+    process group in DCP's load). A rank whose agent's copy fails its hashes asks for a peer
+    agent's copy of the same bundle, the other ranks keep theirs (one more all-or-nothing round):
+    the next source for that rank alone, never a mix of versions."""
     from ..memory_wire import MemoryChannelError
     from .memory_tier import BundleReader
 
-    def open_reader() -> Any:
-        bundle = run.memory.client.get(step)
+    def open_reader(from_peers: bool) -> Any:
+        bundle = run.memory.client.get(step, from_peers=from_peers)
         world = bundle.manifest.extra.get("world_size")
         if world != run.world_size or bundle.manifest.extra.get("rank") != run.rank:
             raise ValidationError(f"memory bundle of step {step} is rank {bundle.manifest.extra.get('rank')} of "
                                   f"{world}, this is rank {run.rank} of {run.world_size}")
         return BundleReader(bundle)
 
-    error, reader, meta = _load_agreed(run, Path(f"memory step_{step}"), open_reader, process_group=None,
-                                       open_errors=(MemoryChannelError, OSError))
+    where = Path(f"memory step_{step}")
+    mine: list[Exception] = []
+    error, reader, meta = _load_agreed(run, where, lambda: open_reader(False), process_group=None,
+                                       open_errors=(MemoryChannelError, OSError), local=mine)
+    refused = bool(mine) and is_corruption(mine[0])   # this rank's own copy, not another rank's
+    if is_corruption(error) and run.reduce_max([int(refused)])[0]:
+        if refused:
+            log.warning("ckptsup: rank %d: its memory copy of step %d was refused (%s); asking a peer agent for its "
+                        "copy", run.rank, step, mine[0])
+        error, reader, meta = _load_agreed(run, where, lambda: open_reader(refused), process_group=None,
+                                           open_errors=(MemoryChannelError, OSError))
     if error is not None:
         return error
     run._loaded_step = int(meta.get("step", step))
@@ -127,10 +138,12 @@ def load_memory(run: Any, step: int) -> Exception | None:
 
 
 def _load_agreed(run: Any, where: Path, open_reader: Any, *, process_group: Any, delay_s: float = 0.0,
-                 open_errors: tuple[type[BaseException], ...] = ()) -> tuple[Exception | None, Any, Any]:
+                 open_errors: tuple[type[BaseException], ...] = (),
+                 local: list[Exception] | None = None) -> tuple[Exception | None, Any, Any]:
     """The all-or-nothing load both sources share: open the reader and size fresh buffers from
     its (checked) metadata, the ranks agree; DCP loads through the reader, the ranks agree; only
-    then the live state. → (error, reader, the checkpoint's meta)."""
+    then the live state. → (error, reader, the checkpoint's meta). `local` collects this rank's
+    own failure, as against the agreed one (which may be another rank's)."""
     import torch.distributed.checkpoint as dcp
 
     from .reader import safe_load_planner
@@ -144,6 +157,8 @@ def _load_agreed(run: Any, where: Path, open_reader: Any, *, process_group: Any,
         targets = _fresh_copy(run.state.load_targets(metadata))
     except (*failure_errors(), *open_errors) as err:
         error = _classify(where, err)
+    if error is not None and local is not None:
+        local.append(error)
     error = _agree(run, where, error)
     if error is not None:
         return error, None, None
@@ -156,7 +171,9 @@ def _load_agreed(run: Any, where: Path, open_reader: Any, *, process_group: Any,
             dcp.load(targets, storage_reader=reader, planner=safe_load_planner(), process_group=process_group,
                      no_dist=process_group is None)
     except failure_errors() as err:
-        error = _classify(where, err)  # DCP raised the same failure on every rank
+        error = _classify(where, err)  # DCP raised the same failure on every rank (with a process group)
+    if error is not None and local is not None:
+        local.append(error)
     error = _agree(run, where, error)
     if error is not None:
         return error, None, None

@@ -233,9 +233,11 @@ class MemoryClient:
         return [(r[0], r[1]) for r in rows if isinstance(r, list) and len(r) == 2 and type(r[0]) is int
                 and isinstance(r[1], str)]
 
-    def get(self, step: int) -> Bundle:
+    def get(self, step: int, *, from_peers: bool = False) -> Bundle:
+        """This rank's bundle of `step`: its agent's copy, or (`from_peers`: that copy was refused)
+        a copy the agent fetches from the peer agents that hold one."""
         with self.session() as s:
-            s.send(MemoryOp.GET, {"step": step, "rank": self.rank})
+            s.send(MemoryOp.GET, {"step": step, "rank": self.rank, **({"from": "peers"} if from_peers else {})})
             op, body, payload = s.recv()
         if op is not MemoryOp.BUNDLE:
             raise ValidationError(f"the agent holds no memory bundle of step {step} for rank {self.rank}")

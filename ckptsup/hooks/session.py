@@ -234,11 +234,13 @@ class Run:
         except (CkptsupError, OSError) as err:
             log.warning("ckptsup: rank %d cannot ask its agent for memory checkpoints: %s", self.rank, err)
             held = []
-        pick = newest_common(self._all_gather(held))
+        gathered = self._all_gather(held)
+        pick = newest_common(gathered)
         steps = [c.step if c.step is not None else parse_step(Path(c.path).name) for c in candidates]
         newest_disk = max((s for s in steps if s is not None), default=-1)
         if pick is None or pick[0] < newest_disk:
-            if held and self.rank == 0:
+            # said on a resume (a disk checkpoint, or some memory copy, exists), not on a fresh start
+            if self.rank == 0 and (any(gathered) or candidates):
                 log.warning("ckptsup: no memory checkpoint every rank's agent holds is newer than the disk's step %d "
                             "(a node and its buddy lost together, or no memory save yet): resuming from disk", newest_disk)
             return False

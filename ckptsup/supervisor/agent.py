@@ -50,7 +50,7 @@ from .spec import LaunchSpec
 from .rank_output import RankOutput
 from .standby import Standby
 from .external_agent import ExternalHasher, ExternalRequestError
-from .memory_store import MemoryServer, MemoryStore, PeerLinks, tcp_listener, unix_listener
+from .memory_store import FlipMode, MemoryServer, MemoryStore, PeerLinks, tcp_listener, unix_listener
 from .warm_pool import WarmPool
 from .processes import GONE, RUNNING, describe_exit, terminate, zombie_status
 
@@ -244,7 +244,7 @@ class Agent:
         self.peers: PeerLinks | None = None
         if spec.memory_keep > 0:
             store = MemoryStore(keep=spec.memory_keep, max_bytes=spec.memory_max_bytes,
-                                flip_bits=bool(os.environ.get(TEST_FLIP_MEMORY)))
+                                flip=FlipMode.parse(os.environ.get(TEST_FLIP_MEMORY, "")))
             self.peers = PeerLinks(secret=secret, node=node)
             self.memory = MemoryServer(unix_listener(self.sock_dir / "memory.sock"), secret=secret, store=store,
                                        peers=self.peers).start()

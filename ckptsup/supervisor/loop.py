@@ -200,8 +200,21 @@ class Supervisor(OperatorMixin, ExternalResumeMixin):
                   spares=max(0, len(usable) - self.job.nodes_needed), ranks_per_node=self.sup.nproc_per_node,
                   active=self.job.nodes_needed)
 
+    def _node_order(self) -> tuple[str, ...]:
+        """The allocation's nodes in the order they are picked to train: Slurm's, or with
+        [supervisor] batch_host_spare the batch host last (a spare while another one is left)."""
+        nodes, here = self.placement.nodes, self.placement.here
+        if not (self.sup.batch_host_spare and self.placement.in_slurm and here in nodes):
+            return nodes
+        return (*(n for n in nodes if n != here), here)
+
+    def _spares(self, active: tuple[str, ...] | None = None) -> tuple[str, ...]:
+        """The nodes that can replace an active one (of `active`, default this attempt's), in pick order."""
+        busy = self.active if active is None else active
+        return tuple(n for n in self._node_order() if n not in busy and n not in self.state.excluded_nodes)
+
     def _run(self) -> ExitStatus:
-        usable = tuple(n for n in self.placement.nodes if n not in self.state.excluded_nodes)
+        usable = tuple(n for n in self._node_order() if n not in self.state.excluded_nodes)
         status = self._carry_out(self._decide(self._observe(None, starting=True, spares=usable)))
         if status is not None:
             return status
@@ -433,8 +446,7 @@ class Supervisor(OperatorMixin, ExternalResumeMixin):
 
     # ---- deciding -----------------------------------------------------------------------------
     def _observe(self, failure: Failure | None, **fields: Any) -> Observation:
-        spares = tuple(n for n in self.placement.nodes if n not in self.active and n not in self.state.excluded_nodes)
-        base = dict(failure=failure, active=self.active, spares=spares, excluded=frozenset(self.state.excluded_nodes),
+        base = dict(failure=failure, active=self.active, spares=self._spares(), excluded=frozenset(self.state.excluded_nodes),
                     nodes_needed=self.job.nodes_needed, can_requeue=self.placement.in_slurm,
                     restarts_used=self.state.restarts, agents_alive=all(self.agents.has_agent(n) for n in self.active))
         return Observation(**{**base, **fields})
@@ -689,7 +701,7 @@ class Supervisor(OperatorMixin, ExternalResumeMixin):
         if marks_from is not None:
             self.tracker.marks = marks_from
         self.tracker.marks.launch_sent = now
-        spares = [n for n in self.placement.nodes if n not in nodes and n not in self.state.excluded_nodes]
+        spares = list(self._spares(nodes))
         present = [n for n in nodes if self.agents.has_agent(n)]
         if self.memory_peers is not None:   # before the restart: the ranks ask their agents at once
             self.memory_peers.launch(nodes, int(self.sup.nproc_per_node))

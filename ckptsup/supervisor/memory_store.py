@@ -18,6 +18,7 @@ restore point), and refuses a bundle over `max_bytes`.
 from __future__ import annotations
 
 import contextlib
+import enum
 import logging
 import os
 import socket
@@ -37,6 +38,26 @@ PEER_CONNECT_TIMEOUT_S = 3.0
 PEER_IO_TIMEOUT_S = 120.0   # a replica of a large bundle takes a while; a hung peer must not hold a thread forever
 
 
+class FlipMode(enum.StrEnum):
+    """CKPTSUP_TEST_FLIP_MEMORY: which bundles the store flips a bit of."""
+
+    ALL = "1"
+    OWN = "own"           # the bundles this node's ranks put (their replicas elsewhere stay intact)
+    REPLICA = "replica"   # the replicas it keeps for other nodes' ranks
+
+    @classmethod
+    def parse(cls, raw: str) -> "FlipMode | None":
+        if not raw:
+            return None
+        try:
+            return cls(raw)
+        except ValueError:
+            raise ValueError(f"CKPTSUP_TEST_FLIP_MEMORY={raw!r}: use 1, own or replica") from None
+
+    def applies(self, *, replica: bool) -> bool:
+        return self is FlipMode.ALL or (self is FlipMode.REPLICA) == replica
+
+
 @dataclass(frozen=True)
 class Held:
     step: int
@@ -52,18 +73,19 @@ class Held:
 
 
 class MemoryStore:
-    def __init__(self, *, keep: int = 2, max_bytes: int = 0, flip_bits: bool = False) -> None:
+    def __init__(self, *, keep: int = 2, max_bytes: int = 0, flip: "FlipMode | None" = None) -> None:
         self.keep = keep
         self.max_bytes = max_bytes
-        self.flip_bits = flip_bits   # fault injection for tests (CKPTSUP_TEST_FLIP_MEMORY); never in production
+        self.flip = flip   # fault injection for tests (CKPTSUP_TEST_FLIP_MEMORY); never in production
         self._lock = threading.Lock()
         self._by_rank: dict[int, dict[int, Held]] = {}
 
-    def put(self, held: Held) -> str | None:
-        """Keep `held` (replacing the same step); None, or why it was refused."""
+    def put(self, held: Held, *, replica: bool = False) -> str | None:
+        """Keep `held` (replacing the same step; `replica`: a peer agent's copy of another node's
+        rank); None, or why it was refused."""
         if self.max_bytes and held.nbytes > self.max_bytes:
             return f"a bundle of {held.nbytes} bytes is over [memory] max_bytes = {self.max_bytes}"
-        if self.flip_bits and held.payload:
+        if self.flip is not None and self.flip.applies(replica=replica) and held.payload:
             payload = bytearray(held.payload)
             payload[len(payload) - 1 - len(payload) // 3] ^= 0x10   # inside the shard (files go in name order: .metadata, then the larger shard)
             held = Held(step=held.step, rank=held.rank, checkpoint_id=held.checkpoint_id, manifest=held.manifest,
@@ -188,7 +210,7 @@ class MemoryServer:
         match op:
             case MemoryOp.PUT:
                 held = held_from_body(body, payload)
-                refused = self.store.put(held)
+                refused = self.store.put(held, replica=not role.startswith("rank"))
                 if refused is not None:
                     session.send(MemoryOp.REFUSED, {"reason": refused})
                     return
@@ -203,11 +225,13 @@ class MemoryServer:
                 session.send(MemoryOp.HELD, {"rank": rank, "held": [list(h) for h in sorted(held)]})
             case MemoryOp.GET:
                 step, rank = _int(body, "step"), _int(body, "rank")
-                found, source = self.store.get(step, rank), "memory"
+                # "from": "peers" — the rank refused this store's copy (its hashes did not match)
+                own = body.get("from") != "peers"
+                found, source = (self.store.get(step, rank) if own else None), "memory"
                 if found is None and self.peers is not None and role.startswith("rank"):
                     found, source = self.peers.fetch(step, rank), "peer_memory"
                     if found is not None:
-                        self.store.put(found)   # this node's copy from now on
+                        self.store.put(found, replica=True)   # this node's copy from now on (replacing a bad one)
                 if found is None:
                     session.send(MemoryOp.MISSING, {"step": step, "rank": rank})
                     return

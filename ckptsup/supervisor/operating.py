@@ -56,7 +56,7 @@ class OperatorMixin:
         if not force and now - self.status_published < status.STATUS_EVERY_S:
             return
         self.status_published = now
-        spares = tuple(n for n in self.placement.nodes if n not in self.active and n not in self.state.excluded_nodes)
+        spares = self._spares()
         seen = status.Seen(now_mono=now, now_wall=time.time(), heard=self.heard, has_agent=self.agents.has_agent,
                            warm_nodes=frozenset(self.warm_nodes), checkpoints=self.checkpoints,
                            interval_s=self.interval.current_s(), last_commit_mono=self.last_commit_mono)
@@ -125,7 +125,7 @@ class OperatorMixin:
         """Accept a replace when it can be done: ask for a checkpoint now; the restart without
         the node follows its commit (the loop's `self.replace.due`)."""
         node = request.node or ""
-        spares = [n for n in self.placement.nodes if n not in self.active and n not in self.state.excluded_nodes]
+        spares = self._spares()
         refusal = self._save_now_refusal(tracker)
         if node not in self.active:
             refusal = f"{node} is not an active node of this attempt (active: {', '.join(self.active)})"
@@ -144,7 +144,7 @@ class OperatorMixin:
     def _straggler(self, tracker: AttemptTracker, found: Any) -> None:
         """A rank flagged as a straggler: the event with the evidence; with straggler_replace, its
         node moves to a spare at the next checkpoint (an operator's replace, by ckptsup)."""
-        spares = [n for n in self.placement.nodes if n not in self.active and n not in self.state.excluded_nodes]
+        spares = self._spares()
         replace = (self.sup.straggler_replace and bool(spares) and self.replace is None
                    and tracker.level is SupervisionLevel.HOOKS)
         self.emit(Event.STRAGGLER, **found.evidence(), replace=replace)
