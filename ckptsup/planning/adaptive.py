@@ -66,6 +66,16 @@ def posterior(*, gpu_mtbf_hours: float, prior_weight: float, failures: float, de
                      beta_hours=prior_weight * gpu_mtbf_hours + max(0.0, device_hours))
 
 
+def record_save_costs(event: dict[str, Any], stalls: deque[float], writes: deque[float], *, with_write: bool = True) -> None:
+    """A save event's stall (when > 0) and write time (when >= 0) into the measurement windows."""
+    stall = num(event, "stall_s")
+    if stall is not None and stall > 0:
+        stalls.append(stall)
+    write = num(event, "write_s")
+    if with_write and write is not None and write >= 0:
+        writes.append(write)
+
+
 @dataclass(kw_only=True)
 class AdaptiveInterval:
     gpu_mtbf_hours: float
@@ -104,12 +114,7 @@ class AdaptiveInterval:
         self._accrue()
         name = Event.parse(event.get("event"))
         if name is Event.CHECKPOINT_COMMITTED:
-            stall = num(event, "stall_s")
-            if stall is not None and stall > 0:
-                self.stalls.append(stall)
-            write = num(event, "write_s")
-            if write is not None and write >= 0:
-                self.writes.append(write)
+            record_save_costs(event, self.stalls, self.writes)
         elif name is Event.FAILURE_DETECTED and FailureKind.counts_against_mtbf(event.get("kind")):
             self.failures += 1
         elif name is Event.FAILURE_ATTRIBUTED:
@@ -192,13 +197,8 @@ class AdaptiveMemoryInterval:
     def observe(self, event: dict[str, Any]) -> bool:
         """Record what `event` measured; True when it may move the target."""
         name = Event.parse(event.get("event"))
-        if name is Event.MEMORY_SAVED:
-            stall = num(event, "stall_s")
-            if stall is not None and stall > 0:
-                self.stalls.append(stall)
-            write = num(event, "write_s")
-            if event.get("ok") is True and write is not None and write >= 0:
-                self.writes.append(write)
+        if name is Event.MEMORY_SAVED:   # a failed save stalled too, but its write time says little
+            record_save_costs(event, self.stalls, self.writes, with_write=event.get("ok") is True)
         elif name is Event.STEP_PROGRESS:
             step = num(event, "step_time_s")
             if step is None or step <= 0:
