@@ -188,7 +188,8 @@ class StorageConfig:
 class MemoryConfig:
     enabled: bool = knob(False, "memory tier: each rank's shard also kept in its node agent's memory, so a rank crash "
                          "resumes from there (docs/training.md; peer replicas are not built yet)")
-    every_steps: int = knob(10, "memory saves every N steps (with enabled)", at_least_one, max=10**9)
+    every_steps: int = knob(10, "memory saves every N steps (with enabled); with [checkpoint] adaptive_interval the "
+                            "supervisor retunes it from measured costs, starting here", at_least_one, max=10**9)
     keep: int = knob(2, "memory checkpoints the agent keeps per rank", at_least_one, max=100)
     max_bytes: int = knob(0, "a rank's memory bundle larger than this turns the tier off for it with one warning; "
                           "0 = no limit", non_negative, max=1 << 50)

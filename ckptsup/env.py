@@ -77,6 +77,7 @@ NODE_LOCAL_DIR = "CKPTSUP_NODE_LOCAL_DIR"
 RESUME_FROM = "CKPTSUP_RESUME_FROM"
 SAVE_EVERY_STEPS = "CKPTSUP_SAVE_EVERY_STEPS"
 SAVE_EVERY_S = "CKPTSUP_SAVE_EVERY_S"
+MEMORY_EVERY_STEPS = "CKPTSUP_MEMORY_EVERY_STEPS"
 RANK_SOCKET = "CKPTSUP_RANK_SOCKET"
 MEMORY_SOCKET = "CKPTSUP_MEMORY_SOCKET"
 WARM_DIR = "CKPTSUP_WARM_DIR"
@@ -104,6 +105,7 @@ VARS: tuple[Var, ...] = (
     Var(name=RESUME_FROM, set_by="supervisor", read_by="hooks", meaning="step_<N> directory validated (levels 1-2) before relaunch; empty = fresh start"),
     Var(name=SAVE_EVERY_STEPS, set_by="supervisor", read_by="hooks", meaning="save every N steps (0 = off)"),
     Var(name=SAVE_EVERY_S, set_by="supervisor", read_by="hooks", meaning="initial time-based interval; later changes arrive over the channel"),
+    Var(name=MEMORY_EVERY_STEPS, set_by="supervisor (with [memory] enabled)", read_by="hooks", meaning="memory saves every N steps at launch: the adaptive interval's current choice, else [memory] every_steps; later changes arrive over the channel"),
     Var(name=MEMORY_SOCKET, set_by="agent", read_by="hooks", meaning="node-local Unix socket (in a 0700 dir) of the agent's memory store (the memory tier)"),
     Var(name=RANK_SOCKET, set_by="agent", read_by="hooks", meaning="node-local Unix socket (in a 0700 dir) for rank heartbeats and commands"),
     Var(name=WARM_LOCAL_RANK, set_by="agent", read_by="operators, tests (ps e)", meaning="the local rank a warm rank interpreter serves: its /proc environment (the rank's own variables come later, in-process)"),
@@ -225,6 +227,7 @@ class RankEnv:
     fr_dump_dir: str | None
     preempt_budget_s: float | None
     memory_socket: str | None = None
+    memory_every_steps: int | None = None
 
     @property
     def supervised(self) -> bool:
@@ -254,6 +257,7 @@ class RankEnv:
             fr_dump_dir=_opt(env, FR_DUMP_DIR),
             preempt_budget_s=_num(env, PREEMPT_BUDGET_S, float),
             memory_socket=_opt(env, MEMORY_SOCKET),
+            memory_every_steps=_num(env, MEMORY_EVERY_STEPS, int),
         )
 
     def to_environ(self) -> dict[str, str]:

@@ -67,6 +67,7 @@ def faulted_run():
 EXPECTED = {
     "useful": (200 + 290 + 205) * 8,        # steps 0-20, 20-49 (minus stall), 49-69 (minus stall)
     "checkpoint_stall": (5 + 5 + 10 + 5) * 8,
+    "memory_stall": 0,
     "lost_progress": (235 + 5) * 8,         # 260->500 minus the 5 s stall; 895->900
     "detection": 20 * 8,
     "restart_kill": 10 * 8, "restart_health": 15 * 8, "restart_launch": (20 + 30) * 8,
@@ -86,6 +87,40 @@ def test_known_log_splits_paid_time_exactly_by_category():
     for category in CATEGORIES:
         assert acc.badput_device_s[category] == pytest.approx(EXPECTED[category]), category
     assert acc.useful_device_s + sum(acc.badput_device_s.values()) == pytest.approx(acc.paid_device_s, rel=1e-12)
+
+
+def with_memory_saves():
+    """faulted_run with memory saves (rank 0's memory_saved, written after the bundle reached the
+    agent, write_s after the stall): two before the crash's resume point (t=260), one after it, one
+    in the restarted span, and a failed one in attempt 2 — its stall was paid all the same."""
+    a1, a2 = dict(attempt=1, mono_base=1000.0), dict(attempt=2, mono_base=50_000.0 - 1230)
+    saves = [ev(112, "memory_saved", step=6, ok=True, stall_s=1.0, write_s=2.0, bytes=10, **a1),
+             ev(212, "memory_saved", step=16, ok=True, stall_s=1.0, write_s=2.0, bytes=10, **a1),
+             ev(312, "memory_saved", step=26, ok=True, stall_s=1.0, write_s=2.0, bytes=10, **a1),
+             ev(762, "memory_saved", step=36, ok=True, stall_s=2.0, write_s=2.0, bytes=10, **a1),
+             ev(1472, "memory_saved", step=64, ok=False, stall_s=0.5, write_s=0.1, bytes=0, reason="agent gone", **a2)]
+    events = faulted_run()
+    for save in saves:
+        at = next(i for i, e in enumerate(events) if e["ts"] > save["ts"])
+        events.insert(at, save)
+    return events
+
+
+def test_memory_save_stalls_are_their_own_overhead_and_priced_like_disk_stalls():
+    acc = account(with_memory_saves())
+    assert acc.badput_device_s["memory_stall"] == pytest.approx((1 + 1 + 1 + 2 + 0.5) * 8)
+    # the stall after the resume point was lost time before; now it is memory stall, once
+    assert acc.badput_device_s["lost_progress"] == pytest.approx((235 - 1 + 5) * 8)
+    assert acc.useful_device_s == pytest.approx(EXPECTED["useful"] - (1 + 1 + 2 + 0.5) * 8)
+    for category in CATEGORIES:
+        if category not in ("memory_stall", "lost_progress"):
+            assert acc.badput_device_s[category] == pytest.approx(EXPECTED[category]), category
+    assert acc.useful_device_s + sum(acc.badput_device_s.values()) == pytest.approx(PAID, rel=1e-12)
+    data = acc.to_dict(price_per_gpu_hour=3.6)
+    assert data["badput_usd"]["memory_stall"] == pytest.approx(5.5 * 8 / 3600 * 3.6)
+    assert data["measured_memory_stall_s"] == pytest.approx(5.5 / 5) and data["memory_saves"] == 5
+    assert data["measured_memory_write_s"] == pytest.approx(2.0)    # the successful saves' writes
+    assert data["measured_stall_s"] == pytest.approx(25 / 4)         # the disk's own, unchanged
 
 
 def test_queue_time_after_a_requeue_is_reported_and_not_paid():

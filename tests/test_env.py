@@ -19,7 +19,7 @@ FULL = RankEnv(run_dir="/runs/7", job_id="7", attempt=3, epoch=5, config_json="/
                save_every_steps=20, save_every_s=123.25, rank_socket="/tmp/ckptsup-n1-x/ranks.sock",
                secret_file="/runs/7/secret", node="n1", collective_timeout_init_s=600.0,
                collective_timeout_s=97.125, fr_dump_dir="/runs/7/attempt-3/flight_recorder", preempt_budget_s=30.5,
-               memory_socket="/tmp/ckptsup-n1-x/memory.sock")
+               memory_socket="/tmp/ckptsup-n1-x/memory.sock", memory_every_steps=15)
 EMPTY = RankEnv(run_dir=None, job_id="local", attempt=0, epoch=0, config_json=None, checkpoint_dir=None,
                 node_local_dir=None, resume_from=None, save_every_steps=None, save_every_s=None, rank_socket=None,
                 secret_file=None, node="n2", collective_timeout_init_s=None, collective_timeout_s=None,

@@ -34,6 +34,34 @@ def start(agent: FakeAgent, tmp_path: Path, *args: str, env: dict[str, str] | No
                             stderr=subprocess.PIPE, text=True)
 
 
+def test_the_memory_schedule_starts_from_the_launch_and_follows_set_interval(agent: FakeAgent, tmp_path: Path) -> None:
+    """What the supervisor's adaptive memory interval does (interval_tuner.py): the launch's
+    CKPTSUP_MEMORY_EVERY_STEPS wins over [memory] every_steps, and a set_interval with
+    memory_every_steps moves a real rank's memory saves."""
+    from ckptsup.supervisor.memory_store import MemoryServer, MemoryStore, unix_listener
+
+    site = tmp_path / "site.toml"
+    site.write_text("[checkpoint]\nkeep_daily_days = 0\ntest_load_every = 0\n[memory]\nenabled = true\nevery_steps = 10\n")
+    sock = private_dir(tmp_path / "mem") / "memory.sock"
+    server = MemoryServer(unix_listener(sock), secret=agent.secret, store=MemoryStore(keep=2)).start()
+    proc = start(agent, tmp_path, env={"CKPTSUP_SITE_CONFIG": str(site), "CKPTSUP_MEMORY_SOCKET": str(sock),
+                                       "CKPTSUP_MEMORY_EVERY_STEPS": "4"})
+    saved = lambda: [e["step"] for e in agent.events("memory_saved") if e["ok"]]  # noqa: E731
+    try:
+        agent.wait_for(lambda: len(saved()) >= 2, proc)
+        before = saved()
+        agent.send("set_interval", {"memory_every_steps": 3})
+        agent.wait_for(lambda: [s for s in saved() if s % 3 == 0 and s % 4 and s > before[-1]][1:], proc)
+    finally:
+        proc.kill()
+        proc.wait()
+        server.close()
+    steps = saved()
+    assert all(s % 4 == 0 for s in before), before                   # the launch's schedule, not every_steps = 10
+    changed = next(i for i, s in enumerate(steps) if s % 4)
+    assert all(s % 4 == 0 for s in steps[:changed]) and all(s % 3 == 0 for s in steps[changed:]), steps
+
+
 def test_heartbeats_events_save_now_and_stop_at_travel_over_the_channel(agent: FakeAgent, tmp_path: Path) -> None:
     proc = start(agent, tmp_path)
     try:

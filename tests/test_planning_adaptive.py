@@ -132,3 +132,130 @@ def test_the_supervisors_tuner_counts_the_allocations_gpus_else_the_ranks():
     assert IntervalTuner(config)._adaptive.devices == 6                    # no GPU: 2 nodes x 3 ranks
     config.supervisor.nproc_per_node = "auto"                              # unresolved: one a node
     assert IntervalTuner(config)._adaptive.devices == 2
+
+
+# ---- the memory tier's interval (AdaptiveMemoryInterval, IntervalTuner's memory level) ------------
+
+from ckptsup.planning.adaptive import AdaptiveMemoryInterval  # noqa: E402
+from ckptsup.planning.two_level import Level, memory_interval  # noqa: E402
+
+MTBF_S = 3600.0   # a large job's: a failure an hour
+
+
+def memory_saved(stall, write=0.5, ok=True):
+    return {"event": "memory_saved", "step": 10, "ok": ok, "stall_s": stall, "write_s": write, "bytes": 1}
+
+
+def step_progress(step_time):
+    return {"event": "step_progress", "step": 100, "step_time_s": step_time}
+
+
+def measured(stall, *, write=0.5, step_time=0.2, every=10, nodes=4):
+    memory = AdaptiveMemoryInterval(initial_every_steps=every, nodes=nodes)
+    assert memory.observe(memory_saved(stall, write)) and memory.observe(step_progress(step_time))
+    return memory
+
+
+def test_without_measurements_the_memory_schedule_stays_the_configured_one():
+    memory = AdaptiveMemoryInterval(initial_every_steps=10, nodes=4)
+    assert memory.retarget("x", mtbf_s=MTBF_S, disk_interval_s=600.0) is None
+    memory.observe(memory_saved(0.05))             # a stall but no step time yet: no seconds -> steps
+    assert memory.retarget("x", mtbf_s=MTBF_S, disk_interval_s=600.0) is None
+    assert memory.every_steps == 10
+    assert not memory.observe({"event": "launch"})  # says nothing about memory saves
+
+
+def test_the_memory_interval_is_youngs_at_the_memory_levels_failure_rate_in_steps():
+    memory = measured(0.05, write=0.5, step_time=0.2)
+    steps, seconds, why = memory.retarget("memory_saved", mtbf_s=MTBF_S, disk_interval_s=600.0)
+    young = memory_interval(memory=Level(stall_s=0.05, restart_s=0.0, persist_s=0.5), mtbf_s=MTBF_S, nodes=4,
+                            disk_interval_s=600.0)
+    assert steps == round(young / 0.2) and memory.every_steps == steps and seconds == pytest.approx(steps * 0.2)
+    assert young < (2 * 0.05 * MTBF_S) ** 0.5 * 1.1   # a node-and-buddy loss is rare: close to plain Young
+    assert "memory_saved" in why and "C_m=" in why and "Young" in why and f"{steps} steps" in why
+
+
+def test_cheaper_memory_saves_and_more_failures_mean_a_shorter_memory_interval():
+    cheap = measured(0.01).target(mtbf_s=MTBF_S, disk_interval_s=600.0)[0]
+    dear = measured(0.2).target(mtbf_s=MTBF_S, disk_interval_s=600.0)[0]
+    assert cheap < dear
+    assert measured(0.2).target(mtbf_s=MTBF_S / 10, disk_interval_s=600.0)[0] < dear
+
+
+def test_the_memory_interval_is_never_longer_than_the_disk_interval():
+    memory = measured(0.5, write=0.0, step_time=0.2)
+    steps, seconds, why = memory.retarget("x", mtbf_s=1e9, disk_interval_s=60.0)   # Young would be hours
+    assert steps == 300 and seconds == pytest.approx(60.0) and "capped at the disk interval" in why
+    assert memory.target(mtbf_s=1e9, disk_interval_s=60.0, disk_every_steps=50)[0] == 50   # disk saves by steps too
+    assert measured(0.5, step_time=120.0).target(mtbf_s=1e9, disk_interval_s=60.0)[0] == 1  # at least every step
+
+
+def test_the_write_time_bounds_how_often_a_memory_save_starts():
+    # Young ~ 0.85 s, but a save due while the last one is written is skipped: every 3 s at most
+    steps, _, why = measured(1e-4, write=3.0, step_time=0.1).retarget("x", mtbf_s=MTBF_S, disk_interval_s=600.0)
+    assert steps == 30 and "raised to the write time" in why
+
+
+def test_noise_around_a_step_boundary_does_not_flip_the_schedule():
+    memory = measured(0.05, step_time=0.2)
+    first = memory.retarget("x", mtbf_s=MTBF_S, disk_interval_s=600.0)[0]
+    for step_time in (0.198, 0.202, 0.199, 0.201, 0.2):
+        memory.observe(step_progress(step_time))
+        assert memory.retarget("step_progress", mtbf_s=MTBF_S, disk_interval_s=600.0) is None
+    assert memory.every_steps == first
+    for _ in range(11):   # the steps got 3x slower: the same seconds are a third of the steps
+        memory.observe(step_progress(0.6))
+    steps = memory.retarget("step_progress", mtbf_s=MTBF_S, disk_interval_s=600.0)[0]
+    assert steps == pytest.approx(first / 3, abs=1)
+
+
+def test_the_supervisors_tuner_sends_the_memory_schedule_with_its_level():
+    from ckptsup.config import Config
+    from ckptsup.supervisor.interval_tuner import IntervalTuner
+
+    config = Config()
+    config.supervisor.nodes, config.supervisor.nproc_per_node = 4, 8
+    config.cost.gpu_mtbf_hours = 32.0                       # 32 devices: a job MTBF of an hour
+    config.memory.enabled, config.memory.every_steps = True, 10
+    tuner = IntervalTuner(config)
+    assert tuner.memory_every_steps() == 10
+    assert tuner.observe(memory_saved(0.05)) == []          # no step time yet
+    [change] = tuner.observe(step_progress(0.2))
+    assert change.level == "memory" and change.every_steps == tuner.memory_every_steps() != 10
+    assert change.command() == {"memory_every_steps": change.every_steps}
+    assert change.event_fields()["level"] == "memory" and change.event_fields()["every_steps"] == change.every_steps
+    changes = tuner.observe(commit(30.0))                   # disk first; its new interval bounds the memory one
+    assert changes[0].level == "disk" and changes[0].command() == {"interval_s": round(changes[0].interval_s, 3)}
+    assert tuner.memory_every_steps() * 0.2 <= tuner._adaptive.interval_s
+    config.memory.enabled = False
+    off = IntervalTuner(config)
+    assert off.observe(memory_saved(0.05)) == [] and off.observe(step_progress(0.2)) == []
+    assert off.memory_every_steps() == 10
+
+
+def test_the_tuner_starts_a_requeued_run_from_the_memory_costs_it_measured():
+    from ckptsup.config import Config
+    from ckptsup.supervisor.interval_tuner import IntervalTuner
+    from test_accounting import with_memory_saves
+
+    config = Config()
+    config.memory.enabled, config.memory.every_steps = True, 1
+    tuner = IntervalTuner(config)
+    tuner.seed(with_memory_saves())          # memory stalls of ~1 s, steps of 10 s
+    assert tuner.memory_every_steps() > 1
+    assert tuner._memory.nodes == 1 and list(tuner._memory.stalls) == [1.0, 1.0, 1.0, 2.0, 0.5]
+
+
+def test_a_launch_carries_the_tuned_memory_schedule_so_a_relaunch_keeps_it(tmp_path):
+    from ckptsup.config import Config
+    from ckptsup.env import MEMORY_EVERY_STEPS, RankEnv
+    from ckptsup.supervisor.recovery import attempt_timeouts, rank_env
+
+    config = Config()
+    args = dict(run_dir=tmp_path, config_json=tmp_path / "c.json", secret_path=tmp_path / "s", ckpt_dir=tmp_path / "ck",
+                job_id="7", attempt=1, epoch=1, resume_from="", save_every_s=600.0, preempt_budget_s=0.0,
+                timeouts=attempt_timeouts(config, step_times=[], save_s=None))
+    assert MEMORY_EVERY_STEPS not in rank_env(config, **args, memory_every_steps=7)   # no memory tier
+    config.memory.enabled = True
+    assert RankEnv.from_environ(rank_env(config, **args, memory_every_steps=7)).memory_every_steps == 7
+    assert rank_env(config, **args)[MEMORY_EVERY_STEPS] == str(config.memory.every_steps)

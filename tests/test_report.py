@@ -56,6 +56,34 @@ def test_terminal_summary_lists_categories_and_measurements(capsys, run_dir):
         assert text in out
 
 
+def test_memory_save_stalls_are_their_own_priced_line_and_the_memory_interval_is_shown(capsys, tmp_path, monkeypatch):
+    from test_accounting import ev, with_memory_saves
+
+    site = tmp_path / "site.toml"
+    site.write_text("[cost]\nprice_per_gpu_hour = 4.0\n")
+    monkeypatch.setenv("CKPTSUP_SITE_CONFIG", str(site))
+    monkeypatch.setenv("COLUMNS", "200")   # one summary row a line
+    events = with_memory_saves()
+    events.insert(-1, ev(1500, "interval_changed", level="memory", every_steps=7, interval_s=70.0,
+                         why="memory_saved: C_m=1s", attempt=2, mono_base=50_000.0 - 1230))
+    rd = tmp_path / "run"
+    rd.mkdir(mode=0o700)
+    (rd / EVENTS_FILE).write_text("".join(json.dumps(e) + "\n" for e in events))
+    code, out, err = run_cli(capsys, "report", str(rd), "--json")
+    assert code == 0, err
+    rep = json.loads(out)
+    assert rep["badput_usd"]["memory_stall"] == pytest.approx(5.5 * 8 / 3600 * 4.0)
+    assert rep["memory_intervals_changed"] == [[1500.0, 7.0, 70.0, "memory_saved: C_m=1s"]]
+    assert rep["intervals_changed"] == []            # the disk interval's list holds disk changes only
+    code, out, _ = run_cli(capsys, "report", str(rd))
+    assert code == 0
+    [line] = [row for row in out.splitlines() if "memory save stall" in row]
+    assert "$0.05" in line                                      # 44 device-s at $4/device-h
+    assert "memory saves" in out and "adaptive interval 7 steps" in out
+    code, out, _ = run_cli(capsys, "report", str(rd), "--prom", str(tmp_path / "x.prom"))
+    assert 'category="memory_stall"' in (tmp_path / "x.prom").read_text()
+
+
 def test_png_is_a_real_png_with_a_timeline(capsys, run_dir, tmp_path):
     target = tmp_path / "report.png"
     code, _, err = run_cli(capsys, "report", str(run_dir), "--png", str(target))

@@ -57,6 +57,12 @@ def test_describe_teardown_error_says_nothing_was_lost() -> None:
     assert timeline.describe(event).startswith("torchrun on n2 exited rc=1 after all its ranks finished")
 
 
+def test_describe_interval_changed_says_which_level() -> None:
+    assert timeline.describe({"event": "interval_changed", "interval_s": 120.0, "why": "x"}).startswith("checkpoint interval")
+    line = timeline.describe({"event": "interval_changed", "level": "memory", "every_steps": 40, "interval_s": 8.0, "why": "y"})
+    assert line.startswith("memory save interval 40 steps") and line.endswith(": y")
+
+
 def test_unknown_events_fall_back_to_their_fields() -> None:
     event = {"event": "custom", "ts": "2026-01-01T00:00:00+00:00", "mono": 0, "job_id": "1", "attempt": 0, "x": 3}
     assert timeline.describe(event) == "x=3"

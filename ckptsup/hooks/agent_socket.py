@@ -191,8 +191,8 @@ class RankChannel:
                 cmds.stop_at = dict(body)
             elif m == MessageKind.SAVE_NOW:
                 cmds.save_now = str(body.get("reason", "requested"))
-            elif m == MessageKind.SET_INTERVAL:
-                cmds.interval = dict(body)
+            elif m == MessageKind.SET_INTERVAL:   # merged: a disk and a memory change may both wait for a sync
+                cmds.interval = {**(cmds.interval or {}), **body}
             elif m == MessageKind.SET_TIMEOUT and isinstance(body.get("collective_s"), (int, float)):
                 cmds.timeout_s = float(body["collective_s"])
         if m == MessageKind.DUMP_FR:

@@ -157,9 +157,18 @@ class Run:
         if config is None or not config.memory.enabled or not self.env.memory_socket:
             return None, 0
         client = MemoryClient(socket_path=self.env.memory_socket, secret_file=self.env.secret_file, rank=self.rank)
+        every = self.env.memory_every_steps   # the supervisor's (adaptive) schedule, else the config's
+        if every is None:
+            every = config.memory.every_steps
+        elif every < 1:
+            from ..env import MEMORY_EVERY_STEPS
+            from ..errors import ConfigError
+
+            raise ConfigError(f"environment {MEMORY_EVERY_STEPS}={every} must be >= 1 ([memory] enabled = false "
+                              "turns the memory tier off)")
         saver = MemorySaver(client, algorithm=self.settings.hash_algorithm, max_bytes=config.memory.max_bytes,
                             on_result=self._on_memory_result, clock=self.clock)
-        return saver, config.memory.every_steps
+        return saver, every
 
     def _housekeeper(self) -> Any:
         from ..checkpoint.housekeeping import Housekeeper
@@ -392,6 +401,9 @@ class Run:
             self.settings.save_every_s = float(change["interval_s"])
         if change.get("save_every_steps") is not None:
             self.settings.save_every_steps = int(change["save_every_steps"])
+        every = change.get("memory_every_steps")   # the adaptive memory schedule: the same step on every rank
+        if self.memory is not None and isinstance(every, int) and not isinstance(every, bool) and every >= 1:
+            self.memory_every = every
 
     def _nan(self, step: int, loss: Any) -> None:
         """Only this rank knows; its exit (or error) ends the others' next collective."""

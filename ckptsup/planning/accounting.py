@@ -20,7 +20,8 @@ from . import spans as tl
 from .spans import Attempt, EndReason, Span, SpanKind, num
 
 CATEGORIES = (
-    "checkpoint_stall",    # blocking part of saves (stall_s)
+    "checkpoint_stall",    # blocking part of disk saves (checkpoint_committed/failed.stall_s)
+    "memory_stall",        # blocking part of memory saves (memory_saved.stall_s)
     "lost_progress",       # work after the checkpoint the next attempt resumed from
     "detection",           # failure → detection (detect_s)
     "restart_kill", "restart_health", "restart_launch", "restart_rendezvous", "restart_load",
@@ -45,6 +46,8 @@ class Accounting:
     failures: dict[str, int] = field(default_factory=dict)
     stalls_s: list[float] = field(default_factory=list)
     writes_s: list[float] = field(default_factory=list)
+    memory_stalls_s: list[float] = field(default_factory=list)   # every memory save's, failed ones included
+    memory_writes_s: list[float] = field(default_factory=list)   # the successful ones' write to the agent
     restarts_s: list[float] = field(default_factory=list)
     detects_s: list[float] = field(default_factory=list)
     checkpoint_bytes: list[float] = field(default_factory=list)
@@ -92,6 +95,9 @@ class Accounting:
             "measured_restart_s": _mean(self.restarts_s),
             "measured_detect_s": _mean(self.detects_s),
             "checkpoints": len(self.stalls_s),
+            "measured_memory_stall_s": _mean(self.memory_stalls_s),
+            "measured_memory_write_s": _mean(self.memory_writes_s),
+            "memory_saves": len(self.memory_stalls_s),
             "checkpoint_bytes": _mean(self.checkpoint_bytes),
             "end_reason": self.end_reason.value,
             "attempt_rows": self.attempt_rows,
@@ -157,8 +163,10 @@ def _split_span(span: Span, attempt: Attempt, resumes: list[tuple[float, float |
             left -= take
 
     stall_total = sum(s for _, s in span.stalls)
+    memory_total = sum(s for _, s in span.memory_stalls)
     if span.kind is SpanKind.RUNNING:
         claim("checkpoint_stall", stall_total)
+        claim("memory_stall", memory_total)
         if span.interrupted:
             resume = _resume_after(resumes, span.end)
             if resume is None:  # nothing resumed (yet): back to the newest committed checkpoint
@@ -170,6 +178,7 @@ def _split_span(span: Span, attempt: Attempt, resumes: list[tuple[float, float |
     for phase in tl.PHASES:
         claim(f"restart_{phase}", span.phases.get(phase, 0.0))
     claim("checkpoint_stall", stall_total)
+    claim("memory_stall", memory_total)
     if span.kind is SpanKind.STARTUP:
         claim("startup", left)
     elif span.ends_attempt and attempt.end_reason is not EndReason.OPEN:
@@ -204,13 +213,14 @@ def _resume_after(resumes: list[tuple[float, float | None]], t: float) -> float 
 
 
 def _lost_seconds(span: Span, resume_step: float | None) -> float:
-    """Running time after the point where training reached `resume_step`, minus the stalls in it.
+    """Running time after the point where training reached `resume_step`, minus the stalls (disk and
+    memory saves) in it.
     The point is interpolated from step samples (linear between samples, extrapolated with the
     last step time); with no checkpoint at all, everything since the span's start is lost."""
     if resume_step is None:
         resume_step = span.start_step if span.start_step is not None else -math.inf
     t_resume = _time_at_step(_anchors(span), span, resume_step)
-    stalls_after = sum(s for t, s in span.stalls if t >= t_resume)
+    stalls_after = sum(s for t, s in (*span.stalls, *span.memory_stalls) if t >= t_resume)
     return max(0.0, span.end - t_resume - stalls_after)
 
 
@@ -256,6 +266,10 @@ def _collect(acc: Accounting, attempt: Attempt) -> None:
                 acc.writes_s.append(num(ev, "write_s") or 0.0)
             if num(ev, "bytes") is not None:
                 acc.checkpoint_bytes.append(num(ev, "bytes") or 0.0)
+        elif name == Event.MEMORY_SAVED:
+            acc.memory_stalls_s.append(num(ev, "stall_s", 0.0) or 0.0)
+            if ev.get("ok") is True and num(ev, "write_s") is not None:
+                acc.memory_writes_s.append(num(ev, "write_s") or 0.0)
         elif name == Event.FAILURE_DETECTED:
             kind = str(ev.get("kind") or "unknown")
             acc.failures[kind] = acc.failures.get(kind, 0) + 1
@@ -287,7 +301,7 @@ def _timeline(attempts: list[Attempt]) -> dict[str, list[Any]]:
     """Points for the report's plot, in seconds since the first event."""
     t0 = attempts[0].start
     out: dict[str, list[Any]] = {"progress": [], "checkpoints": [], "failures": [], "restarts": [],
-                                 "attempts": [], "intervals": []}
+                                 "attempts": [], "intervals": [], "memory_intervals": []}
     for attempt in attempts:
         if out["progress"]:
             out["progress"].append([attempt.start - t0, None])  # no line across the queue
@@ -306,7 +320,9 @@ def _timeline(attempts: list[Attempt]) -> dict[str, list[Any]]:
                 out["restarts"].append([rel, num(ev, "resume_step")])
                 if num(ev, "resume_step") is not None:
                     out["progress"].append([rel, num(ev, "resume_step")])
-            elif name == Event.INTERVAL_CHANGED:
+            elif name == Event.INTERVAL_CHANGED and ev.get("level") == "memory":
+                out["memory_intervals"].append([rel, num(ev, "every_steps"), num(ev, "interval_s"), str(ev.get("why") or "")])
+            elif name == Event.INTERVAL_CHANGED:   # the disk interval (logs before `level` hold only those)
                 out["intervals"].append([rel, num(ev, "interval_s"), str(ev.get("why") or "")])
     return out
 

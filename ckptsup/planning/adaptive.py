@@ -17,10 +17,19 @@ The interval is max(Daly(C, M), P) clamped to [min_interval_s, max_interval_s]; 
 reported only when it differs from the current one by more than `change_threshold` (relative),
 so the hooks are not retuned on noise. The returned interval carries ± `jitter_fraction` random
 jitter so that many jobs started together do not checkpoint in the same minute.
+
+The memory tier's interval (AdaptiveMemoryInterval) is in steps, as `[memory] every_steps`: every
+rank must make the same memory save (a resume needs a step every rank's agent holds), and a step
+count needs no agreement. It is two_level.memory_interval — Young's at the memory level's failure
+rate, the failures a memory copy survives — from C_m (median `memory_saved.stall_s`), P_m (median
+`write_s`, which bounds how often a save can start: one due while the previous is in flight is
+skipped), the job MTBF above and the current disk interval; then divided by the median measured
+step time (`step_progress.step_time_s`) and held to [ceil(P_m / step), the disk interval].
 """
 
 from __future__ import annotations
 
+import math
 import random
 import statistics
 import time
@@ -31,6 +40,7 @@ from typing import Any, Callable
 from ..errors import ConfigError
 from ..events import Event, FailureKind
 from .interval import daly_interval
+from .two_level import Level, memory_interval
 from .spans import devices_of, num
 from .units import format_duration
 
@@ -54,6 +64,16 @@ def posterior(*, gpu_mtbf_hours: float, prior_weight: float, failures: float, de
         raise ConfigError("cost.gpu_mtbf_hours and the prior weight must be > 0")
     return Posterior(alpha=prior_weight + max(0.0, failures),
                      beta_hours=prior_weight * gpu_mtbf_hours + max(0.0, device_hours))
+
+
+def record_save_costs(event: dict[str, Any], stalls: deque[float], writes: deque[float], *, with_write: bool = True) -> None:
+    """A save event's stall (when > 0) and write time (when >= 0) into the measurement windows."""
+    stall = num(event, "stall_s")
+    if stall is not None and stall > 0:
+        stalls.append(stall)
+    write = num(event, "write_s")
+    if with_write and write is not None and write >= 0:
+        writes.append(write)
 
 
 @dataclass(kw_only=True)
@@ -94,12 +114,7 @@ class AdaptiveInterval:
         self._accrue()
         name = Event.parse(event.get("event"))
         if name is Event.CHECKPOINT_COMMITTED:
-            stall = num(event, "stall_s")
-            if stall is not None and stall > 0:
-                self.stalls.append(stall)
-            write = num(event, "write_s")
-            if write is not None and write >= 0:
-                self.writes.append(write)
+            record_save_costs(event, self.stalls, self.writes)
         elif name is Event.FAILURE_DETECTED and FailureKind.counts_against_mtbf(event.get("kind")):
             self.failures += 1
         elif name is Event.FAILURE_ATTRIBUTED:
@@ -154,3 +169,113 @@ class AdaptiveInterval:
         self.interval_s = value
         jittered = value * (1.0 + self.rng.uniform(-self.jitter_fraction, self.jitter_fraction))
         return jittered, f"{cause}: {why}"
+
+
+@dataclass(kw_only=True)
+class AdaptiveMemoryInterval:
+    """The memory save interval in steps (see module doc). Pure: observe() records measurements;
+    retarget() decides from them and the disk side's MTBF and interval, which it is given."""
+
+    initial_every_steps: int
+    nodes: int = 1
+    miss: float = 0.0            # failures no memory copy survives, beyond a node lost with its buddy
+    window: int = 5
+    change_threshold: float = 0.10
+    stalls: deque[float] = field(init=False)
+    writes: deque[float] = field(init=False)
+    step_times: deque[float] = field(init=False)
+    every_steps: int = field(init=False)   # the current schedule: the configured one until measured
+
+    def __post_init__(self) -> None:
+        if self.initial_every_steps < 1:
+            raise ConfigError("adaptive memory interval: the initial every_steps must be >= 1")
+        self.stalls = deque(maxlen=self.window)
+        self.writes = deque(maxlen=self.window)
+        self.step_times = deque(maxlen=2 * self.window + 1)   # odd: the median is a measured step
+        self.every_steps = self.initial_every_steps
+
+    def observe(self, event: dict[str, Any]) -> bool:
+        """Record what `event` measured; True when it may move the target."""
+        name = Event.parse(event.get("event"))
+        if name is Event.MEMORY_SAVED:   # a failed save stalled too, but its write time says little
+            record_save_costs(event, self.stalls, self.writes, with_write=event.get("ok") is True)
+        elif name is Event.STEP_PROGRESS:
+            step = num(event, "step_time_s")
+            if step is None or step <= 0:
+                return False
+            self.step_times.append(step)
+        elif name is Event.ALLOCATION:
+            active = num(event, "active")
+            if active is None or active < 1:
+                return False
+            self.nodes = int(active)
+        else:
+            return name in (Event.CHECKPOINT_COMMITTED, Event.FAILURE_DETECTED, Event.FAILURE_ATTRIBUTED)
+        return True
+
+    def seed(self, history: list[dict[str, Any]]) -> None:
+        """After a requeue: the earlier allocations' memory-save costs and step times."""
+        from .accounting import account
+
+        acc = account(history)
+        self.stalls.extend(s for s in acc.memory_stalls_s[-self.window:] if s > 0)
+        self.writes.extend(acc.memory_writes_s[-self.window:])
+        for event in history:
+            if event.get("event") == Event.STEP_PROGRESS:
+                step = num(event, "step_time_s")
+                if step is not None and step > 0:
+                    self.step_times.append(step)
+
+    def target(self, *, mtbf_s: float, disk_interval_s: float, disk_every_steps: int = 0) -> tuple[int, float, str] | None:
+        """(every_steps, the seconds they take, why), or None before a memory stall and a step time
+        are measured (the configured every_steps stays)."""
+        plan = self._plan(mtbf_s=mtbf_s, disk_interval_s=disk_interval_s, disk_every_steps=disk_every_steps)
+        return None if plan is None else (plan.steps, plan.steps * plan.step_s, plan.why)
+
+    def retarget(self, cause: str, *, mtbf_s: float, disk_interval_s: float,
+                 disk_every_steps: int = 0) -> tuple[int, float, str] | None:
+        """A new every_steps when the current one is out of bounds, or when the target is closer to
+        the ideal seconds than the current one by more than change_threshold of them (whole steps:
+        an ideal between two counts must not flip between them on noise)."""
+        plan = self._plan(mtbf_s=mtbf_s, disk_interval_s=disk_interval_s, disk_every_steps=disk_every_steps)
+        if plan is None or plan.steps == self.every_steps:
+            return None
+        error = lambda n: abs(n * plan.step_s - plan.ideal_s) / plan.ideal_s  # noqa: E731
+        current = self.every_steps
+        if plan.lo <= current <= plan.hi and error(current) - error(plan.steps) <= self.change_threshold:
+            return None
+        self.every_steps = plan.steps
+        return plan.steps, plan.steps * plan.step_s, f"{cause}: {plan.why}"
+
+    def _plan(self, *, mtbf_s: float, disk_interval_s: float, disk_every_steps: int) -> "_MemoryPlan | None":
+        if not self.stalls or not self.step_times:
+            return None
+        stall, step = statistics.median(self.stalls), statistics.median(self.step_times)
+        write = statistics.median(self.writes) if self.writes else 0.0
+        # Young's alone; the write time is the lower bound below, in whole steps
+        young = memory_interval(memory=Level(stall_s=stall, restart_s=0.0), mtbf_s=mtbf_s,
+                                nodes=self.nodes, disk_interval_s=disk_interval_s, miss=self.miss)
+        # no more often than a save can be written, never less often than the disk saves
+        disk_s = min(disk_interval_s, disk_every_steps * step if disk_every_steps > 0 else math.inf)
+        hi = max(1, math.floor(disk_s / step + 1e-9))
+        lo = min(hi, max(1, math.ceil(write / step - 1e-9)))
+        ideal = min(hi * step, max(lo * step, young))
+        steps = min(hi, max(lo, round(ideal / step)))
+        why = (f"C_m={format_duration(stall)} P_m={format_duration(write)} M={format_duration(mtbf_s)} "
+               f"-> Young {format_duration(young)}")
+        if young > hi * step:
+            why += f", capped at the disk interval {format_duration(disk_s)}"
+        elif young < lo * step:
+            why += f", raised to the write time {format_duration(write)}"
+        why += f" = {steps} steps of {format_duration(step)}"
+        return _MemoryPlan(steps=steps, step_s=step, ideal_s=ideal, lo=lo, hi=hi, why=why)
+
+
+@dataclass(frozen=True, kw_only=True)
+class _MemoryPlan:
+    steps: int
+    step_s: float
+    ideal_s: float
+    lo: int
+    hi: int
+    why: str

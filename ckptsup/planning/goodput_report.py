@@ -23,7 +23,8 @@ from .units import format_duration, format_pct, format_size, format_usd
 
 BAR_COLOURS = (0, 1, 2, 3, 6, 7, 8, 9, 10, 11, 12, 13, 14, 15, 16, 17, 18, 19)  # tab20 without its greens
 LABELS = {
-    "useful": "useful", "checkpoint_stall": "checkpoint stall", "lost_progress": "lost progress",
+    "useful": "useful", "checkpoint_stall": "checkpoint stall", "memory_stall": "memory save stall",
+    "lost_progress": "lost progress",
     "detection": "detection", "restart_kill": "restart: kill", "restart_health": "restart: health check",
     "restart_launch": "restart: launch", "restart_rendezvous": "restart: rendezvous",
     "restart_load": "restart: load", "restart_first_step": "restart: first step", "startup": "startup",
@@ -55,6 +56,7 @@ def build_report(events: Iterable[dict[str, Any]], *, price_per_gpu_hour: float,
             rec["interval_daly_observed_s"] = daly_interval(stall, observed).interval_s
     out["recommended"] = rec
     out["intervals_changed"] = acc.timeline.get("intervals", [])
+    out["memory_intervals_changed"] = acc.timeline.get("memory_intervals", [])
     out["loads_by_source"] = loads_by_source(events)
     return out
 
@@ -153,6 +155,9 @@ def _summary_pairs(rep: dict[str, Any]) -> list[tuple[str, str]]:
         ("posterior job MTBF (prior + run)", format_duration(rep["posterior_job_mtbf_s"])),
         ("measured stall C / write", f"{format_duration(rep['measured_stall_s'])} / {format_duration(rep['measured_write_s'])}"
                                      f"  ({rep['checkpoints']} checkpoints, {format_size(rep['checkpoint_bytes'])} each)"),
+        *([("measured memory stall C_m / write", f"{format_duration(rep['measured_memory_stall_s'])} / "
+             f"{format_duration(rep['measured_memory_write_s'])}  ({rep['memory_saves']} memory saves)"
+             + _memory_interval_text(rep))] if rep.get("memory_saves") else []),
         ("measured detection + restart R", f"{format_duration(rep['measured_detect_s'])} + {format_duration(rep['measured_restart_s'])}"),
         ("checkpoint loads by source", "; ".join(
             f"{source} {int(row['loads'])} ({int(row['files'])} files, {format_duration(row['load_s'])})"
@@ -165,6 +170,16 @@ def _summary_pairs(rep: dict[str, Any]) -> list[tuple[str, str]]:
             text += f"; {format_duration(rec['interval_daly_observed_s'])} at the observed MTBF"
         pairs.append(("interval plan recommends now", text))
     return pairs
+
+
+def _memory_interval_text(rep: dict[str, Any]) -> str:
+    """The adaptive memory interval the supervisor chose last (interval_changed, level memory)."""
+    changes = rep.get("memory_intervals_changed") or []
+    if not changes:
+        return ""
+    _, steps, seconds, _ = changes[-1]
+    return (f", adaptive interval {steps:g} steps" if steps is not None else "") + \
+        (f" (~{format_duration(seconds)})" if seconds is not None else "")
 
 
 def render_png(rep: dict[str, Any], path: str | os.PathLike[str]) -> None:
@@ -302,6 +317,7 @@ def prom_text(rep: dict[str, Any]) -> str:
            [(f',kind="{prom_label(k)}"', float(v)) for k, v in rep["failures"].items()])
     metric("observed_job_mtbf_seconds", "Allocated wall time per failure.", [("", rep["observed_job_mtbf_s"])])
     metric("measured_stall_seconds", "Mean blocking stall per checkpoint.", [("", rep["measured_stall_s"])])
+    metric("measured_memory_stall_seconds", "Mean blocking stall per memory save.", [("", rep.get("measured_memory_stall_s"))])
     metric("measured_restart_seconds", "Mean restart time.", [("", rep["measured_restart_s"])])
     metric("recommended_interval_seconds", "Daly interval from measured stall and posterior MTBF.",
            [("", rep["recommended"].get("interval_daly_s"))])

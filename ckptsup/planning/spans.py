@@ -12,8 +12,8 @@ Spans partition each allocation's wall time [first event, last event]:
   STARTUP  from its start to its first step (first_step / step_progress / restart_done),
   RUNNING  from there to a failure (failure_detected.t − detect_s), a requeue/give-up, or the end,
   FAILURE  from the failure to the next running start (or the end of the allocation).
-Claims (durations known from event fields: stall_s, detect_s, restart phases) are attached to the
-span they happened in; accounting.py turns spans and claims into categories.
+Claims (durations known from event fields: stall_s of disk and of memory saves, detect_s, restart
+phases) are attached to the span they happened in; accounting.py turns spans and claims into categories.
 """
 
 from __future__ import annotations
@@ -55,6 +55,7 @@ class Span:
     end: float = math.nan
     start_step: float | None = None  # steps done at `start` (a checkpoint's `step` counts the same way)
     stalls: list[tuple[float, float]] = field(default_factory=list)  # (t of commit, stall_s)
+    memory_stalls: list[tuple[float, float]] = field(default_factory=list)  # (t the stall ended, memory_saved.stall_s)
     detect_s: float = 0.0
     phases: dict[str, float] = field(default_factory=dict)
     samples: list[tuple[float, float, float | None]] = field(default_factory=list)  # (t, steps done, step_time_s)
@@ -265,6 +266,10 @@ def build_attempt(events: list[dict[str, Any]], *, default_devices: tuple[float,
                 taken = t - max(stall, num(ev, "write_s", 0.0) or 0.0)
                 if taken >= cur.start:
                     cur.anchors.append((taken, saved))
+        elif name == Event.MEMORY_SAVED:
+            stall = num(ev, "stall_s", 0.0) or 0.0
+            if stall > 0:   # a failed memory save stalled the step too; the event comes after its write
+                cur.memory_stalls.append((t - max(0.0, num(ev, "write_s", 0.0) or 0.0), stall))
         elif name in TERMINAL:
             end_reason = EndReason(name)
             if cur.kind is SpanKind.RUNNING and name != Event.RUN_COMPLETE:

@@ -90,6 +90,15 @@ def fallback_probability(*, disk_interval_s: float, node_mtbf_s: float, miss: fl
     return miss + (1.0 - miss) * both
 
 
+def memory_interval(*, memory: Level, mtbf_s: float, nodes: int, disk_interval_s: float, miss: float = 0.0) -> float:
+    """T_m for a given disk interval: Young's at the memory level's failure rate (1 − p)/M (the
+    failures a memory copy covers), never below P_m (a memory save due while the previous one is
+    still being written would be skipped, or its replica queued)."""
+    p = fallback_probability(disk_interval_s=disk_interval_s, node_mtbf_s=mtbf_s * max(1, nodes), miss=miss)
+    young = math.sqrt(2.0 * memory.stall_s * mtbf_s / max(1.0 - p, 1e-12))
+    return max(young, memory.persist_s, 1e-9)
+
+
 def waste(inp: TwoLevelInputs, *, memory_interval_s: float, saves_per_disk: int) -> TwoLevelWaste:
     t_m, k = memory_interval_s, saves_per_disk
     t_d = k * t_m
@@ -111,9 +120,7 @@ def optimize(inp: TwoLevelInputs) -> TwoLevelResult:
     inp.validate()
 
     def best_k_for(t_d: float) -> tuple[float, int, float]:
-        p = fallback_probability(disk_interval_s=t_d, node_mtbf_s=inp.mtbf_s * inp.nodes, miss=inp.miss)
-        young_m = math.sqrt(2.0 * inp.memory.stall_s * inp.mtbf_s / max(1.0 - p, 1e-12))
-        t_m = max(young_m, inp.memory.persist_s, 1e-9)
+        t_m = memory_interval(memory=inp.memory, mtbf_s=inp.mtbf_s, nodes=inp.nodes, disk_interval_s=t_d, miss=inp.miss)
         best: tuple[float, int, float] | None = None
         for k in {max(1, math.floor(t_d / t_m)), max(1, math.ceil(t_d / t_m))}:
             t_m_k = max(t_d / k, inp.memory.persist_s)

@@ -36,7 +36,7 @@ from .external_resume import ExternalResumeMixin
 from .external_watch import ExternalCheckpoints, resolve_dir
 from .memory_peers import MemoryPeers
 from .attempt import AttemptTracker, Marks
-from .interval_tuner import IntervalTuner
+from .interval_tuner import IntervalChange, IntervalTuner
 from .nccl import Timeouts
 from .observations import (AttemptResult, Failure, FailureKind, History, Observation, Outcome, RecoveryPath,
                            SupervisionLevel)
@@ -125,9 +125,8 @@ class Supervisor(OperatorMixin, ExternalResumeMixin):
         assert self.writer is not None
         self.writer.attempt, self.writer.epoch = self.state.attempt, self.state.epoch
         record = self.writer.emit(name, **fields)
-        change = self.interval.observe(record)
-        if change is not None:
-            self._set_interval(*change)
+        for change in self.interval.observe(record):
+            self._set_interval(change)
 
     def _save_state(self) -> None:
         if self.tracker is not None and self.tracker.step_window.samples:
@@ -438,11 +437,11 @@ class Supervisor(OperatorMixin, ExternalResumeMixin):
                 if isinstance(record.get(key), (int, float)):
                     self.state.measured[key] = float(record[key])
 
-    def _set_interval(self, interval_s: float, why: str) -> None:
-        interval_s = round(interval_s, 3)
-        self.agents.send(MessageKind.SET_INTERVAL, {"interval_s": interval_s})
+    def _set_interval(self, change: IntervalChange) -> None:
+        """The ranks follow a new disk interval or memory schedule (interval_tuner.py decides)."""
+        self.agents.send(MessageKind.SET_INTERVAL, change.command())
         assert self.writer is not None
-        self.writer.emit(Event.INTERVAL_CHANGED, interval_s=interval_s, why=why)
+        self.writer.emit(Event.INTERVAL_CHANGED, **change.event_fields())
 
     # ---- deciding -----------------------------------------------------------------------------
     def _observe(self, failure: Failure | None, **fields: Any) -> Observation:
@@ -664,7 +663,8 @@ class Supervisor(OperatorMixin, ExternalResumeMixin):
                                 secret_path=self.run_dir.secret_path, ckpt_dir=self.ckpt_dir,
                                 job_id=self.placement.job_id, attempt=self.state.attempt, epoch=self.state.epoch,
                                 resume_from=resume_from, timeouts=timeouts, save_every_s=self.interval.current_s(),
-                                preempt_budget_s=self.interval.preempt_budget_s())
+                                preempt_budget_s=self.interval.preempt_budget_s(),
+                                memory_every_steps=self.interval.memory_every_steps())
         spec = LaunchSpec(script=self.job.script, script_args=list(self.job.script_args),
                           nproc_per_node=self.sup.nproc_per_node, nnodes=len(nodes),
                           rdzv_endpoint=self.placement.rdzv_endpoint(nodes[0], self.sup.rdzv_port, self.state.attempt),

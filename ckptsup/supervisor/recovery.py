@@ -33,7 +33,7 @@ def checkpoint_dir(config: Config, run_dir: Path, job_id: str) -> Path:
 
 def rank_env(config: Config, *, run_dir: Path, config_json: Path, secret_path: Path, ckpt_dir: Path, job_id: str,
              attempt: int, epoch: int, resume_from: str, timeouts: Timeouts, save_every_s: float,
-             preempt_budget_s: float) -> dict[str, str]:
+             preempt_budget_s: float, memory_every_steps: int | None = None) -> dict[str, str]:
     """Everything ranks learn from the supervisor (env.py); the agent adds RANK_SOCKET and NODE."""
     env = nccl_env(config, run_dir=run_dir, attempt=attempt, timeouts=timeouts)
     # the constants, not RankEnv.to_environ: RESUME_FROM="" (fresh start) must be set, not omitted
@@ -50,6 +50,8 @@ def rank_env(config: Config, *, run_dir: Path, config_json: Path, secret_path: P
         envvars.SAVE_EVERY_S: f"{save_every_s:g}",
         envvars.PREEMPT_BUDGET_S: f"{preempt_budget_s:.1f}",
     })
+    if config.memory.enabled:   # the tuned memory schedule survives a relaunch (else [memory] every_steps)
+        env[envvars.MEMORY_EVERY_STEPS] = str(memory_every_steps or config.memory.every_steps)
     if envvars.SITE_CONFIG in os.environ:
         env[envvars.SITE_CONFIG] = os.environ[envvars.SITE_CONFIG]
     return env

@@ -112,6 +112,8 @@ def describe(event: Mapping[str, Any]) -> str:
             (f" ({_extras(e, ('step',))})" if _extras(e, ("step",)) else "")
     if name == Event.STEP_PROGRESS:
         return f"step {g('step')} ({_s(g('step_time_s'))}/step)"
+    if name == Event.INTERVAL_CHANGED and g("level") == "memory":
+        return f"memory save interval {g('every_steps', '?')} steps (~{_s(g('interval_s'))}): {g('why', '')}"
     if name == Event.INTERVAL_CHANGED:
         return f"checkpoint interval {_s(g('interval_s'))}: {g('why', '')}"
     if name == Event.PREEMPTION:
