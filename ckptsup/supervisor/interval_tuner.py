@@ -5,13 +5,18 @@ them to the ranks (`set_interval`) and records `interval_changed`."""
 
 from __future__ import annotations
 
+import enum
 from dataclasses import dataclass
 from typing import Any
 
 from ..config import Config
 from .preemption import STOP_RESERVE_S
 
-DISK, MEMORY = "disk", "memory"   # interval_changed.level
+class IntervalLevel(enum.StrEnum):
+    """interval_changed.level: which save schedule changed."""
+
+    DISK = "disk"
+    MEMORY = "memory"
 
 
 @dataclass(frozen=True, kw_only=True)
@@ -19,19 +24,19 @@ class IntervalChange:
     """A new interval for one level: disk (`interval_s`, jittered) or memory (`every_steps`, and
     the seconds they take at the measured step time)."""
 
-    level: str
+    level: IntervalLevel
     interval_s: float
     why: str
     every_steps: int | None = None
 
     def command(self) -> dict[str, Any]:
         """The set_interval body (docs/contracts.md)."""
-        if self.level == MEMORY:
+        if self.level is IntervalLevel.MEMORY:
             return {"memory_every_steps": self.every_steps}
         return {"interval_s": round(self.interval_s, 3)}
 
     def event_fields(self) -> dict[str, Any]:
-        fields: dict[str, Any] = {"level": self.level, "interval_s": round(self.interval_s, 3), "why": self.why}
+        fields: dict[str, Any] = {"level": str(self.level), "interval_s": round(self.interval_s, 3), "why": self.why}
         if self.every_steps is not None:
             fields["every_steps"] = self.every_steps
         return fields
@@ -76,11 +81,11 @@ class IntervalTuner:
         change = self._adaptive.observe(record)
         if change is not None:
             self._current = change[0]
-            changes.append(IntervalChange(level=DISK, interval_s=change[0], why=change[1]))
+            changes.append(IntervalChange(level=IntervalLevel.DISK, interval_s=change[0], why=change[1]))
         if self._memory is not None and self._memory.observe(record):
             moved = self._memory.retarget(str(record.get("event")), **self._memory_inputs())
             if moved is not None:
-                changes.append(IntervalChange(level=MEMORY, interval_s=moved[1], why=moved[2], every_steps=moved[0]))
+                changes.append(IntervalChange(level=IntervalLevel.MEMORY, interval_s=moved[1], why=moved[2], every_steps=moved[0]))
         return changes
 
     def _memory_inputs(self) -> dict[str, Any]:
