@@ -223,7 +223,9 @@ def wait_for_memory_save(proc: subprocess.Popen, run: Path, step: int, timeout: 
 
 def test_a_rank_sigkill_resumes_from_the_agents_memory_and_ends_bit_identical(tmp_path, reference):
     # disk saves only at the end: the restart point can only come from the memory tier
-    proc, run, out = start(tmp_path, "--save-every-steps", "1000",
+    # slower steps (the parameters do not depend on the sleep): the warm pool must be ready
+    # before the 100 steps end, on a busy machine too
+    proc, run, out = start(tmp_path, "--save-every-steps", "1000", "--step-sleep-s", "0.2",
                            extra_toml="[memory]\nenabled = true\nevery_steps = 5\n")
     wait_for_memory_save(proc, run, 20)
     wait_for_warm(run)
@@ -245,7 +247,7 @@ def test_a_rank_sigkill_resumes_from_the_agents_memory_and_ends_bit_identical(tm
 def test_a_corrupt_memory_bundle_is_refused_and_the_disk_checkpoint_used_with_nothing_quarantined(
         tmp_path, reference, monkeypatch):
     monkeypatch.setenv("CKPTSUP_TEST_FLIP_MEMORY", "1")   # the agent's store flips a bit of every bundle it keeps
-    proc, run, out = start(tmp_path, "--save-every-steps", "10",
+    proc, run, out = start(tmp_path, "--save-every-steps", "10", "--step-sleep-s", "0.2",   # as above
                            extra_toml="[memory]\nenabled = true\nevery_steps = 5\n")
     wait_for_memory_save(proc, run, 25)
     wait_for_warm(run)
