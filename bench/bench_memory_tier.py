@@ -51,7 +51,7 @@ def serve(kind: str, where: str, sources: str) -> None:
     store = MemoryStore(keep=2)
     peers = PeerLinks(secret=secret, node="bench")
     if sources:
-        peers.set(buddy="", sources={1: [sources]})
+        peers.set(buddies=[], sources={1: [sources]})
     listener = unix_listener(where) if kind == "unix" else tcp_listener("127.0.0.1")
     server = MemoryServer(listener, secret=secret, store=store, peers=peers).start()
     print(server.address if kind == "tcp" else where, flush=True)
@@ -160,7 +160,7 @@ def main() -> int:
         names = [f.path for f in bundle.manifest.files]
         held = Held(step=1, rank=1, checkpoint_id=bundle.manifest.checkpoint_id, manifest=bundle.manifest.to_json(),
                     sizes=tuple(len(bundle.data[n]) for n in names), payload=b"".join(bundle.data[n] for n in names))
-        links.set(buddy=peer_addr, sources={})
+        links.set(buddies=[peer_addr], sources={})
         links.replicate(held)
         deadline = time.monotonic() + 120
         while not (notes := links.take()) and time.monotonic() < deadline:

@@ -43,6 +43,7 @@ WEEK_S = 7 * 86400                # no timeout or interval of ckptsup is longer
 MAX_NODES = 100_000               # nodes of one job (as slurm/render.py)
 MAX_PER_NODE = 4096               # GPUs, CPUs or ranks on one node (as slurm/render.py)
 PORT_SPREAD = 1999                # placement.rdzv_endpoint adds up to this to the rendezvous port
+MAX_REPLICAS = 3                  # [memory] replicas: buddy nodes per node (each holds a copy of its ranks' bundles)
 
 Check = Callable[[Any], "str | None"]  # returns a problem description, or None when fine
 
@@ -118,6 +119,20 @@ def external_pattern_check(value: Any) -> str | None:
     return external_pattern_problem(value)
 
 
+def domain_pattern_check(value: Any) -> str | None:
+    """`[memory] domain_pattern`: empty, or a regex with at most one group (the domain's name)."""
+    if value == "":
+        return None
+    try:
+        compiled = re.compile(value)
+    except re.error as err:
+        return f"is not a regular expression ({err}); fix it, e.g. ^(rack\\d+)-, or leave it empty"
+    if compiled.groups > 1:
+        return (f"must have at most one group (the domain's name), not {compiled.groups}; "
+                "make the others non-capturing: (?:...)")
+    return None
+
+
 def tier_path(*schemes: str) -> Check:
     """A storage location: empty (tier off), a plain path, or one of the given URL schemes."""
     def check(value: Any) -> str | None:
@@ -187,12 +202,18 @@ class StorageConfig:
 @dataclass(kw_only=True)
 class MemoryConfig:
     enabled: bool = knob(False, "memory tier: each rank's shard also kept in its node agent's memory, so a rank crash "
-                         "resumes from there (docs/training.md; peer replicas are not built yet)")
+                         "resumes from there, and replicated to buddy nodes' agents (docs/training.md)")
     every_steps: int = knob(10, "memory saves every N steps (with enabled); with [checkpoint] adaptive_interval the "
                             "supervisor retunes it from measured costs, starting here", at_least_one, max=10**9)
     keep: int = knob(2, "memory checkpoints the agent keeps per rank", at_least_one, max=100)
     max_bytes: int = knob(0, "a rank's memory bundle larger than this turns the tier off for it with one warning; "
                           "0 = no limit", non_negative, max=1 << 50)
+    replicas: int = knob(1, "buddy nodes, each in another failure domain, that hold a copy of a node's bundles; "
+                         "0 = the node's own memory only", non_negative, max=MAX_REPLICAS,
+                         why="each replica costs a node's bundles in another node's memory")
+    domain_pattern: str = knob("", "regex searched in a node's name: its first group (else the whole match) names the "
+                               "node's failure domain, e.g. ^(rack\\d+)-; empty, or a name it does not match = a domain "
+                               "of its own", domain_pattern_check)
 
 
 @dataclass(kw_only=True)

@@ -74,7 +74,7 @@ class MessageKind(enum.StrEnum):
     RESTART = "restart"              # {attempt, spec: LaunchSpec as JSON}: agent only: fast-path relaunch
     EXIT = "exit"                    # {}: agent only: kill the ranks and exit
     EXT_HASH = "ext_hash"            # {request, part, dir, folder, files, algorithm}: agent only: hash these files of an external step folder
-    MEMORY_PEERS = "memory_peers"    # {buddy: addr or "", sources: {rank: [addr, ...]}}: agent only: the memory tier's peers
+    MEMORY_PEERS = "memory_peers"    # {buddies: [addr, ...], sources: {rank: [addr, ...]}}: agent only: the memory tier's peers
 
 
 HOPS: dict[MessageKind, Hop] = {

@@ -150,3 +150,28 @@ def test_socket_dirs_of_killed_agents_on_this_host_are_swept_and_no_others(tmp_p
     removed = sweep_stale_socket_dirs(tmp_path, host="n1", alive=lambda pid: pid == 222, pidns="7")
     assert removed == [dead] and not dead.exists()
     assert live.exists() and other_host.exists() and dashed_host.exists() and other_namespace.exists()
+
+
+def test_memory_peers_set_every_buddy_and_a_bad_body_is_one_ignored_command(tmp_path, capfd):
+    out_r, out_w = os.pipe()
+    in_r, in_w = os.pipe()
+    spec = LaunchSpec(script="x.py", script_args=[], nproc_per_node=1, nnodes=1, rdzv_endpoint="127.0.0.1:1",
+                      rdzv_id="t", node_addrs={"n1": "127.0.0.1"}, env={}, log_dir=str(tmp_path), memory_keep=2,
+                      memory_addrs={"n1": "127.0.0.1"})
+    a = Agent(spec=spec, node="n1", secret=SECRET, out=os.fdopen(out_w, "wb"), inp=os.fdopen(in_r, "rb"), attempt=0)
+    a.test_out, a.test_in = os.fdopen(out_r, "rb"), os.fdopen(in_w, "wb")
+    os.set_blocking(out_r, False)
+    try:
+        bodies = [{"buddies": ["10.0.0.2:7000", "[fd00::3]:7001"], "sources": {"4": ["10.0.0.2:7000"]}},
+                  {"buddies": "10.0.0.2:7000"}, {"buddies": ["a:1", "b:2", "c:3", "d:4"]},
+                  {"buddies": ["10.0.0.2:" + "9" * 5000]}, {"buddies": [7000]}]
+        for seq, body in enumerate(bodies, start=1):
+            a.test_in.write(wire.encode("memory_peers", body, seq=seq, secret=SECRET))
+        a.test_in.flush()
+        relayed(a)
+        assert a.peers.buddies == ["10.0.0.2:7000", "[fd00::3]:7001"] and a.peers.sources == {4: ["10.0.0.2:7000"]}
+        assert a.dropped == 4
+        ignored = [line for line in capfd.readouterr().err.splitlines() if "ignored a memory_peers command" in line]
+        assert len(ignored) == 4 and all("`buddies` must be a list of at most 3 host:port" in line for line in ignored)
+    finally:
+        a.shutdown()

@@ -70,6 +70,12 @@ def test_integer_for_float_knob_is_accepted_as_float(site: Path) -> None:
         ("[storage]\nobject_store = \"gs://bucket/x\"\n", "unknown scheme gs://; valid: s3://"),
         ("[storage]\nnode_local = \"hdfs://x\"\n", "unknown scheme hdfs://"),
         ("[checkpoint]\nhash_algorithm = \"md5\"\n", "must be one of: xxh3-128, crc32, sha256"),
+        # the memory tier's replicas and failure domains
+        ("[memory]\nreplicas = 4\n", "memory.replicas = 4 must be at most 3"),
+        ("[memory]\nreplicas = -1\n", "memory.replicas = -1 must be >= 0"),
+        ("[memory]\ndomain_pattern = '^(rack'\n", "memory.domain_pattern = '^(rack' is not a regular expression"),
+        ("[memory]\ndomain_pattern = '^(rack)(\\d+)'\n", "must have at most one group (the domain's name), not 2; "
+                                                          "make the others non-capturing"),
         ("[checkpoint\nkeep_last = 3\n", "invalid TOML"),
         ("checkpoint = 3\n", "[checkpoint] must be a table of keys"),
         # non-finite and absurd values: each float knob is finite and has an upper bound
@@ -326,3 +332,10 @@ def test_rules_between_knobs_are_also_checked_in_the_supervisors_effective_confi
     _fifo(tmp_path / "fifo.json")
     with pytest.raises(ConfigError, match="is a FIFO"):
         read_config_json(tmp_path / "fifo.json")
+
+
+@pytest.mark.parametrize("pattern", ["", r"^(rack\d+)-", r"^nvl\d+", r"^(?:gpu)(\d+)"])
+def test_a_domain_pattern_of_one_group_or_none_is_accepted(tmp_path: Path, pattern: str) -> None:
+    job = write(tmp_path / "job.toml", f"[memory]\nreplicas = 2\ndomain_pattern = '{pattern}'\n")
+    memory = load_config(job_config=job, env={}).config.memory
+    assert (memory.replicas, memory.domain_pattern) == (2, pattern)

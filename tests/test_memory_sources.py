@@ -48,7 +48,7 @@ def test_a_refused_own_copy_is_replaced_by_the_peers_copy_of_the_same_bundle(tmp
         peer_store.put(Held(step=7, rank=1, checkpoint_id=CID[7], manifest=bundle.manifest.to_json(),
                             sizes=tuple(len(bundle.data[n]) for n in names),
                             payload=b"".join(bytes(bundle.data[n]) for n in names)), replica=True)
-        links.set(buddy="", sources={1: [peer.address]})
+        links.set(buddies=[], sources={1: [peer.address]})
         with pytest.raises(failure_errors()) as refused:
             load(client.get(7), state(1))
         assert isinstance(root_cause(refused.value), ValidationError)

@@ -239,3 +239,39 @@ def test_the_ranks_agree_on_the_newest_step_all_hold_with_the_same_id() -> None:
     assert newest_common([[(5, "a"), (10, "b")], [(5, "a")]]) == (5, "a")
     assert newest_common([[(10, "b")], [(10, "other")]]) is None      # a mix of versions is never loaded
     assert newest_common([]) is None and newest_common([[], [(1, "a")]]) is None
+
+
+# ---- peer replicas ---------------------------------------------------------------------------------
+
+def test_a_bundle_is_replicated_to_every_buddy_and_fetched_from_the_one_left(tmp_path: Path) -> None:
+    import time
+
+    links = PeerLinks(secret=SECRET, node="own")
+    servers = [MemoryServer(tcp_listener("127.0.0.1"), secret=SECRET, store=MemoryStore(keep=2),
+                            peers=links if i == 0 else None).start() for i in range(3)]
+    own, first, second = servers
+    buddies = [first.address, second.address]
+    try:
+        links.set(buddies=buddies, sources={})
+        bundle = held(4, rank=1, size=1000)
+        host, port = own.address.rsplit(":", 1)
+        with socket.create_connection((host, int(port)), timeout=10) as sock:   # as a rank puts it in its agent
+            session = Session.connect(sock, SECRET, role="rank1", max_payload=1 << 20)
+            session.send(MemoryOp.PUT, {"step": 4, "rank": 1, "checkpoint_id": "c4", "manifest": "{}",
+                                        "sizes": [1000]}, bundle.payload)
+            assert session.recv()[0] is MemoryOp.STORED
+        notes: list[dict] = []
+        deadline = time.monotonic() + 30
+        while len(notes) < 2 and time.monotonic() < deadline:
+            notes += links.take()
+            time.sleep(0.02)
+        assert sorted((n["buddy"], n["ok"], n["step"], n["rank"]) for n in notes) == [(b, True, 4, 1) for b in sorted(buddies)]
+        assert first.store.get(4, 1) == bundle and second.store.get(4, 1) == bundle
+        first.close()   # one buddy's node is lost: a spare's agent finds the bundle on the other
+        spare = PeerLinks(secret=SECRET, node="spare", connect_timeout_s=2)
+        spare.set(buddies=[], sources={1: buddies})
+        assert spare.held(1) == {(4, "c4")}
+        assert spare.fetch(4, 1) == bundle
+    finally:
+        for server in (own, second):
+            server.close()

@@ -41,6 +41,7 @@ from typing import Any, BinaryIO, Callable
 import psutil
 
 from .. import wire
+from ..config import MAX_REPLICAS
 from ..errors import CkptsupError
 from ..wire import Hop, MessageKind, Phase
 from ..env import (MEMORY_SOCKET, TEST_FLIP_MEMORY, NODE, PREEMPT_BUDGET_S, PYTHONUNBUFFERED, RANK_SOCKET, SECRET_FILE, WARM_DIR,
@@ -780,16 +781,16 @@ class Agent:
             self.shutdown()
 
     def _memory_peers(self, body: dict[str, Any]) -> None:
-        """memory_peers: the buddy to replicate to and, per rank, the agents that may hold it."""
+        """memory_peers: the buddies to replicate to and, per rank, the agents that may hold it."""
         if self.peers is None:
             raise BadCommand("memory_peers, but this agent has no memory store ([memory] enabled is false)")
-        buddy, sources = body.get("buddy", ""), body.get("sources", {})
-        if not (buddy == "" or _peer_addr(buddy)):
-            raise BadCommand(f"`buddy` must be host:port or empty, not {buddy!r:.40}")
+        buddies, sources = body.get("buddies", []), body.get("sources", {})
+        if not (isinstance(buddies, list) and len(buddies) <= MAX_REPLICAS and all(_peer_addr(a) for a in buddies)):
+            raise BadCommand(f"`buddies` must be a list of at most {MAX_REPLICAS} host:port, not {buddies!r:.60}")
         if not (isinstance(sources, dict) and all(isinstance(k, str) and k.isascii() and k.isdigit() and isinstance(v, list)
                                                   and all(_peer_addr(a) for a in v) for k, v in sources.items())):
             raise BadCommand("`sources` must map ranks to lists of host:port")
-        self.peers.set(buddy=buddy, sources={int(k): list(v) for k, v in sources.items()})
+        self.peers.set(buddies=list(dict.fromkeys(buddies)), sources={int(k): list(v) for k, v in sources.items()})
 
     def shutdown(self) -> None:
         self.kill_torchrun(0)
@@ -808,7 +809,8 @@ class Agent:
 
 def _peer_addr(value: Any) -> bool:
     host, _, port = value.rpartition(":") if isinstance(value, str) else ("", "", "")
-    return bool(host) and port.isascii() and port.isdigit() and 0 < int(port) < 65536
+    # at most 5 digits before int(): a port of thousands of digits is a ValueError, not a refusal
+    return bool(host) and port.isascii() and port.isdigit() and len(port) <= 5 and 0 < int(port) < 65536
 
 
 class BadCommand(CkptsupError):

@@ -115,7 +115,8 @@ class Supervisor(OperatorMixin, ExternalResumeMixin):
         self.attempt_wall_start = time.time()   # wall clock of the current launch (progress_dir mtimes)
         self._init_operator()
         self.interval.grace_time_s = placement.grace_time_s
-        self.memory_peers = MemoryPeers() if self.config.memory.enabled else None   # the memory tier's placement
+        self.memory_peers = MemoryPeers(replicas=self.config.memory.replicas,   # the memory tier's placement
+                                        domain_pattern=self.config.memory.domain_pattern) if self.config.memory.enabled else None
         external_dir = resolve_dir(self.config, job.cwd)   # [checkpoint] external_dir: a framework's own step folders
         self.external = None if external_dir is None else ExternalCheckpoints(
             config=self.config, directory=external_dir, run_dir=run_dir.path, emit=self.emit, clock=clock)
@@ -704,7 +705,9 @@ class Supervisor(OperatorMixin, ExternalResumeMixin):
         spares = list(self._spares(nodes))
         present = [n for n in nodes if self.agents.has_agent(n)]
         if self.memory_peers is not None:   # before the restart: the ranks ask their agents at once
-            self.memory_peers.launch(nodes, int(self.sup.nproc_per_node))
+            too_few = self.memory_peers.launch(nodes, int(self.sup.nproc_per_node))
+            if too_few is not None:
+                print(f"ckptsup: {too_few}", flush=True)
             self._send_memory_peers()
         if present:
             # the agents that outlived the failure (survivors, warm spares) take the new spec; a
@@ -721,7 +724,7 @@ class Supervisor(OperatorMixin, ExternalResumeMixin):
                   world_size=len(nodes) * self.sup.nproc_per_node)
 
     def _send_memory_peers(self) -> None:
-        """Every launched node's buddy and sources (memory_peers.py), to the agents that are up."""
+        """Every launched node's buddies and sources (memory_peers.py), to the agents that are up."""
         assert self.memory_peers is not None
         alive = [n for n in self.placement.nodes if self.agents.has_agent(n)]
         for node, body in self.memory_peers.commands(alive).items():

@@ -257,32 +257,32 @@ def _split_addr(addr: str) -> tuple[str, int]:
 
 
 class PeerLinks:
-    """This agent's links to the other agents' stores: the buddy it replicates to, and for each
+    """This agent's links to the other agents' stores: the buddies it replicates to, and for each
     rank it may be asked about but lacks, the agents that may hold it (set by the supervisor's
     memory_peers command). Replication runs on one background thread, newest bundle first (an
-    older one still queued for the same rank is dropped); its outcomes wait in `take()` for the
-    agent's loop to report."""
+    older one still queued for the same rank is dropped), each bundle to every buddy in turn;
+    its outcomes, one per buddy, wait in `take()` for the agent's loop to report."""
 
     def __init__(self, *, secret: bytes, node: str, connect_timeout_s: float = PEER_CONNECT_TIMEOUT_S) -> None:
         self.secret = secret
         self.node = node
         self.connect_timeout_s = connect_timeout_s
-        self.buddy = ""
+        self.buddies: list[str] = []
         self.sources: dict[int, list[str]] = {}
         self._lock = threading.Lock()
-        self._queue: dict[int, Held] = {}        # rank -> the newest bundle waiting to go to the buddy
+        self._queue: dict[int, Held] = {}        # rank -> the newest bundle waiting to go to the buddies
         self._wake = threading.Event()
         self._notes: list[dict[str, Any]] = []
         self._thread = threading.Thread(target=self._replicate_loop, name="ckptsup-replica", daemon=True)
         self._thread.start()
 
-    def set(self, *, buddy: str, sources: dict[int, list[str]]) -> None:
+    def set(self, *, buddies: list[str], sources: dict[int, list[str]]) -> None:
         with self._lock:
-            self.buddy, self.sources = buddy, sources
+            self.buddies, self.sources = list(buddies), sources
 
     def replicate(self, held: Held) -> None:
         with self._lock:
-            if not self.buddy:
+            if not self.buddies:
                 return
             self._queue[held.rank] = held
         self._wake.set()
@@ -298,22 +298,28 @@ class PeerLinks:
             with self._lock:
                 self._wake.clear()
                 batch, self._queue = list(self._queue.values()), {}
-                buddy = self.buddy
+                buddies = list(self.buddies)
             for held in batch:
-                start = time.monotonic()
-                try:
-                    with self._session(buddy) as session:
-                        session.send(MemoryOp.PUT, _put_body(held), held.payload)
-                        op, body, _ = session.recv()
-                    ok, reason = op is MemoryOp.STORED, "" if op is MemoryOp.STORED else str(body.get("reason", op.value))
-                except (MemoryChannelError, OSError, ValueError) as err:
-                    ok, reason = False, str(err)[:200]
-                note = {"step": held.step, "rank": held.rank, "buddy": buddy, "ok": ok, "bytes": held.nbytes,
-                        "replicate_s": round(time.monotonic() - start, 6)}
-                if not ok:
-                    note["reason"] = reason
-                with self._lock:
-                    self._notes.append(note)
+                for buddy in buddies:
+                    note = self._put(buddy, held)
+                    with self._lock:
+                        self._notes.append(note)
+
+    def _put(self, buddy: str, held: Held) -> dict[str, Any]:
+        """One replica of `held` on `buddy`'s store: the memory_replicated note of its outcome."""
+        start = time.monotonic()
+        try:
+            with self._session(buddy) as session:
+                session.send(MemoryOp.PUT, _put_body(held), held.payload)
+                op, body, _ = session.recv()
+            ok, reason = op is MemoryOp.STORED, "" if op is MemoryOp.STORED else str(body.get("reason", op.value))
+        except (MemoryChannelError, OSError, ValueError) as err:
+            ok, reason = False, str(err)[:200]
+        note = {"step": held.step, "rank": held.rank, "buddy": buddy, "ok": ok, "bytes": held.nbytes,
+                "replicate_s": round(time.monotonic() - start, 6)}
+        if not ok:
+            note["reason"] = reason
+        return note
 
     @contextlib.contextmanager
     def _session(self, addr: str) -> Any:
