@@ -10,9 +10,12 @@ resume does), for one rank's state of --state-mb:
                TCP on loopback (the memory channel, authenticated), then serves it
   shared       a ckptsup disk checkpoint of the same state (attach + sync save), page cache
                evicted first (posix_fadvise DONTNEED: drop_caches needs root), resumed by Run
-  object       the same checkpoint fetched back from a real moto_server (when moto_server is
-               installed) and resumed
-beside raw dd of the shard file from a cold page cache (the device's own read rate).
+  object       the same checkpoint promoted to a real moto_server on loopback by the housekeeper;
+               its shared copy removed, then resumed by Run: the object store listed, the step
+               fetched back (hashed as it downloads, committed to the shared tier) and loaded
+               (skipped when moto_server is not installed)
+beside raw dd of the shard file from a cold page cache (the device's own read rate); every
+source's time is also printed as a multiple of dd's.
 
 Overhead: the same ~50 ms training step with a memory save every 10 s (stage + background
 serialise + hand-over to the agent store) and without, interleaved A/B, median step times.
@@ -38,6 +41,7 @@ sys.path.insert(0, str(ROOT))
 import torch  # noqa: E402
 
 from bench_hash import evict as evict_file  # noqa: E402
+from bench_s3_client import BUCKET, free_port, start_moto  # noqa: E402
 from ckptsup.hooks.memory_tier import BundleReader, MemoryClient, memory_checkpoint_id, serialize  # noqa: E402
 
 SECRET_HEX = "ab" * 32
@@ -65,25 +69,48 @@ def start_store(kind: str, where: str = "", sources: str = "") -> tuple[subproce
     return proc, line
 
 
+def stop(proc: subprocess.Popen) -> None:
+    """A store ends when its stdin closes; moto_server (no stdin of ours) is terminated."""
+    if proc.poll() is not None:
+        return
+    if proc.stdin is not None:
+        proc.stdin.close()
+    else:
+        proc.terminate()
+    proc.wait(10)
+
+
 def state_of(mb: int, seed: int = 0) -> dict:
     torch.manual_seed(seed)
     n = mb * (1 << 20) // 4 // 8
     return {"model": {f"w{i}": torch.randn(n) for i in range(8)}}
 
 
-def restore(bundle_fetch, like: dict) -> float:
+class Clock:
+    """Wall seconds and this process's CPU seconds of one timed region: on a shared machine the
+    CPU time a restore costs the rank is steadier than its wall time."""
+
+    def __enter__(self) -> "Clock":
+        self.wall, self.cpu = time.perf_counter(), time.process_time()
+        return self
+
+    def __exit__(self, *exc: object) -> None:
+        self.wall, self.cpu = time.perf_counter() - self.wall, time.process_time() - self.cpu
+
+
+def restore(bundle_fetch, like: dict) -> Clock:
     import torch.distributed.checkpoint as dcp
 
     from ckptsup.hooks.loader import _fresh_copy
     from ckptsup.hooks.reader import safe_load_planner
 
-    start = time.perf_counter()
-    bundle = bundle_fetch()
-    reader = BundleReader(bundle)
-    reader.read_metadata()
-    targets = _fresh_copy(like)
-    dcp.load(targets, storage_reader=reader, planner=safe_load_planner(), no_dist=True)
-    return time.perf_counter() - start
+    with Clock() as clock:
+        bundle = bundle_fetch()
+        reader = BundleReader(bundle)
+        reader.read_metadata()
+        targets = _fresh_copy(like)
+        dcp.load(targets, storage_reader=reader, planner=safe_load_planner(), no_dist=True)
+    return clock
 
 
 def evict(directory: Path) -> None:
@@ -92,40 +119,72 @@ def evict(directory: Path) -> None:
             evict_file(path)
 
 
-def dd_read(path: Path) -> float:
+def dd_read(path: Path) -> Clock:
     evict(path.parent)
-    start = time.perf_counter()
-    subprocess.run(["dd", f"if={path}", "of=/dev/null", "bs=4M"], check=True, capture_output=True)
-    return time.perf_counter() - start
+    with Clock() as clock:
+        subprocess.run(["dd", f"if={path}", "of=/dev/null", "bs=4M"], check=True, capture_output=True)
+    return clock
 
 
-def disk_resume(ck: Path, like_seed: int) -> float:
+def model_of(seed: int) -> torch.nn.Module:
+    model = torch.nn.Module()
+    for name, tensor in state_of(ARGS.state_mb, seed)["model"].items():
+        model.register_buffer(name, tensor)
+    return model
+
+
+def attach(ck: Path, site: Path, model: torch.nn.Module) -> object:
+    """A Run under the given site config (read at attach: the object store is named there)."""
     import ckptsup
 
-    model = torch.nn.Module()
-    for name, tensor in state_of(ARGS.state_mb, like_seed)["model"].items():
-        model.register_buffer(name, tensor.clone())
-    evict(ck)
-    start = time.perf_counter()
-    run = ckptsup.attach(model=model, checkpoint_dir=str(ck), save_every_s=3600, async_save=False)
-    step = run.resume()
-    elapsed = time.perf_counter() - start
+    os.environ["CKPTSUP_SITE_CONFIG"] = str(site)
+    return ckptsup.attach(model=model, checkpoint_dir=str(ck), save_every_s=3600, async_save=False)
+
+
+def disk_resume(ck: Path, site: Path, like_seed: int) -> Clock:
+    """attach + resume of step 1 into a model that exists already (built outside the timed
+    region, as a training script's is), timed; the caller has evicted or removed the shared copy."""
+    model = model_of(like_seed)
+    with Clock() as clock:
+        run = attach(ck, site, model)
+        step = run.resume()
     run.close(final_save=False)
     assert step == 1, step
-    return elapsed
+    return clock
 
 
-def disk_save(ck: Path) -> None:
-    import ckptsup
-
-    model = torch.nn.Module()
-    for name, tensor in state_of(ARGS.state_mb)["model"].items():
-        model.register_buffer(name, tensor)
-    run = ckptsup.attach(model=model, checkpoint_dir=str(ck), save_every_s=3600, async_save=False)
+def disk_save(ck: Path, site: Path) -> None:
+    """Step 1, committed; with an object store in `site`, promoted there too (close drains it)."""
+    run = attach(ck, site, model_of(seed=0))
     run.resume()
     run.step_done(0)
     run.save(blocking=True)
     run.close(final_save=False)
+
+
+def site_files(tmp: Path, moto_url: str) -> tuple[Path, Path | None]:
+    """(the plain site config, the one with the object store on moto_server, or None)."""
+    plain = tmp / "site.toml"
+    plain.write_text("[checkpoint]\nkeep_daily_days = 0\ntest_load_every = 0\n")
+    if not moto_url:
+        return plain, None
+    import boto3
+
+    boto3.client("s3", endpoint_url=moto_url, region_name="us-east-1").create_bucket(Bucket=BUCKET)
+    with_object = tmp / "site-object.toml"
+    with_object.write_text(plain.read_text() + f'[storage]\nobject_store = "s3://{BUCKET}/memory-tier"\n'
+                           f's3_endpoint_url = "{moto_url}"\n')
+    return plain, with_object
+
+
+def moto_or_none() -> tuple[subprocess.Popen | None, str]:
+    """A moto_server on loopback with dummy credentials, or (None, "") when it is not installed."""
+    if not (Path(sys.executable).with_name("moto_server").exists() or shutil.which("moto_server")):
+        print("moto_server is not installed: no object-store row", file=sys.stderr)
+        return None, ""
+    os.environ.update(AWS_ACCESS_KEY_ID="testing", AWS_SECRET_ACCESS_KEY="testing", AWS_DEFAULT_REGION="us-east-1")
+    port = free_port()
+    return start_moto(port), f"http://127.0.0.1:{port}"
 
 
 def main() -> int:
@@ -134,8 +193,7 @@ def main() -> int:
     secret = tmp / "secret"
     secret.write_text(SECRET_HEX)
     secret.chmod(0o600)
-    os.environ.update(CKPTSUP_SITE_CONFIG=str(tmp / "site.toml"))
-    (tmp / "site.toml").write_text("[checkpoint]\nkeep_daily_days = 0\ntest_load_every = 0\n")
+    moto, moto_url = moto_or_none()
     size = ARGS.state_mb * (1 << 20)
     saved = state_of(ARGS.state_mb)
     t0 = time.perf_counter()
@@ -146,9 +204,11 @@ def main() -> int:
     own, own_path = start_store("unix", str(tmp / "own.sock"))
     peer, peer_addr = start_store("tcp")
     spare, spare_path = start_store("unix", str(tmp / "spare.sock"), sources=peer_addr)
-    procs = [own, peer, spare]
-    results: dict[str, list[float]] = {k: [] for k in ("memory", "peer_memory", "shared", "dd")}
+    procs = [p for p in (own, peer, spare, moto) if p is not None]
+    sources = ("memory", "peer_memory", "shared") + (("object",) if moto else ()) + ("dd",)
+    clocks: dict[str, list[Clock]] = {k: [] for k in sources}
     try:
+        site, object_site = site_files(tmp, moto_url)
         client = MemoryClient(socket_path=own_path, secret_file=str(secret), rank=1)
         t0 = time.perf_counter()
         client.put(bundle)
@@ -167,25 +227,30 @@ def main() -> int:
             time.sleep(0.05)
         replicate_s = notes[0]["replicate_s"] if notes else float("nan")
         ck = tmp / "ck"
-        disk_save(ck)
+        disk_save(ck, object_site or site)
         shard = next(p for p in (ck / "step_1").glob("__*_0.distcp"))
         for i in range(ARGS.repeats):
-            results["memory"].append(restore(lambda: client.get(1), saved))
+            clocks["memory"].append(restore(lambda: client.get(1), saved))
             # a fresh spare store each time, so the fetch really goes to the peer
-            spare.stdin.close()
-            spare.wait(10)
+            stop(spare)
             spare, spare_path = start_store("unix", str(tmp / f"spare{i}.sock"), sources=peer_addr)
             procs.append(spare)
             spare_client = MemoryClient(socket_path=spare_path, secret_file=str(secret), rank=1)
-            results["peer_memory"].append(restore(lambda: spare_client.get(1), saved))
-            results["shared"].append(disk_resume(ck, like_seed=1 + i))
-            results["dd"].append(dd_read(shard))
+            clocks["peer_memory"].append(restore(lambda: spare_client.get(1), saved))
+            evict(ck)
+            clocks["shared"].append(disk_resume(ck, site, like_seed=1 + i))
+            if object_site:
+                # the shared copy gone: the resume fetches step 1 back to exactly there
+                shutil.rmtree(ck / "step_1")
+                clocks["object"].append(disk_resume(ck, object_site, like_seed=1 + i))
+            clocks["dd"].append(dd_read(shard))
     finally:
         for proc in procs:
-            if proc.poll() is None:
-                proc.stdin.close()
-                proc.wait(10)
+            stop(proc)
+    results = {k: [c.wall for c in v] for k, v in clocks.items()}
+    # dd's CPU time is its own process's, not ours
     out = {"state_bytes": size, "serialize_s": serialize_s, "put_s": put_s, "replicate_s": replicate_s,
+           "cpu_s": {k: statistics.median(c.cpu for c in v) for k, v in clocks.items() if k != "dd"},
            "median_s": {k: statistics.median(v) for k, v in results.items()},
            "gbps": {k: size / statistics.median(v) / 1e9 for k, v in results.items()}}
     if ARGS.overhead_s > 0:
@@ -197,10 +262,14 @@ def main() -> int:
     per_node = 1e12 / 128
     out["model"] = {f"fs_{fs}GBps": {"peer_memory_s": per_node / 25e9, "parallel_fs_s": per_node / (fs * 1e9),
                                      "ratio": (per_node / (fs * 1e9)) / (per_node / 25e9)} for fs in (3, 10)}
+    out["runs_s"] = results
+    out["times_dd"] = {k: v / out["median_s"]["dd"] for k, v in out["median_s"].items()}
     print(json.dumps(out, indent=2))
-    g = out["gbps"]
-    print(f"restore GB/s: memory {g['memory']:.2f}, peer_memory {g['peer_memory']:.2f} (loopback TCP), shared cold "
-          f"{g['shared']:.2f}, raw dd cold {g['dd']:.2f}; memory/shared = {out['median_s']['shared'] / out['median_s']['memory']:.1f}x")
+    print("restore (median s, GB/s, time as a multiple of raw dd's, this process's CPU s):")
+    for k in sources:
+        cpu = f"  cpu {out['cpu_s'][k]:.3f} s" if k in out["cpu_s"] else ""
+        print(f"  {k:<12} {out['median_s'][k]:.3f} s  {out['gbps'][k]:.2f} GB/s  {out['times_dd'][k]:.1f}x dd{cpu}")
+    print(f"memory/shared = {out['median_s']['shared'] / out['median_s']['memory']:.1f}x")
     shutil.rmtree(tmp, ignore_errors=True)
     return 0
 
@@ -248,8 +317,7 @@ def overhead(tmp: Path, secret: Path) -> dict:
                 times[mode].append(time.perf_counter() - t0)
         saver.close()
     finally:
-        store.stdin.close()
-        store.wait(10)
+        stop(store)
     med = {k: statistics.median(v) for k, v in times.items()}
     mean = {k: statistics.fmean(v) for k, v in times.items()}
     return {"step_s_median": med, "step_s_mean": mean, "saves": saves,

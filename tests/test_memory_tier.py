@@ -119,6 +119,25 @@ def test_a_payload_over_the_limit_is_refused_before_it_is_read() -> None:
         server.recv()
 
 
+def test_a_large_payload_arrives_in_private_memory_a_forked_child_cannot_write_to() -> None:
+    """Restored tensors live in the received buffer: a worker forked after the resume gets
+    copy-on-write pages (a shared anonymous mapping would carry its writes back to the rank)."""
+    import os
+
+    from ckptsup.memory_wire import LARGE_BYTES
+
+    server, client = handshake()
+    client.send(MemoryOp.PUT, {"rank": 0}, b"a" * LARGE_BYTES)
+    _, _, payload = server.recv()
+    assert len(payload) == LARGE_BYTES and payload[:1] == b"a"
+    pid = os.fork()
+    if pid == 0:
+        payload[0] = ord("b")
+        os._exit(0)
+    assert os.waitpid(pid, 0)[1] == 0
+    assert payload[:1] == b"a"
+
+
 # ---- the store -------------------------------------------------------------------------------------
 
 CID = {step: str(__import__("uuid").uuid4()) for step in range(30)}
