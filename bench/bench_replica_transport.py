@@ -7,8 +7,9 @@ two rank processes) — measured side by side, same bytes, same run, beside a ra
   raw_tcp     sendall of the bytes to a recv_into a preallocated buffer (the loopback's own rate)
   agent_tcp   ckptsup's replica put: an authenticated memory-channel session to a MemoryServer in
               another process, the bundle stored there and acknowledged (what PeerLinks sends)
-  gloo        torch.distributed send/recv of a uint8 tensor between two processes (gloo over TCP:
-              the collectives a CPU job's ranks have; NCCL's are a GPU check)
+  gloo        torch.distributed send/recv of a uint8 tensor between two processes into a fresh
+              tensor each time (gloo over TCP: the collectives a CPU job's ranks have; NCCL's
+              are a GPU check)
 Every figure is the median of --repeats transfers on loopback; ratios are against raw_tcp.
 """
 
@@ -102,7 +103,8 @@ def _gloo_rank(rank: int, nbytes: int, repeats: int, port: int, out: Path) -> No
         if rank == 0:
             dist.send(tensor, dst=1)
             dist.recv(torch.empty(1, dtype=torch.uint8), src=1)   # the ack, as the store's `stored`
-        else:
+        else:   # a fresh tensor each time, as a store keeps every replica it takes (no reused, faulted-in pages)
+            tensor = torch.empty(nbytes, dtype=torch.uint8)
             dist.recv(tensor, src=0)
             dist.send(torch.ones(1, dtype=torch.uint8), dst=0)
         times.append(time.perf_counter() - start)
