@@ -22,7 +22,7 @@ import mmap
 import secrets
 import socket
 from dataclasses import dataclass
-from typing import Any
+from typing import Any, Callable
 
 from .errors import CkptsupError
 from .safe_io import loads_json
@@ -75,14 +75,22 @@ def receive_buffer(n: int) -> bytearray | mmap.mmap:
     return mmap.mmap(-1, n, flags=mmap.MAP_PRIVATE | mmap.MAP_ANONYMOUS | _POPULATE)
 
 
-def recv_exact(sock: socket.socket, n: int) -> bytearray | mmap.mmap:
-    """Exactly n bytes, read straight into one writable buffer (a bundle is not copied again)."""
+RELAY_CHUNK_BYTES = 4 << 20   # what a relay forwards at a time: the receive and the send overlap
+
+
+def recv_exact(sock: socket.socket, n: int, *, forward: Callable[[memoryview], None] | None = None,
+               chunk: int = RELAY_CHUNK_BYTES) -> bytearray | mmap.mmap:
+    """Exactly n bytes, read straight into one writable buffer (a bundle is not copied again).
+    With `forward`, each piece is handed on as soon as it is in (a relay: the next hop receives
+    while this one still does, instead of after)."""
     out = receive_buffer(n)
     view, got = memoryview(out), 0
     while got < n:
-        k = sock.recv_into(view[got:], n - got)
+        k = sock.recv_into(view[got:], min(n - got, chunk) if forward else n - got)
         if k == 0:
             raise MemoryChannelError(f"the peer closed the memory channel after {got} of {n} bytes")
+        if forward is not None:
+            forward(view[got:got + k])
         got += k
     return out
 
@@ -146,15 +154,19 @@ class Session:
     # ---- messages -----------------------------------------------------------------------------
     def send(self, op: MemoryOp, body: dict[str, Any], payload: bytes | memoryview | list[bytes] = b"") -> None:
         parts = payload if isinstance(payload, list) else [payload]
-        length = sum(len(p) for p in parts)
+        self.send_header(op, body, length=sum(len(p) for p in parts))
+        for part in parts:
+            self.sock.sendall(part)
+
+    def send_header(self, op: MemoryOp, body: dict[str, Any], *, length: int) -> None:
+        """The signed header announcing `length` payload bytes; the caller sends them raw after
+        it (`sock.sendall`), all of them, or closes the connection."""
         body = {**body, "length": length}
         body_json = json.dumps(body, separators=(",", ":"), sort_keys=True, allow_nan=False)
         self._sent += 1
         line = {"op": str(op), "seq": self._sent, "body": body,
                 "mac": _mac(self.secret, self.nonce, str(op), self._sent, body_json)}
         self._send_line(line)
-        for part in parts:
-            self.sock.sendall(part)
 
     def _send_line(self, obj: dict[str, Any]) -> None:
         data = json.dumps(obj, separators=(",", ":"), sort_keys=True, allow_nan=False).encode()
@@ -164,6 +176,12 @@ class Session:
 
     def recv(self) -> tuple[MemoryOp, dict[str, Any], bytearray | mmap.mmap]:
         """→ (op, body, payload). Raises MemoryChannelError on anything but a good next message."""
+        kind, body, length = self.recv_header()
+        return kind, body, recv_exact(self.sock, length) if length else bytearray()
+
+    def recv_header(self) -> tuple[MemoryOp, dict[str, Any], int]:
+        """The next header, checked → (op, body, payload length); the payload is still to be read
+        (`recv_exact(session.sock, length)`)."""
         line = _recv_header(self.sock, MAX_HEADER_BYTES)
         frame = loads_json(line, what="memory-channel header", error=MemoryChannelError, max_depth=MAX_HEADER_DEPTH)
         try:
@@ -185,4 +203,4 @@ class Session:
         length = body.get("length", 0)
         if type(length) is not int or not 0 <= length <= self.max_payload:
             raise MemoryChannelError(f"a memory-channel payload of {length!r} bytes (limit {self.max_payload})")
-        return kind, body, recv_exact(self.sock, length) if length else bytearray()
+        return kind, body, length

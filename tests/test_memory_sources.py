@@ -61,3 +61,41 @@ def test_a_refused_own_copy_is_replaced_by_the_peers_copy_of_the_same_bundle(tmp
             client.get(7, from_peers=True)               # no peer left: the disk decides
     finally:
         own.close()
+
+
+def test_a_source_that_dies_mid_bundle_fails_the_rank_s_fetch_and_the_store_goes_on(tmp_path: Path) -> None:
+    # the bundle goes on to the rank while it arrives: a source lost half-way can only fail the
+    # rank's receive (its load falls back whole), never hand it a short or mixed bundle
+    import socket
+    import threading
+
+    from ckptsup.memory_wire import MemoryChannelError, MemoryOp, Session
+
+    listener = socket.create_server(("127.0.0.1", 0))
+    size = 3 << 20
+
+    def half_a_bundle() -> None:
+        conn, _ = listener.accept()
+        with conn:
+            session, _ = Session.accept(conn, SECRET, max_payload=1 << 30)
+            session.recv()   # the get
+            session.send_header(MemoryOp.BUNDLE, {"step": 7, "rank": 1, "checkpoint_id": CID[7], "manifest": "{}",
+                                                  "sizes": [size]}, length=size)
+            conn.sendall(b"\0" * (size // 2))
+
+    threading.Thread(target=half_a_bundle, daemon=True).start()
+    links = PeerLinks(secret=SECRET, node="n1")
+    links.set(buddies=[], sources={1: [f"127.0.0.1:{listener.getsockname()[1]}"]})
+    store = MemoryStore(keep=2)
+    own = MemoryServer(unix_listener(private_dir(tmp_path / "sock") / "memory.sock"), secret=SECRET, store=store,
+                       peers=links).start()
+    try:
+        client = MemoryClient(socket_path=str(own.path), secret_file=secret_file(tmp_path), rank=1)
+        with pytest.raises(MemoryChannelError, match="closed the memory channel after"):
+            client.get(7)
+        assert store.get(7, 1) is None                   # nothing half-received is kept
+        listener.close()                                 # (a source that takes no connection answers at once)
+        assert client.held() == []                       # the store still serves
+    finally:
+        own.close()
+        listener.close()

@@ -28,7 +28,7 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
-from ..memory_wire import MemoryChannelError, MemoryOp, Session
+from ..memory_wire import MemoryChannelError, MemoryOp, Session, recv_exact
 
 log = logging.getLogger("ckptsup.agent")
 
@@ -227,28 +227,34 @@ class MemoryServer:
                 step, rank = _int(body, "step"), _int(body, "rank")
                 # "from": "peers" — the rank refused this store's copy (its hashes did not match)
                 own = body.get("from") != "peers"
-                found, source = (self.store.get(step, rank) if own else None), "memory"
+                found = self.store.get(step, rank) if own else None
                 if found is None and self.peers is not None and role.startswith("rank"):
-                    found, source = self.peers.fetch(step, rank), "peer_memory"
-                    if found is not None:
-                        self.store.put(found, replica=True)   # this node's copy from now on (replacing a bad one)
+                    relayed = self.peers.fetch(step, rank, relay_to=session)   # on to the rank as it arrives
+                    if relayed is not None:
+                        self.store.put(relayed, replica=True)   # this node's copy from now on (replacing a bad one)
+                        return
                 if found is None:
                     session.send(MemoryOp.MISSING, {"step": step, "rank": rank})
                     return
-                session.send(MemoryOp.BUNDLE, {"step": step, "rank": rank, "checkpoint_id": found.checkpoint_id,
-                                               "manifest": found.manifest, "sizes": list(found.sizes),
-                                               "source": source}, found.payload)
+                session.send(MemoryOp.BUNDLE, {**_put_body(found), "source": "memory"}, found.payload)
             case _:
                 raise MemoryChannelError(f"a client may not send {op.value}")
 
 
 def held_from_body(body: dict[str, Any], payload: bytes) -> Held:
+    fields = bundle_fields(body, len(payload))
+    return Held(**fields, payload=payload)
+
+
+def bundle_fields(body: dict[str, Any], length: int) -> dict[str, Any]:
+    """A put's or bundle's header fields, checked against its payload's length (before a byte of
+    the payload is read, for a relay)."""
     sizes, manifest, cid = body.get("sizes"), body.get("manifest"), body.get("checkpoint_id")
     if (not isinstance(sizes, list) or not all(type(n) is int and n >= 0 for n in sizes)
-            or sum(sizes) != len(payload) or not isinstance(manifest, str) or not isinstance(cid, str)):
+            or sum(sizes) != length or not isinstance(manifest, str) or not isinstance(cid, str)):
         raise MemoryChannelError("a bundle whose sizes, manifest or checkpoint id do not fit its payload")
-    return Held(step=_int(body, "step"), rank=_int(body, "rank"), checkpoint_id=cid, manifest=manifest,
-                sizes=tuple(sizes), payload=payload)
+    return {"step": _int(body, "step"), "rank": _int(body, "rank"), "checkpoint_id": cid, "manifest": manifest,
+            "sizes": tuple(sizes)}
 
 
 def _split_addr(addr: str) -> tuple[str, int]:
@@ -350,21 +356,41 @@ class PeerLinks:
                     found.add((row[0], row[1]))
         return found
 
-    def fetch(self, step: int, rank: int) -> Held | None:
+    def fetch(self, step: int, rank: int, *, relay_to: Session | None = None) -> Held | None:
+        """The rank's bundle from the first source that has it. With `relay_to` (the asking rank's
+        session), it goes on to the rank as `bundle` (`source: peer_memory`) piece by piece while it
+        arrives, not after (store-and-forward doubled a peer restore's time); a source that fails
+        after the header went on raises (the rank's connection closes: its load fails whole)."""
         with self._lock:
             addrs = list(self.sources.get(rank, []))
         for addr in addrs:
+            relaying = False
             try:
                 with self._session(addr) as session:
                     session.send(MemoryOp.GET, {"step": step, "rank": rank})
-                    op, body, payload = session.recv()
-                if op is MemoryOp.BUNDLE:
-                    return held_from_body(body, payload)
+                    op, body, length = session.recv_header()
+                    if op is not MemoryOp.BUNDLE:
+                        continue
+                    fields = bundle_fields(body, length)
+                    if relay_to is not None:
+                        relay_to.send_header(MemoryOp.BUNDLE, {**_put_body_of(fields), "source": "peer_memory"},
+                                             length=length)
+                        relaying = True
+                    payload = recv_exact(session.sock, length,
+                                         forward=relay_to.sock.sendall if relay_to is not None else None)
+                return Held(**fields, payload=payload)
             except (MemoryChannelError, OSError, ValueError) as err:
+                if relaying:
+                    raise MemoryChannelError(f"memory source {addr} of rank {rank} failed mid-bundle: {err}") from None
                 log.warning("ckptsup agent: memory source %s of rank %d failed: %s", addr, rank, err)
         return None
 
 
 def _put_body(held: Held) -> dict[str, Any]:
-    return {"step": held.step, "rank": held.rank, "checkpoint_id": held.checkpoint_id, "manifest": held.manifest,
-            "sizes": list(held.sizes)}
+    return _put_body_of({"step": held.step, "rank": held.rank, "checkpoint_id": held.checkpoint_id,
+                         "manifest": held.manifest, "sizes": held.sizes})
+
+
+def _put_body_of(fields: dict[str, Any]) -> dict[str, Any]:
+    return {"step": fields["step"], "rank": fields["rank"], "checkpoint_id": fields["checkpoint_id"],
+            "manifest": fields["manifest"], "sizes": list(fields["sizes"])}
