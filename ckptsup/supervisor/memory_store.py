@@ -28,6 +28,7 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
+from ..env import TEST_FLIP_MEMORY
 from ..memory_wire import MemoryChannelError, MemoryOp, Session, recv_exact
 
 log = logging.getLogger("ckptsup.agent")
@@ -52,7 +53,7 @@ class FlipMode(enum.StrEnum):
         try:
             return cls(raw)
         except ValueError:
-            raise ValueError(f"CKPTSUP_TEST_FLIP_MEMORY={raw!r}: use 1, own or replica") from None
+            raise ValueError(f"{TEST_FLIP_MEMORY}={raw!r}: use 1, own or replica") from None
 
     def applies(self, *, replica: bool) -> bool:
         return self is FlipMode.ALL or (self is FlipMode.REPLICA) == replica
