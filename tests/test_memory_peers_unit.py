@@ -76,6 +76,10 @@ def test_too_few_domains_give_fewer_or_shared_buddies_and_one_warning_line() -> 
     assert shortfall(buddies(["n0", "n1"], 3), 3) is not None   # 2 nodes, each its own domain: 1 buddy each
 
 
+def test_a_single_node_launch_has_no_buddy_and_no_warning() -> None:
+    assert buddies(["n0"], 1) == {"n0": []} and shortfall(buddies(["n0"], 1), 1) is None
+
+
 def test_no_replicas_is_no_buddies_and_no_warning() -> None:
     placed = buddies(["n0", "n1", "n2"], 0)
     assert placed == {"n0": [], "n1": [], "n2": []} and shortfall(placed, 0) is None

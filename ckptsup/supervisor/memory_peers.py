@@ -74,6 +74,8 @@ def _next_turn(nodes: list[str], turn: dict[str, int], name: str, taken: list[st
 def shortfall(placed: Mapping[str, list[str]], replicas: int, domain: Domain = domain_of) -> str | None:
     """One line when a launch's domains cannot give every node `replicas` buddies in distinct
     other domains, else None."""
+    if len(placed) < 2:
+        return None   # a single node has no peer to ask for: nothing a site could fix, no warning
     short = [n for n, b in placed.items() if len(b) < replicas]
     shared = [n for n, b in placed.items() if len({domain(x) for x in b}) < len(b)]
     if not short and not shared:
