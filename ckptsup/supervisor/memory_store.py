@@ -3,11 +3,12 @@ bundles, held in the agent's own memory so that a rank crash loses none of them,
 ranks of the next attempt over the memory channel (memory_wire.py, a Unix socket in the agent's
 private directory).
 
-With peers (`PeerLinks`): every bundle a local rank puts is replicated to the buddy agent's
-store on another node, over TCP (`tcp_listener`: the node's own address, a port the kernel picks,
+With peers (`PeerLinks`): every bundle a local rank puts is replicated to each buddy agent's
+store on other nodes, over TCP (`tcp_listener`: the node's own address, a port the kernel picks,
 the same authenticated memory channel); a rank asking for a bundle its agent lacks (a spare that
-took over a dead node's ranks) gets it from the agents the supervisor named as its sources, and
-the answer says `peer_memory`.
+took over a dead node's ranks), or whose copy here it refused (`get` with `from: peers`), gets it
+from the agents the supervisor named as its sources, relayed while it arrives, and the answer says
+`peer_memory`.
 
 The store never interprets a bundle: it keeps the manifest text and the payload as they came and
 hands both back; the rank checks every byte against the manifest's hashes before using any. It
