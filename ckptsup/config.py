@@ -62,6 +62,14 @@ def at_least_one(value: Any) -> str | None:
     return None if value >= 1 else "must be >= 1"
 
 
+def count_or_auto(value: Any) -> str | None:
+    if value == AUTO:
+        return None
+    if isinstance(value, bool) or not isinstance(value, int):
+        return f"must be an integer >= 0 or \"{AUTO}\""
+    return non_negative(value)
+
+
 def positive_or_auto(value: Any) -> str | None:
     if value == AUTO:
         return None
@@ -201,13 +209,16 @@ class StorageConfig:
 
 @dataclass(kw_only=True)
 class MemoryConfig:
-    enabled: bool = knob(False, "memory tier: each rank's shard also kept in its node agent's memory, so a rank crash "
-                         "resumes from there, and replicated to buddy nodes' agents (docs/training.md)")
+    enabled: bool = knob(True, "memory tier: each rank's shard also kept in its node agent's memory, so a rank crash "
+                         "resumes from there, and replicated to buddy nodes' agents (docs/training.md); only under "
+                         "`ckptsup launch`, and only while the bundles fit (max_bytes)")
     every_steps: int = knob(10, "memory saves every N steps (with enabled); with [checkpoint] adaptive_interval the "
                             "supervisor retunes it from measured costs, starting here", at_least_one, max=10**9)
     keep: int = knob(2, "memory checkpoints the agent keeps per rank", at_least_one, max=100)
-    max_bytes: int = knob(0, "a rank's memory bundle larger than this turns the tier off for it with one warning; "
-                          "0 = no limit", non_negative, max=1 << 50)
+    max_bytes: Any = knob(AUTO, "a rank's memory bundle larger than this turns the tier off for it with one warning; "
+                          "auto = what fits in half the node's available memory at the first save, shared by "
+                          "(keep + 1) copies x ranks on the node x (1 + replicas); 0 = no limit", count_or_auto,
+                          max=1 << 50)
     replicas: int = knob(1, "buddy nodes, each in another failure domain, that hold a copy of a node's bundles; "
                          "0 = the node's own memory only", non_negative, max=MAX_REPLICAS,
                          why="each replica costs a node's bundles in another node's memory")
@@ -403,6 +414,10 @@ def _type_problem(fld: dataclasses.Field, value: Any) -> str | None:
         if isinstance(value, float) and not math.isfinite(value):
             return f"must be a finite number (not nan or inf) or \"{AUTO}\""
         return None if not isinstance(value, int) or abs(value) < 2**63 else "is too large (TOML integers are 64-bit)"
+    if isinstance(default, str) and fld.metadata.get("check") is count_or_auto:
+        if isinstance(value, str) or (isinstance(value, int) and not isinstance(value, bool)):
+            return None if not isinstance(value, int) or abs(value) < 2**63 else "is too large (TOML integers are 64-bit)"
+        return f"must be an integer >= 0 or \"{AUTO}\""
     if isinstance(default, str) and fld.metadata.get("check") is ranks_choice:
         if isinstance(value, str):
             return None

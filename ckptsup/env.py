@@ -142,6 +142,7 @@ SLURM_STEP_GPUS = "SLURM_STEP_GPUS"
 CUDA_VISIBLE_DEVICES = "CUDA_VISIBLE_DEVICES"
 SLURM_CONF = "SLURM_CONF"
 LOCAL_RANK = "LOCAL_RANK"
+LOCAL_WORLD_SIZE = "LOCAL_WORLD_SIZE"   # torchrun's: the ranks on this node
 RANK = "RANK"
 WORLD_SIZE = "WORLD_SIZE"
 PYTHONUNBUFFERED = "PYTHONUNBUFFERED"
@@ -177,6 +178,7 @@ EXTERNAL_VARS: tuple[Var, ...] = (
     Var(name=CUDA_VISIBLE_DEVICES, set_by="user, Slurm", read_by="supervisor (local mode), health checks", meaning="outside Slurm, the GPUs of this machine (a count of the list; unset, empty or -1 = none)"),
     Var(name=SLURM_CONF, set_by="user, ckptsup dev-cluster", read_by="Slurm commands (slurm.client)", meaning="slurm.conf to use; the dev cluster is reached through it"),
     Var(name=LOCAL_RANK, set_by="torchrun", read_by="hooks", meaning="the rank's index on its node"),
+    Var(name=LOCAL_WORLD_SIZE, set_by="torchrun", read_by="hooks", meaning="the ranks on the node: [memory] max_bytes = auto shares the node's memory among them"),
     Var(name=RANK, set_by="torchrun", read_by="hooks (heartbeat)", meaning="the rank's global index (attach() asks torch.distributed)"),
     Var(name=WORLD_SIZE, set_by="torchrun", read_by="hooks (heartbeat)", meaning="the number of ranks"),
     Var(name=PYTHONUNBUFFERED, set_by="agent", read_by="Python (torchrun, ranks)", meaning="unbuffered rank output, so the per-node rank log is live"),
@@ -257,7 +259,7 @@ class RankEnv:
             fr_dump_dir=_opt(env, FR_DUMP_DIR),
             preempt_budget_s=_num(env, PREEMPT_BUDGET_S, float),
             memory_socket=_opt(env, MEMORY_SOCKET),
-            memory_every_steps=_num(env, MEMORY_EVERY_STEPS, int),
+            memory_every_steps=_num(env, MEMORY_EVERY_STEPS, int, at_least=1),
         )
 
     def to_environ(self) -> dict[str, str]:
@@ -272,13 +274,16 @@ def _opt(env: Mapping[str, str], name: str) -> str | None:
     return value if value != "" else None
 
 
-def _num(env: Mapping[str, str], name: str, kind: type):
+def _num(env: Mapping[str, str], name: str, kind: type, *, at_least: int | None = None):
     raw = _opt(env, name)
     if raw is None:
         return None
-    try:
-        return kind(raw)
-    except ValueError:
-        from .errors import ConfigError
+    from .errors import ConfigError
 
+    try:
+        value = kind(raw)
+    except ValueError:
         raise ConfigError(f"environment {name}={raw!r} is not a {kind.__name__}; unset it or fix the value") from None
+    if at_least is not None and value < at_least:
+        raise ConfigError(f"environment {name}={raw!r} must be >= {at_least}; unset it or fix the value")
+    return value

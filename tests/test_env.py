@@ -33,6 +33,16 @@ def test_rank_env_round_trips_through_the_environment(rank_env: RankEnv) -> None
     assert RankEnv.from_environ(environ) == rank_env
 
 
+def test_a_number_out_of_range_is_refused_at_the_environment_edge() -> None:
+    from ckptsup.errors import ConfigError
+
+    with pytest.raises(ConfigError, match=r"CKPTSUP_MEMORY_EVERY_STEPS=.0. must be >= 1; unset it or fix the value"):
+        RankEnv.from_environ({"CKPTSUP_MEMORY_EVERY_STEPS": "0"})
+    with pytest.raises(ConfigError, match=r"CKPTSUP_ATTEMPT=.x. is not a int"):
+        RankEnv.from_environ({"CKPTSUP_ATTEMPT": "x"})
+    assert RankEnv.from_environ({"CKPTSUP_MEMORY_EVERY_STEPS": "3"}).memory_every_steps == 3
+
+
 def test_to_environ_leaves_out_unset_fields_and_uses_contract_names() -> None:
     assert EMPTY.to_environ() == {"CKPTSUP_JOB_ID": "local", "CKPTSUP_ATTEMPT": "0", "CKPTSUP_EPOCH": "0",
                                   "CKPTSUP_NODE": "n2"}

@@ -294,3 +294,45 @@ def test_a_bundle_is_replicated_to_every_buddy_and_fetched_from_the_one_left(tmp
     finally:
         for server in (own, second):
             server.close()
+
+
+def test_auto_max_bytes_shares_half_the_nodes_memory_among_every_copy(tmp_path: Path) -> None:
+    from ckptsup.hooks.memory_tier import available_bytes, fit_budget
+
+    # 2 kept + 1 arriving, for 4 ranks, on this node and 1 buddy: 24 copies share half of 48 GiB
+    assert fit_budget(48 << 30, keep=2, local_ranks=4, replicas=1) == (24 << 30) // 24
+    assert fit_budget(48 << 30, keep=2, local_ranks=4, replicas=0) == (24 << 30) // 12
+    assert fit_budget(1 << 30, keep=1, local_ranks=0, replicas=0) == (1 << 29) // 2   # 0 ranks read as 1
+    meminfo = tmp_path / "meminfo"
+    meminfo.write_text("MemTotal:       24000000 kB\nMemFree:  1 kB\nMemAvailable:   12000000 kB\n")
+    assert available_bytes(str(meminfo)) == 12000000 * 1024
+    meminfo.write_text("MemTotal: 1 kB\n")
+    assert available_bytes(str(meminfo)) == 0   # nothing fits: the tier turns off rather than guess
+    assert available_bytes(str(tmp_path / "absent")) == 0
+    assert available_bytes() > 0   # this machine's
+
+
+def test_a_bundle_past_the_fit_turns_the_tier_off_for_the_rank_with_one_warning(tmp_path: Path, server, caplog) -> None:
+    from ckptsup.hooks.memory_tier import MemorySaver
+
+    results, asked = [], []
+
+    def fit() -> tuple[int, str]:
+        asked.append(1)
+        return 64, "what fits (test)"
+
+    saver = MemorySaver(MemoryClient(socket_path=str(server.path), secret_file=secret_file(tmp_path), rank=0),
+                        algorithm="xxh3-128", max_bytes=fit, on_result=results.append)
+    for step in (1, 2, 3):
+        saved = saver.save(step=step, checkpoint_id=f"c{step}", device_state=state(0), side_state={}, extra={})
+        saver.wait()
+        assert saved is (step == 1)
+    saver.close()
+    assert len(asked) == 1 and len(results) == 1 and not results[0].ok
+    assert "over what fits (test): the memory tier is off for this rank; set [memory] max_bytes" in results[0].reason
+    assert server.store.held(0) == []   # nothing half-kept
+    roomy = MemorySaver(MemoryClient(socket_path=str(server.path), secret_file=secret_file(tmp_path), rank=0),
+                        algorithm="xxh3-128", max_bytes=0, on_result=results.append)
+    assert roomy.save(step=4, checkpoint_id="c4", device_state=state(0), side_state={}, extra={})
+    roomy.close()
+    assert results[-1].ok and server.store.held(0) == [(4, "c4")]

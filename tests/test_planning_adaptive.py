@@ -255,6 +255,9 @@ def test_a_launch_carries_the_tuned_memory_schedule_so_a_relaunch_keeps_it(tmp_p
     args = dict(run_dir=tmp_path, config_json=tmp_path / "c.json", secret_path=tmp_path / "s", ckpt_dir=tmp_path / "ck",
                 job_id="7", attempt=1, epoch=1, resume_from="", save_every_s=600.0, preempt_budget_s=0.0,
                 timeouts=attempt_timeouts(config, step_times=[], save_s=None))
+    assert config.memory.enabled   # on by default
+    assert RankEnv.from_environ(rank_env(config, **args, memory_every_steps=7)).memory_every_steps == 7
+    config.memory.enabled = False
     assert MEMORY_EVERY_STEPS not in rank_env(config, **args, memory_every_steps=7)   # no memory tier
     config.memory.enabled = True
     assert RankEnv.from_environ(rank_env(config, **args, memory_every_steps=7)).memory_every_steps == 7

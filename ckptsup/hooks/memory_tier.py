@@ -267,14 +267,40 @@ class MemorySaveResult:
     reason: str = ""
 
 
-class MemorySaver:
-    """One memory save in flight at a time; a save due while one is in flight is skipped."""
+AUTO_SHARE = 0.5   # of the node's available memory: the rest stays for the job itself
 
-    def __init__(self, client: MemoryClient, *, algorithm: str, max_bytes: int,
+
+def fit_budget(available_bytes: int, *, keep: int, local_ranks: int, replicas: int) -> int:
+    """`[memory] max_bytes = auto`: the largest bundle a rank may hand its agent so that every copy
+    fits in half of what the node has available: the agent keeps `keep` bundles per rank and takes
+    one more before it drops the oldest, for each rank on the node, and holds as many of each buddy
+    node's ranks for every replica."""
+    copies = (keep + 1) * max(local_ranks, 1) * (1 + replicas)
+    return int(available_bytes * AUTO_SHARE) // copies
+
+
+def available_bytes(meminfo: str = "/proc/meminfo") -> int:
+    """MemAvailable of this node (0 when unreadable: then nothing fits and the tier turns off)."""
+    try:
+        for line in Path(meminfo).read_text().splitlines():
+            if line.startswith("MemAvailable:"):
+                return int(line.split()[1]) * 1024
+    except (OSError, ValueError, IndexError):
+        pass
+    return 0
+
+
+class MemorySaver:
+    """One memory save in flight at a time; a save due while one is in flight is skipped.
+    `max_bytes`: a larger bundle turns the tier off for this rank (0 = no limit); a callable is
+    asked once, at the first save, when the model and optimizer already take their memory."""
+
+    def __init__(self, client: MemoryClient, *, algorithm: str, max_bytes: "int | Callable[[], tuple[int, str]]",
                  on_result: Callable[[MemorySaveResult], None], clock: Callable[[], float] = time.monotonic) -> None:
         self.client = client
         self.algorithm = algorithm
         self.max_bytes = max_bytes
+        self.why_limit = "" if callable(max_bytes) else f"[memory] max_bytes = {max_bytes}"
         self.on_result = on_result
         self.clock = clock
         self.stager = Stager()
@@ -282,6 +308,11 @@ class MemorySaver:
         self.skipped = 0
         self._pool = concurrent.futures.ThreadPoolExecutor(max_workers=1, thread_name_prefix="ckptsup-memory")
         self._inflight: concurrent.futures.Future | None = None
+
+    def _limit(self) -> tuple[int, str]:
+        if callable(self.max_bytes):
+            self.max_bytes, self.why_limit = self.max_bytes()
+        return self.max_bytes, self.why_limit
 
     def save(self, *, step: int, checkpoint_id: str, device_state: dict[str, Any], side_state: dict[str, Any],
              extra: dict[str, Any]) -> bool:
@@ -301,10 +332,11 @@ class MemorySaver:
         start = self.clock()
         try:
             bundle = serialize(staged, step=step, checkpoint_id=checkpoint_id, algorithm=self.algorithm, extra=extra)
-            if self.max_bytes and bundle.nbytes > self.max_bytes:
-                self.disabled = (f"a memory bundle of {bundle.nbytes} bytes is over [memory] max_bytes = "
-                                 f"{self.max_bytes}: the memory tier is off for this rank")
-                log.warning("ckptsup: %s", self.disabled)
+            limit, why = self._limit()
+            if limit and bundle.nbytes > limit:
+                # said once, by on_result's warning: later saves return at once
+                self.disabled = (f"a memory bundle of {bundle.nbytes} bytes is over {why}: the memory tier is off "
+                                 "for this rank; set [memory] max_bytes (bytes, 0 = no limit) to keep it on")
                 raise CheckpointError(self.disabled)
             self.client.put(bundle)
             result = MemorySaveResult(step=step, ok=True, stall_s=stall, write_s=self.clock() - start, bytes=bundle.nbytes)

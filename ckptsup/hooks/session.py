@@ -30,7 +30,8 @@ from typing import Any, Callable
 from ..checkpoint.commit import WriterLock, parse_step
 from ..checkpoint.validate import quarantine
 from ..checkpoint.trust import CheckpointDirUntrusted
-from ..env import LOCAL_RANK, ExitStatus, RankEnv
+from ..config import AUTO
+from ..env import LOCAL_RANK, LOCAL_WORLD_SIZE, ExitStatus, RankEnv
 from ..errors import CheckpointError, CkptsupError
 from ..events import Event
 from .compute_time import CommTimer
@@ -38,7 +39,8 @@ from .process_group import new_gloo_group
 from .event_sink import Reporter
 from .settings import Settings, resolve_settings
 from ..wire import MessageKind, Phase
-from .memory_tier import MemoryClient, MemorySaveResult, MemorySaver, memory_checkpoint_id, newest_common
+from .memory_tier import (MemoryClient, MemorySaveResult, MemorySaver, available_bytes, fit_budget,
+                          memory_checkpoint_id, newest_common)
 from .resume_sources import Candidate, Source, candidates as resume_candidates, fetch, files_by_source, object_tier
 from .rank_link import Hooks, NonFiniteLossError, StepLink, claim_hooks, exit_rank, is_finite
 from .signals import StopFlag, emergency_save_fits
@@ -157,18 +159,23 @@ class Run:
         if config is None or not config.memory.enabled or not self.env.memory_socket:
             return None, 0
         client = MemoryClient(socket_path=self.env.memory_socket, secret_file=self.env.secret_file, rank=self.rank)
-        every = self.env.memory_every_steps   # the supervisor's (adaptive) schedule, else the config's
-        if every is None:
-            every = config.memory.every_steps
-        elif every < 1:
-            from ..env import MEMORY_EVERY_STEPS
-            from ..errors import ConfigError
-
-            raise ConfigError(f"environment {MEMORY_EVERY_STEPS}={every} must be >= 1 ([memory] enabled = false "
-                              "turns the memory tier off)")
-        saver = MemorySaver(client, algorithm=self.settings.hash_algorithm, max_bytes=config.memory.max_bytes,
+        every = self.env.memory_every_steps or config.memory.every_steps   # the supervisor's (adaptive) schedule first
+        limit = config.memory.max_bytes
+        saver = MemorySaver(client, algorithm=self.settings.hash_algorithm,
+                            max_bytes=self._memory_fit if limit == AUTO else limit,
                             on_result=self._on_memory_result, clock=self.clock)
         return saver, every
+
+    def _memory_fit(self) -> tuple[int, str]:
+        """[memory] max_bytes = auto, asked at the first memory save (memory_tier.fit_budget)."""
+        config = self.settings.config.memory
+        text = os.environ.get(LOCAL_WORLD_SIZE, "")   # the ranks sharing this node's agent
+        local_ranks = int(text) if text.isdigit() and int(text) >= 1 else 1
+        free = available_bytes()
+        limit = fit_budget(free, keep=config.keep, local_ranks=local_ranks, replicas=config.replicas)
+        return max(limit, 1), (f"what fits (max_bytes = auto: half of the node's {free / 2**30:.1f} GiB available over "
+                               f"{config.keep + 1} copies x {local_ranks} rank(s) x {1 + config.replicas} node(s) = "
+                               f"{limit} bytes)")
 
     def _housekeeper(self) -> Any:
         from ..checkpoint.housekeeping import Housekeeper

@@ -21,7 +21,7 @@ from dataclasses import dataclass, replace
 from pathlib import Path
 from typing import Any, Callable
 
-from ..config import Resolved, write_config_json
+from ..config import AUTO, Resolved, write_config_json
 from ..env import ExitStatus
 from ..errors import CkptsupError
 from ..events import Event, EventWriter, read_events
@@ -677,7 +677,8 @@ class Supervisor(OperatorMixin, ExternalResumeMixin):
                           progress_pattern=self.sup.progress_pattern, tee=self.sup.tee,
                           module=self.job.module, no_python=self.job.no_python, warm_ranks=self.sup.warm_ranks,
                           memory_keep=self.config.memory.keep if self.config.memory.enabled else 0,
-                          memory_max_bytes=self.config.memory.max_bytes,
+                          # auto: each rank checks its own fit (memory_tier.fit_budget); the agent takes what comes
+                          memory_max_bytes=0 if self.config.memory.max_bytes == AUTO else self.config.memory.max_bytes,
                           memory_addrs={n: self.placement.addrs.get(n, n) for n in self.placement.nodes}
                           if self.config.memory.enabled else {})
         path = attempt_dir / "launch.json"
