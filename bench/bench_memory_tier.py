@@ -1,7 +1,7 @@
 """Restore bandwidth of each source of the memory tier and the disk tiers, same state, same run;
 the step-time cost of memory saves; and the modelled peer-memory : parallel-FS restore ratio.
 
-    python bench/bench_memory_tier.py [--state-mb 256] [--repeats 3] [--overhead-s 60]
+    python bench/bench_memory_tier.py [--state-mb 256] [--repeats 3] [--overhead-s 240]
 
 Restore = fetch + verify every byte against the manifest + deserialise into fresh tensors (what a
 resume does), for one rank's state of --state-mb:
@@ -54,7 +54,9 @@ def serve(kind: str, where: str, sources: str) -> None:
     secret = SECRET_HEX.encode()
     store = MemoryStore(keep=2)
     peers = PeerLinks(secret=secret, node="bench")
-    if sources:
+    if sources.startswith("buddy:"):     # replicate every bundle to this store (as an agent to its buddy)
+        peers.set(buddies=[sources.removeprefix("buddy:")], sources={})
+    elif sources:
         peers.set(buddies=[], sources={1: [sources]})
     listener = unix_listener(where) if kind == "unix" else tcp_listener("127.0.0.1")
     server = MemoryServer(listener, secret=secret, store=store, peers=peers).start()
@@ -274,14 +276,25 @@ def main() -> int:
     return 0
 
 
+BLOCK_S = 10.0   # one memory save per block: "memory saves every 10 s"
+
+
 def overhead(tmp: Path, secret: Path) -> dict:
-    """A ~50 ms step, memory saves every 10 s vs none, interleaved blocks of --overhead-s each."""
+    """Step-time overhead of memory saves every 10 s vs none. A ~50 ms step (a 16 MiB model);
+    blocks of the same number of steps, ~10 s each, in ABBA order (on, off, off, on, ...), the
+    "on" blocks with one memory save after their first step; its agent's store (its own process)
+    replicates every bundle to a buddy store (another process, on the same cores here). Each "on"
+    block is compared with its neighbouring "off" block, so a drift in the machine's load cancels;
+    the figure is the median of those ratios. The last save must be done before its block ends
+    (else the block is counted as it is: the save's tail is then in the next block)."""
     from ckptsup.hooks.memory_tier import MemorySaver
 
-    store, path = start_store("unix", str(tmp / "ovh.sock"))
+    buddy, buddy_addr = start_store("tcp")
+    store, path = start_store("unix", str(tmp / "ovh.sock"), f"buddy:{buddy_addr}")
+    results: list = []
     try:
         saver = MemorySaver(MemoryClient(socket_path=path, secret_file=str(secret), rank=0), algorithm="xxh3-128",
-                            max_bytes=0, on_result=lambda r: None)
+                            max_bytes=0, on_result=results.append)
         model = torch.nn.Sequential(*[torch.nn.Linear(1024, 1024) for _ in range(4)])
         opt = torch.optim.SGD(model.parameters(), lr=1e-3)
         x = torch.randn(256, 1024)
@@ -291,50 +304,63 @@ def overhead(tmp: Path, secret: Path) -> dict:
             model(x).sum().backward()
             opt.step()
 
-        def calibrate() -> int:
-            start = time.perf_counter()
+        for _ in range(5):
+            step()   # warm
+        start = time.perf_counter()
+        for _ in range(10):
             step()
-            return max(1, round(0.05 / (time.perf_counter() - start)))
-
-        reps = calibrate()
-        times = {"off": [], "on": []}
-        saves = 0
-        for block in range(4):
-            mode = "on" if block % 2 else "off"
-            end = time.perf_counter() + ARGS.overhead_s / 4
-            last_save = time.perf_counter()
-            n = 0
-            while time.perf_counter() < end:
-                t0 = time.perf_counter()
-                for _ in range(reps):
-                    step()
-                if mode == "on" and time.perf_counter() - last_save >= 10.0:
-                    last_save = time.perf_counter()
-                    n += 1
+        steps = max(20, round(BLOCK_S / ((time.perf_counter() - start) / 10)))
+        blocks = max(4, 4 * round(ARGS.overhead_s / BLOCK_S / 4))
+        order = ["on", "off", "off", "on"] * (blocks // 4)
+        times: list[tuple[str, float]] = []
+        late = 0
+        for n, mode in enumerate(order):
+            t0 = time.perf_counter()
+            for i in range(steps):
+                step()
+                if mode == "on" and i == 0:
                     saver.save(step=n, checkpoint_id=memory_checkpoint_id(job_id="o", attempt=0, epoch=0, step=n),
                                device_state={"model": model.state_dict()}, side_state={}, extra={})
-                    saves += 1
-                times[mode].append(time.perf_counter() - t0)
+            times.append((mode, time.perf_counter() - t0))
+            if saver._inflight is not None and not saver._inflight.done():
+                late += 1
+            saver.wait()
         saver.close()
     finally:
         stop(store)
-    med = {k: statistics.median(v) for k, v in times.items()}
-    mean = {k: statistics.fmean(v) for k, v in times.items()}
-    return {"step_s_median": med, "step_s_mean": mean, "saves": saves,
-            "state_bytes": sum(p.numel() * 4 for p in model.parameters()),
-            "overhead_median": med["on"] / med["off"] - 1, "overhead_mean": mean["on"] / mean["off"] - 1}
+        stop(buddy)
+    ratios = [on / off for (m1, a), (m2, b) in zip(times[::2], times[1::2])
+              for on, off in [(a, b) if m1 == "on" else (b, a)]]
+    by = {m: [t for k, t in times if k == m] for m in ("on", "off")}
+    ok = [r for r in results if r.ok]
+    return {"steps_per_block": steps, "blocks": len(order), "saves": len(ok), "saves_late": late,
+            "block_s_median": {m: statistics.median(v) for m, v in by.items()},
+            "pair_ratios": [round(r, 4) for r in ratios],
+            "overhead_median": statistics.median(ratios) - 1, "overhead_mean": statistics.fmean(ratios) - 1,
+            "stall_s_median": statistics.median(r.stall_s for r in ok) if ok else None,
+            "write_s_median": statistics.median(r.write_s for r in ok) if ok else None,
+            "state_bytes": sum(p.numel() * 4 for p in model.parameters())}
 
 
 if __name__ == "__main__":
     p = argparse.ArgumentParser()
     p.add_argument("--state-mb", type=int, default=256)
     p.add_argument("--repeats", type=int, default=3)
-    p.add_argument("--overhead-s", type=float, default=60.0)
+    p.add_argument("--overhead-s", type=float, default=240.0)
+    p.add_argument("--overhead-only", action="store_true", help="only the step-time overhead, not the restores")
     p.add_argument("--dir", default=None)
     p.add_argument("--serve", nargs=3, default=None)
     ARGS = p.parse_args()
     if ARGS.serve:
         kind, where, sources = ARGS.serve
         serve(kind, "" if where == "-" else where, "" if sources == "-" else sources)
+        sys.exit(0)
+    if ARGS.overhead_only:
+        tmp = Path(tempfile.mkdtemp(prefix="bench-memory-", dir=ARGS.dir))
+        os.chmod(tmp, 0o700)
+        (tmp / "secret").write_text(SECRET_HEX)
+        (tmp / "secret").chmod(0o600)
+        print(json.dumps(overhead(tmp, tmp / "secret"), indent=2))
+        shutil.rmtree(tmp, ignore_errors=True)
         sys.exit(0)
     sys.exit(main())

@@ -140,6 +140,12 @@ def summary(evts: list[dict], victim: str) -> None:
     if restart:
         phases = ", ".join(f"{k[:-2]} {v:.1f}s" for k, v in restart["phases"].items())
         print(f"resumed    : at step {restart['resume_step']}, {restart['restart_s']:.1f}s after detection ({phases})")
+        loaded = [e for e in evts if e["event"] == "checkpoint_loaded"]
+        if loaded:
+            files = ", ".join(f"{n} from {k}" for k, n in loaded[-1].get("files_by_source", {}).items() if n)
+            peer = loaded[-1].get("files_by_source", {}).get("peer_memory", 0)
+            how = "the dead node's ranks from a buddy agent's memory" if peer else "no memory copy used"
+            print(f"loaded     : step {loaded[-1]['step']}: {files or '-'} ({how})")
     print(f"completed  : {'yes, step ' + str(done.get('step')) if done else 'NO'}")
 
 

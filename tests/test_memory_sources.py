@@ -99,3 +99,91 @@ def test_a_source_that_dies_mid_bundle_fails_the_rank_s_fetch_and_the_store_goes
     finally:
         own.close()
         listener.close()
+
+
+class _TwoRanks:
+    """The collective seam of two in-process ranks (threads): reduce_max over both."""
+
+    def __init__(self) -> None:
+        import threading
+
+        self.barrier = threading.Barrier(2)
+        self.slots: list[list[int]] = [[], []]
+
+    def reduce_max(self, rank: int, values: list[int]) -> list[int]:
+        self.slots[rank] = values
+        self.barrier.wait()
+        out = [max(a, b) for a, b in zip(*self.slots)]
+        self.barrier.wait()   # both have read before either writes again
+        return out
+
+
+def test_one_rank_s_refused_copy_takes_a_second_round_and_the_other_rank_keeps_what_it_received(tmp_path: Path) -> None:
+    """loader.load_memory across two ranks: rank 1's agent flips its bundle, so rank 1 fetches the
+    peer's copy; rank 0 loads the same step from the bundle it already received, asking its agent
+    once, and both end bit-identical to what was saved."""
+    import threading
+    from types import SimpleNamespace
+
+    import torch
+
+    from ckptsup.hooks.loader import load_memory
+    from ckptsup.hooks.state import TrainingState
+
+    def training_state(rank: int, seed: int) -> TrainingState:
+        torch.manual_seed(seed)
+        model = torch.nn.Sequential(torch.nn.Linear(6, 8), torch.nn.ReLU(), torch.nn.Linear(8, 2))
+        opt = torch.optim.AdamW(model.parameters())
+        model(torch.randn(3, 6)).sum().backward()
+        opt.step()
+        return TrainingState(model=model, optimizer=opt, rank=rank, world_size=2)
+
+    class CountingStore(MemoryStore):
+        gets = 0
+
+        def get(self, step: int, rank: int):
+            CountingStore.gets += 1
+            return super().get(step, rank)
+
+    cid = CID[7]
+    saved = [training_state(r, seed=r) for r in (0, 1)]
+    bundles = [serialize({**s.model_optim_state(), **s.side_state(step=7, meta={}, with_globals=True)}, step=7,
+                         checkpoint_id=cid, algorithm="xxh3-128", extra={"rank": r, "world_size": 2})
+               for r, s in enumerate(saved)]
+    peer_store = MemoryStore(keep=2)
+    peer = MemoryServer(tcp_listener("127.0.0.1"), secret=SECRET, store=peer_store).start()
+    links = PeerLinks(secret=SECRET, node="n2")
+    agents = [MemoryServer(unix_listener(private_dir(tmp_path / "a0") / "memory.sock"), secret=SECRET,
+                           store=CountingStore(keep=2)).start(),
+              MemoryServer(unix_listener(private_dir(tmp_path / "a1") / "memory.sock"), secret=SECRET,
+                           store=MemoryStore(keep=2, flip=FlipMode.OWN), peers=links).start()]
+    try:
+        clients = [MemoryClient(socket_path=str(a.path), secret_file=secret_file(tmp_path), rank=r)
+                   for r, a in enumerate(agents)]
+        for client, bundle in zip(clients, bundles):
+            client.put(bundle)
+        names = [f.path for f in bundles[1].manifest.files]
+        peer_store.put(Held(step=7, rank=1, checkpoint_id=cid, manifest=bundles[1].manifest.to_json(),
+                            sizes=tuple(len(bundles[1].data[n]) for n in names),
+                            payload=b"".join(bytes(bundles[1].data[n]) for n in names)), replica=True)
+        links.set(buddies=[], sources={1: [peer.address]})
+        group, errors = _TwoRanks(), [None, None]
+        runs = [SimpleNamespace(rank=r, world_size=2, state=training_state(r, seed=10 + r),
+                                memory=SimpleNamespace(client=clients[r]), _loaded_step=None, _load_tiers={},
+                                reduce_max=(lambda values, r=r: group.reduce_max(r, values)))
+                for r in (0, 1)]
+        CountingStore.gets = 0
+        threads = [threading.Thread(target=lambda r=r: errors.__setitem__(r, load_memory(runs[r], 7))) for r in (0, 1)]
+        for t in threads:
+            t.start()
+        for t in threads:
+            t.join(60)
+        assert errors == [None, None]
+        assert CountingStore.gets == 1   # rank 0's bundle crossed its socket once
+        assert runs[0]._load_tiers == {"memory_files": 1, "peer_memory_files": 0}
+        assert runs[1]._load_tiers == {"memory_files": 0, "peer_memory_files": 1}
+        for run, want in zip(runs, saved):
+            assert same(run.state.model_optim_state(), want.model_optim_state())
+    finally:
+        for server in (*agents, peer):
+            server.close()

@@ -336,3 +336,8 @@ def test_a_bundle_past_the_fit_turns_the_tier_off_for_the_rank_with_one_warning(
     assert roomy.save(step=4, checkpoint_id="c4", device_state=state(0), side_state={}, extra={})
     roomy.close()
     assert results[-1].ok and server.store.held(0) == [(4, "c4")]
+    # a restart's fit check counts what the agent already holds as free (it is not the job's memory)
+    client = MemoryClient(socket_path=str(server.path), secret_file=secret_file(tmp_path), rank=3)
+    assert client.stored_bytes() == server.store.total_bytes() == results[-1].bytes > 0
+    assert MemoryClient(socket_path=str(tmp_path / "gone.sock"), secret_file=secret_file(tmp_path),
+                        rank=0).stored_bytes() == 0

@@ -97,9 +97,11 @@ def reference(tmp_path_factory) -> str:
 
 def test_rank_sigkill_restarts_fast_and_ends_bit_identical(tmp_path, reference):
     # with the node-local cache on: the fast path restarts on the same node, so the resume reads
-    # the local copies (the hooks expand {node} and {job_id} from the config the supervisor passes)
+    # the local copies (the hooks expand {node} and {job_id} from the config the supervisor passes);
+    # the memory tier (on by default) off, else its newer copy would be the one read
     local = tmp_path / "scratch"
-    proc, run, out = start(tmp_path, extra_toml=f'[storage]\nnode_local = "{local}/{{node}}/{{job_id}}"\n')
+    proc, run, out = start(tmp_path, extra_toml=f'[storage]\nnode_local = "{local}/{{node}}/{{job_id}}"\n'
+                                                 '[memory]\nenabled = false\n')
     wait_for_commit(run, 10)
     wait_for_warm(run)
     killed_at = time.monotonic()
@@ -225,8 +227,9 @@ def test_a_rank_sigkill_resumes_from_the_agents_memory_and_ends_bit_identical(tm
     # disk saves only at the end: the restart point can only come from the memory tier
     # slower steps (the parameters do not depend on the sleep): the warm pool must be ready
     # before the 100 steps end, on a busy machine too
+    # the memory tier as every job has it (on by default), only its schedule set
     proc, run, out = start(tmp_path, "--save-every-steps", "1000", "--step-sleep-s", "0.2",
-                           extra_toml="[memory]\nenabled = true\nevery_steps = 5\n")
+                           extra_toml="[memory]\nevery_steps = 5\n")
     wait_for_memory_save(proc, run, 20)
     wait_for_warm(run)
     rank_process(out, 1).send_signal(signal.SIGKILL)

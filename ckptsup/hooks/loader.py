@@ -106,8 +106,14 @@ def load_memory(run: Any, step: int) -> Exception | None:
     from ..memory_wire import MemoryChannelError
     from .memory_tier import BundleReader
 
+    received: list[Any] = []
+
     def open_reader(from_peers: bool) -> Any:
+        if received and not from_peers:
+            # a second round for another rank's refused copy: this rank's own passed, keep it (no second transfer)
+            return BundleReader(received[0])
         bundle = run.memory.client.get(step, from_peers=from_peers)
+        received[:] = [bundle]
         world = bundle.manifest.extra.get("world_size")
         if world != run.world_size or bundle.manifest.extra.get("rank") != run.rank:
             raise ValidationError(f"memory bundle of step {step} is rank {bundle.manifest.extra.get('rank')} of "

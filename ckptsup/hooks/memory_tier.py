@@ -233,6 +233,18 @@ class MemoryClient:
         return [(r[0], r[1]) for r in rows if isinstance(r, list) and len(r) == 2 and type(r[0]) is int
                 and isinstance(r[1], str)]
 
+    def stored_bytes(self) -> int:
+        """What the agent's store holds now, every rank's and every replica together (0 when it
+        cannot say): memory a fit check must not count as taken by the job."""
+        try:
+            with self.session() as s:
+                s.send(MemoryOp.LIST, {"rank": self.rank})
+                op, body, _ = s.recv()
+        except (MemoryChannelError, OSError):
+            return 0
+        value = body.get("bytes") if op is MemoryOp.HELD else None
+        return value if type(value) is int and value >= 0 else 0
+
     def get(self, step: int, *, from_peers: bool = False) -> Bundle:
         """This rank's bundle of `step`: its agent's copy, or (`from_peers`: that copy was refused)
         a copy the agent fetches from the peer agents that hold one."""

@@ -171,7 +171,9 @@ class Run:
         config = self.settings.config.memory
         text = os.environ.get(LOCAL_WORLD_SIZE, "")   # the ranks sharing this node's agent
         local_ranks = int(text) if text.isdigit() and int(text) >= 1 else 1
-        free = available_bytes()
+        # a restart's ranks find their agent still holding the last attempt's bundles: not the job's memory
+        assert self.memory is not None
+        free = available_bytes() + self.memory.client.stored_bytes()
         limit = fit_budget(free, keep=config.keep, local_ranks=local_ranks, replicas=config.replicas)
         return max(limit, 1), (f"what fits (max_bytes = auto: half of the node's {free / 2**30:.1f} GiB available over "
                                f"{config.keep + 1} copies x {local_ranks} rank(s) x {1 + config.replicas} node(s) = "

@@ -224,7 +224,8 @@ class MemoryServer:
                 held = {tuple(h) for h in self.store.held(rank)}
                 if self.peers is not None and role.startswith("rank"):
                     held |= self.peers.held(rank)
-                session.send(MemoryOp.HELD, {"rank": rank, "held": [list(h) for h in sorted(held)]})
+                session.send(MemoryOp.HELD, {"rank": rank, "held": [list(h) for h in sorted(held)],
+                                             "bytes": self.store.total_bytes()})
             case MemoryOp.GET:
                 step, rank = _int(body, "step"), _int(body, "rank")
                 # "from": "peers" — the rank refused this store's copy (its hashes did not match)
@@ -238,7 +239,7 @@ class MemoryServer:
                 if found is None:
                     session.send(MemoryOp.MISSING, {"step": step, "rank": rank})
                     return
-                session.send(MemoryOp.BUNDLE, {**_put_body(found), "source": "memory"}, found.payload)
+                session.send(MemoryOp.BUNDLE, {**_put_body(vars(found)), "source": "memory"}, found.payload)
             case _:
                 raise MemoryChannelError(f"a client may not send {op.value}")
 
@@ -318,7 +319,7 @@ class PeerLinks:
         start = time.monotonic()
         try:
             with self._session(buddy) as session:
-                session.send(MemoryOp.PUT, _put_body(held), held.payload)
+                session.send(MemoryOp.PUT, _put_body(vars(held)), held.payload)
                 op, body, _ = session.recv()
             ok, reason = op is MemoryOp.STORED, "" if op is MemoryOp.STORED else str(body.get("reason", op.value))
         except (MemoryChannelError, OSError, ValueError) as err:
@@ -375,7 +376,7 @@ class PeerLinks:
                         continue
                     fields = bundle_fields(body, length)
                     if relay_to is not None:
-                        relay_to.send_header(MemoryOp.BUNDLE, {**_put_body_of(fields), "source": "peer_memory"},
+                        relay_to.send_header(MemoryOp.BUNDLE, {**_put_body(fields), "source": "peer_memory"},
                                              length=length)
                         relaying = True
                     payload = recv_exact(session.sock, length,
@@ -388,11 +389,9 @@ class PeerLinks:
         return None
 
 
-def _put_body(held: Held) -> dict[str, Any]:
-    return _put_body_of({"step": held.step, "rank": held.rank, "checkpoint_id": held.checkpoint_id,
-                         "manifest": held.manifest, "sizes": held.sizes})
+_HEADER_KEYS = ("step", "rank", "checkpoint_id", "manifest", "sizes")
 
 
-def _put_body_of(fields: dict[str, Any]) -> dict[str, Any]:
-    return {"step": fields["step"], "rank": fields["rank"], "checkpoint_id": fields["checkpoint_id"],
-            "manifest": fields["manifest"], "sizes": list(fields["sizes"])}
+def _put_body(fields: Any) -> dict[str, Any]:
+    """A put's or bundle's header: from a Held's fields (`vars(held)`) or bundle_fields' dict."""
+    return {key: list(fields[key]) if key == "sizes" else fields[key] for key in _HEADER_KEYS}
