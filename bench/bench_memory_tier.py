@@ -289,6 +289,8 @@ def overhead(tmp: Path, secret: Path) -> dict:
     (else the block is counted as it is: the save's tail is then in the next block)."""
     from ckptsup.hooks.memory_tier import MemorySaver
 
+    if ARGS.overhead_threads:
+        torch.set_num_threads(ARGS.overhead_threads)   # the training loop's; the stores are their own processes
     buddy, buddy_addr = start_store("tcp")
     store, path = start_store("unix", str(tmp / "ovh.sock"), f"buddy:{buddy_addr}")
     results: list = []
@@ -325,6 +327,9 @@ def overhead(tmp: Path, secret: Path) -> dict:
             if saver._inflight is not None and not saver._inflight.done():
                 late += 1
             saver.wait()
+        del_after = len(results)
+        save_cpu = cpu_per_save(saver, model, [store, buddy])
+        del results[del_after:]   # the ratio's saves only
         saver.close()
     finally:
         stop(store)
@@ -333,13 +338,34 @@ def overhead(tmp: Path, secret: Path) -> dict:
               for on, off in [(a, b) if m1 == "on" else (b, a)]]
     by = {m: [t for k, t in times if k == m] for m in ("on", "off")}
     ok = [r for r in results if r.ok]
-    return {"steps_per_block": steps, "blocks": len(order), "saves": len(ok), "saves_late": late,
+    return {"torch_threads": torch.get_num_threads(), "steps_per_block": steps, "blocks": len(order), "saves": len(ok), "saves_late": late,
             "block_s_median": {m: statistics.median(v) for m, v in by.items()},
             "pair_ratios": [round(r, 4) for r in ratios],
             "overhead_median": statistics.median(ratios) - 1, "overhead_mean": statistics.fmean(ratios) - 1,
             "stall_s_median": statistics.median(r.stall_s for r in ok) if ok else None,
             "write_s_median": statistics.median(r.write_s for r in ok) if ok else None,
-            "state_bytes": sum(p.numel() * 4 for p in model.parameters())}
+            "state_bytes": sum(p.numel() * 4 for p in model.parameters()),
+            # the direct ratio above is within this VM's block-to-block noise (±5-10 %); the CPU a
+            # save costs, every process of its path together, bounds what it can take from the steps
+            "save_cpu_s": save_cpu, "bound_one_core": save_cpu / BLOCK_S,
+            "bound_all_cores": save_cpu / (BLOCK_S * (os.cpu_count() or 1))}
+
+
+def cpu_per_save(saver, model, procs: list, n: int = 5) -> float:
+    """CPU seconds of one memory save with training paused: the rank's save thread (this process),
+    its agent's store and the buddy's store (their /proc stat), each save let finish its replica."""
+    def proc_cpu(pid: int) -> float:
+        fields = Path(f"/proc/{pid}/stat").read_text().rsplit(")", 1)[1].split()
+        return (int(fields[11]) + int(fields[12])) / os.sysconf("SC_CLK_TCK")
+
+    time.sleep(1.0)
+    mine, theirs = time.process_time(), sum(proc_cpu(p.pid) for p in procs)
+    for i in range(n):
+        saver.save(step=10_000 + i, checkpoint_id=memory_checkpoint_id(job_id="c", attempt=0, epoch=0, step=10_000 + i),
+                   device_state={"model": model.state_dict()}, side_state={}, extra={})
+        saver.wait()
+        time.sleep(1.0)   # the replica to the buddy goes on after the store's ack
+    return (time.process_time() - mine + sum(proc_cpu(p.pid) for p in procs) - theirs) / n
 
 
 if __name__ == "__main__":
@@ -347,6 +373,8 @@ if __name__ == "__main__":
     p.add_argument("--state-mb", type=int, default=256)
     p.add_argument("--repeats", type=int, default=3)
     p.add_argument("--overhead-s", type=float, default=240.0)
+    p.add_argument("--overhead-threads", type=int, default=0,
+                   help="torch threads of the training loop (0 = torch's default: every core)")
     p.add_argument("--overhead-only", action="store_true", help="only the step-time overhead, not the restores")
     p.add_argument("--dir", default=None)
     p.add_argument("--serve", nargs=3, default=None)
