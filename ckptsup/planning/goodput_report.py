@@ -160,7 +160,8 @@ def _summary_pairs(rep: dict[str, Any]) -> list[tuple[str, str]]:
              + _memory_interval_text(rep))] if rep.get("memory_saves") else []),
         ("measured detection + restart R", f"{format_duration(rep['measured_detect_s'])} + {format_duration(rep['measured_restart_s'])}"),
         ("checkpoint loads by source", "; ".join(
-            f"{source} {int(row['loads'])} ({int(row['files'])} files, {format_duration(row['load_s'])})"
+            f"{source} {int(row['loads'])} ({int(row['files'])} file{'s' if int(row['files']) != 1 else ''}, "
+            f"{format_duration(row['load_s'])})"
             for source, row in sorted(rep.get("loads_by_source", {}).items())) or "none"),
     ]
     if "interval_daly_s" in rec:
