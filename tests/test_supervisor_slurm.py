@@ -7,6 +7,7 @@ from __future__ import annotations
 import datetime as dt
 import json
 import os
+import shutil
 import signal
 import subprocess
 import sys
@@ -14,6 +15,7 @@ import time
 from pathlib import Path
 
 import pytest
+from s3_helpers import BUCKET, make_bucket, moto  # noqa: F401 - moto is a fixture
 
 from ckptsup.events import read_events
 from ckptsup.planning.accounting import account
@@ -468,12 +470,24 @@ def test_a_rank_whose_own_memory_copy_is_flipped_loads_the_buddys_replica(dev_cl
     assert json.loads((out / "final.json").read_text())["params_sha256"] == reference
 
 
-def test_a_node_and_its_buddy_lost_together_fall_back_to_disk_bit_identical(dev_cluster, tmp_path, reference):
-    # 2 active + 2 spares, the batch host kept as the last spare ([supervisor] batch_host_spare):
-    # the two active nodes are each other's buddy and die together, the supervisor lives on
+def promoted(run: Path) -> list[int]:
+    return sorted(e["step"] for e in named(read_events(run), "checkpoint_promoted") if e.get("ok"))
+
+
+@pytest.mark.s3
+def test_a_node_and_its_buddy_lost_together_fall_back_to_disk_and_the_object_store_bit_identical(
+        dev_cluster, tmp_path, reference, moto):
+    """2 active + 2 spares, the batch host kept as the last spare ([supervisor] batch_host_spare):
+    the two active nodes are each other's buddy and die together, the supervisor lives on. No
+    memory copy is left: the disk tiers decide, and the shared copy of the newest checkpoint the
+    object store (a real moto_server) holds is deleted too, with everything newer: the resume
+    fetches it back from the object store and validates it."""
+    make_bucket(moto)
+    storage = f'[storage]\nobject_store = "s3://{BUCKET}/buddies"\ns3_endpoint_url = "{moto.url}"\n'
     job, run, out = submit(tmp_path, nodes=2, spares=2, extra=("--save-every-steps", "10"),
-                           extra_toml=MEMORY, supervisor_toml="batch_host_spare = true\n")
-    dev_cluster.wait_for(lambda: replicated(run, 15) and committed(run, 10), 120, what="replicas and a disk checkpoint")
+                           extra_toml=MEMORY + storage, supervisor_toml="batch_host_spare = true\n")
+    dev_cluster.wait_for(lambda: replicated(run, 15) and committed(run, 10) and promoted(run), 120,
+                         what="replicas, a disk checkpoint and its object-store copy")
     events = read_events(run)
     first = named(events, "launch")[0]
     batch_host = named(events, "allocation")[0]["node_names"][0]   # Slurm runs the batch script there
@@ -482,13 +496,19 @@ def test_a_node_and_its_buddy_lost_together_fall_back_to_disk_bit_identical(dev_
     with dev_cluster.revived(a, b):
         dev_cluster.kill_node(a)
         dev_cluster.kill_node(b)
+        newest = promoted(run)[-1]   # the dead nodes promote nothing more
+        gone = [d for d in (run / "checkpoints").glob("step_*") if int(d.name.split("_")[1]) >= newest]
+        for folder in gone:
+            shutil.rmtree(folder)
         dev_cluster.wait_for(lambda: named(read_events(run), "restart_done"), 120, what="the restart")
         dev_cluster.wait_for(lambda: finished(dev_cluster, job), 180, what=f"job {job} to finish")
     events = read_events(run)
     restart = named(events, "restart_done")[-1]
     [loaded] = named(events, "checkpoint_loaded")
-    assert restart["path"] == "node" and loaded["source"] == "shared" and loaded["step"] % 10 == 0, loaded
-    assert loaded["files_by_source"]["memory"] == loaded["files_by_source"]["peer_memory"] == 0
+    assert restart["path"] == "node" and loaded["source"] == "object" and loaded["step"] == newest, (loaded, gone)
+    by_source = loaded["files_by_source"]
+    assert by_source["object"] > 0 and by_source["memory"] == by_source["peer_memory"] == by_source["shared"] == 0
+    assert not named(events, "checkpoint_rejected") and not (run / "checkpoints" / "quarantine").exists()
     assert sorted(named(events, "launch")[-1]["nodes"]) == sorted([first["spares"][0], batch_host])
     assert "a node and its buddy lost together" in (run / f"slurm-{job}.out").read_text()   # rank 0's console line
     assert json.loads((out / "final.json").read_text())["params_sha256"] == reference
