@@ -223,11 +223,15 @@ class MemoryClient:
         if op is not MemoryOp.STORED:
             raise CheckpointError(f"the agent did not keep the memory bundle: {body.get('reason', op.value)}")
 
-    def held(self) -> list[tuple[int, str]]:
+    def _list(self) -> dict[str, Any]:
+        """The store's `held` answer for this rank ({} for any other answer)."""
         with self.session() as s:
             s.send(MemoryOp.LIST, {"rank": self.rank})
             op, body, _ = s.recv()
-        rows = body.get("held") if op is MemoryOp.HELD else None
+        return body if op is MemoryOp.HELD else {}
+
+    def held(self) -> list[tuple[int, str]]:
+        rows = self._list().get("held")
         if not isinstance(rows, list):
             return []
         return [(r[0], r[1]) for r in rows if isinstance(r, list) and len(r) == 2 and type(r[0]) is int
@@ -237,12 +241,9 @@ class MemoryClient:
         """What the agent's store holds now, every rank's and every replica together (0 when it
         cannot say): memory a fit check must not count as taken by the job."""
         try:
-            with self.session() as s:
-                s.send(MemoryOp.LIST, {"rank": self.rank})
-                op, body, _ = s.recv()
+            value = self._list().get("bytes")
         except (MemoryChannelError, OSError):
             return 0
-        value = body.get("bytes") if op is MemoryOp.HELD else None
         return value if type(value) is int and value >= 0 else 0
 
     def get(self, step: int, *, from_peers: bool = False) -> Bundle:
