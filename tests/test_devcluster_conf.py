@@ -4,7 +4,9 @@ from __future__ import annotations
 
 from pathlib import Path
 
-from ckptsup.slurm.devconf import ClusterSpec, render_slurm_conf
+import pytest
+
+from ckptsup.slurm.devconf import ClusterSpec, parse_slurm_version, render_cgroup_conf, render_slurm_conf
 
 
 def conf(**kw) -> dict[str, str]:
@@ -102,3 +104,21 @@ def test_a_cluster_without_gpus_declares_no_gres():
     assert len(render_gres_conf(spec).splitlines()) == 1 and spec.gpu_devices() == []
     one = render_gres_conf(ClusterSpec(dir=Path("/x/c"), gpus_per_node=1))
     assert one.splitlines()[1] == "NodeName=n[1-5] Name=gpu File=/x/c/dev/nvidia0"
+
+
+@pytest.mark.parametrize("text, version", [("slurm 22.05.8\n", (22, 5)), ("slurm 24.11.5\n", (24, 11)),
+                                           ("slurm-wlm 26.05.5\n", (26, 5))])
+def test_slurmd_version_lines_parse(text, version):
+    assert parse_slurm_version(text) == version
+
+
+def test_no_version_in_the_answer_is_a_value_error():
+    with pytest.raises(ValueError, match="no Slurm version"):
+        parse_slurm_version("slurmd: command not found")
+
+
+def test_cgroup_plugin_is_disabled_from_24_05_and_no_file_before():
+    # 22.05 refuses CgroupPlugin=disabled; 24.05+ need it where the nodes share one cgroup tree
+    assert render_cgroup_conf((22, 5)) is None and render_cgroup_conf((23, 11)) is None
+    for version in ((24, 5), (24, 11), (26, 5)):
+        assert "CgroupPlugin=disabled" in render_cgroup_conf(version).splitlines()

@@ -38,7 +38,7 @@ def test_transient_failures_are_retried_then_succeed():
 def test_transient_failure_past_the_attempt_bound_raises_slurm_command_error():
     runner = FakeRunner((1, "", "Socket timed out on send/recv operation"))
     c, _ = client(runner, max_attempts=4)
-    with pytest.raises(SlurmCommandError, match=r"squeue --json --jobs failed \(rc=1\): Socket timed out") as err:
+    with pytest.raises(SlurmCommandError, match=r"squeue --json --states=all failed \(rc=1\): Socket timed out") as err:
         c.job_info("5")
     assert err.value.rc == 1 and len(runner.calls) == 4
 

@@ -222,3 +222,26 @@ def test_requeued_status_left_by_the_previous_run_does_not_stop_the_new_watchdog
                    sleep=world.sleep, poll_s=1.0, requeue=recording_requeue(calls))
     assert result.outcome is WatchOutcome.REQUEUED
     assert calls == [("42", "batch_host_lost", ["n1"], "watchdog")]
+
+
+def test_slurm_not_answering_when_the_lease_goes_stale_keeps_watching_and_never_cancels(tmp_path) -> None:
+    """22.05 reports an unreachable controller as an `errors` array at exit 0; past the seam's
+    retries that is a SlurmCommandError: the watchdog asks again later, never cancels on it."""
+    from ckptsup.errors import SlurmCommandError
+
+    rd, config, world = make(tmp_path)
+    lease(rd, world.now, host="n1")
+    answers = []
+
+    def requeue(client, rd, job_id, reason, exclude, clock, **kw):
+        answers.append(world.now)
+        if len(answers) < 3:   # the controller is back at the third try
+            raise SlurmCommandError(["squeue", "--json"], 1, "slurm_load_jobs: Failed while looking for jobs")
+        return RequeueResult(job_id=job_id, requeued=True, epoch=1)
+
+    slurm = FakeSlurm()
+    result = watch(run_dir=rd, job_id="42", config=config, client=slurm, wall=world.wall,
+                   sleep=world.sleep, poll_s=1.0, requeue=requeue)
+    assert result.outcome is WatchOutcome.REQUEUED and len(answers) == 3
+    assert answers[1] - answers[0] == 1.0            # one poll later, not a give-up
+    assert rd.load_state().status != "gave_up"

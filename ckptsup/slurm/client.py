@@ -62,6 +62,18 @@ def subprocess_runner(argv: list[str], timeout_s: float, env: Mapping[str, str])
     return CommandResult(argv=argv, returncode=proc.returncode, stdout=proc.stdout, stderr=proc.stderr)
 
 
+def _errors_as_failure(result: CommandResult) -> CommandResult:
+    """A `--json` answer at exit 0 with an `errors` array → a failed result whose stderr holds the
+    errors; marked transient (the controller failed to answer) unless Slurm refused the request."""
+    errors = parsers.json_errors(result.stdout)
+    if not errors:
+        return result
+    text = "; ".join(errors)
+    if not parsers.is_refusal(text):
+        text = f"{text} (Slurm answered with errors: try again)"
+    return CommandResult(argv=result.argv, returncode=1, stdout=result.stdout, stderr=text)
+
+
 class _Transient(Exception):
     def __init__(self, result: CommandResult):
         super().__init__(result.stderr)
@@ -106,13 +118,18 @@ class SlurmClient:
 
     # ---- the one place commands run ---------------------------------------------------------
 
-    def run(self, argv: Sequence[str], *, retry: bool = True) -> CommandResult:
+    def run(self, argv: Sequence[str], *, retry: bool = True, json_answer: bool = False) -> CommandResult:
         """Run a Slurm command; retry transient failures within the budget; raise
-        SlurmCommandError for a permanent failure (or when the budget is spent)."""
+        SlurmCommandError for a permanent failure (or when the budget is spent).
+
+        `json_answer`: a `--json` command whose `errors` array counts as a failure even at exit 0
+        (22.05 reports an unreachable controller that way); retried unless it is a refusal."""
         argv = [str(a) for a in argv]
 
         def once() -> CommandResult:
             result = self._runner(argv, self._timeout, self._env)
+            if json_answer and result.returncode == 0:
+                result = _errors_as_failure(result)
             if result.returncode != 0 and retry and parsers.is_transient(result.stderr):
                 raise _Transient(result)
             return result
@@ -185,8 +202,10 @@ class SlurmClient:
         return parsers.parse_sbatch_parsable(self.run(argv).stdout)
 
     def job_info(self, job_id: str | int) -> JobInfo | None:
+        """None only when Slurm answered and does not know the job. `--states=all`: 23.02+ drop
+        finished jobs from `--jobs` otherwise ("jobs": []), so a FAILED job would look gone."""
         try:
-            result = self.run(["squeue", "--json", "--jobs", str(job_id)])
+            result = self.run(["squeue", "--json", "--states=all", "--jobs", str(job_id)], json_answer=True)
         except SlurmCommandError as err:
             if "invalid job id" in err.stderr.lower():
                 return None

@@ -32,11 +32,20 @@ from ..env import SLURM_CONF
 from ..errors import DevClusterError
 from .client import SlurmClient
 from .daemons import Daemon, not_zombie, reap
-from .devconf import ClusterSpec, render_gres_conf, render_slurm_conf
+from .devconf import ClusterSpec, parse_slurm_version, render_cgroup_conf, render_gres_conf, render_slurm_conf
 from .parsers import NodeInfo, NodeState
 
 REQUIRED_COMMANDS = ("slurmctld", "slurmd", "munged", "tini", "unshare", "mount", "scontrol", "sinfo", "sbatch", "squeue")
 INSTALL_HINT = "apt-get install slurm-wlm munge tini"
+
+
+def slurm_version() -> tuple[int, int]:
+    """The installed Slurm's (major, minor), from `slurmd -V`."""
+    try:
+        out = subprocess.run(["slurmd", "-V"], capture_output=True, text=True, timeout=10, check=False)
+        return parse_slurm_version(out.stdout + out.stderr)
+    except (OSError, subprocess.TimeoutExpired, ValueError) as err:
+        raise DevClusterError(f"cannot tell the Slurm version (`slurmd -V`: {err}); install with: {INSTALL_HINT}") from None
 
 
 def missing_commands() -> list[str]:
@@ -119,7 +128,11 @@ class DevCluster:
         if self._alive("munged") is None:
             self._start_munged()
         if self._alive("slurmctld") is None:
-            self._start("slurmctld", ["slurmctld", "-D", "-i", "-f", str(self.conf)])
+            # in a mount namespace of its own with the cluster's hosts file, as the nodes have:
+            # 24.11+ look up a client's host (srun's node) by name, ~10 s per failed lookup
+            self._start("slurmctld", ["unshare", "--mount", "sh", "-c",
+                                      f"mount --bind {shlex.quote(str(self._hosts()))} /etc/hosts && "
+                                      f"exec slurmctld -D -i -f {shlex.quote(str(self.conf))}"])
             self._wait_ctld(start + timeout_s)
         for node in self.spec.node_names:
             if self._alive(f"node-{node}") is None:
@@ -171,6 +184,12 @@ class DevCluster:
         os.chmod(self.conf, 0o644)
         self.spec.gres_conf.write_text(render_gres_conf(self.spec))
         os.chmod(self.spec.gres_conf, 0o644)
+        cgroup = render_cgroup_conf(slurm_version())
+        if cgroup is None:
+            self.spec.cgroup_conf.unlink(missing_ok=True)
+        else:
+            self.spec.cgroup_conf.write_text(cgroup)
+            os.chmod(self.spec.cgroup_conf, 0o644)
 
     def _make_gpu_devices(self) -> None:
         """Fake GPUs for the GRES: character devices (major 195, as NVIDIA's) under the cluster
@@ -233,11 +252,13 @@ class DevCluster:
         os.chmod(hosts, 0o644)
         return hosts
 
+    def _hosts(self) -> Path:
+        hosts = self.spec.dir / "hosts"
+        return hosts if hosts.exists() else self._write_hosts()
+
     def _start_node(self, node: str) -> None:
         nd = self.spec.node_dir(node)
-        hosts = self.spec.dir / "hosts"
-        if not hosts.exists():
-            self._write_hosts()
+        hosts = self._hosts()
         # the bind mount lives only in this node's private mount namespace
         q = shlex.quote
         script = (f"mount --bind {q(str(hosts))} /etc/hosts && hostname {q(node)} && "

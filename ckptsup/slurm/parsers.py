@@ -121,6 +121,7 @@ class JobState(enum.Enum):
     STAGE_OUT = "STAGE_OUT"
     STOPPED = "STOPPED"
     CONFIGURING = "CONFIGURING"
+    RESV_DEL_HOLD = "RESV_DEL_HOLD"
     OTHER = "OTHER"
 
     @property
@@ -155,10 +156,21 @@ def _expand(value: Any) -> list[str]:
     return hostlist.expand_hostlist(str(value))
 
 
-def _job_state(value: Any) -> JobState:
-    text = value[0] if isinstance(value, list) and value else value
+# Slurm's job_state_string() (what squeue's %T prints): a state flag, when set, names the state
+# before the base state does, in this order. 23.02+ JSON gives the base and its flags as a list
+# (["PENDING", "COMPLETING"]: a requeued job still completing, not yet schedulable); 22.05 gives
+# the %T string itself.
+JOB_STATE_FLAG_ORDER = ("COMPLETING", "STAGE_OUT", "CONFIGURING", "RESIZING", "REQUEUED", "REQUEUE_FED",
+                        "REQUEUE_HOLD", "SPECIAL_EXIT", "STOPPED", "REVOKED", "RESV_DEL_HOLD", "SIGNALING")
+
+
+def job_state_of(value: Any) -> JobState:
+    """`job_state` of squeue --json, any version → the state %T would print."""
+    names = [str(v).upper() for v in value] if isinstance(value, list) else [str(value).upper()]
+    flags = [f for f in JOB_STATE_FLAG_ORDER if f in names[1:]]
+    text = flags[0] if flags else (names[0] if names else "")
     try:
-        return JobState(str(text).upper())
+        return JobState(text)
     except ValueError:
         return JobState.OTHER
 
@@ -197,7 +209,7 @@ def parse_squeue_json(text: str) -> list[JobInfo]:
         jobs.append(JobInfo(
             job_id=str(job.get("job_id")),
             name=str(job.get("name", "")),
-            state=_job_state(job.get("job_state")),
+            state=job_state_of(job.get("job_state")),
             nodes=_expand(job.get("nodes")),
             partition=str(job.get("partition", "")),
             reason=str(job.get("state_reason", "")),
@@ -211,6 +223,27 @@ def parse_squeue_json(text: str) -> list[JobInfo]:
             raw=job,
         ))
     return jobs
+
+
+def json_errors(text: str) -> list[str]:
+    """The `errors` of a Slurm `--json` answer ([] when none, or not JSON). Slurm may exit 0 with
+    them: 22.05 answers an unreachable controller with "Failed while looking for jobs" and
+    `"jobs": []`, which is a failed call, not an empty queue."""
+    try:
+        payload = json.loads(text)
+    except (json.JSONDecodeError, ValueError):
+        return []
+    errors = payload.get("errors") if isinstance(payload, dict) else None
+    if not isinstance(errors, list):
+        return []
+    out = []
+    for err in errors:
+        if isinstance(err, dict):
+            parts = [str(err[k]) for k in ("source", "description", "error") if err.get(k)]
+            out.append(": ".join(parts) or json.dumps(err))
+        else:
+            out.append(str(err))
+    return out
 
 
 def parse_sacct(text: str, fields: list[str]) -> list[dict[str, str]]:
@@ -242,6 +275,15 @@ _TRANSIENT = re.compile(
 # Slurm answers a non-admin's node update with "Invalid user id" (ESLURM_USER_ID_MISSING).
 _PERMISSION = re.compile(r"access.?/?permission denied|invalid user for this operation|invalid user id|"
                          r"permission denied|not authorized", re.I)
+
+
+# Answers that are Slurm's word on the request itself, never worth a retry.
+_REFUSAL = re.compile(r"invalid job id|invalid partition|invalid node name|access denied|"
+                      r"invalid user|unrecognized option|invalid (?:argument|option)", re.I)
+
+
+def is_refusal(text: str) -> bool:
+    return bool(_REFUSAL.search(text))
 
 
 def is_transient(stderr: str) -> bool:

@@ -23,13 +23,14 @@ from __future__ import annotations
 import enum
 import json
 import os
+import sys
 import time
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Callable, Sequence
 
 from ..config import Config
-from ..errors import CkptsupError
+from ..errors import CkptsupError, SlurmCommandError
 from ..events import Event, EventWriter
 from ..rundir import FINISHED, RunDir, RunStatus
 from .requeue import RequeueClient, RequeueRefused, RequeueResult, requeue_job
@@ -99,8 +100,13 @@ def watch(*, run_dir: str | os.PathLike[str] | RunDir, job_id: str, config: Conf
             stale = now - started > grace
         if stale:
             host = str(lease.get("host") or "") if fresh_since_start else ""
-            return _requeue(rd, job_id, host, age, client, requeue, clock, wall, sleep,
-                            partition=config.slurm.spare_partition or None)
+            try:
+                return _requeue(rd, job_id, host, age, client, requeue, clock, wall, sleep,
+                                partition=config.slurm.spare_partition or None)
+            except SlurmCommandError as err:
+                # Slurm did not answer within its seam's retries: the job's fate is unknown, so
+                # keep watching and ask again; never a cancel on a guess
+                print(f"ckptsup watchdog: Slurm did not answer ({err}); trying again", file=sys.stderr, flush=True)
         sleep(poll)
 
 
