@@ -7,7 +7,7 @@ CKPTSUP := $(VENV)/bin/ckptsup
 APT_PACKAGES := slurm-wlm munge tini
 DEV_CLUSTER_DIR ?= /tmp/ckptsup-dev-cluster
 
-.PHONY: setup apt venv demo test test-fast test-slurm fuzz bench clean
+.PHONY: setup apt venv demo test test-fast test-slurm test-slurm-versions test-slurm-matrix fuzz bench clean
 
 setup: apt venv
 
@@ -34,6 +34,23 @@ test-slurm: setup
 
 test: setup
 	$(PY) -m pytest -q --timeout 900
+
+# The Slurm version matrix (.ci/slurm-matrix.sh, docs/slurm.md §Versions): Debian trixie (24.11) and
+# sid (26.05) in debootstrap chroots cached in /var/cache/ckptsup/slurm-chroots, beside the host's 22.05.
+SLURM_SUITES ?= trixie sid
+# the Slurm tests that need no torch: CI runs them on every version
+SLURM_TORCH_FREE := tests/test_devcluster.py tests/test_gpu_health_cluster.py tests/test_health_cluster.py \
+  tests/test_requeue_cluster.py tests/test_requeue_template.py tests/test_slurm_cluster.py tests/test_watchdog_cluster.py
+# with the torch tests marked `matrix` (node death with a spare, requeue with a spare partition,
+# preemption, the watchdog)
+SLURM_MATRIX_TORCH := tests/test_supervisor_slurm.py tests/test_watchdog_template.py
+
+test-slurm-versions: setup
+	.ci/slurm-matrix.sh matrix "$(SLURM_SUITES)" -m slurm --timeout 600 $(SLURM_TORCH_FREE)
+
+test-slurm-matrix: setup
+	MATRIX_TAG=torch-free .ci/slurm-matrix.sh matrix "host $(SLURM_SUITES)" -m slurm --timeout 600 $(SLURM_TORCH_FREE)
+	MATRIX_TAG=torch .ci/slurm-matrix.sh matrix "host $(SLURM_SUITES)" -m "slurm and matrix" --timeout 900 $(SLURM_MATRIX_TORCH)
 
 # The fuzz tier (tests/test_fuzz_*.py) at 10,000 examples per test, a fresh seed each run; `make test`
 # runs it under the deterministic "ci" profile (150 examples). See SECURITY.md.

@@ -4,7 +4,10 @@
 #
 #   .ci/slurm-matrix.sh build SUITE          # debootstrap + slurm-wlm/munge/tini (cached, ~1 min)
 #   .ci/slurm-matrix.sh run SUITE CMD...     # CMD inside SUITE's chroot, in this checkout
-#   .ci/slurm-matrix.sh version SUITE        # the chroot's `sinfo --version`
+#   .ci/slurm-matrix.sh version SUITE        # the chroot's Slurm version
+#   .ci/slurm-matrix.sh matrix "host trixie sid" PYTEST_ARGS...
+#                                            # pytest on each (host = this machine's own Slurm),
+#                                            # one summary line per version, non-zero if any failed
 #
 # Inside, this checkout, its .venv and the venv's base interpreter are bind-mounted at their own
 # paths (so the host's Python 3.11 and torch wheel run against the chroot's Slurm); the chroot
@@ -95,8 +98,34 @@ run() {
     unshare --mount --propagation private bash -c "$script" bash "$@"
 }
 
+run_on() {  # SUITE CMD...: `host` runs CMD here, against this machine's own Slurm
+  local suite=$1; shift
+  if [ "$suite" = host ]; then "$@"; else run "$suite" "$@"; fi
+}
+
+matrix() {
+  local suites=$1; shift
+  local logs="$CACHE/logs" rows=() failed=0 tag="${MATRIX_TAG:-slurm}"
+  mkdir -p "$logs"
+  for suite in $suites; do
+    [ "$suite" = host ] || build "$suite"
+    local version t0=$SECONDS rc=0
+    version=$(run_on "$suite" slurmd -V 2>&1 | head -1)
+    echo "slurm-matrix: $suite ($version): pytest $*" >&2
+    run_on "$suite" "$VENV/bin/python" -m pytest -q -p no:cacheprovider "$@" 2>&1 | tee "$logs/$suite.$tag.log" || rc=$?
+    [ "$rc" = 0 ] || failed=1
+    local summary
+    summary=$(grep -E '^(=+ )?[0-9]+ (passed|failed)|^=+ .*(passed|failed|error)' "$logs/$suite.$tag.log" | tail -1 | tr -d '=' | xargs)
+    rows+=("$suite | $tag | $version | ${summary:-no summary (rc $rc)} | $(( (SECONDS - t0) / 60 )) min $(( (SECONDS - t0) % 60 )) s")
+  done
+  echo "slurm-matrix: suite | tests | Slurm | pytest | wall (logs in $logs)"
+  printf 'slurm-matrix: %s\n' "${rows[@]}"
+  return $failed
+}
+
 [ $# -ge 2 ] || usage
 case "$1" in
+  matrix) suites=$2; shift 2; matrix "$suites" "$@" ;;
   build) build "$2" ;;
   run) suite=$2; shift 2; [ $# -ge 1 ] || usage; run "$suite" "$@" ;;
   version) build "$2"; cat "$CACHE/$2/.ckptsup-ready" ;;

@@ -13,6 +13,7 @@ Figures (seconds, median of --rounds):
     node death     batch host killed under --no-kill → watchdog → job running again (1 round)
 
     .venv/bin/python bench/bench_requeue.py [--rounds 3] [--no-baseline] [--json]
+    .ci/slurm-matrix.sh run trixie .venv/bin/python bench/bench_requeue.py   # on Slurm 24.11 (sid: 26.05)
 """
 
 from __future__ import annotations
@@ -30,7 +31,7 @@ from pathlib import Path
 from ckptsup.config import Config, Resolved, write_config_json
 from ckptsup.events import Event, read_events
 from ckptsup.rundir import RunDir
-from ckptsup.slurm.devcluster import DevCluster
+from ckptsup.slurm.devcluster import DevCluster, slurm_version
 from ckptsup.slurm.devconf import SPANNING, ClusterSpec
 from ckptsup.slurm.parsers import JobState
 from ckptsup.supervisor.requeue import requeue_job
@@ -189,6 +190,7 @@ def main() -> int:
     finally:
         cluster.down()
     figures = {
+        "slurm": "%d.%02d" % slurm_version(),
         "inline_requeue_to_running_s": med(inline, "total_s"),
         "inline_wait_pending_s": med(inline, "wait_pending_s"),
         "inline_credential_hold_s": med(inline, "hold_s"),
@@ -206,7 +208,7 @@ def main() -> int:
     if args.json:
         print(json.dumps(figures, indent=1))
         return 0
-    print(f"requeue path on the dev cluster ({args.rounds} rounds, medians; lease_stale_s = 3 s)")
+    print(f"requeue path on the dev cluster, Slurm {figures['slurm']} ({args.rounds} rounds, medians; lease_stale_s = 3 s)")
     print(f"  inline: requeue -> running elsewhere  {figures['inline_requeue_to_running_s']:7.2f} s "
           f"(pending {figures['inline_wait_pending_s']:.2f}, credential hold {figures['inline_credential_hold_s']:.2f}, "
           f"update {figures['inline_update_s']:.3f}, scheduler {figures['inline_scheduler_s']:.2f})")

@@ -123,6 +123,7 @@ def status_of(run: Path) -> dict | None:
     return json.loads(done.stdout) if done.returncode == 0 else None
 
 
+@pytest.mark.matrix  # also on every Slurm version: make test-slurm-matrix
 def test_node_death_with_a_spare_restarts_on_the_spare_within_the_allocation(dev_cluster, tmp_path, reference):
     job, run, out = submit(tmp_path, nodes=2, spares=1)
     dev_cluster.wait_for(lambda: committed(run, 15), 120, what="a checkpoint at step 15")
@@ -164,6 +165,7 @@ def test_node_death_with_a_spare_restarts_on_the_spare_within_the_allocation(dev
     assert sum(v for k, v in bad.items() if k.startswith("restart_")) > 0  # in-allocation restart phases
 
 
+@pytest.mark.matrix  # also on every Slurm version: make test-slurm-matrix
 def test_node_death_without_a_spare_requeues_the_job_excluding_the_node(dev_cluster, tmp_path, reference):
     job, run, out = submit(tmp_path, nodes=2, spares=0)
     dev_cluster.wait_for(lambda: committed(run, 15), 120, what="a checkpoint at step 15")
@@ -205,6 +207,7 @@ def test_time_limit_warning_stops_with_an_emergency_checkpoint_and_requeues_losi
     assert json.loads((out / "final.json").read_text())["params_sha256"] == reference
 
 
+@pytest.mark.matrix  # also on every Slurm version: make test-slurm-matrix
 @pytest.mark.parametrize(("partition", "grace_s"), [("lowprio", 30), ("lowprio120", 120)])
 def test_preemption_stops_with_an_emergency_checkpoint_within_grace_time_and_resumes_losing_no_step(
         dev_cluster, tmp_path, reference, partition, grace_s):

@@ -49,6 +49,7 @@ def submit_train_job(dev_cluster, tmp_path: Path, *, steps: int, extra_toml: str
     return dev_cluster.client.submit(script), run_dir
 
 
+@pytest.mark.matrix  # also on every Slurm version: make test-slurm-matrix
 def test_batch_host_death_is_recovered_by_the_watchdog_twice_in_a_row(dev_cluster, tmp_path):
     job, run_dir = submit_train_job(dev_cluster, tmp_path, steps=400, extra_toml="[supervisor]\nlease_stale_s = 3.0\n")
     killed = []
