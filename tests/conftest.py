@@ -110,6 +110,13 @@ class DevClusterFixture:
     def job(self, job_id: str):
         return self.client.job_info(job_id)
 
+    def give_back(self, node: str, timeout: float = 30.0) -> None:
+        """Resume `node` and wait until it is healthy: 24.11+ show it `idle*` (not responding)
+        for ~1 s after RESUME, and a later test must not start on it before that clears."""
+        self.client.resume(node)
+        self.wait_for(lambda: (i := self.client.node_info([node]).get(node)) and i.healthy, timeout,
+                      what=f"{node} back in service")
+
     def job_state(self, job_id: str):
         """The job's JobState, or None when Slurm no longer knows it."""
         info = self.client.job_info(job_id)

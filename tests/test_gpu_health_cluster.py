@@ -45,4 +45,4 @@ def test_a_node_with_a_fatal_xid_is_excluded_at_start_and_the_spare_runs_instead
         [launch] = [e for e in events if e["event"] == "launch"]
         assert launch["nodes"] == ["n1", "n3"] and any(e["event"] == "run_complete" for e in events)
     finally:
-        dev_cluster.client.resume("n2")   # give the drained node back to later tests
+        dev_cluster.give_back("n2")   # give the drained node back to later tests

@@ -342,7 +342,7 @@ def test_nan_on_a_rank_rolls_back_and_its_node_is_replaced_by_the_spare(dev_clus
     assert failure["kind"] == "nan" and failure["rank"] == 1 and failure["step"] == 17
     [excluded] = named(events, "node_excluded")
     assert excluded["node"] == failure["node"] and excluded["reason"] == "nan" and excluded["drained"]
-    dev_cluster.client.resume(excluded["node"])  # give the drained node back to later tests
+    dev_cluster.give_back(excluded["node"])  # give the drained node back to later tests
     first, again = named(events, "launch")[0], named(events, "launch")[-1]
     assert again["path"] == "node" and failure["node"] not in again["nodes"] and first["spares"][0] in again["nodes"]
     assert named(events, "restart_done")[-1]["resume_step"] == 15
@@ -393,7 +393,7 @@ def test_an_operators_replace_moves_a_nodes_ranks_to_the_spare_at_a_checkpoint(d
         info = dev_cluster.client.node_info()[victim]   # ckptsup drained it ([slurm] drain_bad_nodes)
         assert info.state.value in ("drained", "draining") and info.reason.startswith("ckptsup: replaced")
     finally:
-        dev_cluster.client.resume(victim)  # give the node back to later tests
+        dev_cluster.give_back(victim)  # give the node back to later tests
     events = read_events(run)
     [ack] = named(events, "control")
     [detected] = named(events, "failure_detected")
