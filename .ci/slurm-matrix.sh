@@ -80,13 +80,15 @@ run() {
   else
     binds+=("$base")
   fi
+  # /tmp is this machine's: the test fixture's flock (/tmp/ckptsup-test-cluster*.lock) then keeps a
+  # chroot's cluster off the ports of one running on the host, as it does between host sessions
   local script='set -e
     mount --bind "$D" "$D"           # a mount point: unshare --mount-proc inside needs one
     mount --make-private "$D"
     mount -t proc proc "$D/proc"
     mount -t sysfs sys "$D/sys"
     mount --rbind /dev "$D/dev"
-    mount -t tmpfs tmpfs "$D/tmp" -o mode=1777
+    mount --bind /tmp "$D/tmp"
     for b in '"$(printf '%q ' "${binds[@]}")"'; do
       if [ -d "$b" ]; then mkdir -p "$D$b"; else mkdir -p "$D$(dirname "$b")"; touch "$D$b"; fi
       mount --bind "$b" "$D$b"
