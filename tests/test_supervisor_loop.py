@@ -640,3 +640,11 @@ def test_a_relaunch_keeps_the_memory_schedule_under_the_disk_schedule_the_ranks_
         return
     assert every == expected and changes and all(c["every_steps"] <= expected for c in changes), changes
     assert RunDir(path=tmp_path / "run").load_state().measured["rank_save_every_steps"] == 20   # kept for a requeue
+    # the next allocation's first launch, before any hello: seeded from the costs, held to the kept schedule
+    second = supervisor(tmp_path, World(clock=Clock()), flags={"checkpoint.adaptive_interval": True})
+    second._start()
+    try:
+        assert second.interval.memory_every_steps() == 20
+    finally:
+        second.lease_stop.set()
+        second.writer.close()
