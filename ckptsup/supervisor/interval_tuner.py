@@ -37,6 +37,7 @@ def rank_schedule(body: Mapping[str, Any]) -> dict[str, int | float]:
         out["save_every_s"] = float(seconds)
     return out
 
+
 class IntervalLevel(enum.StrEnum):
     """interval_changed.level: which save schedule changed."""
 
