@@ -212,8 +212,10 @@ class MemoryConfig:
     enabled: bool = knob(True, "memory tier: each rank's shard also kept in its node agent's memory, so a rank crash "
                          "resumes from there, and replicated to buddy nodes' agents (docs/training.md); only under "
                          "`ckptsup launch`, and only while the bundles fit (max_bytes)")
-    every_steps: int = knob(10, "memory saves every N steps (with enabled); with [checkpoint] adaptive_interval the "
-                            "supervisor retunes it from measured costs, starting here", at_least_one, max=10**9)
+    every_steps: int = knob(10, "memory saves every N steps (with enabled); left at this default, with [checkpoint] "
+                            "adaptive_interval the supervisor retunes it from measured costs, never past the job's own "
+                            "disk save schedule; set in a site or job TOML (or `ckptsup launch --memory-every-steps`) "
+                            "it is the schedule and the tuner never changes it", at_least_one, max=10**9)
     keep: int = knob(2, "memory checkpoints the agent keeps per rank", at_least_one, max=100)
     max_bytes: Any = knob(AUTO, "a rank's memory bundle larger than this turns the tier off for it with one warning; "
                           "auto = what fits in half the node's available memory at the first save, shared by "
@@ -553,6 +555,21 @@ def check_rules(config: Config, provenance: Mapping[str, str]) -> None:
                 f"{section}.{key} = {value!r} ({provenance.get(f'{section}.{key}', 'default')}) must be at least "
                 f"{factor:g} x {section}.{other} = {bound!r} ({provenance.get(f'{section}.{other}', 'default')}), "
                 f"{why}; raise {key} or lower {other}")
+
+
+def set_explicitly(provenance: Mapping[str, str], key: str) -> bool:
+    """True when `key` ("section.key") was set by a site file, a job file, a flag or the
+    environment; False for the built-in default, and for the shipped default.toml (the site
+    layer when no site file exists), which repeats every default and so says nothing chosen."""
+    source = provenance.get(key, "default")
+    if source == "default":
+        return False
+    if source.startswith("site:"):
+        try:
+            return Path(source[len("site:"):]).resolve() != shipped_default_config().resolve()
+        except (OSError, RuntimeError):   # an unresolvable path is not the shipped file
+            return True
+    return True
 
 
 def site_config_path(env: Mapping[str, str]) -> Path:

@@ -105,7 +105,7 @@ VARS: tuple[Var, ...] = (
     Var(name=RESUME_FROM, set_by="supervisor", read_by="hooks", meaning="step_<N> directory validated (levels 1-2) before relaunch; empty = fresh start"),
     Var(name=SAVE_EVERY_STEPS, set_by="supervisor", read_by="hooks", meaning="save every N steps (0 = off)"),
     Var(name=SAVE_EVERY_S, set_by="supervisor", read_by="hooks", meaning="initial time-based interval; later changes arrive over the channel"),
-    Var(name=MEMORY_EVERY_STEPS, set_by="supervisor (with [memory] enabled)", read_by="hooks", meaning="memory saves every N steps at launch: the adaptive interval's current choice, else [memory] every_steps; later changes arrive over the channel"),
+    Var(name=MEMORY_EVERY_STEPS, set_by="supervisor (with [memory] enabled)", read_by="hooks", meaning="memory saves every N steps at launch: the adaptive interval's current choice (never past the ranks' disk schedule), else [memory] every_steps; later changes arrive over the channel"),
     Var(name=MEMORY_SOCKET, set_by="agent", read_by="hooks", meaning="node-local Unix socket (in a 0700 dir) of the agent's memory store (the memory tier)"),
     Var(name=RANK_SOCKET, set_by="agent", read_by="hooks", meaning="node-local Unix socket (in a 0700 dir) for rank heartbeats and commands"),
     Var(name=WARM_LOCAL_RANK, set_by="agent", read_by="operators, tests (ps e)", meaning="the local rank a warm rank interpreter serves: its /proc environment (the rank's own variables come later, in-process)"),

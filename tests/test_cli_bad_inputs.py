@@ -407,6 +407,8 @@ CASES = [
                  id="launch-kill-grace-huge"),
     pytest.param(["launch", "--config", "fifo.toml", "train.py"], "is a FIFO", id="launch-config-is-a-fifo"),
     pytest.param(["launch", "--config", "/dev/zero", "train.py"], "is a character device", id="launch-config-dev-zero"),
+    pytest.param(["launch", "--memory-every-steps", "0", "train.py"], "memory.every_steps = 0 must be >= 1",
+                 id="launch-memory-every-steps-zero"),
     # ---- launch: the run dir's state.json, wrong shape or types ----
     pytest.param(["launch", "--run-dir", "run_state_list", "train.py"], "state.json is corrupt (not a JSON object",
                  id="launch-state-json-a-list"),

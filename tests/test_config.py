@@ -339,3 +339,22 @@ def test_a_domain_pattern_of_one_group_or_none_is_accepted(tmp_path: Path, patte
     job = write(tmp_path / "job.toml", f"[memory]\nreplicas = 2\ndomain_pattern = '{pattern}'\n")
     memory = load_config(job_config=job, env={}).config.memory
     assert (memory.replicas, memory.domain_pattern) == (2, pattern)
+
+
+def test_set_explicitly_tells_a_users_value_from_the_built_in_and_shipped_defaults(tmp_path: Path) -> None:
+    from ckptsup.config import set_explicitly, shipped_default_config
+
+    key = "memory.every_steps"
+    shipped = load_config(env={"CKPTSUP_SITE_CONFIG": str(shipped_default_config())})
+    assert shipped.provenance[key].startswith("site:") and not set_explicitly(shipped.provenance, key)
+    # the same file by another path (the repo's site_config/, which the package links to)
+    repo_copy = Path(__file__).resolve().parents[1] / "site_config" / "default.toml"
+    assert not set_explicitly(load_config(env={"CKPTSUP_SITE_CONFIG": str(repo_copy)}).provenance, key)
+    assert not set_explicitly({}, key) and not set_explicitly({key: "default"}, key)
+    site = write(tmp_path / "site.toml", "[memory]\nevery_steps = 10\n")   # the default's figure, but chosen
+    job = write(tmp_path / "job.toml", "[memory]\nevery_steps = 7\n")
+    env = {"CKPTSUP_SITE_CONFIG": str(site)}
+    assert set_explicitly(load_config(env=env).provenance, key)
+    assert set_explicitly(load_config(job_config=job, env={}).provenance, key)
+    assert set_explicitly(load_config(flags={key: 5}, env={}).provenance, key)
+    assert not set_explicitly(load_config(env=env).provenance, "memory.keep")   # the site file did not set it

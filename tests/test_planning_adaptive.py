@@ -262,3 +262,118 @@ def test_a_launch_carries_the_tuned_memory_schedule_so_a_relaunch_keeps_it(tmp_p
     config.memory.enabled = True
     assert RankEnv.from_environ(rank_env(config, **args, memory_every_steps=7)).memory_every_steps == 7
     assert rank_env(config, **args)[MEMORY_EVERY_STEPS] == str(config.memory.every_steps)
+
+
+# ---- issue 20 part 4: the memory interval never passes the job's real disk schedule --------------
+
+from ckptsup.planning.adaptive import disk_cap_steps  # noqa: E402
+
+
+def test_the_cap_is_the_disk_schedule_in_steps_whichever_comes_first():
+    assert disk_cap_steps(disk_every_steps=20, disk_interval_s=1800.0, step_s=None) == 20    # steps need no step time
+    assert disk_cap_steps(disk_every_steps=0, disk_interval_s=1800.0, step_s=None) is None   # seconds do
+    assert disk_cap_steps(disk_every_steps=0, disk_interval_s=6.0, step_s=0.3) == 20         # 6.0 / 0.3 = 19.999...
+    assert disk_cap_steps(disk_every_steps=20, disk_interval_s=3.0, step_s=0.3) == 10        # the time schedule is sooner
+    assert disk_cap_steps(disk_every_steps=20, disk_interval_s=21600.0, step_s=0.3) == 20    # the step schedule is sooner
+    assert disk_cap_steps(disk_every_steps=0, disk_interval_s=1.0, step_s=5.0) == 1          # at least every step
+    assert disk_cap_steps(disk_every_steps=0, disk_interval_s=float("inf"), step_s=0.3) is None
+
+
+def test_a_disk_step_schedule_caps_the_tuned_memory_interval_the_issues_848():
+    # Young's at a small job's MTBF is hours; the disk tuner's own Daly interval (6 h) would allow
+    # 848+ steps, but the job saves to disk every 20: a memory save must come at least as often
+    memory = measured(0.05, write=0.01, step_time=0.3, nodes=2)
+    assert memory.target(mtbf_s=1e8, disk_interval_s=21600.0)[0] > 848
+    steps, seconds, why = memory.retarget("step_progress", mtbf_s=1e8, disk_interval_s=21600.0, disk_every_steps=20)
+    assert (steps, memory.every_steps) == (20, 20) and seconds == pytest.approx(6.0) and "capped" in why
+
+
+def test_before_any_measurement_the_default_count_is_held_to_a_shorter_disk_step_schedule():
+    memory = AdaptiveMemoryInterval(initial_every_steps=10, nodes=2)
+    assert memory.retarget("hello", mtbf_s=MTBF_S, disk_interval_s=1800.0, disk_every_steps=20) is None   # 10 <= 20
+    steps, seconds, why = memory.retarget("hello", mtbf_s=MTBF_S, disk_interval_s=1800.0, disk_every_steps=4)
+    assert (steps, seconds, memory.every_steps) == (4, None, 4) and "every 4 steps" in why   # no step time: no seconds
+    assert memory.retarget("hello", mtbf_s=MTBF_S, disk_interval_s=1800.0, disk_every_steps=4) is None
+
+
+def small_job_tuner(provenance=None, **checkpoint):
+    from ckptsup.config import Config
+    from ckptsup.supervisor.interval_tuner import IntervalTuner
+
+    config = Config()
+    config.supervisor.nodes, config.supervisor.nproc_per_node = 2, 1   # MTBF of years: Young's is hours
+    config.memory.enabled = True
+    for key, value in checkpoint.items():
+        setattr(config.checkpoint, key, value)
+    return IntervalTuner(config, provenance=provenance)
+
+
+def feed(tuner, *events):
+    return [change for event in events for change in tuner.observe(event)]
+
+
+def test_the_tuner_caps_the_memory_schedule_at_the_save_every_steps_a_rank_says_in_its_hello():
+    # the supervisor's config does not know attach(save_every_steps=20): only the hello says it
+    unaware = small_job_tuner()
+    feed(unaware, memory_saved(0.05, 0.01), step_progress(0.3))
+    assert unaware.memory_every_steps() > 20        # what the issue's relaunch got (848)
+    tuner = small_job_tuner()
+    assert tuner.learn_schedule({"rank": 0, "save_every_steps": 20, "save_every_s": 1800.0}) == \
+        {"rank_save_every_steps": 20, "rank_save_every_s": 1800.0}
+    assert tuner.retune("hello") == []              # the default 10 is within 20 steps
+    changes = feed(tuner, memory_saved(0.05, 0.01), step_progress(0.3), commit(0.5))
+    assert [c.every_steps for c in changes if c.level == "memory"] == [20]
+    assert tuner.memory_every_steps() == 20         # what the next launch's CKPTSUP_MEMORY_EVERY_STEPS says
+
+
+def test_a_schedule_learned_after_the_tuning_brings_the_memory_schedule_back_under_it():
+    tuner = small_job_tuner()
+    feed(tuner, memory_saved(0.05, 0.01), step_progress(0.3))
+    assert tuner.memory_every_steps() > 20
+    tuner.learn_schedule({"save_every_steps": 20})
+    [change] = tuner.retune("hello")
+    assert change.level == "memory" and change.every_steps == 20 == tuner.memory_every_steps()
+    assert change.command() == {"memory_every_steps": 20}
+
+
+def test_a_time_based_disk_schedule_caps_it_in_steps_and_follows_the_disk_tuner():
+    tuner = small_job_tuner()
+    tuner.learn_schedule({"save_every_steps": 0, "save_every_s": 6.0})   # attach(save_every_s=6)
+    feed(tuner, memory_saved(0.05, 0.01), step_progress(0.3))
+    assert tuner.memory_every_steps() == 20                               # 6 s of 0.3 s steps
+    disk = feed(tuner, commit(0.5))                                       # Daly: hours; the ranks take it
+    assert disk[0].level == "disk" and tuner.memory_every_steps() > 20
+
+
+def test_the_config_step_schedule_caps_the_first_launch_before_any_hello():
+    tuner = small_job_tuner(save_every_steps=4)
+    assert tuner.memory_every_steps() == 4
+
+
+def test_a_malformed_schedule_in_a_hello_is_ignored():
+    from ckptsup.supervisor.interval_tuner import rank_schedule
+
+    for body in ({}, {"save_every_steps": True, "save_every_s": False}, {"save_every_steps": -1, "save_every_s": 0},
+                 {"save_every_steps": 2.5, "save_every_s": float("nan")}, {"save_every_steps": "20", "save_every_s": "6"},
+                 {"save_every_steps": 10**12, "save_every_s": 1e30}, {"save_every_steps": None, "save_every_s": None}):
+        assert rank_schedule(body) == {}, body
+    assert rank_schedule({"save_every_steps": 0, "save_every_s": 30}) == {"save_every_steps": 0, "save_every_s": 30.0}
+    tuner = small_job_tuner(save_every_steps=4)
+    assert tuner.learn_schedule({"save_every_steps": "x"}) == {} and tuner.memory_every_steps() == 4
+
+
+@pytest.mark.parametrize("source", ["site:/etc/ckptsup/site.toml", "job:/job.toml", "flag memory.every_steps", "env"])
+def test_an_every_steps_the_user_set_wins_over_the_tuner(source):
+    tuner = small_job_tuner({"memory.every_steps": source})
+    tuner.learn_schedule({"save_every_steps": 5})
+    assert tuner.retune("hello") == []
+    assert feed(tuner, memory_saved(0.05, 0.01), step_progress(0.3), memory_saved(0.01, 0.0)) == []
+    assert tuner.memory_every_steps() == 10          # the configured count, untouched
+
+
+def test_the_shipped_default_toml_is_the_built_in_default_so_the_tuner_moves_it():
+    from ckptsup.config import shipped_default_config
+
+    tuner = small_job_tuner({"memory.every_steps": f"site:{shipped_default_config()}"})
+    tuner.learn_schedule({"save_every_steps": 5})
+    assert [c.every_steps for c in tuner.retune("hello")] == [5]

@@ -53,6 +53,8 @@ class World:
     steps: int = 6
     nproc: int = 1
     faults: dict[int, Fault] = field(default_factory=dict)
+    hello: dict[str, Any] = field(default_factory=dict)          # more of every hello body (the disk schedule)
+    events: list[dict[str, Any]] = field(default_factory=list)   # rank 0's events, after the hellos
     launches: int = 0
     steps_made: list[int] = field(default_factory=list)  # how many step factories were called
     sent: list[tuple[int, MessageKind, dict[str, Any], Any]] = field(default_factory=list)  # step, kind, body, nodes
@@ -93,8 +95,10 @@ class FakeStep:
         ranks = [(node, i * world.nproc + r) for i, node in enumerate(launch) for r in range(world.nproc)
                  if node in self.nodes]
         for node, rank in ranks:
-            self.put(MessageKind.HELLO, node, rank=rank)
+            self.put(MessageKind.HELLO, node, rank=rank, **world.hello)
             self.put(MessageKind.PHASE, node, rank=rank, phase=Phase.TRAIN, step=0)
+        for record in world.events:
+            self.put(MessageKind.EVENT, ranks[0][0], record=record)
         for step in range(world.steps):
             if fault is not None and step == fault.step:
                 return self.strike(fault, ranks)
@@ -615,3 +619,32 @@ def test_the_load_phase_is_split_by_the_sources_files_came_from():
     assert load_by_source(1.0, files) == {"memory": 0.5, "peer_memory": 0.5}
     assert load_by_source(0.3, {"shared": 3, "object": 1, "bad": "x", 7: 2}) == {"object": 0.075, "shared": 0.225}
     assert load_by_source(None, files) == {} and load_by_source(1.0, {}) == {} and load_by_source(1.0, {"shared": 0}) == {}
+
+
+@pytest.mark.parametrize(("hello", "expected"), [
+    ({"save_every_steps": 20, "save_every_s": 1800.0}, 20),   # attach(save_every_steps=20): only the hello says it
+    ({}, None),                                               # a rank that says nothing: the tuner's own bound
+], ids=["schedule-in-hello", "no-schedule"])
+def test_a_relaunch_keeps_the_memory_schedule_under_the_disk_schedule_the_ranks_said(tmp_path, site, hello, expected):
+    import json
+
+    memory_saved = {"event": "memory_saved", "step": 10, "ok": True, "stall_s": 0.05, "write_s": 0.01, "bytes": 1}
+    world = World(clock=Clock(), faults={0: Fault("crash", 3)}, hello=hello, events=[memory_saved])
+    sv = supervisor(tmp_path, world, flags={"checkpoint.adaptive_interval": True})
+    assert sv.run() is ExitStatus.DONE
+    changes = [e for e in of(tmp_path, Event.INTERVAL_CHANGED) if e.get("level") == "memory"]
+    relaunch = json.loads((tmp_path / "run" / "attempt-1" / "launch.json").read_text())
+    every = int(relaunch["env"]["CKPTSUP_MEMORY_EVERY_STEPS"])
+    if expected is None:   # Young's at this MTBF is hours: without the ranks' word it runs far past 20 steps
+        assert every > 20 and changes
+        return
+    assert every == expected and changes and all(c["every_steps"] <= expected for c in changes), changes
+    assert RunDir(path=tmp_path / "run").load_state().measured["rank_save_every_steps"] == 20   # kept for a requeue
+    # the next allocation's first launch, before any hello: seeded from the costs, held to the kept schedule
+    second = supervisor(tmp_path, World(clock=Clock()), flags={"checkpoint.adaptive_interval": True})
+    second._start()
+    try:
+        assert second.interval.memory_every_steps() == 20
+    finally:
+        second.lease_stop.set()
+        second.writer.close()

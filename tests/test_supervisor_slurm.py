@@ -30,11 +30,11 @@ TRAIN_ARGS = ["--steps", "70", "--save-every-steps", "5", "--step-sleep-s", "0.1
 CKPTSUP = [sys.executable, "-m", "ckptsup.cli"]
 
 
-def job_config(tmp: Path, extra_toml: str = "", supervisor_toml: str = "") -> Path:
+def job_config(tmp: Path, extra_toml: str = "", supervisor_toml: str = "", adaptive: bool = False) -> Path:
     path = tmp / "job.toml"
     path.write_text("[supervisor]\nhang_min_s = 10.0\nheartbeat_interval_s = 0.5\nnode_silence_s = 4.0\n" + supervisor_toml +
-                    f"[checkpoint]\nadaptive_interval = false\nkeep_daily_days = 0\ntest_load_every = 0\n[slurm]\nspare_partition = \"{SPANNING}\"\n"
-                    + extra_toml)
+                    f"[checkpoint]\nadaptive_interval = {str(adaptive).lower()}\nkeep_daily_days = 0\ntest_load_every = 0\n"
+                    f"[slurm]\nspare_partition = \"{SPANNING}\"\n" + extra_toml)
     return path
 
 
@@ -50,11 +50,13 @@ def reference(tmp_path_factory) -> str:
 
 
 def submit(tmp: Path, *, nodes: int, spares: int, partition: str | None = None,
-           extra: tuple[str, ...] = (), extra_toml: str = "", supervisor_toml: str = "") -> tuple[str, Path, Path]:
+           extra: tuple[str, ...] = (), extra_toml: str = "", supervisor_toml: str = "",
+           adaptive: bool = False) -> tuple[str, Path, Path]:
     run, out = tmp / "run", tmp / "out"
     where = ["--partition", partition] if partition else []
+    config = job_config(tmp, extra_toml, supervisor_toml, adaptive)
     proc = subprocess.run([*CKPTSUP, "sbatch", "--submit", "--json", "--nodes", str(nodes), "--spares", str(spares), *where,
-                           "--nproc-per-node", "1", "--config", str(job_config(tmp, extra_toml, supervisor_toml)), "--run-dir", str(run),
+                           "--nproc-per-node", "1", "--config", str(config), "--run-dir", str(run),
                            str(TRAIN), *TRAIN_ARGS, "--out", str(out), *extra],
                           capture_output=True, text=True, timeout=60, cwd=tmp)
     assert proc.returncode == 0, proc.stderr
@@ -470,6 +472,54 @@ def test_a_rank_whose_own_memory_copy_is_flipped_loads_the_buddys_replica(dev_cl
     assert loaded["files_by_source"]["memory"] == 0 and loaded["files_by_source"]["peer_memory"] == 2, loaded
     assert "its memory copy of step" in (run / f"slurm-{job}.out").read_text()   # rank 0's console: why
     assert not named(events, "checkpoint_rejected") and not (run / "checkpoints" / "quarantine").exists()
+    assert json.loads((out / "final.json").read_text())["params_sha256"] == reference
+
+
+def memory_changes(run: Path) -> list[dict]:
+    return [e for e in named(read_events(run), "interval_changed") if e.get("level") == "memory"]
+
+
+def whole_replica_after(run: Path, after: dict) -> dict | None:
+    """The first step every rank's replica reached its buddies after the event `after`."""
+    later = [e for e in named(read_events(run), "memory_replicated")
+             if e["ok"] and "ranks" in e and ts(e) > ts(after) and e["step"] > after.get("resume_step", -1)]
+    return later[0] if later else None
+
+
+def test_with_the_adaptive_interval_a_rank_kill_then_a_node_death_resume_from_the_buddys_memory(
+        dev_cluster, tmp_path, reference):
+    # issue 20: the script saves to disk every 20 steps (attach's keyword: the supervisor's config
+    # says nothing), [memory] every_steps is left to the tuner; its cap must be those 20 steps, so
+    # the relaunch after the rank kill still makes memory saves and the node death resumes from them
+    job, run, out = submit(tmp_path, nodes=2, spares=1, adaptive=True, extra_toml="[memory]\nenabled = true\n",
+                           extra=("--save-every-steps", "20", "--step-sleep-s", "0.3"))
+    [change, *_] = dev_cluster.wait_for(lambda: memory_changes(run), 120, what="the tuner's memory schedule")
+    assert change["every_steps"] == 20, change      # Young's is hours here: capped at the disk's 20 steps
+    first = named(read_events(run), "launch")[0]
+    victim, [spare] = first["nodes"][1], first["spares"]
+    os.kill(rank_pid(run, 1), signal.SIGKILL)
+    fast = dev_cluster.wait_for(lambda: named(read_events(run), "restart_done"), 120, what="the fast-path restart")[0]
+    relaunch = named(read_events(run), "launch")[1]
+    spec = json.loads((run / f"attempt-{relaunch['attempt']}" / "launch.json").read_text())
+    assert spec["env"]["CKPTSUP_MEMORY_EVERY_STEPS"] == "20", spec["env"]   # the clamped schedule, kept
+    whole = dev_cluster.wait_for(lambda: whole_replica_after(run, fast), 120, what="a memory save replicated after the restart")
+    dev_cluster.wait_for(lambda: spare in {e["node"] for e in named(read_events(run), "warm_ready")}, 60,
+                         what="the spare's agent to be warm")
+    with dev_cluster.revived(victim):
+        dev_cluster.kill_node(victim)
+        dev_cluster.wait_for(lambda: len(named(read_events(run), "restart_done")) >= 2, 120, what="the node restart")
+        dev_cluster.wait_for(lambda: finished(dev_cluster, job), 180, what=f"job {job} to finish")
+    events = read_events(run)
+    assert all(c["every_steps"] <= 20 for c in memory_changes(run)), memory_changes(run)
+    [kill, death] = named(events, "failure_detected")
+    assert kill["kind"] == "crash" and kill["rank"] == 1 and fast["path"] == "fast", (kill, fast)
+    restart = named(events, "restart_done")[-1]
+    assert restart["path"] == "node" and restart["resume_step"] >= whole["step"], (restart, whole)
+    loaded = named(events, "checkpoint_loaded")[-1]
+    assert loaded["step"] == restart["resume_step"] and loaded["source"] == "peer_memory", loaded
+    # the survivor's rank from its own agent, the spare's from the survivor's replica: no disk file
+    by_source = loaded["files_by_source"]
+    assert by_source["memory"] == 1 and by_source["peer_memory"] == 1 and by_source["shared"] == 0, loaded
     assert json.loads((out / "final.json").read_text())["params_sha256"] == reference
 
 

@@ -93,7 +93,10 @@ def exit_rank(rank: int, status: ExitStatus, message: str) -> NoReturn:
 
 
 class StepLink:
-    def __init__(self, *, env: RankEnv, rank: int, world_size: int, checkpoints: bool) -> None:
+    def __init__(self, *, env: RankEnv, rank: int, world_size: int, checkpoints: bool,
+                 schedule: dict[str, Any] | None = None) -> None:
+        """`schedule`: this rank's own disk save schedule (save_every_steps, save_every_s), in the
+        hello: attach() keywords win over the supervisor's environment, so only the rank knows it."""
         self.rank = rank
         self.channel = RankChannel(socket_path=env.rank_socket, secret_file=env.secret_file, rank=rank,
                                    fr_dump_dir=env.fr_dump_dir)
@@ -101,7 +104,7 @@ class StepLink:
         self.first_step_seen = False
         self.channel.send(MessageKind.HELLO, {"rank": rank, "local_rank": int(os.environ.get(LOCAL_RANK, "0")),
                                               "world_size": world_size, "node": env.node, "pid": os.getpid(),
-                                              "checkpoints": checkpoints})
+                                              "checkpoints": checkpoints, **(schedule or {})})
 
     @property
     def connected(self) -> bool:

@@ -113,7 +113,9 @@ class Run:
         self.world_size = dist.get_world_size() if self.distributed else 1
         self.state = TrainingState(model=model, optimizer=optimizer, lr_scheduler=lr_scheduler,
                                    dataloader=dataloader, extra=extra, rank=self.rank, world_size=self.world_size)
-        self.link = StepLink(env=env, rank=self.rank, world_size=self.world_size, checkpoints=True)
+        self.link = StepLink(env=env, rank=self.rank, world_size=self.world_size, checkpoints=True,
+                             schedule={"save_every_steps": settings.save_every_steps,
+                                       "save_every_s": settings.save_every_s})
         self.channel = self.link.channel
         self.reporter = Reporter(env=env, rank=self.rank, channel=self.channel)
         self.channel.send(MessageKind.PHASE, {"rank": self.rank, "phase": Phase.INIT, "step": 0})

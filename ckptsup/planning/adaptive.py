@@ -24,7 +24,10 @@ count needs no agreement. It is two_level.memory_interval — Young's at the mem
 rate, the failures a memory copy survives — from C_m (median `memory_saved.stall_s`), P_m (median
 `write_s`, which bounds how often a save can start: one due while the previous is in flight is
 skipped), the job MTBF above and the current disk interval; then divided by the median measured
-step time (`step_progress.step_time_s`) and held to [ceil(P_m / step), the disk interval].
+step time (`step_progress.step_time_s`) and held to [ceil(P_m / step), the disk schedule]. The
+disk schedule is the job's real one (`disk_cap_steps`): its step count when it saves by steps,
+its seconds at the measured step time, whichever comes first; a memory save less often than
+the disk saves would never be the newest copy, so a failure would always resume from disk.
 """
 
 from __future__ import annotations
@@ -74,6 +77,9 @@ def record_save_costs(event: dict[str, Any], stalls: deque[float], writes: deque
     write = num(event, "write_s")
     if with_write and write is not None and write >= 0:
         writes.append(write)
+
+
+MAX_EVERY_STEPS = 10**9   # [memory] every_steps' bound (config.py)
 
 
 @dataclass(kw_only=True)
@@ -171,6 +177,16 @@ class AdaptiveInterval:
         return jittered, f"{cause}: {why}"
 
 
+def disk_cap_steps(*, disk_every_steps: int, disk_interval_s: float, step_s: float | None) -> int | None:
+    """The most steps between two memory saves: the job's disk schedule, in steps — its step
+    count (when > 0), its seconds at the measured step time (when measured), whichever is fewer,
+    at least 1. None when neither is known (no step count, no step time)."""
+    caps = [disk_every_steps] if disk_every_steps > 0 else []
+    if step_s is not None and step_s > 0 and math.isfinite(disk_interval_s) and disk_interval_s > 0:
+        caps.append(math.floor(disk_interval_s / step_s + 1e-9))   # 6.0 / 0.3 is 19.999...: still 20
+    return max(1, min(caps)) if caps else None
+
+
 @dataclass(kw_only=True)
 class AdaptiveMemoryInterval:
     """The memory save interval in steps (see module doc). Pure: observe() records measurements;
@@ -233,12 +249,21 @@ class AdaptiveMemoryInterval:
         return None if plan is None else (plan.steps, plan.steps * plan.step_s, plan.why)
 
     def retarget(self, cause: str, *, mtbf_s: float, disk_interval_s: float,
-                 disk_every_steps: int = 0) -> tuple[int, float, str] | None:
-        """A new every_steps when the current one is out of bounds, or when the target is closer to
-        the ideal seconds than the current one by more than change_threshold of them (whole steps:
-        an ideal between two counts must not flip between them on noise)."""
+                 disk_every_steps: int = 0) -> tuple[int, float | None, str] | None:
+        """A new every_steps (with the seconds they take, None before a step time is measured) when
+        the current one is out of bounds, or when the target is closer to the ideal seconds than
+        the current one by more than change_threshold of them (whole steps: an ideal between two
+        counts must not flip between them on noise). Before a memory stall and a step time are
+        measured, only a disk step schedule shorter than the current count moves it."""
         plan = self._plan(mtbf_s=mtbf_s, disk_interval_s=disk_interval_s, disk_every_steps=disk_every_steps)
-        if plan is None or plan.steps == self.every_steps:
+        if plan is None:   # unmeasured: the configured count, but never past a disk step schedule
+            if 0 < disk_every_steps < self.every_steps:
+                self.every_steps = disk_every_steps
+                step = statistics.median(self.step_times) if self.step_times else None
+                return (disk_every_steps, None if step is None else disk_every_steps * step,
+                        f"{cause}: held to the disk schedule of every {disk_every_steps} steps")
+            return None
+        if plan.steps == self.every_steps:
             return None
         error = lambda n: abs(n * plan.step_s - plan.ideal_s) / plan.ideal_s  # noqa: E731
         current = self.every_steps
@@ -256,8 +281,9 @@ class AdaptiveMemoryInterval:
         young = memory_interval(memory=Level(stall_s=stall, restart_s=0.0), mtbf_s=mtbf_s,
                                 nodes=self.nodes, disk_interval_s=disk_interval_s, miss=self.miss)
         # no more often than a save can be written, never less often than the disk saves
-        disk_s = min(disk_interval_s, disk_every_steps * step if disk_every_steps > 0 else math.inf)
-        hi = max(1, math.floor(disk_s / step + 1e-9))
+        hi = disk_cap_steps(disk_every_steps=disk_every_steps, disk_interval_s=disk_interval_s, step_s=step) \
+            or MAX_EVERY_STEPS   # no disk schedule at all (an infinite interval): only the knob's bound
+        disk_s = hi * step
         lo = min(hi, max(1, math.ceil(write / step - 1e-9)))
         ideal = min(hi * step, max(lo * step, young))
         steps = min(hi, max(lo, round(ideal / step)))

@@ -48,13 +48,17 @@ _NOT_TORCHRUN = "(ckptsup's, not torchrun's)"
               help="hot spare nodes: without --nodes, active = the allocation's nodes minus these (sbatch.spares)")
 @click.option("--signal-lead-s", type=int, default=None,
               help="seconds of warning the job gets before its time limit, --signal=B:USR1@N (sbatch.signal_lead_s)")
+@click.option("--memory-every-steps", type=int, default=None, metavar="N",
+              help="memory saves every N steps ([memory] every_steps); set here or in a TOML, the adaptive "
+                   "interval never changes it (left unset, it retunes it, never past the job's disk saves)")
 @click.option("--gpus-per-node", type=int, default=None, hidden=True,
               help="GPUs per node the job was submitted with (sbatch.gpus_per_node; set by `ckptsup sbatch`)")
 @click.argument("script")
 @click.argument("script_args", nargs=-1, type=click.UNPROCESSED)
 def launch(nproc_per_node: str | None, nodes: str | None, module: bool, no_python: bool, max_restarts: int | None,
            tee: bool | None, job_config: str | None, run_dir: str | None, resume: bool | None, spares: int | None,
-           signal_lead_s: int | None, gpus_per_node: int | None, script: str, script_args: tuple[str, ...]) -> None:
+           signal_lead_s: int | None, memory_every_steps: int | None, gpus_per_node: int | None, script: str,
+           script_args: tuple[str, ...]) -> None:
     """Run SCRIPT under the supervisor: inside a Slurm allocation (one agent per active node),
     or locally on this machine. Everything after SCRIPT reaches the script untouched.
 
@@ -72,7 +76,8 @@ def launch(nproc_per_node: str | None, nodes: str | None, module: bool, no_pytho
     check_tee(bool(tee), script)
     flags = {"supervisor.nproc_per_node": nproc_choice(nproc_per_node), "supervisor.nodes": node_count(nodes),
              "supervisor.max_restarts": max_restarts, "supervisor.tee": tee, "run.run_dir": run_dir,
-             "sbatch.spares": spares, "sbatch.signal_lead_s": signal_lead_s, "sbatch.gpus_per_node": gpus_per_node}
+             "sbatch.spares": spares, "sbatch.signal_lead_s": signal_lead_s, "sbatch.gpus_per_node": gpus_per_node,
+             "memory.every_steps": memory_every_steps}
     resolved = load_config(job_config=job_config, flags=flags)
     target = check_target(script, module=module, no_python=no_python, cwd=os.getcwd())
     in_slurm = bool(os.environ.get(SLURM_JOB_ID))

@@ -36,7 +36,7 @@ from .external_resume import ExternalResumeMixin
 from .external_watch import ExternalCheckpoints, resolve_dir
 from .memory_peers import MemoryPeers
 from .attempt import AttemptTracker, Marks
-from .interval_tuner import IntervalChange, IntervalTuner
+from .interval_tuner import SCHEDULE_KEYS, IntervalChange, IntervalTuner
 from .nccl import Timeouts
 from .observations import (AttemptResult, Failure, FailureKind, History, Observation, Outcome, RecoveryPath,
                            SupervisionLevel)
@@ -111,7 +111,8 @@ class Supervisor(OperatorMixin, ExternalResumeMixin):
         self.ckpt_dir = recovery.checkpoint_dir(self.config, run_dir.path, placement.job_id)
         self.timeouts: Timeouts | None = None   # the current attempt's collective timeouts
         self.steady_pending = False             # launched before any step was measured
-        self.interval = IntervalTuner(self.config, gpus_per_node=placement.gpus_per_node)
+        self.interval = IntervalTuner(self.config, gpus_per_node=placement.gpus_per_node,
+                                      provenance=resolved.provenance)
         self.attempt_wall_start = time.time()   # wall clock of the current launch (progress_dir mtimes)
         self._init_operator()
         self.interval.grace_time_s = placement.grace_time_s
@@ -188,6 +189,7 @@ class Supervisor(OperatorMixin, ExternalResumeMixin):
         self.state.status = RunStatus.RUNNING
         self.run_dir.save_state(self.state)
         write_config_json(self.resolved, self.run_dir.config_json_path)
+        self.interval.learn_schedule({key: self.state.measured.get(kept) for key, kept in SCHEDULE_KEYS.items()})
         self.interval.seed(earlier)
         self.writer = EventWriter(run_dir=self.run_dir.path, job_id=self.placement.job_id,
                                   attempt=self.state.attempt, epoch=self.state.epoch)
@@ -316,7 +318,18 @@ class Supervisor(OperatorMixin, ExternalResumeMixin):
             self.emit(Event.TEARDOWN_ERROR, **error)
         if msg.m in (MessageKind.STEP, MessageKind.PROGRESS):
             self._on_step(tracker, had_first, msg)
+        elif msg.m is MessageKind.HELLO:
+            self._on_hello(tracker, msg)
         return failure
+
+    def _on_hello(self, tracker: AttemptTracker, msg: Message) -> None:
+        """A rank's hello says its own disk schedule, the memory saves' cap (interval_tuner.py).
+        Retuned at the last rank's hello: a set_interval sent earlier misses the ranks not yet
+        connected, and the ranks apply one only once every rank holds it."""
+        self.state.measured.update(self.interval.learn_schedule(msg.body))
+        if tracker.hellos == tracker.world_size:
+            for change in self.interval.retune("hello"):
+                self._set_interval(change)
 
     def _note(self, msg: Message) -> bool:
         """What is only recorded, in the loop and during every wait: ranks' events, their console

@@ -113,7 +113,8 @@ def describe(event: Mapping[str, Any]) -> str:
     if name == Event.STEP_PROGRESS:
         return f"step {g('step')} ({_s(g('step_time_s'))}/step)"
     if name == Event.INTERVAL_CHANGED and g("level") == "memory":
-        return f"memory save interval {g('every_steps', '?')} steps (~{_s(g('interval_s'))}): {g('why', '')}"
+        took = f" (~{_s(g('interval_s'))})" if g("interval_s") is not None else ""   # absent: no step time yet
+        return f"memory save interval {g('every_steps', '?')} steps{took}: {g('why', '')}"
     if name == Event.INTERVAL_CHANGED:
         return f"checkpoint interval {_s(g('interval_s'))}: {g('why', '')}"
     if name == Event.PREEMPTION:
