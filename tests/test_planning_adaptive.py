@@ -377,3 +377,13 @@ def test_the_shipped_default_toml_is_the_built_in_default_so_the_tuner_moves_it(
     tuner = small_job_tuner({"memory.every_steps": f"site:{shipped_default_config()}"})
     tuner.learn_schedule({"save_every_steps": 5})
     assert [c.every_steps for c in tuner.retune("hello")] == [5]
+
+
+@pytest.mark.parametrize("earlier", [[], [step_progress(0.3)]], ids=["no-events", "no-memory-save-measured"])
+def test_the_next_allocation_starts_under_the_kept_disk_schedule_before_any_memory_save_is_measured(earlier):
+    # state.json kept the ranks' 4 steps; without a measured memory save the seed has no target,
+    # so the first launch must still not say the default 10
+    tuner = small_job_tuner()
+    tuner.learn_schedule({"save_every_steps": 4})
+    tuner.seed(earlier)
+    assert tuner.memory_every_steps() == 4

@@ -155,17 +155,20 @@ class IntervalTuner:
     def seed(self, earlier: list[dict[str, Any]]) -> None:
         """After a requeue: start from the earlier allocations' failures, exposure and checkpoint
         costs (events.jsonl), and launch with the intervals they imply."""
-        if self._adaptive is None or not earlier:
+        if self._adaptive is None:
             return
-        self._adaptive.seed(earlier)
-        target = self._adaptive.target()
-        if target is not None:
-            self._current = self._adaptive.interval_s = target[0]
+        if earlier:
+            self._adaptive.seed(earlier)
+            target = self._adaptive.target()
+            if target is not None:
+                self._current = self._adaptive.interval_s = target[0]
         if self._memory is not None:
             self._memory.seed(earlier)
             memory = self._memory.target(**self._memory_inputs())
             if memory is not None:
                 self._memory.every_steps = memory[0]
+            else:   # nothing measured yet: still held to the disk step schedule kept in state.json
+                self._memory.retarget("requeue", **self._memory_inputs())
 
     def preempt_window_s(self) -> float:
         return float(self.grace_time_s or 0.0)
