@@ -12,6 +12,7 @@ import html
 import io
 import math
 import os
+import warnings
 from pathlib import Path
 from typing import Any, Iterable
 
@@ -208,6 +209,12 @@ def _timeline_span_s(tl: dict[str, Any]) -> float:
 
 
 def png_bytes(rep: dict[str, Any]) -> bytes:
+    with warnings.catch_warnings():   # a job id or kind in a script the font lacks: a box, not a warning per glyph
+        warnings.filterwarnings("ignore", message="Glyph .* missing from font", category=UserWarning)
+        return _png_bytes(rep)
+
+
+def _png_bytes(rep: dict[str, Any]) -> bytes:
     import matplotlib
 
     matplotlib.use("Agg", force=True)
@@ -337,7 +344,8 @@ def render_prom(rep: dict[str, Any], path: str | os.PathLike[str]) -> None:
 
 
 def prom_label(value: str) -> str:
-    """A label value of the exposition format: backslash, quote and line feed escaped; a lone
-    surrogate as its backslash escape (else the textfile cannot be written as UTF-8)."""
-    text = str(value).encode("utf-8", "backslashreplace").decode("utf-8")
+    """A label value of the exposition format: the text as textsafe shows it (a control character
+    or a lone surrogate as its backslash escape: no raw ESC or CR in the textfile, and it can be
+    written as UTF-8), then backslash, quote and line feed escaped as the format wants."""
+    text = literal(value, limit=1024)
     return text.replace("\\", "\\\\").replace('"', '\\"').replace("\n", "\\n")
