@@ -357,3 +357,41 @@ def test_the_splitter_keeps_every_separator_for_the_relay():
     segs = s.segments(b"a\rb\r\nc\n\nd") + s.flush_segments()
     assert [(x.raw, x.continued, x.end) for x in segs] == [
         (b"a", False, b"\r"), (b"b", True, b"\r\n"), (b"c", False, b"\n"), (b"", False, b"\n"), (b"d", False, b"")]
+
+
+# ---- the supervisor's own console messages ------------------------------------------------------
+
+def test_a_console_message_quoting_data_is_literal_and_survives_a_strict_stdout(monkeypatch):
+    from ckptsup.textsafe import say
+
+    screen = io.TextIOWrapper(io.BytesIO(), encoding="utf-8", errors="strict", write_through=True)
+    monkeypatch.setattr(sys, "stdout", screen)
+    say(f"ckptsup: giving up: {HOSTILE}")   # a bare print() of this raises UnicodeEncodeError (\ud800)
+    say("Traceback (most recent call last):\n  File \"x.py\", line 1\n\x1b[31mValueError\x1b[0m", newlines=True)
+    shown = screen.buffer.getvalue().decode("utf-8")
+    lines = shown.splitlines()
+    assert lines[0] == "ckptsup: giving up: " + literal(HOSTILE) and len(lines) == 4   # the quote keeps its lines
+    assert lines[3] == "\\x1b[31mValueError\\x1b[0m" and "\x1b" not in shown
+
+
+def test_the_give_up_quote_of_a_rank_traceback_is_literal_on_the_supervisors_console(tmp_path, capsys, monkeypatch):
+    """The in-process supervisor loop (tests/test_supervisor_loop.py's scripted world) gives up on a
+    crash loop and quotes the rank's last traceback from its log: its lines stay lines, anything
+    a terminal would act on (a C1 CSI, a bidi override, NUL) is shown escaped."""
+    from test_supervisor_loop import Clock, Fault, World, supervisor
+
+    site = tmp_path / "site.toml"
+    site.write_text("[checkpoint]\nadaptive_interval = false\n")
+    monkeypatch.setenv("CKPTSUP_SITE_CONFIG", str(site))
+    world = World(clock=Clock(), faults={i: Fault("crash", 1) for i in range(10)})
+    sv = supervisor(tmp_path, world)
+    log = tmp_path / "run" / "attempt-2"
+    log.mkdir(mode=0o700)
+    (log / "ranks-n1.log").write_bytes(
+        b'[rank0]: Traceback (most recent call last):\n[rank0]:   File "t.py", line 3, in <module>\n'
+        b"[rank0]: ValueError: \xc2\x9b2J \xe2\x80\xaeevil \x00nul [bold]x[/]\n")
+    assert sv.run() == 3
+    out = capsys.readouterr().out
+    assert "ckptsup: giving up:" in out and '  File "t.py", line 3, in <module>\n' in out
+    assert "ValueError: \\x9b2J \\u202eevil nul [bold]x[/]" in out   # (the quote itself drops NUL)
+    assert not RAW_CONTROL.search(out)
