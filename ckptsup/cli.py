@@ -11,6 +11,7 @@ from typing import Any
 import click
 
 from .errors import CkptsupError
+from .textsafe import literal
 
 # command name -> "module:attribute"; loaded on first use.
 COMMANDS: dict[str, str] = {
@@ -72,7 +73,7 @@ def main(argv: list[str] | None = None) -> Any:
     try:
         return cli.main(args=argv, prog_name="ckptsup", standalone_mode=False)
     except CkptsupError as err:
-        click.echo(f"ckptsup: error: {err}", err=True)
+        click.echo(f"ckptsup: error: {literal(err)}", err=True)   # it quotes paths, Slurm, ranks
         sys.exit(err.exit_code)
     except click.exceptions.Abort:
         click.echo("ckptsup: aborted", err=True)
@@ -84,7 +85,7 @@ def main(argv: list[str] | None = None) -> Any:
         # Usage errors too are one line (click's own rendering is a usage block plus a hint).
         ctx = getattr(err, "ctx", None)
         hint = f" (see `{ctx.command_path} --help`)" if isinstance(err, click.UsageError) and ctx is not None else ""
-        click.echo(f"ckptsup: error: {err.format_message()}{hint}", err=True)
+        click.echo(f"ckptsup: error: {literal(err.format_message())}{hint}", err=True)
         sys.exit(err.exit_code)
     except KeyboardInterrupt:
         sys.exit(130)

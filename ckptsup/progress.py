@@ -83,41 +83,58 @@ def step_of(patterns: list[re.Pattern[str]], text: str) -> int | None:
     return None
 
 
+@dataclass(frozen=True)
+class Segment:
+    """One piece of output as it came: its bytes, whether it continues a \r-redrawn line, and the
+    separator that ended it (b"" for a partial line cut at MAX_LINE or flushed at the end)."""
+
+    raw: bytes
+    continued: bool
+    end: bytes
+
+
 @dataclass(kw_only=True)
 class LineSplitter:
     """Bytes in, whole lines out: splits on \n and \r, keeps a partial line for the next chunk
     (bounded: a line longer than MAX_LINE is emitted cut). Each line comes with whether it
     continues a \r-redrawn one (torchrun prefixes a line with its rank once, before the \n-line's
-    first segment, so a redraw inherits the rank)."""
+    first segment, so a redraw inherits the rank). `segments` gives every piece with its
+    separator, blank ones too (the console relay passes them through); `feed` the non-blank
+    lines as text (progress matching)."""
 
     partial: bytes = b""
     continued: bool = False     # the partial line follows a \r
     lines_cut: int = 0
 
-    def feed(self, data: bytes) -> list[tuple[str, bool]]:
+    def segments(self, data: bytes) -> list[Segment]:
         buf = self.partial + data
-        out: list[tuple[str, bool]] = []
+        out: list[Segment] = []
         start = 0
         for sep in re.finditer(rb"\r\n|\r|\n", buf):
-            self._emit(out, buf[start:sep.start()])
+            out.append(Segment(buf[start:sep.start()], self.continued, sep.group()))
             self.continued = sep.group() == b"\r"
             start = sep.end()
         self.partial = buf[start:]
         if len(self.partial) > MAX_LINE:
-            self._emit(out, self.partial[:MAX_LINE])
+            out.append(Segment(self.partial[:MAX_LINE], self.continued, b""))
             self.partial = b""
             self.lines_cut += 1
         return out
 
-    def _emit(self, out: list[tuple[str, bool]], raw: bytes) -> None:
-        if raw.strip():
-            out.append((raw.decode("utf-8", "replace"), self.continued))
-
-    def flush(self) -> list[tuple[str, bool]]:
-        out: list[tuple[str, bool]] = []
-        self._emit(out, self.partial)
+    def flush_segments(self) -> list[Segment]:
+        out = [Segment(self.partial, self.continued, b"")] if self.partial else []
         self.partial, self.continued = b"", False
         return out
+
+    def feed(self, data: bytes) -> list[tuple[str, bool]]:
+        return _text_lines(self.segments(data))
+
+    def flush(self) -> list[tuple[str, bool]]:
+        return _text_lines(self.flush_segments())
+
+
+def _text_lines(segments: list[Segment]) -> list[tuple[str, bool]]:
+    return [(s.raw.decode("utf-8", "replace"), s.continued) for s in segments if s.raw.strip()]
 
 
 @dataclass(kw_only=True)

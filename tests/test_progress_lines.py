@@ -72,7 +72,8 @@ def test_rank_output_logs_every_byte_matches_unhooked_ranks_and_sends_rank_0_to_
     out.feed(b"ep 3\ntorchrun's own line\n")
     assert out.take_progress() == {0: 3}   # rank 1 said hello: its steps come as frames
     lines, dropped = out.take_console()
-    assert lines == ["[rank0]: step 1 loss 2.0", "[rank0]: step 2", "step 3"] and dropped == 0
+    # the console gets the rank's bytes as they came: its colour codes, its \r redraw, each separator
+    assert lines == ["[rank0]: step 1 loss 2.0\n", "[rank0]: \x1b[31mstep 2\x1b[0m\r", "step 3\n"] and dropped == 0
     out.close()
     assert log.read_bytes().startswith(b"[rank0]: step 1 loss 2.0\n[rank1]: step 1\n") and b"own line" in log.read_bytes()
     assert oct(os.stat(log).st_mode & 0o777) == "0o600"

@@ -17,6 +17,7 @@ import click
 
 from ..errors import CheckpointError, CkptsupError, ValidationError
 from ..safe_io import encodable
+from ..textsafe import literal
 from .catalog import CheckpointInfo, Status, inspect_step, latest_committed, latest_validated, list_checkpoints
 from .commit import LOCK_NAME, pid_alive, parse_step, read_lock
 from .manifest import MANIFEST_NAME
@@ -63,9 +64,10 @@ def _emit_json(payload: Any) -> None:
 
 
 def _echo(text: str) -> None:
-    """click.echo of text that may carry a file name os.listdir decoded with surrogate escapes
-    (undecodable bytes) or a record's lone surrogate: shown as backslash escapes, never a crash."""
-    click.echo(text.encode("utf-8", "backslashreplace").decode("utf-8"))
+    """click.echo of text that carries file names (os.listdir decodes undecodable bytes as
+    surrogate escapes), manifest fields and problems: literal (textsafe), never a crash or a
+    control sequence on the terminal."""
+    click.echo(literal(text))
 
 
 def _human_bytes(n: int | None) -> str:

@@ -176,8 +176,12 @@ def _print_plan(r: dict[str, Any]) -> None:
                       f"break-even at {r['spot_break_even_gpus']} GPUs")
     if "two_level" in r:
         _print_two_level(console, r)
+    from rich.text import Text
+
+    from ..textsafe import text as safe_text
+
     for warning in r["warnings"]:
-        console.print(f"[yellow]warning:[/yellow] {warning}")
+        console.print(Text.assemble(("warning:", "yellow"), " ", safe_text(warning)))
 
 
 def _print_two_level(console: Any, r: dict[str, Any]) -> None:
@@ -398,12 +402,13 @@ def report(run_dir: str, as_json: bool, png: str | None, html_path: str | None, 
     from . import goodput_report as rp
 
     from ..events import EVENTS_FILE, ReadStats
+    from ..textsafe import literal
 
     path = Path(run_dir)
     stats = ReadStats()
     events = rp.read_run(path, stats=stats)
     if stats.skipped:  # on stderr: the JSON on stdout stays one object
-        click.echo(f"ckptsup: skipped {stats.skipped} line(s) of {path / EVENTS_FILE} that are not ckptsup events "
+        click.echo(f"ckptsup: skipped {stats.skipped} line(s) of {literal(path / EVENTS_FILE)} that are not ckptsup events "
                    "(torn, foreign or malformed)", err=True)
     site_price, gpu_mtbf_h = _site_cost(job_config, path)
     if price is not None and not 0 <= price < math.inf:
@@ -422,4 +427,4 @@ def report(run_dir: str, as_json: bool, png: str | None, html_path: str | None, 
     rp.render_terminal(rep)
     for target in (png, html_path, prom):
         if target:
-            click.echo(f"wrote {target}")
+            click.echo(f"wrote {literal(target)}")

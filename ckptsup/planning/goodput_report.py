@@ -1,7 +1,8 @@
 """`ckptsup report RUN_DIR`: where a run's time went — terminal (rich), JSON, PNG, HTML, Prometheus.
 
-build_report() is pure over the events; the render_* functions only format. matplotlib is
-imported lazily (Agg backend) so the terminal and JSON paths never need it.
+build_report() is pure over the events; the render_* functions only format, every text from the
+events through textsafe (terminal: rich Text, never markup; PNG: no mathtext; HTML: escaped).
+matplotlib is imported lazily (Agg backend) so the terminal and JSON paths never need it.
 """
 
 from __future__ import annotations
@@ -11,11 +12,13 @@ import html
 import io
 import math
 import os
+import warnings
 from pathlib import Path
 from typing import Any, Iterable
 
 from ..errors import ConfigError
 from ..events import Event
+from ..textsafe import literal, mathtext, text as safe_text
 from .accounting import CATEGORIES, account
 from .adaptive import posterior
 from .interval import daly_interval, young_interval
@@ -117,21 +120,22 @@ def breakdown_rows(rep: dict[str, Any]) -> list[tuple[str, float, float, float]]
 def render_terminal(rep: dict[str, Any], console: Any = None) -> None:
     from rich.console import Console
     from rich.table import Table
+    from rich.text import Text
 
     console = console or Console()
-    summary = Table(title=f"ckptsup goodput report — job {rep['job_id'] or '?'}", show_header=False)
+    summary = Table(title=safe_text(f"ckptsup goodput report — job {rep['job_id'] or '?'}"), show_header=False)
     for label, value in _summary_pairs(rep):
-        summary.add_row(label, value)
+        summary.add_row(safe_text(label), safe_text(value))
     console.print(summary)
     table = Table(title="where the paid time went")
     for col in ("category", "device-hours", "share", "cost"):
         table.add_column(col, justify="left" if col == "category" else "right")
     for label, hours, share, usd in breakdown_rows(rep):
-        table.add_row(label, f"{hours:,.3f}", format_pct(share), format_usd(usd))
+        table.add_row(safe_text(label), f"{hours:,.3f}", format_pct(share), format_usd(usd))
     table.add_row("paid (total)", f"{rep['paid_device_hours']:,.3f}", "100.00%", format_usd(rep["paid_usd"]))
     console.print(table)
     for note in rep["notes"]:
-        console.print(f"[yellow]note:[/yellow] {note}")
+        console.print(Text.assemble(("note:", "yellow"), " ", safe_text(note)))
 
 
 def _summary_pairs(rep: dict[str, Any]) -> list[tuple[str, str]]:
@@ -205,6 +209,12 @@ def _timeline_span_s(tl: dict[str, Any]) -> float:
 
 
 def png_bytes(rep: dict[str, Any]) -> bytes:
+    with warnings.catch_warnings():   # a job id or kind in a script the font lacks: a box, not a warning per glyph
+        warnings.filterwarnings("ignore", message="Glyph .* missing from font", category=UserWarning)
+        return _png_bytes(rep)
+
+
+def _png_bytes(rep: dict[str, Any]) -> bytes:
     import matplotlib
 
     matplotlib.use("Agg", force=True)
@@ -231,12 +241,12 @@ def png_bytes(rep: dict[str, Any]) -> bytes:
             ax.plot([scaled(t) for t, _ in ck], [s for _, s in ck], "g^", ms=6, label="checkpoint committed")
         for j, (t, kind) in enumerate(tl.get("failures", [])):
             ax.axvline(scaled(t), color="red", ls="--", lw=1, label="failure" if j == 0 else None)
-            ax.annotate(kind, (scaled(t), 0), rotation=90, fontsize=7, color="red", va="bottom")
+            ax.annotate(mathtext(kind, limit=60), (scaled(t), 0), rotation=90, fontsize=7, color="red", va="bottom")
         for j, (t, _) in enumerate(tl.get("restarts", [])):
             ax.axvline(scaled(t), color="orange", ls=":", lw=1.2, label="restart done" if j == 0 else None)
         ax.set_xlabel(f"wall time since first event ({unit})")
         ax.set_ylabel("step")
-        ax.set_title(f"job {rep['job_id']}: progress, goodput {format_pct(rep['goodput_fraction'])}")
+        ax.set_title(f"job {mathtext(rep['job_id'], limit=80)}: progress, goodput {format_pct(rep['goodput_fraction'])}")
         if ax.get_legend_handles_labels()[0]:   # a run with no progress yet has nothing to label
             ax.legend(loc="upper left", fontsize=8)
         left = 0.0
@@ -261,11 +271,11 @@ def png_bytes(rep: dict[str, Any]) -> bytes:
 
 def render_html(rep: dict[str, Any], path: str | os.PathLike[str]) -> None:
     image = base64.b64encode(png_bytes(rep)).decode("ascii")
-    esc = html.escape
+    esc = lambda value: html.escape(literal(value))  # noqa: E731  (a lone surrogate cannot be written as UTF-8)
     summary = "".join(f"<tr><th>{esc(k)}</th><td>{esc(v)}</td></tr>" for k, v in _summary_pairs(rep))
     rows = "".join(f"<tr><td>{esc(label)}</td><td>{h:,.3f}</td><td>{share:.2%}</td><td>{esc(format_usd(usd))}</td></tr>"
                    for label, h, share, usd in breakdown_rows(rep))
-    attempts = "".join(f"<tr><td>{', '.join(str(n) for n in a['attempts'])}</td><td>{esc(format_duration(a['wall_s']))}</td>"
+    attempts = "".join(f"<tr><td>{esc(', '.join(str(n) for n in a['attempts']))}</td><td>{esc(format_duration(a['wall_s']))}</td>"
                        f"<td>{a['active_devices']:g} + {a['spare_devices']:g}</td><td>{a['failures']}</td>"
                        f"<td>{esc(', '.join(a.get('levels') or ['-']))}</td>"
                        f"<td>{esc(a['end_reason'])}</td></tr>" for a in rep["attempt_rows"])
@@ -334,4 +344,8 @@ def render_prom(rep: dict[str, Any], path: str | os.PathLike[str]) -> None:
 
 
 def prom_label(value: str) -> str:
-    return str(value).replace("\\", "\\\\").replace('"', '\\"').replace("\n", "\\n")
+    """A label value of the exposition format: the text as textsafe shows it (a control character
+    or a lone surrogate as its backslash escape: no raw ESC or CR in the textfile, and it can be
+    written as UTF-8), then backslash, quote and line feed escaped as the format wants."""
+    text = literal(value, limit=1024)
+    return text.replace("\\", "\\\\").replace('"', '\\"').replace("\n", "\\n")

@@ -9,6 +9,7 @@ from pathlib import Path
 import click
 
 from ..errors import DevClusterError
+from ..textsafe import literal
 from .devconf import DEFAULT_DIR, DEFAULT_PORT_BASE, ClusterSpec
 
 
@@ -94,7 +95,7 @@ def status(directory: str, port_base: int, as_json: bool) -> None:
     for node, info in st.nodes.items():
         flag = "" if info.responding else " (not responding)"
         reason = f"  reason: {info.reason}" if info.reason else ""
-        click.echo(f"{node:<12} {info.state.value}{flag}{reason}")
+        click.echo(literal(f"{node:<12} {info.state.value}{flag}{reason}"))   # a reason is anyone's scontrol text
 
 
 @dev_cluster.command("kill-node")
@@ -175,5 +176,5 @@ def sbatch(job_config, nodes, spares, partition, account, time_limit, gpus_per_n
         click.echo(json.dumps({"job_id": result.job_id, "run_dir": str(result.run_dir),
                                "script": str(result.script_path)}))
         return
-    click.echo(f"Submitted batch job {result.job_id}; run directory {result.run_dir}")
-    click.echo(f"follow it with: ckptsup log --follow {result.run_dir}")
+    click.echo(literal(f"Submitted batch job {result.job_id}; run directory {result.run_dir}"))
+    click.echo(literal(f"follow it with: ckptsup log --follow {result.run_dir}"))

@@ -47,6 +47,7 @@ from ..wire import Hop, MessageKind, Phase
 from ..env import (MEMORY_SOCKET, TEST_FLIP_MEMORY, NODE, PREEMPT_BUDGET_S, PYTHONUNBUFFERED, RANK_SOCKET, SECRET_FILE, WARM_DIR,
                    TORCHELASTIC_LOG_LINE_PREFIX_TEMPLATE, ExitStatus, node_name)
 from ..rundir import read_secret
+from ..textsafe import say
 from .spec import LaunchSpec
 from .rank_output import RankOutput
 from .standby import Standby
@@ -151,7 +152,7 @@ class RateLimitedLog:
     def flush(self, what: Callable[[int], str]) -> None:
         now = self.clock()
         if self.pending and now - self.last >= self.every_s:
-            print(f"ckptsup agent: {what(self.pending)}", file=sys.stderr, flush=True)
+            say(f"ckptsup agent: {what(self.pending)}", file=sys.stderr)
             self.last, self.pending = now, 0
 
 
@@ -472,7 +473,7 @@ class Agent:
         except (BlockingIOError, InterruptedError):
             return
         except OSError as err:  # out of descriptors: the next tick tries again
-            print(f"ckptsup agent: cannot accept a rank connection: {err.strerror or err}", file=sys.stderr, flush=True)
+            say(f"ckptsup agent: cannot accept a rank connection: {err.strerror or err}", file=sys.stderr)
             return
         sock.setblocking(False)
         waiting = sorted((c for c in self.conns.values() if c.rank is None), key=lambda c: c.opened)
@@ -596,7 +597,7 @@ class Agent:
                 self._command(m, body)
             except BadCommand as err:
                 self._count_drop()
-                print(f"ckptsup agent: ignored a {m.value} command: {err}", file=sys.stderr, flush=True)
+                say(f"ckptsup agent: ignored a {m.value} command: {err}", file=sys.stderr)
 
     def _command(self, m: MessageKind, body: dict[str, Any]) -> None:
         targets = body.get("nodes")

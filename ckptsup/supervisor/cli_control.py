@@ -15,6 +15,7 @@ from ..config import load_config
 from ..errors import ConfigError
 from ..events import Event, read_events
 from ..rundir import RunDir, RunStatus
+from ..textsafe import literal
 from .cli_ops import _run_dir, _run_dir_files
 from .control import ACK_WAIT_S, NODE_NAME, ControlCommand, ControlRequest, Outcome, control_dir, submit
 
@@ -58,7 +59,7 @@ def _send(run_dir: str, command: ControlCommand, *, save: bool, wait_s: float, n
     line = f"request {request.id} ({command.value}): {ack.get('outcome')}: {ack.get('detail', '')}"
     if ack.get("outcome") != Outcome.ACCEPTED:
         raise ConfigError(f"ckptsup {name}: {line}")
-    click.echo(f"ckptsup {name}: {line} (at step {ack.get('step')})")
+    click.echo(literal(f"ckptsup {name}: {line} (at step {ack.get('step')})"))   # the ack's detail is the supervisor's text
     sys.stdout.flush()
 
 

@@ -18,6 +18,7 @@ from ..env import SLURM_JOB_ID
 from ..errors import ConfigError
 from ..events import Event
 from ..rundir import CONFIG_JSON, RunDir
+from ..textsafe import literal
 
 TERMINAL_EXIT = {Event.RUN_COMPLETE, Event.GIVE_UP, Event.RUN_CANCELLED}
 STARTUP_WAIT_S = 120.0  # how long the watchdog waits for the supervisor to create the run dir
@@ -114,7 +115,7 @@ def log(run_dir: str, as_json: bool, follow: bool, show_all: bool) -> None:
 def _note_skipped(stats: Any, path: Path) -> None:
     """One stderr line when a reader skipped lines that are not events (stdout stays parseable)."""
     if stats.skipped:
-        click.echo(f"ckptsup: skipped {stats.skipped} line(s) of {path} that are not ckptsup events "
+        click.echo(f"ckptsup: skipped {stats.skipped} line(s) of {literal(path)} that are not ckptsup events "
                    "(torn, foreign or malformed)", err=True)
 
 
@@ -137,14 +138,14 @@ def watchdog(run_dir: str, job_id: str | None, poll_s: float | None) -> None:
     deadline = time.monotonic() + STARTUP_WAIT_S
     while not (path / CONFIG_JSON).exists():
         if stop.set or time.monotonic() > deadline:
-            click.echo(f"ckptsup watchdog: {path / CONFIG_JSON} never appeared; nothing to watch")
+            click.echo(f"ckptsup watchdog: {literal(path / CONFIG_JSON)} never appeared; nothing to watch")
             return
         time.sleep(0.5)
     with _run_dir_files(path, "watchdog"):
         config = effective_config(path)
         client = SlurmClient.from_config(config.slurm)
         result = watch(run_dir=path, job_id=job, config=config, client=client, poll_s=poll_s, stop=lambda: stop.set)
-    click.echo(f"ckptsup watchdog: {result.outcome.value}: {result.detail}")
+    click.echo(f"ckptsup watchdog: {result.outcome.value}: {literal(result.detail)}")
     if result.outcome is WatchOutcome.REFUSED:
         sys.exit(3)
 
@@ -171,10 +172,10 @@ def requeue(run_dir: str, reason: str, exclude: tuple[str, ...], job_id: str | N
         result = requeue_job(client, path, job, reason, list(exclude), partition=config.slurm.spare_partition or None,
                              by=by)
     if result.requeued:
-        click.echo(f"ckptsup requeue: job {job} requeued (epoch {result.epoch}, excluded "
-                   f"{','.join(result.excluded) or 'none'})")
+        click.echo(literal(f"ckptsup requeue: job {job} requeued (epoch {result.epoch}, excluded "
+                           f"{','.join(result.excluded) or 'none'})"))
     else:
-        click.echo(f"ckptsup requeue: nothing to do: {result.why_skipped}")
+        click.echo(f"ckptsup requeue: nothing to do: {literal(result.why_skipped)}")
 
 
 @click.group()
@@ -206,4 +207,4 @@ def config_show(job_config: str | None, as_json: bool) -> None:
 
 def _echo_rows(rows: list[dict[str, Any]], width: int) -> None:
     for row in rows:
-        click.echo(f"{row['key']:<{width}}  {json.dumps(row['value']):<28}  ({row['source']})")
+        click.echo(literal(f"{row['key']:<{width}}  {json.dumps(row['value']):<28}  ({row['source']})"))

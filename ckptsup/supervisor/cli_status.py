@@ -13,6 +13,7 @@ import click
 from ..config import load_config
 from ..errors import ConfigError
 from ..events import read_events
+from ..textsafe import text as safe_text
 from .cli_ops import _run_dir_files
 from .status import STATUS_EVERY_S, read_status
 
@@ -60,7 +61,6 @@ def _s(value: Any, unit: str = "s") -> str:
 def render(st: dict[str, Any]) -> Any:
     from rich.console import Group
     from rich.table import Table
-    from rich.text import Text
 
     head = [f"job {st.get('job_id')}  attempt {st.get('attempt')}  epoch {st.get('epoch')}  {st.get('status')}"
             f"  (published {_s(st.get('age_s'))} ago)",
@@ -75,7 +75,7 @@ def render(st: dict[str, Any]) -> Any:
     bad = ", ".join(f"{k} {v:g}s" for k, v in sorted((st.get("badput_device_s") or {}).items()))
     head.append(f"goodput {'-' if gp is None else f'{gp:.1%}'} of {_s(st.get('paid_device_s'))} device-time"
                 + (f"; badput: {bad}" if bad else ""))
-    if st.get("excluded"):
+    if isinstance(st.get("excluded"), dict) and st["excluded"]:
         head.append("excluded: " + ", ".join(f"{n} ({why})" for n, why in st["excluded"].items()))
     table = Table(show_edge=False, pad_edge=False)
     for column in ("node", "role", "agent", "heartbeat", "ranks", "step", "step p50", "step p99", "warm"):
@@ -83,11 +83,12 @@ def render(st: dict[str, Any]) -> Any:
     for node, row in st["nodes"].items():
         if not isinstance(row, dict):
             continue
-        table.add_row(node, str(row.get("role", "?")), "up" if row.get("agent") else "GONE",
-                      _s(row.get("heartbeat_age_s")) + (" ago" if row.get("heartbeat_age_s") is not None else ""),
-                      ",".join(map(str, row.get("ranks_alive") or [])) or "-", _s(row.get("step"), ""),
-                      _s(row.get("step_p50_s")), _s(row.get("step_p99_s")), "yes" if row.get("warm") else "-")
-    return Group(*(Text(line) for line in head), table)
+        cells = (node, str(row.get("role", "?")), "up" if row.get("agent") else "GONE",
+                 _s(row.get("heartbeat_age_s")) + (" ago" if row.get("heartbeat_age_s") is not None else ""),
+                 ",".join(map(str, row.get("ranks_alive") or [])) or "-", _s(row.get("step"), ""),
+                 _s(row.get("step_p50_s")), _s(row.get("step_p99_s")), "yes" if row.get("warm") else "-")
+        table.add_row(*(safe_text(cell) for cell in cells))   # every cell is the file's text: never markup
+    return Group(*(safe_text(line) for line in head), table)
 
 
 @click.command("status")

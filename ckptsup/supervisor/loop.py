@@ -26,6 +26,7 @@ from ..env import ExitStatus
 from ..errors import CkptsupError
 from ..events import Event, EventWriter, read_events
 from ..rundir import RunDir, RunState, RunStatus
+from ..textsafe import say
 from ..wire import MessageKind
 from . import recovery
 from .agent import LaunchSpec
@@ -149,7 +150,7 @@ class Supervisor(OperatorMixin, ExternalResumeMixin):
             try:
                 self.run_dir.renew_lease(epoch=self.state.epoch, host=host)
             except OSError as err:  # a full or flaky FS: the watchdog will see a stale lease
-                print(f"ckptsup: lease renewal failed: {err}", flush=True)
+                say(f"ckptsup: lease renewal failed: {err}")
             self.lease_stop.wait(self.sup.lease_interval_s)
 
     def _on_signal(self, signum: int, _frame: Any) -> None:
@@ -178,7 +179,7 @@ class Supervisor(OperatorMixin, ExternalResumeMixin):
             self.emit(Event.GIVE_UP, reason=str(err))
         self.state.status = RunStatus.GAVE_UP
         self._save_state()
-        print(f"ckptsup: stopping: {err}", flush=True)
+        say(f"ckptsup: stopping: {err}")
 
     def _start(self) -> None:
         first = not self.run_dir.state_path.exists()
@@ -313,8 +314,8 @@ class Supervisor(OperatorMixin, ExternalResumeMixin):
             self._straggler(tracker, tracker.straggler_flags.pop(0))
         while tracker.teardown_errors:
             error = tracker.teardown_errors.pop(0)
-            print(f"ckptsup: every rank on {error['node']} finished, then torchrun exited rc={error['rc']}: "
-                  "a crash in process teardown; nothing is lost, not restarting", flush=True)
+            say(f"ckptsup: every rank on {error['node']} finished, then torchrun exited rc={error['rc']}: "
+                "a crash in process teardown; nothing is lost, not restarting")
             self.emit(Event.TEARDOWN_ERROR, **error)
         if msg.m in (MessageKind.STEP, MessageKind.PROGRESS):
             self._on_step(tracker, had_first, msg)
@@ -380,7 +381,7 @@ class Supervisor(OperatorMixin, ExternalResumeMixin):
         if level is not None:
             self.emit(Event.SUPERVISION_LEVEL, level=level, detail=level_detail(level, self.sup))
             if level is SupervisionLevel.PROCESS:
-                print(f"ckptsup: attempt {self.state.attempt}: {level_detail(level, self.sup)}", flush=True)
+                say(f"ckptsup: attempt {self.state.attempt}: {level_detail(level, self.sup)}")
         stale = tracker.progress_stale(self.clock(), self.sup.progress_warn_s)
         if stale is not None:
             self.emit(Event.PROGRESS_STALE, since_launch_s=round(stale, 1), pattern=self.sup.progress_pattern)
@@ -429,7 +430,7 @@ class Supervisor(OperatorMixin, ExternalResumeMixin):
         not know (a rank of another ckptsup version) is logged and dropped."""
         name = Event.parse(record.get("event")) if isinstance(record, dict) else None
         if name is None:
-            print(f"ckptsup: dropped a rank event of unknown name: {str(record)[:120]}", flush=True)
+            say(f"ckptsup: dropped a rank event of unknown name: {str(record)[:120]}")
             return
         if name in OWN_EVENTS:
             return
@@ -538,9 +539,9 @@ class Supervisor(OperatorMixin, ExternalResumeMixin):
                 self.emit(Event.GIVE_UP, reason=reason, kind=failure.kind if failure else None)
                 self.state.status = RunStatus.GAVE_UP
                 self._save_state()
-                print(f"ckptsup: giving up: {reason}", flush=True)
-                print(recovery.log_tail(self.run_dir.attempt_dir(self.state.attempt),
-                                        rank=failure.rank if failure else None), flush=True)
+                say(f"ckptsup: giving up: {reason}")
+                say(recovery.log_tail(self.run_dir.attempt_dir(self.state.attempt),
+                                      rank=failure.rank if failure else None), newlines=True)
                 return ExitStatus.GIVE_UP
             case Requeue(preempted=True):
                 kind = self._stop_for_preemption()
@@ -664,10 +665,10 @@ class Supervisor(OperatorMixin, ExternalResumeMixin):
             self.emit(Event.GIVE_UP, reason=str(err))
             self.state.status = RunStatus.GAVE_UP
             self.run_dir.save_state(self.state)
-            print(f"ckptsup: {err}", flush=True)
+            say(f"ckptsup: {err}")
             return ExitStatus.GIVE_UP
         except CkptsupError as err:  # e.g. Slurm already requeued a preempted job: the template retries
-            print(f"ckptsup: requeue failed: {err}; leaving it to the batch script", flush=True)
+            say(f"ckptsup: requeue failed: {err}; leaving it to the batch script")
         return ExitStatus.PREEMPTED if action.preempted else ExitStatus.REQUEUE
 
     # ---- launching ----------------------------------------------------------------------------
@@ -721,7 +722,7 @@ class Supervisor(OperatorMixin, ExternalResumeMixin):
         if self.memory_peers is not None:   # before the restart: the ranks ask their agents at once
             too_few = self.memory_peers.launch(nodes, int(self.sup.nproc_per_node))
             if too_few is not None:
-                print(f"ckptsup: {too_few}", flush=True)
+                say(f"ckptsup: {too_few}")
             self._send_memory_peers()
         if present:
             # the agents that outlived the failure (survivors, warm spares) take the new spec; a

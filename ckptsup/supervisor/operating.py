@@ -13,6 +13,7 @@ from typing import Any
 from ..env import ExitStatus
 from ..events import Event, read_events
 from ..rundir import RunStatus
+from ..textsafe import say
 from ..wire import MessageKind
 from . import control, prom_live, status
 from .attempt import AttemptTracker
@@ -89,7 +90,7 @@ class OperatorMixin:
         """A line for a problem that repeats every few seconds: said once per run."""
         if line not in self.said:
             self.said.add(line)
-            print(f"ckptsup: {line}", flush=True)
+            say(f"ckptsup: {line}")
 
     # ---- operator requests (control.py) -------------------------------------------------------
     def _take_control(self, tracker: AttemptTracker) -> control.ControlRequest | None:
@@ -148,9 +149,9 @@ class OperatorMixin:
         replace = (self.sup.straggler_replace and bool(spares) and self.replace is None
                    and tracker.level is SupervisionLevel.HOOKS)
         self.emit(Event.STRAGGLER, **found.evidence(), replace=replace)
-        print(f"ckptsup: rank {found.rank} on {found.node} is a straggler: {found.ratio:.2f}x the other ranks' "
-              f"compute time per step for {found.windows} windows"
-              + (f"; moving it to {spares[0]} at the next checkpoint" if replace else ""), flush=True)
+        say(f"ckptsup: rank {found.rank} on {found.node} is a straggler: {found.ratio:.2f}x the other ranks' "
+            f"compute time per step for {found.windows} windows"
+            + (f"; moving it to {spares[0]} at the next checkpoint" if replace else ""))
         if replace:
             self.replace = PendingReplace(request=f"straggler-rank{found.rank}", node=found.node)
             self.agents.send(MessageKind.SAVE_NOW, {"reason": f"straggler on {found.node}"}, nodes=self.active)
@@ -168,8 +169,7 @@ class OperatorMixin:
              detail: str, tracker: AttemptTracker) -> None:
         self.emit(Event.CONTROL, request=request, command=command.value if command else None,
                   outcome=outcome.value, detail=detail, step=tracker.current_step())
-        print(f"ckptsup: operator request {request} ({command.value if command else '?'}): {outcome.value}: {detail}",
-              flush=True)
+        say(f"ckptsup: operator request {request} ({command.value if command else '?'}): {outcome.value}: {detail}")
 
     def _cancel(self, request: control.ControlRequest) -> ExitStatus:
         """An operator's stop: the ranks agree on a stop step and save unless told not to (within
@@ -178,6 +178,6 @@ class OperatorMixin:
         self.emit(Event.RUN_CANCELLED, step=step, saved=request.save, request=request.id)
         self.state.status = RunStatus.CANCELLED
         self._save_state()
-        print(f"ckptsup: stopped on request {request.id} at step {step}; not requeueing", flush=True)
+        say(f"ckptsup: stopped on request {request.id} at step {step}; not requeueing")
         return ExitStatus.CANCELLED
 

@@ -14,6 +14,7 @@ from typing import Any, Mapping, Sequence
 from ..config import PORT_SPREAD
 from ..env import JOB_ID, NODE, node_name
 from ..errors import CkptsupError, ConfigError
+from ..textsafe import say
 
 
 def free_port_in(host: str, base: int, start: int, span: int = PORT_SPREAD + 1) -> int | None:
@@ -84,14 +85,14 @@ class Placement:
             try:
                 addrs[node] = client.node_addr(node)
             except CkptsupError as err:  # names resolve on real clusters; the address is a refinement
-                print(f"ckptsup: NodeAddr of {node} unavailable ({err}); using its name", file=sys.stderr)
+                say(f"ckptsup: NodeAddr of {node} unavailable ({err}); using its name", file=sys.stderr)
                 addrs[node] = node
         gpus = alloc.gpus_on_node
         if gpus is None:  # the environment does not say: ask Slurm (0 for a job without GPUs)
             try:
                 gpus = client.job_gpus_per_node(alloc.job_id, alloc.batch_host)
             except CkptsupError as err:
-                print(f"ckptsup: GPUs of job {alloc.job_id} unknown ({err}); counting none", file=sys.stderr)
+                say(f"ckptsup: GPUs of job {alloc.job_id} unknown ({err}); counting none", file=sys.stderr)
                 gpus = 0
         return cls(job_id=alloc.job_id, nodes=tuple(alloc.nodes), addrs=addrs, in_slurm=True, slurm=client,
                    grace_time_s=partition_grace_time(client, alloc.partition), here=alloc.batch_host,

@@ -5,6 +5,12 @@ Every byte goes to the node's rank log (attempt-N/ranks-<node>.log) as it arrive
 (split on \\n and \\r, colour codes stripped) may be a progress line of a rank that did not say
 hello, and rank 0's lines (every rank's with `tee`) go to the supervisor's console, rate-limited:
 a flood costs lines on the console, never the log or the agent's loop.
+
+The console relay passes the ranks' bytes through as torchrun would print them: the rank's own
+colour codes, its \\r redraws and bytes that are not UTF-8 reach the console unchanged (carried in
+the frame as surrogate escapes), never through rich or any markup. That is the rank's own terminal
+output, not text ckptsup renders; only the per-line cut (CONSOLE_LINE_CHARS) and the rate limit
+apply.
 """
 
 from __future__ import annotations
@@ -13,7 +19,7 @@ import os
 from dataclasses import dataclass, field
 from typing import Callable
 
-from ..progress import LineSplitter, ProgressMatcher, clean, compile_pattern, split_rank
+from ..progress import LineSplitter, ProgressMatcher, Segment, clean, compile_pattern, split_rank
 
 CONSOLE_LINES_PER_S = 200.0   # sustained; a burst of CONSOLE_BURST passes at once
 CONSOLE_BURST = 400
@@ -69,26 +75,27 @@ class RankOutput:
             os.write(self.log_fd, data)
         except OSError:
             pass  # a full disk loses log lines, never the agent
-        self._lines(self.splitter.feed(data))
+        self._lines(self.splitter.segments(data))
 
     def finish(self) -> None:
-        self._lines(self.splitter.flush())
+        self._lines(self.splitter.flush_segments())
 
-    def _lines(self, lines: list[tuple[str, bool]]) -> None:
+    def _lines(self, segments: list[Segment]) -> None:
         now = self.clock()
-        for raw, continued in lines:
-            line = clean(raw)
+        for seg in segments:
+            line = clean(seg.raw.decode("utf-8", "replace"))   # for the prefix and the step only
             rank, text = split_rank(line)
-            if rank is None and continued:
+            if rank is None and seg.continued:
                 rank = self.line_rank   # a \r redraw of a rank's line carries no prefix of its own
             self.line_rank = rank
-            if rank is not None and not self.hooked(rank):
+            if rank is not None and text and not self.hooked(rank):
                 step = self.matcher.match(rank, text)
                 if step is not None:
                     self.progress[rank] = step
             if rank == 0 or self.tee:
                 if self.bucket.take(now):
-                    self.console.append(line[:CONSOLE_LINE_CHARS])
+                    raw = seg.raw.decode("utf-8", "surrogateescape")   # bytes that are not UTF-8 survive the frame
+                    self.console.append(raw[:CONSOLE_LINE_CHARS] + seg.end.decode("ascii"))
                 else:
                     self.dropped += 1
 
@@ -112,16 +119,30 @@ class RankOutput:
             pass
 
 
+def _raw_bytes(line: str) -> bytes:
+    try:
+        return line.encode("utf-8", "surrogateescape")   # the rank's own bytes, as the agent read them
+    except UnicodeEncodeError:   # a surrogate no byte decodes to: shown as its escape
+        return line.encode("utf-8", "backslashreplace")
+
+
 def print_console(body: dict, out=None) -> None:
-    """The supervisor's side: an `output` frame's lines on its console (the job's output file)."""
+    """The supervisor's side: an `output` frame's lines on its console (the job's output file),
+    byte for byte, each with the separator it had (a line without one, cut or the last, gets \\n)."""
     import sys
 
     out = out or sys.stdout
     lines = body.get("lines")
     if isinstance(lines, list):
-        for line in lines:
-            if isinstance(line, str):
-                out.write(line + "\n")
+        data = b"".join(_raw_bytes(line if line.endswith(("\n", "\r")) else line + "\n")
+                        for line in lines if isinstance(line, str))
+        buffer = getattr(out, "buffer", None)
+        if buffer is not None:
+            out.flush()   # what went through the text layer first stays first
+            buffer.write(data)
+            buffer.flush()
+        else:   # a text-only stream (no bytes layer): the same text, undecodable bytes replaced
+            out.write(data.decode("utf-8", "replace"))
     dropped = body.get("dropped")
     if isinstance(dropped, int) and dropped > 0:
         out.write(f"ckptsup: ({dropped} rank output line(s) not shown: more than {CONSOLE_LINES_PER_S:g}/s; "

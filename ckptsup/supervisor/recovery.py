@@ -18,6 +18,7 @@ from .. import env as envvars
 from ..config import Config
 from ..errors import CkptsupError
 from ..events import Event
+from ..textsafe import literal
 from .error_quote import quote_logs
 from .health import NodeHealth
 from .nccl import Timeouts, derive_timeouts, nccl_env
@@ -117,7 +118,7 @@ def pick_resume(ckpt_dir: Path, emit: Emit, *, warn: Callable[[str], None] | Non
 
 
 def _warn(line: str) -> None:
-    print(f"ckptsup: warning: {line}", file=sys.stderr, flush=True)
+    print(literal(f"ckptsup: warning: {line}"), file=sys.stderr, flush=True)
 
 
 def recheck(step_dir: Path) -> list[str]:

@@ -40,6 +40,7 @@ from ..env import SLURM_JOB_ID, SLURM_RESTART_COUNT, ExitStatus
 from ..errors import CkptsupError, ConfigError
 from ..events import last_event
 from ..rundir import STATE_FILE, RunDir, RunStatus
+from ..textsafe import literal
 from .recovery import checkpoint_dir
 
 
@@ -253,4 +254,4 @@ def _has_entries(path: Path) -> bool:
 
 
 def _stderr(line: str) -> None:
-    print(f"ckptsup: {line}", file=sys.stderr, flush=True)
+    print(literal(f"ckptsup: {line}"), file=sys.stderr, flush=True)

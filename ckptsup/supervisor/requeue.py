@@ -45,6 +45,7 @@ from ..errors import CkptsupError
 from ..events import Event, EventWriter
 from ..env import SLURM_JOB_ID, ExitStatus
 from ..rundir import FINISHED, RunDir, RunStatus
+from ..textsafe import say
 
 CLAIM_PREFIX = "requeue.claim-"
 FINISH_LOG = "requeue-finish.log"
@@ -217,7 +218,7 @@ def requeue_job(client: RequeueClient, run_dir: str | os.PathLike[str] | RunDir,
                 partition=partition, phases=phases)
     if detach:
         if log_error:
-            print(log_error, file=sys.stderr, flush=True)
+            say(log_error, file=sys.stderr)
         argv = finisher_argv(run_dir=rd.path, job_id=job_id, exclude=excluded, partition=partition,
                              restart_count=info.restart_count, requeued_mono=t_requeue,
                              requeued_wall=requeued_wall, deadline_s=finish_deadline_s)

@@ -2,7 +2,8 @@
 
 Pure functions turn events into rows (`describe`, `rows`) and a summary (`summarize`: detection
 latency per failure, every restart's phases, exclusions, requeues); `render` prints them with
-rich. Time is shown relative to the first event, from the wall-clock `ts` (every host writes the
+rich, every value from the file through textsafe (literal: never markup, never a control
+sequence, bounded). Time is shown relative to the first event, from the wall-clock `ts` (every host writes the
 same file across requeues, and `mono` is only comparable on one host).
 """
 
@@ -17,6 +18,7 @@ from rich.table import Table
 from rich.text import Text
 
 from ..events import Event, parse_ts
+from ..textsafe import literal, text as safe_text
 
 BASE_FIELDS = {"event", "ts", "mono", "job_id", "attempt", "epoch"}
 HIDDEN_BY_DEFAULT = {Event.STEP_PROGRESS}
@@ -228,9 +230,9 @@ def _fmt_t(t: float | None) -> str:
 
 
 def row_text(row: Row) -> Text:
-    line = Text(f"{_fmt_t(row.t_s):>12}  a{row.attempt!s:<3} ")
-    line.append(f"{row.event:<21}", style=STYLE.get(row.event, ""))
-    line.append(f" {row.text}")
+    line = Text(f"{_fmt_t(row.t_s):>12}  a{literal(row.attempt):<3} ")
+    line.append(f"{literal(row.event):<21}", style=STYLE.get(row.event, ""))
+    line.append(f" {literal(row.text)}")
     return line
 
 
@@ -241,28 +243,29 @@ def render(events: list[Mapping[str, Any]], console: Console, *, show_all: bool 
     table.add_column("event", no_wrap=True)
     table.add_column("what")
     for row in rows(events, show_all=show_all):
-        table.add_row(_fmt_t(row.t_s), str(row.attempt), Text(row.event, style=STYLE.get(row.event, "")), row.text)
+        table.add_row(_fmt_t(row.t_s), safe_text(row.attempt), safe_text(row.event, STYLE.get(row.event, "")),
+                      safe_text(row.text))
     hidden = sum(1 for e in events if Event.parse(e.get("event")) in HIDDEN_BY_DEFAULT) if not show_all else 0
     console.print(table)
     if hidden:
-        console.print(f"({hidden} step_progress events hidden; --all shows them)")
+        console.print(safe_text(f"({hidden} step_progress events hidden; --all shows them)"))
     summary = summarize(events)
-    console.print(Text(f"outcome: {summary.outcome}", style="bold"))
+    console.print(safe_text(f"outcome: {summary.outcome}", "bold"))
     stats = summary.detect_stats()
     if summary.failures:
         kinds: dict[str, int] = {}
         for f in summary.failures:
             kinds[str(f.get("kind"))] = kinds.get(str(f.get("kind")), 0) + 1
-        text = ", ".join(f"{k} x{n}" for k, n in kinds.items())
+        line = ", ".join(f"{k} x{n}" for k, n in kinds.items())
         if stats:
-            text += (f"; detection min {stats['min_s']:.2f}s, median {stats['median_s']:.2f}s, "
+            line += (f"; detection min {stats['min_s']:.2f}s, median {stats['median_s']:.2f}s, "
                      f"max {stats['max_s']:.2f}s")
-        console.print(f"failures: {text}")
+        console.print(safe_text(f"failures: {line}"))
     for i, r in enumerate(summary.restarts, 1):
-        console.print(f"restart {i}: {_s(r['restart_s'])} to resume step {r['resume_step']}"
-                      + (f" ({phases_text(r['phases'])})" if r["phases"] else ""))
+        console.print(safe_text(f"restart {i}: {_s(r['restart_s'])} to resume step {r['resume_step']}"
+                                + (f" ({phases_text(r['phases'])})" if r["phases"] else "")))
     if summary.excluded:
-        console.print("excluded: " + ", ".join(f"{n} ({why})" for n, why in summary.excluded))
+        console.print(safe_text("excluded: " + ", ".join(f"{n} ({why})" for n, why in summary.excluded)))
     for r in summary.requeues:
         parts = []
         if r.get("total_s") is not None:
@@ -271,4 +274,4 @@ def render(events: list[Mapping[str, Any]], console: Console, *, show_all: bool 
             parts.append(f"supervisor back after {_s(r['back_s'])}")
         if r.get("first_step_s") is not None:
             parts.append(f"first step after {_s(r['first_step_s'])}")
-        console.print(f"requeue by {r['by']}: {r['reason']}" + (f" ({'; '.join(parts)})" if parts else ""))
+        console.print(safe_text(f"requeue by {r['by']}: {r['reason']}" + (f" ({'; '.join(parts)})" if parts else "")))
