@@ -145,8 +145,8 @@ def test_a_hooked_rank_hanging_after_close_is_killed_and_the_run_is_complete_and
     proc, run = start(tmp_path, script, str(out_dir), supervisor="exit_grace_s = 3.0\n")
     try:
         # ranks you can find: both ranks' pids, live, titled as ranks, in status --json and on the terminal
-        st = wait_for(lambda: (s := status_json(run)) and len(s.get("ranks") or []) == 2 and s, 180,
-                      "both ranks' pids in status --json", proc)
+        st = wait_for(lambda: (s := status_json(run)) and len(s.get("ranks") or []) == 2 and (s.get("step") or 0) >= 2
+                      and s, 180, "both ranks stepping, their pids in status --json", proc)   # a step: attach ran
         for entry in st["ranks"]:
             assert entry["node"] == node_name() and psutil.pid_exists(entry["pid"]), entry
             title = cmdline(entry["pid"])

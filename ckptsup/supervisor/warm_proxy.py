@@ -34,6 +34,10 @@ def main() -> int:
     path = os.path.join(os.environ.get(WARM_DIR, ""), f"warm-{os.environ.get('LOCAL_RANK', '0')}.sock")
     if not os.environ.get(WARM_DIR) or not os.path.exists(path + ".ready"):
         cold(args, module)
+    rank_pid: list[int] = []
+    early: list[int] = []   # signals that came before the rank's pid: forwarded once it is known
+    for sig in FORWARDED:
+        signal.signal(sig, lambda signum, _frame: _forward(rank_pid[0], signum) if rank_pid else early.append(signum))
     sock = socket.socket(socket.AF_UNIX, socket.SOCK_STREAM)
     sock.settimeout(HELLO_TIMEOUT_S)
     try:
@@ -47,9 +51,14 @@ def main() -> int:
     except (OSError, ValueError, KeyError):
         _kill_peer(sock)   # a late wake-up must not run the rank a second time
         sock.close()
+        for sig in FORWARDED:
+            signal.signal(sig, signal.SIG_DFL)
+        if early:
+            os.kill(os.getpid(), early[0])   # stopped before the rank ran: as a cold rank would have been
         cold(args, module)   # the warm interpreter is gone, busy, stopped or stuck: start cold, lose nothing
-    for sig in FORWARDED:
-        signal.signal(sig, lambda signum, _frame: _forward(pid, signum))
+    rank_pid.append(pid)
+    for signum in early:
+        _forward(pid, signum)
     rc = None
     for line in reader:
         try:
