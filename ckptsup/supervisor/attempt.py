@@ -313,7 +313,8 @@ class AttemptTracker:
         rv = self._rank(body, node, now)
         step = int(body.get("step", -1))
         rv.last_step, rv.last_progress = step, now
-        if rv.phase is not Phase.TRAIN:
+        closing = rv.phase is Phase.STOPPING and bool(self.exited_ok)   # a peer without hooks exited 0
+        if rv.phase is not Phase.TRAIN and not closing:   # closing: its lines push exit_grace_s, not the hang timeout
             rv.phase, rv.phase_since = Phase.TRAIN, now
             if self.marks.rendezvous_done is None:
                 self.marks.rendezvous_done = now
