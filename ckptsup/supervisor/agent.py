@@ -58,6 +58,7 @@ from .processes import GONE, RUNNING, describe_exit, is_stopped, pid_views, term
 TICK_S = 0.1
 STANDBY_DELAY_S = 30.0
 EXIT_CONFIRM_S = 0.3  # a dropped rank connection becomes a crash report unless torchrun exits 0 by then
+CLEAN_GONE_S = 2.0    # a worker reaped unseen, while torchrun and another rank carry on this long: it exited 0
 RANK_LINE_PREFIX = "[rank${rank}]: "   # torchrun --tee: the global rank on every line (progress.RANK_PREFIX)
 OUTPUT_READ_BYTES = 1 << 16  # per wake-up: a flooding rank cannot starve the rank sockets
 HELLO_TIMEOUT_S = 10.0   # a connection without an authenticated hello by then is closed (ranks say it at once)
@@ -748,7 +749,7 @@ class Agent:
         """Ranks without hooks say no bye: report each one's clean exit (rank_exit rc 0), which
         starts the supervisor's exit_grace_s for the ranks left. A worker is torchrun's child and
         may be reaped before its status is read; gone while torchrun and another rank carry on
-        for EXIT_CONFIRM_S means it exited 0 (a failed worker makes torchrun stop them all)."""
+        for CLEAN_GONE_S means it exited 0 (a failed worker makes torchrun SIGTERM them all)."""
         if self.torchrun is None or rc is not None:
             return
         warm = {p.pid: p for p in self.pool.in_use} if self.warm and self.pool is not None else {}
@@ -761,13 +762,16 @@ class Agent:
             if status is GONE:
                 seen = self.exits_seen.setdefault(rank, now)
                 others = [p for r, p in self.rank_pids.items() if r != rank and zombie_status(p) is RUNNING]
-                if now - seen < EXIT_CONFIRM_S or not others:
+                if now - seen < CLEAN_GONE_S or not others:
                     continue
                 status = 0
+                what = f"rank {rank} (pid {pid}) was gone while torchrun and the other ranks carried on: a clean exit"
+            else:
+                what = f"rank {rank} (pid {pid}) exited with status {status}"
             self.exits_sent.add(rank)   # a failure's status is torchrun's to report; read once either way
             if status == 0:
                 self.send(MessageKind.RANK_EXIT, {"rank": rank, "rc": 0, "pid": pid, "step": self.last_step,
-                                                  "age_s": 0.0, "detail": f"rank {rank} (pid {pid}) exited with status 0"})
+                                                  "age_s": 0.0, "detail": what})
 
     def on_signal(self, signum: int, _frame: Any) -> None:
         self.term_signal = signum  # handled in the loop
