@@ -27,8 +27,8 @@ def ranks_of(ckpt_dir: Path) -> dict[int, psutil.Process]:
     """The script's rank processes of this test (by their checkpoint dir), by global rank."""
     out = {}
     for p in psutil.process_iter(["cmdline"]):
-        cmd = p.info["cmdline"] or []
-        if str(SCRIPT) in cmd and str(ckpt_dir) in cmd and "torch.distributed.run" not in " ".join(cmd):
+        cmd = words(p.info["cmdline"] or [])
+        if str(SCRIPT) in cmd and str(ckpt_dir) in cmd and "torch.distributed.run" not in cmd:
             try:
                 env = p.environ()
             except psutil.Error:
@@ -67,6 +67,12 @@ def reference(tmp_path: Path, steps: int) -> dict:
 
 def same_model(a: dict, b: dict) -> bool:
     return a.keys() == b.keys() and all(torch.equal(a[k], b[k]) for k in a)
+
+
+def words(cmd: list[str]) -> list[str]:
+    """A process's command line as words: a titled rank (`ckptsup rank R: SCRIPT ARGS`, one
+    NUL-padded string in /proc) and an untitled one match the same way."""
+    return " ".join(cmd).split()
 
 
 def real_rank(proc: psutil.Process) -> psutil.Process:
