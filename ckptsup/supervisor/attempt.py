@@ -262,6 +262,8 @@ class AttemptTracker:
 
     def teardown_hang(self, now: float) -> TeardownHang | None:
         """Nodes whose rank processes outlived exit_grace_s after the ranks finished (pure)."""
+        if self.teardown_since is None:
+            return None   # every tick: nothing to scan while the ranks train
         activity = [v.last_progress for v in self.ranks.values() if v.rank not in self.exited_ok
                     and v.rank not in self.bye_status]
         return detect_teardown_hang(since=self.teardown_since, activity=activity,
