@@ -167,7 +167,10 @@ def test_a_hooked_rank_hanging_after_close_is_killed_and_the_run_is_complete_and
     events = read_events(run)
     assert proc.returncode == 0, output[-3000:]
     [hang] = named(events, "teardown_hang")
-    assert [(r["rank"], r["node"], r["pid"]) for r in hang["ranks"]] == [(1, node_name(), hung_pid)], hang
+    named_ranks = {(r["rank"], r["node"], r["pid"]) for r in hang["ranks"]}
+    # rank 1 hangs; rank 0 may still be in its own exit then (torch tears its process group down)
+    assert (1, node_name(), hung_pid) in named_ranks and named_ranks <= {
+        (e["rank"], node_name(), e["pid"]) for e in st["ranks"]}, hang
     assert hang["exit_grace_s"] == 3.0 and 3.0 < hang["waited_s"] < 8.0, hang
     assert elapsed <= 3.0 + 10.0, elapsed
     assert gone(hung_pid)
