@@ -5,6 +5,7 @@ process is titled `ckptsup rank R: SCRIPT ARGS`, and `ckptsup status --json` lis
 Real `ckptsup launch` runs (local mode, 2 ranks)."""
 import json
 import os
+import random
 import signal
 import subprocess
 import sys
@@ -70,7 +71,9 @@ if rank == 1:
 
 def write_cfg(tmp_path: Path, supervisor: str = "") -> Path:
     path = tmp_path / "job.toml"
-    path.write_text("[supervisor]\nhang_min_s = 3.0\nheartbeat_interval_s = 0.5\n" + supervisor +
+    # a port range of its own: other local launches on this machine (the same job id "local") use the default
+    port = random.randrange(20000, 40000)
+    path.write_text(f"[supervisor]\nhang_min_s = 3.0\nheartbeat_interval_s = 0.5\nrdzv_port = {port}\n" + supervisor +
                     "[checkpoint]\nadaptive_interval = false\nkeep_daily_days = 0\ntest_load_every = 0\n")
     return path
 
@@ -176,7 +179,7 @@ def test_a_hooked_rank_hanging_after_close_is_killed_and_the_run_is_complete_and
     assert gone(hung_pid)
     committed, [complete] = named(events, "checkpoint_committed"), named(events, "run_complete")
     assert committed and committed[-1]["step"] >= complete["step"], (committed, complete)   # close()'s final save
-    assert not named(events, "failure_detected")
+    assert not named(events, "failure_detected"), [(e["kind"], e["detail"]) for e in named(events, "failure_detected")]
     print(f"hooked teardown: launch ended {elapsed:.1f}s after rank 1's close() with exit 0 (exit_grace_s=3)")
 
 
