@@ -253,6 +253,9 @@ class SupervisorConfig:
     save_timeout_s: float = knob(600.0, "allowance for a blocking save (s)", positive, max=WEEK_S)
     load_timeout_s: float = knob(600.0, "allowance for a checkpoint load (s)", positive, max=WEEK_S)
     kill_grace_s: float = knob(10.0, "SIGTERM -> SIGKILL deadline when stopping ranks (s)", positive, max=HOUR_S)
+    exit_grace_s: float = knob(30.0, "once every rank said bye (without hooks: once a rank exited 0), the rank processes "
+                                     "left must exit within this; then they are killed (teardown_hang) and the run "
+                                     "counts complete (s)", positive, max=HOUR_S)
     crash_loop_threshold: int = knob(3, "same failure at the same step this many times = user error, give up", at_least_one, max=1000)
     backoff_initial_s: float = knob(0.0, "delay before the 2nd restart in a row; doubles after (s)", non_negative, max=WEEK_S)
     backoff_max_s: float = knob(60.0, "cap of the restart backoff (s)", non_negative, max=WEEK_S)

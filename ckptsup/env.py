@@ -206,6 +206,40 @@ def node_name(environ: Mapping[str, str] | None = None) -> str:
     return environ.get(NODE) or environ.get(SLURMD_NODENAME) or socket.gethostname()
 
 
+RANK_TITLE = "ckptsup rank {rank}: {command}"   # a rank's process title (ps, top, py-spy; docs/supervisor.md §Finding a rank)
+
+
+def prepare_rank_title() -> bool:
+    """Ready setproctitle while this process's environment is still its own: it finds the command
+    line's memory through `environ` on first use, so a warm interpreter (which replaces its
+    environment with the rank's) calls this at start. SPT_NOENV: the title is then cut to the
+    original command line's length rather than overwriting /proc/PID/environ (the agent reads RANK
+    there). False when setproctitle is missing: a title is a convenience, never a reason to fail."""
+    try:
+        import setproctitle
+    except ImportError:
+        return False
+    ours = "SPT_NOENV" not in os.environ
+    os.environ.setdefault("SPT_NOENV", "1")
+    try:
+        setproctitle.getproctitle()   # the one-time set-up
+    finally:
+        if ours:
+            os.environ.pop("SPT_NOENV", None)   # not the rank's children's business
+    return True
+
+
+def set_rank_title(rank: int | str, argv: list[str]) -> bool:
+    """Show `ckptsup rank R: SCRIPT ARGS` as this process's command line, so that ps, py-spy and
+    kill find a rank, warm interpreter or not."""
+    if not prepare_rank_title():
+        return False
+    import setproctitle
+
+    setproctitle.setproctitle(RANK_TITLE.format(rank=rank, command=" ".join(argv)))
+    return True
+
+
 @dataclass(frozen=True, kw_only=True)
 class RankEnv:
     """What a rank learns from the supervisor. Every field has a standalone default so that

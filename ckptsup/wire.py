@@ -51,11 +51,11 @@ class MessageKind(enum.StrEnum):
     EVENT = "event"                  # {record}: an events.jsonl record for the supervisor to append
     BYE = "bye"                      # {rank, status: ExitStatus}
     # agent → supervisor (every body also carries {node, agent})
-    HB = "hb"                        # {ranks_alive, last_step, phase, stopped_ranks, torchrun, dropped, attempt}
+    HB = "hb"                        # {ranks_alive, last_step, phase, stopped_ranks, torchrun, dropped, attempt, pids: [{rank, pid, host_pid}]}
     LAUNCHED = "launched"            # {attempt, pid}: torchrun started (its pid, to reap if the agent dies)
-    RANK_EXIT = "rank_exit"          # {rank, rc, pid, step, age_s, detail}
+    RANK_EXIT = "rank_exit"          # {rank, rc, pid, step, age_s, detail}; rc 0: a rank without hooks exited cleanly
     TORCHRUN_EXIT = "torchrun_exit"  # {rc, step, preempted?}
-    KILLED = "killed"                # {kill_s}: answer to kill
+    KILLED = "killed"                # {kill_s, survivors?: [{rank, pid, host_pid, wchan?, stack?}]}: answer to kill
     RESTARTED = "restarted"          # {attempt, kill_s}: answer to restart
     PREEMPT = "preempt"              # {signal, budget_s}: the agent itself got SIGTERM
     PROGRESS = "progress"            # {rank, step}: a progress line of a rank that did not say hello
@@ -70,7 +70,7 @@ class MessageKind(enum.StrEnum):
     SET_INTERVAL = "set_interval"    # {interval_s}
     SET_TIMEOUT = "set_timeout"      # {collective_s}: the steady collective timeout, once steps are measured
     DUMP_FR = "dump_fr"              # {path}
-    KILL = "kill"                    # {grace}: agent only: kill torchrun and the ranks now
+    KILL = "kill"                    # {grace, report?}: agent only: kill torchrun and the ranks now (report: name the live ones first)
     RESTART = "restart"              # {attempt, spec: LaunchSpec as JSON}: agent only: fast-path relaunch
     EXIT = "exit"                    # {}: agent only: kill the ranks and exit
     EXT_HASH = "ext_hash"            # {request, part, dir, folder, files, algorithm}: agent only: hash these files of an external step folder

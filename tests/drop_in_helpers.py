@@ -27,8 +27,8 @@ def ranks_of(ckpt_dir: Path) -> dict[int, psutil.Process]:
     """The script's rank processes of this test (by their checkpoint dir), by global rank."""
     out = {}
     for p in psutil.process_iter(["cmdline"]):
-        cmd = p.info["cmdline"] or []
-        if str(SCRIPT) in cmd and str(ckpt_dir) in cmd and "torch.distributed.run" not in " ".join(cmd):
+        cmd = words(p.info["cmdline"] or [])
+        if str(SCRIPT) in cmd and str(ckpt_dir) in cmd and "torch.distributed.run" not in cmd:
             try:
                 env = p.environ()
             except psutil.Error:
@@ -69,23 +69,29 @@ def same_model(a: dict, b: dict) -> bool:
     return a.keys() == b.keys() and all(torch.equal(a[k], b[k]) for k in a)
 
 
+def words(cmd: list[str]) -> list[str]:
+    """A process's command line as words: a titled rank (`ckptsup rank R: SCRIPT ARGS`, one
+    NUL-padded string in /proc) and an untitled one match the same way."""
+    return " ".join(cmd).split()
+
+
 def real_rank(proc: psutil.Process) -> psutil.Process:
     """The process that runs a rank. A cold worker is the rank itself; a warm_proxy worker stands in
     for a warm rank interpreter (docs/supervisor.md §Warm restarts): the one of its local rank, in
-    use (its socket gone), with the same working directory. Signals meant for the rank's process
-    (SIGSTOP) must go there."""
+    use (its socket gone, or titled `ckptsup rank R: ...` once it runs the rank), with the same
+    working directory. Signals meant for the rank's process (SIGSTOP) must go there."""
     cmd = proc.cmdline()
     if "ckptsup.supervisor.warm_proxy" not in cmd:
         return proc
-    local_rank, cwd = proc.environ().get("LOCAL_RANK"), proc.cwd()
+    local_rank, cwd, rank = proc.environ().get("LOCAL_RANK"), proc.cwd(), proc.environ().get("RANK")
     for p in psutil.process_iter(["cmdline"]):
         argv = p.info["cmdline"] or []
-        if "ckptsup.supervisor.warm_rank" not in argv:
+        titled = " ".join(argv).startswith(f"ckptsup rank {rank}: ")
+        if "ckptsup.supervisor.warm_rank" not in argv and not titled:
             continue
         try:
-            listen = argv[argv.index("--listen") + 1]
-            if (p.environ().get(WARM_LOCAL_RANK) == local_rank and p.cwd() == cwd
-                    and not Path(listen).exists()):
+            in_use = titled or not Path(argv[argv.index("--listen") + 1]).exists()
+            if p.environ().get(WARM_LOCAL_RANK) == local_rank and p.cwd() == cwd and in_use:
                 return p
         except (psutil.Error, ValueError, IndexError):
             continue

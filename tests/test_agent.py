@@ -175,3 +175,64 @@ def test_memory_peers_set_every_buddy_and_a_bad_body_is_one_ignored_command(tmp_
         assert len(ignored) == 4 and all("`buddies` must be a list of at most 3 host:port" in line for line in ignored)
     finally:
         a.shutdown()
+
+
+def test_a_kill_with_report_names_the_live_rank_processes_and_heartbeats_list_their_pids(agent):
+    """The teardown kill (docs/architecture.md §Every wait has an end): which ranks were left, then
+    the whole tree killed; `ckptsup status` gets the same pids from every heartbeat."""
+    import subprocess
+    import sys
+
+    torchrun = subprocess.Popen([sys.executable, "-c", "import subprocess, sys, time; p = subprocess.Popen("
+                                 "[sys.executable, '-c', 'import time; time.sleep(60)']); print(p.pid, flush=True); "
+                                 "time.sleep(60)"], stdout=subprocess.PIPE, start_new_session=True)
+    rank_pid = int(torchrun.stdout.readline())
+    agent.torchrun, agent.rank_pids = torchrun, {1: rank_pid}
+    agent.heartbeat()
+    [hb] = [body for m, body in relayed(agent) if m == "hb"]
+    assert hb["pids"] == [{"rank": 1, "pid": rank_pid, "host_pid": rank_pid}]
+    agent.test_in.write(wire.encode("kill", {"grace": 0, "report": True}, seq=1, secret=SECRET))
+    agent.test_in.flush()
+    [killed] = [body for m, body in relayed(agent) if m == "killed"]
+    [survivor] = killed["survivors"]
+    assert (survivor["rank"], survivor["pid"], survivor["host_pid"]) == (1, rank_pid, rank_pid), survivor
+    assert torchrun.wait(timeout=10) == -9
+    import time
+
+    from ckptsup.supervisor.processes import RUNNING, zombie_status
+    deadline = time.monotonic() + 5
+    while zombie_status(rank_pid) is RUNNING:   # SIGKILL is delivered asynchronously
+        assert time.monotonic() < deadline, "the rank outlived the kill"
+        time.sleep(0.01)
+
+
+def test_a_clean_exit_of_a_rank_without_hooks_goes_up_as_rank_exit_0_and_a_failure_does_not(agent):
+    import subprocess
+    import sys
+    import time
+
+    class FakeTorchrun:
+        pid = os.getpid()
+
+        def poll(self):
+            return None
+
+    clean = subprocess.Popen([sys.executable, "-c", "pass"])
+    failed = subprocess.Popen([sys.executable, "-c", "raise SystemExit(3)"])
+    alive = subprocess.Popen([sys.executable, "-c", "import time; time.sleep(60)"])
+    try:
+        agent.torchrun, agent.rank_pids = FakeTorchrun(), {0: clean.pid, 1: alive.pid, 2: failed.pid}
+        from ckptsup.supervisor.processes import RUNNING, zombie_status
+        deadline = time.monotonic() + 10
+        while RUNNING in (zombie_status(clean.pid), zombie_status(failed.pid)):   # zombies: statuses readable
+            assert time.monotonic() < deadline
+            time.sleep(0.01)
+        agent._check_processes()
+        agent._check_processes()   # once per rank
+        exits = [body for m, body in relayed(agent) if m == "rank_exit"]
+        assert [(e["rank"], e["rc"]) for e in exits] == [(0, 0)], exits
+    finally:
+        agent.torchrun = None
+        alive.kill()
+        for proc in (clean, failed, alive):
+            proc.wait()

@@ -14,7 +14,7 @@ import torch
 from ckptsup.checkpoint import external as ext
 from ckptsup.events import read_events
 
-from drop_in_helpers import CKPTSUP, named, wait_for
+from drop_in_helpers import CKPTSUP, named, wait_for, words
 
 pytestmark = pytest.mark.integration
 
@@ -53,8 +53,8 @@ def manifests(run: Path) -> set[str]:
 def rank_procs(ckpt: Path) -> dict[int, psutil.Process]:
     out = {}
     for p in psutil.process_iter(["cmdline"]):
-        cmd = p.info["cmdline"] or []
-        if str(SCRIPT) in cmd and str(ckpt) in cmd and "torch.distributed.run" not in " ".join(cmd):
+        cmd = words(p.info["cmdline"] or [])   # a rank is titled `ckptsup rank R: ...`
+        if str(SCRIPT) in cmd and str(ckpt) in cmd and "torch.distributed.run" not in cmd:
             try:
                 env = p.environ()
             except psutil.Error:

@@ -24,7 +24,7 @@ from ckptsup.checkpoint.manifest import load_manifest
 from ckptsup.env import ExitStatus
 from ckptsup.events import read_events
 
-from drop_in_helpers import real_rank
+from drop_in_helpers import real_rank, words
 from hooks_helpers import FakeAgent, base_env, free_port, private_dir
 
 pytestmark = pytest.mark.torch
@@ -76,8 +76,8 @@ def wait_for(cond, timeout: float, what: str, proc: subprocess.Popen | None = No
 
 def rank_of(out: Path, rank: int) -> psutil.Process:
     for p in psutil.process_iter(["cmdline"]):
-        cmd = p.info["cmdline"] or []
-        if str(SCRIPT) in cmd and str(out) in cmd and "torch.distributed.run" not in " ".join(cmd):
+        cmd = words(p.info["cmdline"] or [])   # a rank is titled `ckptsup rank R: ...`
+        if str(SCRIPT) in cmd and str(out) in cmd and "torch.distributed.run" not in cmd:
             try:
                 if p.environ().get("RANK") == str(rank):
                     return real_rank(p)

@@ -19,7 +19,7 @@ import torch
 
 from ckptsup.events import read_events
 
-from drop_in_helpers import real_rank
+from drop_in_helpers import real_rank, words
 from hooks_helpers import base_env, free_port, private_dir
 
 pytestmark = pytest.mark.integration
@@ -75,8 +75,8 @@ def rank_processes(out: Path) -> dict[int, psutil.Process]:
     """The script's rank processes writing to `out`, by global rank."""
     found = {}
     for proc in psutil.process_iter(["cmdline"]):
-        cmd = proc.info["cmdline"] or []
-        if str(SCRIPT) in cmd and str(out) in cmd and "torch.distributed.run" not in " ".join(cmd):
+        cmd = words(proc.info["cmdline"] or [])   # a rank is titled `ckptsup rank R: ...`
+        if str(SCRIPT) in cmd and str(out) in cmd and "torch.distributed.run" not in cmd:
             try:
                 env = proc.environ()
             except psutil.Error:

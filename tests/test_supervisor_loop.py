@@ -39,7 +39,7 @@ class Clock:
 
 @dataclass
 class Fault:
-    kind: str              # crash | nan | hang | node_death | preempt | exit0
+    kind: str              # crash | nan | hang | node_death | preempt | exit0 | teardown (bye, then never exits)
     step: int
     node: str = "n1"
 
@@ -58,6 +58,7 @@ class World:
     launches: int = 0
     steps_made: list[int] = field(default_factory=list)  # how many step factories were called
     sent: list[tuple[int, MessageKind, dict[str, Any], Any]] = field(default_factory=list)  # step, kind, body, nodes
+    hung: list[tuple[str, int]] = field(default_factory=list)  # (node, rank) whose processes outlive their bye
 
     def factory(self, *, nodes, inbox, argv, **_: Any) -> "FakeStep":
         self.steps_made.append(len(self.steps_made))
@@ -106,6 +107,11 @@ class FakeStep:
                 self.put(MessageKind.STEP, node, rank=rank, step=step, step_time_s=0.01, loss_finite=True)
         if fault is not None and fault.kind == "exit0":
             return
+        if fault is not None and fault.kind == "teardown":
+            for node, rank in ranks:   # every rank closes, but their processes never exit (torchrun neither)
+                self.put(MessageKind.BYE, node, rank=rank, status=0)
+            world.hung = [(node, rank) for node, rank in ranks]
+            return
         for node, rank in ranks:
             self.put(MessageKind.BYE, node, rank=rank, status=0)
         for node in self.active:
@@ -135,7 +141,10 @@ class FakeStep:
         live = [n for n in addressed if n not in self.dead]
         if m is MessageKind.KILL:
             for node in live:
-                self.put(MessageKind.KILLED, node, kill_s=0.0)
+                survivors = [{"rank": r, "pid": 4000 + r, "host_pid": 9000 + r, "wchan": "futex_wait_queue"}
+                             for n, r in self.world.hung if n == node]
+                self.put(MessageKind.KILLED, node, kill_s=0.0, **({"survivors": survivors} if body.get("report") else {}))
+                self.world.hung = [(n, r) for n, r in self.world.hung if n != node]
         elif m is MessageKind.RESTART:
             self.play(launch_nodes(LaunchSpec.from_json(body["spec"], source="test")))
         elif m is MessageKind.EXIT:
@@ -226,6 +235,57 @@ def test_a_crash_restarts_on_the_fast_path_without_a_health_check(tmp_path, site
     assert calls == [["n1"]]            # the start-up check only: a first crash is the software's
     [done] = of(tmp_path, Event.RESTART_DONE)
     assert done["kind"] == "crash" and set(done["phases"]) >= {"kill_s", "health_s", "launch_s"}
+
+
+def test_ranks_that_never_exit_after_their_bye_are_killed_after_exit_grace_and_the_run_completes(tmp_path, site):
+    world = World(clock=Clock(), nproc=2, faults={0: Fault("teardown", 99)})
+    assert supervisor(tmp_path, world, flags={"supervisor.exit_grace_s": 2.0}).run() is ExitStatus.DONE
+    [hang] = of(tmp_path, Event.TEARDOWN_HANG)
+    assert [(r["node"], r["rank"], r["pid"], r["host_pid"], r["wchan"]) for r in hang["ranks"]] == [
+        ("n1", 0, 4000, 9000, "futex_wait_queue"), ("n1", 1, 4001, 9001, "futex_wait_queue")]
+    assert hang["nodes"] == ["n1"] and hang["exit_grace_s"] == 2.0 and 2.0 < hang["waited_s"] < 3.0
+    kills = [body for _, m, body, _ in world.sent if m is MessageKind.KILL]
+    assert kills == [{"grace": 0, "report": True}]   # the agent reports who was left, then kills the tree
+    assert of(tmp_path, Event.RUN_COMPLETE)[0]["step"] == 5 and not of(tmp_path, Event.FAILURE_DETECTED)
+    assert RunDir(path=tmp_path / "run").load_state().status is RunStatus.DONE
+
+
+def _tracker(*, hooked: bool, grace: float = 30.0):
+    from ckptsup.supervisor.attempt import AttemptTracker
+
+    config = load_config(flags={"supervisor.exit_grace_s": grace}).config.supervisor
+    return AttemptTracker(attempt=0, nodes=("n1",), nproc_per_node=2, config=config, started=0.0, expect_hello=hooked)
+
+
+def _msg(t: float, m: MessageKind, **body: Any) -> Message:
+    return Message(recv=t, m=m, body={"node": "n1", **body}, step_id=1)
+
+
+def test_the_exit_grace_never_cuts_a_rank_still_training():
+    """Without hooks: rank 0 exited 0 at t=10, rank 1 prints progress lines until t=50: the grace
+    runs from its last line. With hooks: one bye of two starts nothing."""
+    tracker = _tracker(hooked=False, grace=60.0)
+    for t in range(10):
+        for rank in (0, 1):
+            tracker.on_message(_msg(float(t), MessageKind.PROGRESS, rank=rank, step=t))
+    assert tracker.on_message(_msg(10.0, MessageKind.RANK_EXIT, rank=0, rc=0, detail="")) is None
+    for t in range(10, 51):
+        tracker.on_message(_msg(float(t), MessageKind.PROGRESS, rank=1, step=t))
+    tracker.on_message(_msg(94.0, MessageKind.HB))
+    # 45 s without a line is past the 30 s hang timeout: a closing rank gets the stopping allowance instead
+    assert tracker.teardown_since == 10.0 and tracker.check(95.0) is None
+    assert tracker.teardown_hang(109.0) is None
+    hang = tracker.teardown_hang(111.0)
+    assert hang is not None and hang.nodes == ("n1",) and hang.waited_s == 101.0
+    assert tracker.teardown_done("n1") is None and tracker.complete
+
+    hooked = _tracker(hooked=True, grace=5.0)
+    for rank in (0, 1):
+        hooked.on_message(_msg(0.0, MessageKind.HELLO, rank=rank))
+    hooked.on_message(_msg(1.0, MessageKind.BYE, rank=0, status=0))
+    assert hooked.teardown_hang(1000.0) is None   # rank 1 never said bye: it may still be training
+    hooked.on_message(_msg(2.0, MessageKind.BYE, rank=1, status=0))
+    assert hooked.teardown_hang(6.9) is None and hooked.teardown_hang(7.1) is not None
 
 
 def test_too_few_healthy_nodes_at_start_requeues_inside_slurm_excluding_them(tmp_path, site, monkeypatch):

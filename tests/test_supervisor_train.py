@@ -14,7 +14,7 @@ import pytest
 
 from ckptsup.events import read_events
 
-from drop_in_helpers import real_rank
+from drop_in_helpers import real_rank, words
 
 pytestmark = pytest.mark.torch
 
@@ -71,7 +71,7 @@ def wait_for_commit(run: Path, step: int, timeout: float = 120) -> None:
 
 def rank_process(out: Path, rank: int) -> psutil.Process:
     for proc in psutil.process_iter(["cmdline"]):
-        cmd = proc.info["cmdline"] or []
+        cmd = words(proc.info["cmdline"] or [])   # a hooked rank is titled `ckptsup rank R: ...`
         if str(TRAIN) in cmd and str(out) in cmd:
             try:
                 if proc.environ().get("RANK") == str(rank):

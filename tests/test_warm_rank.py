@@ -8,6 +8,7 @@ import sys
 import time
 from pathlib import Path
 
+import psutil
 import pytest
 
 from ckptsup.env import WARM_DIR
@@ -123,3 +124,44 @@ def test_the_pool_applies_torchruns_thread_rule_and_gives_up_on_interpreters_tha
     assert broken.failed == broken.MAX_FAILED and not broken.procs
     broken.start()
     assert not broken.procs and not broken.hand_out()   # warming stops; launches start cold
+
+
+def test_the_warm_rank_is_titled_as_its_rank_for_ps_and_py_spy(tmp_path, pool):
+    """docs/supervisor.md §Finding a rank: ps shows the rank in the warm interpreter, not its proxy's argv."""
+    pool.hand_out()
+    p = proxy(tmp_path, pool.in_use_dir, "wait")
+    assert p.stdout.readline().startswith("rank 3")
+    with open(f"/proc/{pool.in_use[0].pid}/cmdline", "rb") as fh:
+        title = fh.read().rstrip(b"\0").decode()
+    assert title == f"ckptsup rank 3: {tmp_path / 's.py'} wait", title
+    with open(f"/proc/{pool.in_use[0].pid}/environ", "rb") as fh:
+        assert b"CKPTSUP_WARM_LOCAL_RANK=0" in fh.read()   # the title did not overwrite the environment
+    p.kill()
+
+
+def test_a_stopped_waiting_interpreter_is_not_handed_out_and_is_replaced(tmp_path, pool):
+    stopped = pool.procs[0]
+    stopped.send_signal(signal.SIGSTOP)
+    deadline = time.monotonic() + 10
+    while psutil.Process(stopped.pid).status() != psutil.STATUS_STOPPED:   # the signal is delivered asynchronously
+        assert time.monotonic() < deadline
+        time.sleep(0.01)
+    assert not pool.ready() and not pool.hand_out()   # the launch starts cold at once
+    pool.reap()
+    assert stopped.wait(timeout=10) == -signal.SIGKILL and not pool.procs and pool.failed == 1
+
+
+def test_a_proxy_facing_a_stopped_interpreter_starts_the_rank_cold_and_kills_it(tmp_path, pool):
+    """Stopped between the agent's check and the proxy's connect: the hello never comes, so the
+    proxy gives up after HELLO_TIMEOUT_S, kills it (a late wake-up must not run the rank twice)."""
+    from ckptsup.supervisor.warm_proxy import HELLO_TIMEOUT_S
+
+    assert pool.hand_out()
+    stopped = pool.in_use[0]
+    stopped.send_signal(signal.SIGSTOP)
+    t0 = time.monotonic()
+    p = proxy(tmp_path, pool.in_use_dir, "5")
+    out, err = p.communicate(timeout=120)
+    assert p.returncode == 5 and "rank 3" in out, err
+    assert stopped.wait(timeout=10) == -signal.SIGKILL
+    assert time.monotonic() - t0 < HELLO_TIMEOUT_S + 60   # the timeout, then a cold start with its torch import

@@ -17,10 +17,11 @@ import enum
 import logging
 import math
 import os
+import sys
 import threading
 from typing import Any, NoReturn
 
-from ..env import LOCAL_RANK, ExitStatus, RankEnv
+from ..env import LOCAL_RANK, ExitStatus, RankEnv, set_rank_title
 from ..errors import CkptsupError
 from ..wire import MessageKind
 from .agent_socket import RankChannel
@@ -105,6 +106,8 @@ class StepLink:
         self.channel.send(MessageKind.HELLO, {"rank": rank, "local_rank": int(os.environ.get(LOCAL_RANK, "0")),
                                               "world_size": world_size, "node": env.node, "pid": os.getpid(),
                                               "checkpoints": checkpoints, **(schedule or {})})
+        if self.channel.connected:
+            set_rank_title(rank, sys.argv)   # ps shows the rank, not `python -u ...` (a warm rank set it already)
 
     @property
     def connected(self) -> bool:

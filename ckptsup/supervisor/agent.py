@@ -54,11 +54,12 @@ from .standby import Standby
 from .external_agent import ExternalHasher, ExternalRequestError
 from .memory_store import FlipMode, MemoryServer, MemoryStore, PeerLinks, tcp_listener, unix_listener
 from .warm_pool import WarmPool
-from .processes import GONE, RUNNING, describe_exit, terminate, zombie_status
+from .processes import GONE, RUNNING, describe_exit, is_stopped, pid_views, terminate, where, zombie_status
 
 TICK_S = 0.1
 STANDBY_DELAY_S = 30.0
 EXIT_CONFIRM_S = 0.3  # a dropped rank connection becomes a crash report unless torchrun exits 0 by then
+CLEAN_GONE_S = 2.0    # a worker reaped unseen, while torchrun and another rank carry on this long: it exited 0
 RANK_LINE_PREFIX = "[rank${rank}]: "   # torchrun --tee: the global rank on every line (progress.RANK_PREFIX)
 OUTPUT_READ_BYTES = 1 << 16  # per wake-up: a flooding rank cannot starve the rank sockets
 HELLO_TIMEOUT_S = 10.0   # a connection without an authenticated hello by then is closed (ranks say it at once)
@@ -233,6 +234,10 @@ class Agent:
         self.output_pipe: BinaryIO | None = None
         self.hooked_ranks: set[int] = set()     # ranks that said hello this attempt: their steps come as frames
         self.workers: dict[int, int] = {}       # pid -> global rank of torchrun's workers (from their environment)
+        self.rank_pids: dict[int, int] = {}     # global rank -> its process (hello pid, else the worker or its warm interpreter)
+        self.host_pids: dict[int, int] = {}     # pid here -> pid in the outermost namespace /proc shows
+        self.exits_seen: dict[int, float] = {}  # rank without hooks -> when its process was first seen gone
+        self.exits_sent: set[int] = set()       # ranks whose clean exit went up as rank_exit rc 0
         self.stop_sent = False                  # a stop (preemption, time limit) reached this attempt's ranks
         self.pool: WarmPool | None = None       # warm rank interpreters for the next launch
         self.warm = False                       # this attempt's ranks run in warm interpreters
@@ -336,6 +341,9 @@ class Agent:
         return env
 
     def start_torchrun(self, extra_env: dict[str, str]) -> None:
+        if self.standby is not None and is_stopped(self.standby.proc.pid):
+            self.standby.discard()   # a stopped launcher would never start torchrun: the restart would wait for nothing
+            self.standby = None
         standby = self.standby or Standby()
         self.standby = None
         log = os.path.join(self.spec.log_dir, f"ranks-{self.node}.log")
@@ -346,6 +354,7 @@ class Agent:
             env[WARM_DIR] = str(pool.in_use_dir)
         self.torchrun = standby.launch(argv=self.torchrun_argv(warm=self.warm), env=env, cwd=self.spec.cwd)
         self.hooked_ranks, self.workers, self.stop_sent = set(), {}, False
+        self.rank_pids, self.exits_seen, self.exits_sent = {}, {}, set()
         self._open_output(log)
         self.torchrun_reported = False
         self.phase = Phase.INIT
@@ -453,6 +462,8 @@ class Agent:
                 if 0 <= local_rank < len(warm):
                     pid = warm[local_rank].pid   # the proxy stands in for its warm interpreter: watch that
             found[pid] = rank
+            if rank not in self.hooked_ranks:
+                self.rank_pids.setdefault(rank, pid)
         self.workers = found
         return found
 
@@ -538,6 +549,8 @@ class Agent:
             self._count_drop()
             return
         self.hooked_ranks.add(rank)
+        if pid is not None:
+            self.rank_pids[rank] = pid
         self.send(MessageKind.HELLO, body)
 
     def _rank_frame(self, conn: RankConn, m: MessageKind, seq: int, body: dict[str, Any]) -> None:
@@ -611,8 +624,9 @@ class Agent:
             grace = body.get("grace", 0)
             if not _is_number(grace) or grace < 0:
                 raise BadCommand(f"`grace` must be a number of seconds >= 0, not {grace!r:.40}")
+            survivors = self.survivors() if body.get("report") is True else None
             kill_s = self.kill_torchrun(float(grace))
-            self.send(MessageKind.KILLED, {"kill_s": kill_s})
+            self.send(MessageKind.KILLED, {"kill_s": kill_s, **({"survivors": survivors} if survivors is not None else {})})
         elif m == MessageKind.RESTART:
             attempt, spec, env = _restart_args(body, self.spec)  # checked before anything is killed
             if self.node not in spec.node_addrs:
@@ -701,6 +715,7 @@ class Agent:
             except (psutil.Error, ValueError, OverflowError):
                 pass
         self.stopped_ranks = stopped
+        self._watch_clean_exits(rc, now)
         self._expire_unauthenticated(now)
 
     def heartbeat(self) -> None:
@@ -714,7 +729,50 @@ class Agent:
         running = self.torchrun is not None and self.torchrun.poll() is None
         self.send(MessageKind.HB, {"ranks_alive": ranks, "last_step": self.last_step, "phase": self.phase,
                          "stopped_ranks": sorted(self.stopped_ranks), "torchrun": running,
-                         "dropped": self.dropped, "attempt": self.attempt})
+                         "dropped": self.dropped, "attempt": self.attempt, "pids": self.pid_list()})
+
+    def _host_pid(self, pid: int) -> int:
+        if pid not in self.host_pids:
+            self.host_pids[pid] = pid_views(pid)[1]
+        return self.host_pids[pid]
+
+    def pid_list(self) -> list[dict[str, int]]:
+        """Every known rank's process, as this node sees it and as the outermost namespace does
+        (`ckptsup status`: whom to signal or py-spy)."""
+        return [{"rank": rank, "pid": pid, "host_pid": self._host_pid(pid)}
+                for rank, pid in sorted(self.rank_pids.items()) if zombie_status(pid) is RUNNING]
+
+    def survivors(self) -> list[dict[str, Any]]:
+        """The rank processes still alive (a kill is about to end them), with where they wait."""
+        return [{**entry, **where(entry["pid"])} for entry in self.pid_list()]
+
+    def _watch_clean_exits(self, rc: int | None, now: float) -> None:
+        """Ranks without hooks say no bye: report each one's clean exit (rank_exit rc 0), which
+        starts the supervisor's exit_grace_s for the ranks left. A worker is torchrun's child and
+        may be reaped before its status is read; gone while torchrun and another rank carry on
+        for CLEAN_GONE_S means it exited 0 (a failed worker makes torchrun SIGTERM them all)."""
+        if self.torchrun is None or rc is not None:
+            return
+        warm = {p.pid: p for p in self.pool.in_use} if self.warm and self.pool is not None else {}
+        for rank, pid in self.rank_pids.items():
+            if rank in self.hooked_ranks or rank in self.exits_sent:
+                continue
+            status = warm[pid].poll() if pid in warm else zombie_status(pid)
+            if status is None or status is RUNNING:
+                continue
+            if status is GONE:
+                seen = self.exits_seen.setdefault(rank, now)
+                others = [p for r, p in self.rank_pids.items() if r != rank and zombie_status(p) is RUNNING]
+                if now - seen < CLEAN_GONE_S or not others:
+                    continue
+                status = 0
+                what = f"rank {rank} (pid {pid}) was gone while torchrun and the other ranks carried on: a clean exit"
+            else:
+                what = f"rank {rank} (pid {pid}) exited with status {status}"
+            self.exits_sent.add(rank)   # a failure's status is torchrun's to report; read once either way
+            if status == 0:
+                self.send(MessageKind.RANK_EXIT, {"rank": rank, "rc": 0, "pid": pid, "step": self.last_step,
+                                                  "age_s": 0.0, "detail": what})
 
     def on_signal(self, signum: int, _frame: Any) -> None:
         self.term_signal = signum  # handled in the loop

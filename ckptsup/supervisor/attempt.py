@@ -15,8 +15,8 @@ from ..config import SupervisorConfig
 from ..env import ExitStatus
 from .agent_step import Message
 from ..wire import MessageKind, Phase
-from .detection import (NodeView, RankView, StepWindow, classify_rank_exit, detect_hang,
-                        detect_node_down, hang_timeout, nan_failure)
+from .detection import (NodeView, RankView, StepWindow, TeardownHang, classify_rank_exit, detect_hang,
+                        detect_node_down, detect_teardown_hang, hang_timeout, nan_failure)
 from .observations import Failure, FailureKind, SupervisionLevel
 from .stragglers import Straggler, StragglerDetector
 
@@ -81,6 +81,9 @@ class AttemptTracker:
     stale_warned: bool = False
     stopped_sent: bool = False         # an agent passed a stop to the ranks (TORCHRUN_EXIT stopped)
     teardown_errors: list[dict[str, Any]] = field(default_factory=list)  # for the loop to record
+    teardown_since: float | None = None  # every rank said bye, or (without hooks) one exited 0: exit_grace_s runs
+    exited_ok: set[int] = field(default_factory=set)          # ranks without hooks whose process exited 0
+    pids: dict[int, dict[str, Any]] = field(default_factory=dict)  # rank -> {node, pid, host_pid} (agents' heartbeats)
     stragglers: StragglerDetector | None = None
     straggler_flags: list[Straggler] = field(default_factory=list)       # for the loop to record
 
@@ -149,6 +152,7 @@ class AttemptTracker:
             alive = body.get("ranks_alive")
             if isinstance(alive, list):
                 view.ranks_alive = tuple(r for r in alive if isinstance(r, int))
+            self._note_pids(node, body.get("pids"))
             stopped = set(body.get("stopped_ranks") or ())
             for rank in self.ranks.values():
                 if rank.node == node:
@@ -186,6 +190,8 @@ class AttemptTracker:
             rv.phase, rv.phase_since = Phase.DONE, now
             if isinstance(body.get("status"), int):
                 self.bye_status[rv.rank] = body["status"]
+            if len(self.bye_status) >= self.world_size and self.teardown_since is None:
+                self.teardown_since = now   # every rank is through run.close(): their processes have exit_grace_s
             if body.get("status") == ExitStatus.DONE:
                 self.finished_ranks.add(rv.rank)
                 # one rank finished its loop: the others are closing too (final save, draining
@@ -197,6 +203,8 @@ class AttemptTracker:
             return nan_failure(node=node, rank=int(body.get("rank", -1)), step=int(body.get("step", -1)),
                                loss=body.get("loss"))
         elif m == MessageKind.RANK_EXIT:
+            if body.get("rc") == 0 and isinstance(body.get("rank"), int):
+                self._exited_ok(body["rank"], node, now)
             failure = classify_rank_exit(node=node, rank=body.get("rank"), rc=body.get("rc"),
                                          step=self.current_step(), age_s=float(body.get("age_s") or 0.0),
                                          detail=str(body.get("detail", "")))
@@ -227,6 +235,44 @@ class AttemptTracker:
             return Failure(kind=FailureKind.PREEMPTED, node=node, step=self.current_step(),
                            detail=f"agent on {node} got signal {body.get('signal')}")
         return None
+
+    def _note_pids(self, node: str, pids: Any) -> None:
+        if not isinstance(pids, list):
+            return
+        for old in [r for r, v in self.pids.items() if v["node"] == node]:
+            del self.pids[old]   # the heartbeat lists the node's live rank processes: the others are gone
+        for entry in pids:
+            if isinstance(entry, dict) and all(isinstance(entry.get(k), int) and not isinstance(entry.get(k), bool)
+                                               for k in ("rank", "pid", "host_pid")):
+                self.pids[entry["rank"]] = {"node": node, "pid": entry["pid"], "host_pid": entry["host_pid"]}
+
+    def _exited_ok(self, rank: int, node: str, now: float) -> None:
+        """A rank without hooks exited 0: its loop is over, so the others are closing too (the
+        stopping allowance instead of the hang timeout) and exit_grace_s starts."""
+        if self.hooked:
+            return   # hooked ranks finish with bye
+        self.exited_ok.add(rank)
+        rv = self._rank({"rank": rank}, node, now)
+        rv.phase, rv.phase_since = Phase.DONE, now
+        for other in self.ranks.values():
+            if other.phase is Phase.TRAIN:
+                other.phase, other.phase_since = Phase.STOPPING, now
+        if self.teardown_since is None:
+            self.teardown_since = now
+
+    def teardown_hang(self, now: float) -> TeardownHang | None:
+        """Nodes whose rank processes outlived exit_grace_s after the ranks finished (pure)."""
+        if self.teardown_since is None:
+            return None   # every tick: nothing to scan while the ranks train
+        activity = [v.last_progress for v in self.ranks.values() if v.rank not in self.exited_ok
+                    and v.rank not in self.bye_status]
+        return detect_teardown_hang(since=self.teardown_since, activity=activity,
+                                    pending=[n for n in self.nodes if n not in self.done_nodes], now=now,
+                                    exit_grace_s=self.config.exit_grace_s)
+
+    def teardown_done(self, node: str) -> Failure | None:
+        """`node`'s leftover rank processes were killed: it ends as if torchrun had exited 0 there."""
+        return self._exited_zero(node)
 
     def _preemption(self, node: str, detail: str) -> Failure | None:
         if self.preempted:
@@ -269,7 +315,8 @@ class AttemptTracker:
         rv = self._rank(body, node, now)
         step = int(body.get("step", -1))
         rv.last_step, rv.last_progress = step, now
-        if rv.phase is not Phase.TRAIN:
+        closing = rv.phase is Phase.STOPPING and bool(self.exited_ok)   # a peer without hooks exited 0
+        if rv.phase is not Phase.TRAIN and not closing:   # closing: its lines push exit_grace_s, not the hang timeout
             rv.phase, rv.phase_since = Phase.TRAIN, now
             if self.marks.rendezvous_done is None:
                 self.marks.rendezvous_done = now

@@ -58,6 +58,16 @@ def _s(value: Any, unit: str = "s") -> str:
     return f"{value:.3g}{unit}" if isinstance(value, float) else f"{value}{unit}"
 
 
+def _pids(pids: Any) -> str:
+    """rank:pid per rank process, the node's own pid view (host_pid after a slash when it differs)."""
+    cells = []
+    for entry in pids if isinstance(pids, list) else ():
+        if isinstance(entry, dict):
+            pid, host = entry.get("pid"), entry.get("host_pid")
+            cells.append(f"{entry.get('rank')}:{pid}" + (f"/{host}" if host not in (None, pid) else ""))
+    return " ".join(cells) or "-"
+
+
 def render(st: dict[str, Any]) -> Any:
     from rich.console import Group
     from rich.table import Table
@@ -78,7 +88,7 @@ def render(st: dict[str, Any]) -> Any:
     if isinstance(st.get("excluded"), dict) and st["excluded"]:
         head.append("excluded: " + ", ".join(f"{n} ({why})" for n, why in st["excluded"].items()))
     table = Table(show_edge=False, pad_edge=False)
-    for column in ("node", "role", "agent", "heartbeat", "ranks", "step", "step p50", "step p99", "warm"):
+    for column in ("node", "role", "agent", "heartbeat", "ranks", "step", "step p50", "step p99", "warm", "pids"):
         table.add_column(column)
     for node, row in st["nodes"].items():
         if not isinstance(row, dict):
@@ -86,7 +96,8 @@ def render(st: dict[str, Any]) -> Any:
         cells = (node, str(row.get("role", "?")), "up" if row.get("agent") else "GONE",
                  _s(row.get("heartbeat_age_s")) + (" ago" if row.get("heartbeat_age_s") is not None else ""),
                  ",".join(map(str, row.get("ranks_alive") or [])) or "-", _s(row.get("step"), ""),
-                 _s(row.get("step_p50_s")), _s(row.get("step_p99_s")), "yes" if row.get("warm") else "-")
+                 _s(row.get("step_p50_s")), _s(row.get("step_p99_s")), "yes" if row.get("warm") else "-",
+                 _pids(row.get("pids")))
         table.add_row(*(safe_text(cell) for cell in cells))   # every cell is the file's text: never markup
     return Group(*(safe_text(line) for line in head), table)
 
@@ -97,7 +108,7 @@ def render(st: dict[str, Any]) -> Any:
 @click.option("--watch", is_flag=True, help=f"refresh every {STATUS_EVERY_S:g}s until the run ends (Ctrl-C stops)")
 def status(target: str, as_json: bool, watch: bool) -> None:
     """The job as it is now: attempt, nodes (active, spare, excluded) with each agent's heartbeat
-    age, ranks alive, step and step times; the last checkpoint per tier; goodput so far; the
+    age, ranks alive, step and step times, each rank's pid; the last checkpoint per tier; goodput so far; the
     next save; the hang timeout in force and why."""
     from rich.console import Console
 

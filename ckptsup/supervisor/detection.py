@@ -144,6 +144,29 @@ def detect_node_down(nodes: Iterable[NodeView], *, now: float, silence_s: float,
     return None
 
 
+@dataclass(frozen=True, kw_only=True)
+class TeardownHang:
+    """The ranks finished (every bye; without hooks, a rank's exit 0) but processes of these
+    nodes are still there past exit_grace_s: they are to be killed, the attempt counts done."""
+
+    nodes: tuple[str, ...]
+    waited_s: float
+
+
+def detect_teardown_hang(*, since: float | None, activity: Iterable[float], pending: Iterable[str], now: float,
+                         exit_grace_s: float) -> TeardownHang | None:
+    """`since`: when the ranks finished (None: not yet). `activity`: the last signs of life of
+    ranks that may still be training (a progress line pushes the deadline: a rank still training
+    is never cut). `pending`: the nodes whose torchrun has not exited."""
+    nodes = tuple(pending)
+    if since is None or not nodes:
+        return None
+    start = max([since, *activity])
+    if now - start <= exit_grace_s:
+        return None
+    return TeardownHang(nodes=nodes, waited_s=now - since)
+
+
 def classify_rank_exit(*, node: str, rank: int | None, rc: int | None, step: int | None,
                        age_s: float = 0.0, detail: str = "") -> Failure | None:
     """A rank (or its torchrun) ended. rc None = vanished without a status (connection lost)."""

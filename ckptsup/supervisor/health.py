@@ -44,6 +44,7 @@ from ..rundir import CONFIG_JSON
 from .gpu_health import gpu_checks, run_tool
 
 DETAIL_MAX = 300
+PIPE_DRAIN_S = 5.0   # after killing a timed-out check: its last output, if its pipe closes by then
 
 
 @dataclass(frozen=True, kw_only=True)
@@ -317,7 +318,10 @@ def run_node_checks(nodes: Sequence[str], run_dir: str | os.PathLike[str], confi
             stdout, stderr = proc.communicate(timeout=max(0.1, deadline - time.monotonic()))
         except subprocess.TimeoutExpired:
             proc.kill()
-            stdout, _ = proc.communicate()
+            try:
+                stdout, _ = proc.communicate(timeout=PIPE_DRAIN_S)
+            except subprocess.TimeoutExpired:   # a child of the check still holds the pipe: do not wait on it
+                stdout = ""
             out.update(parse_node_results(stdout or "", [node], failure=f"health step timed out after {timeout:g}s"))
             continue
         failure = "" if proc.returncode == 0 else f"srun exit {proc.returncode}: {stderr.strip()}"

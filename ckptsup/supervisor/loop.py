@@ -231,6 +231,8 @@ class Supervisor(OperatorMixin, ExternalResumeMixin):
             stop = self._take_control(tracker)
             if stop is not None:
                 return self._cancel(stop)
+            if failure is None and self.stop_signal is None and not tracker.complete:
+                failure = self._end_teardown(tracker)
             if failure is None and tracker.complete and self.stop_signal is None:
                 hooked = tracker.hooked or tracker.expect_hello
                 self.emit(Event.RUN_COMPLETE, step=tracker.last_step if tracker.last_step is not None
@@ -586,6 +588,43 @@ class Supervisor(OperatorMixin, ExternalResumeMixin):
         deadline = self.clock() + min(self.sup.node_silence_s, max(2.0, 3 * self.sup.heartbeat_interval_s))
         self._await(acked, deadline, until=lambda: not any(agents.has_agent(n) for n in waiting))
         return sorted(waiting) if len(waiting) < len(self.active) else []
+
+    def _end_teardown(self, tracker: AttemptTracker) -> Failure | None:
+        """The ranks finished but some of their processes did not exit within exit_grace_s (a
+        stuck destroy_process_group, a non-daemon thread): kill them (the agents SIGKILL the whole
+        tree, stopped processes included), name them in `teardown_hang`, and end those nodes as if
+        torchrun had exited 0 there (the final checkpoint was committed before the bye)."""
+        hang = tracker.teardown_hang(self.clock())
+        if hang is None:
+            return None
+        waiting, survivors = set(hang.nodes), []
+
+        def acked(msg: Message) -> bool:
+            if msg.m is MessageKind.KILLED and msg.node in waiting:
+                waiting.discard(msg.node)
+                for entry in msg.body.get("survivors") or ():
+                    if isinstance(entry, dict):
+                        survivors.append({"node": msg.node, **{k: entry[k] for k in
+                                          ("rank", "pid", "host_pid", "wchan", "stack") if k in entry}})
+            return False
+
+        agents = self.agents
+        if agents.alive() and agents.send(MessageKind.KILL, {"grace": 0, "report": True}, nodes=list(hang.nodes)):
+            deadline = self.clock() + min(self.sup.node_silence_s, max(2.0, 3 * self.sup.heartbeat_interval_s))
+            self._await(acked, deadline, until=lambda: not any(agents.has_agent(n) for n in waiting))
+        else:
+            self._kill_orphans()
+        survivors.sort(key=lambda e: (e.get("rank", -1), e["node"]))
+        self.emit(Event.TEARDOWN_HANG, ranks=survivors, nodes=list(hang.nodes), exit_grace_s=self.sup.exit_grace_s,
+                  waited_s=round(hang.waited_s, 3))
+        named = ", ".join(f"rank {e.get('rank')} on {e['node']} (pid {e.get('pid')})" for e in survivors) or \
+            f"torchrun on {', '.join(hang.nodes)}"
+        print(f"ckptsup: the ranks finished, but {named} had not exited {self.sup.exit_grace_s:g}s later "
+              "([supervisor] exit_grace_s): killed; the run counts as finished", flush=True)
+        failure = None
+        for node in hang.nodes:
+            failure = failure or tracker.teardown_done(node)
+        return failure
 
     def _dump_flight_recorder(self) -> None:
         """Before killing hung ranks, ask their hooks thread to dump the flight recorder (NCCL keeps

@@ -23,6 +23,43 @@ def _is_stopped(proc: psutil.Process) -> bool:
         return False
 
 
+def is_stopped(pid: int) -> bool:
+    """Whether `pid` is stopped (SIGSTOP, a debugger): it answers nothing until continued."""
+    try:
+        return _is_stopped(psutil.Process(pid))
+    except psutil.Error:
+        return False
+
+
+def pid_views(pid: int) -> tuple[int, int]:
+    """(pid as seen here, pid in the outermost pid namespace this /proc shows). NSpid lists the
+    outer pid first; a /proc mounted inside a node's own namespace (the dev cluster) shows only
+    that namespace, so both are the same there."""
+    try:
+        with open(f"/proc/{pid}/status", "rb") as fh:
+            for line in fh.read(8192).decode(errors="replace").splitlines():
+                if line.startswith("NSpid:"):
+                    return pid, int(line.split()[1])
+    except (OSError, ValueError, IndexError):
+        pass
+    return pid, pid
+
+
+def where(pid: int) -> dict[str, str]:
+    """What a stuck process waits in, where cheaply readable: its kernel wait channel and (root
+    only) its kernel stack. Nothing here stops or ptraces the process."""
+    out: dict[str, str] = {}
+    for key, name, cap in (("wchan", "wchan", 128), ("stack", "stack", 2048)):
+        try:
+            with open(f"/proc/{pid}/{name}", "rb") as fh:
+                text = fh.read(cap).decode(errors="replace").strip()
+        except OSError:
+            continue
+        if text and text != "0":
+            out[key] = text
+    return out
+
+
 def tree(pid: int) -> list[psutil.Process]:
     """`pid` and all its descendants (those alive now), parent first."""
     try:

@@ -67,7 +67,9 @@ def build_status(*, job_id: str, attempt: int, epoch: int, run_status: str, acti
         if view is not None:
             window = view.step_window
             row.update(ranks_alive=list(view.ranks_alive), step=steps.get(node),
-                       step_p50_s=window.p50() if window else None, step_p99_s=window.p99() if window else None)
+                       step_p50_s=window.p50() if window else None, step_p99_s=window.p99() if window else None,
+                       pids=[{"rank": r, "pid": v["pid"], "host_pid": v["host_pid"]}
+                             for r, v in sorted(tracker.pids.items()) if v["node"] == node])
         nodes[node] = row
     out: dict[str, Any] = {
         "v": STATUS_VERSION, "written": round(seen.now_wall, 3), "job_id": job_id, "attempt": attempt, "epoch": epoch,
@@ -81,7 +83,10 @@ def build_status(*, job_id: str, attempt: int, epoch: int, run_status: str, acti
         level = tracker.level
         out.update(level=level.value if level else None, step=tracker.last_step,
                    step_p50_s=tracker.step_window.p50(), step_p99_s=tracker.step_window.p99(),
-                   hang_timeout_s=round(tracker.hang_timeout_s(), 3), hang_why=hang_reason(config, tracker))
+                   hang_timeout_s=round(tracker.hang_timeout_s(), 3), hang_why=hang_reason(config, tracker),
+                   # every rank's process: pid as its node sees it, host_pid as the outermost pid
+                   # namespace that node's /proc shows (docs/supervisor.md §Finding a rank)
+                   ranks=[{"rank": r, **v} for r, v in sorted(tracker.pids.items())])
     return out
 
 

@@ -13,7 +13,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 
 from ..env import WARM_LOCAL_RANK
-from .processes import terminate
+from .processes import is_stopped, terminate
 
 
 @dataclass(kw_only=True)
@@ -60,8 +60,11 @@ class WarmPool:
                 start_new_session=True))
 
     def ready(self) -> bool:
+        """Every interpreter imported torch and can answer now: a stopped one (SIGSTOP) is not
+        ready, so the launch starts cold instead of handing a rank to a process that never runs."""
         return bool(self.procs) and len(self.procs) == self.size and all(
-            p.poll() is None and Path(f"{self.socket(i)}.ready").exists() for i, p in enumerate(self.procs))
+            p.poll() is None and Path(f"{self.socket(i)}.ready").exists() and not is_stopped(p.pid)
+            for i, p in enumerate(self.procs))
 
     def hand_out(self) -> bool:
         """The next launch uses this generation (its workers connect through warm_proxy);
@@ -81,10 +84,10 @@ class WarmPool:
 
     def reap(self) -> None:
         """Collect exited ranks; a warm interpreter that died while waiting (its torch import
-        failed?) spoils its generation: the next start() tries once more, then warming stops."""
+        failed?) or is stopped (it would never answer) spoils its generation: the next start() tries once more, then warming stops."""
         for proc in self.in_use:
             proc.poll()
-        if any(p.poll() is not None for p in self.procs):
+        if any(p.poll() is not None or is_stopped(p.pid) for p in self.procs):
             for proc in self.procs:
                 terminate(proc, 0)
             self.procs = []

@@ -19,6 +19,7 @@ from ..env import WARM_DIR
 
 FORWARDED = (signal.SIGTERM, signal.SIGINT, signal.SIGHUP, signal.SIGUSR1, signal.SIGUSR2)
 MODULE_FLAG = "--ckptsup-module"
+HELLO_TIMEOUT_S = 5.0   # a ready warm interpreter answers in milliseconds; a stopped or stuck one never does
 
 
 def cold(argv: list[str], module: bool) -> None:
@@ -33,7 +34,12 @@ def main() -> int:
     path = os.path.join(os.environ.get(WARM_DIR, ""), f"warm-{os.environ.get('LOCAL_RANK', '0')}.sock")
     if not os.environ.get(WARM_DIR) or not os.path.exists(path + ".ready"):
         cold(args, module)
+    rank_pid: list[int] = []
+    early: list[int] = []   # signals that came before the rank's pid: forwarded once it is known
+    for sig in FORWARDED:
+        signal.signal(sig, lambda signum, _frame: _forward(rank_pid[0], signum) if rank_pid else early.append(signum))
     sock = socket.socket(socket.AF_UNIX, socket.SOCK_STREAM)
+    sock.settimeout(HELLO_TIMEOUT_S)
     try:
         sock.connect(path)
         request = json.dumps({"argv": args, "env": dict(os.environ), "cwd": os.getcwd(), "module": module}).encode()
@@ -41,11 +47,18 @@ def main() -> int:
         reader = sock.makefile("rb")
         hello = json.loads(reader.readline() or b"{}")
         pid = int(hello["pid"])
+        sock.settimeout(None)   # from here on the connection lasts as long as the rank
     except (OSError, ValueError, KeyError):
+        _kill_peer(sock)   # a late wake-up must not run the rank a second time
         sock.close()
-        cold(args, module)   # the warm interpreter is gone or busy: start cold, lose nothing
-    for sig in FORWARDED:
-        signal.signal(sig, lambda signum, _frame: _forward(pid, signum))
+        for sig in FORWARDED:
+            signal.signal(sig, signal.SIG_DFL)
+        if early:
+            os.kill(os.getpid(), early[0])   # stopped before the rank ran: as a cold rank would have been
+        cold(args, module)   # the warm interpreter is gone, busy, stopped or stuck: start cold, lose nothing
+    rank_pid.append(pid)
+    for signum in early:
+        _forward(pid, signum)
     rc = None
     for line in reader:
         try:
@@ -56,6 +69,18 @@ def main() -> int:
     if rc is None:
         os.kill(os.getpid(), signal.SIGKILL)
     return rc
+
+
+def _kill_peer(sock: socket.socket) -> None:
+    """SIGKILL the process at the other end (SO_PEERCRED: the kernel's word), if we reached one."""
+    import struct
+
+    try:
+        pid = struct.unpack("3i", sock.getsockopt(socket.SOL_SOCKET, socket.SO_PEERCRED, struct.calcsize("3i")))[0]
+        if pid > 0 and pid != os.getpid():
+            os.kill(pid, signal.SIGKILL)
+    except (OSError, struct.error):
+        pass
 
 
 def _forward(pid: int, signum: int) -> None:

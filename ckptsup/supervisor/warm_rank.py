@@ -109,6 +109,10 @@ def become_rank(request: dict, fds: list[int], conn: socket.socket) -> int:
     os.environ.update({str(k): str(v) for k, v in env.items()})
     os.chdir(str(request.get("cwd") or "."))
     argv = [str(a) for a in request.get("argv") or []]
+    from ..env import set_rank_title
+
+    # ps, py-spy and kill find the rank here, not in its proxy: this process's own argv is warm_rank's
+    set_rank_title(os.environ.get("RANK", "?"), (["-m"] if request.get("module") else []) + argv)
     conn.sendall(json.dumps({"pid": os.getpid()}).encode() + b"\n")
     threading.Thread(target=_watch_proxy, args=(conn,), name="warm-proxy-watch", daemon=True).start()
     for sig in (signal.SIGTERM, signal.SIGINT, signal.SIGHUP, signal.SIGUSR1, signal.SIGUSR2):
@@ -164,6 +168,9 @@ def main(argv: list[str] | None = None) -> int:
     os.chmod(args[1], 0o600)
     server.listen(1)
     _preimport()
+    from ..env import prepare_rank_title
+
+    prepare_rank_title()   # now: the rank's environment replaces ours, and setproctitle needs ours
 
     with open(args[1] + ".ready", "w"):
         pass   # the agent hands this interpreter out only once torch is in

@@ -3,7 +3,7 @@ protocol over CKPTSUP_RANK_SOCKET (hello, phase, step, nan, bye) the way the hoo
 crash, hang or report NaN on command. Progress persists in <out>/rank<R>.step so a restart resumes.
 
 usage: wire_rank.py --steps N [--step-s S] [--crash-at K] [--hang-at K] [--nan-at K] [--once]
-                    [--intrude-at K] --out DIR
+                    [--intrude-at K] [--until FILE] --out DIR
 
 --intrude-at K: at step K of the first attempt, rank 0 also plays an intruder on its agent's rank
 socket (connections that close without a frame, a 1 MB line, deep brackets, forged and replayed
@@ -35,6 +35,7 @@ def main() -> int:
     p.add_argument("--abort-at-exit", action="store_true", help="rank --fault-rank aborts (SIGABRT) after its bye")
     p.add_argument("--commit-every", type=int, default=0, help="report a checkpoint_committed event every K steps")
     p.add_argument("--intrude-at", type=int, default=-1, help="rank 0 attacks its agent's rank socket at step K (attempt 0)")
+    p.add_argument("--until", default="", help="go on stepping past --steps until this file exists")
     p.add_argument("--out", required=True)
     a = p.parse_args()
     rank = int(os.environ.get("RANK", "0"))
@@ -93,7 +94,13 @@ def main() -> int:
                 return
             time.sleep(0.005)
 
-    for step in range(start, a.steps):
+    def steps():
+        step = start
+        while step < a.steps or (a.until and not os.path.exists(a.until)):
+            yield step
+            step += 1
+
+    for step in steps():
         if rank == 0 and step == a.intrude_at and attempt == 0:
             intrude(os.environ["CKPTSUP_RANK_SOCKET"], secret, sent[:3])
         peers_at(step)
