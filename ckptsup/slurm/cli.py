@@ -58,9 +58,9 @@ def up(directory: str, port_base: int, as_json: bool) -> None:
         click.echo(json.dumps({"slurm_conf": str(cluster.conf), "ready_s": round(seconds, 3),
                                "node_local": {n: str(cluster.spec.node_local_dir(n)) for n in cluster.spec.node_names}}))
         return
-    click.echo(f"# {len(cluster.spec.node_names)} nodes ready in {seconds:.1f}s; node-local dirs: "
-               f"{cluster.spec.dir}/nodes/<node>/local", err=True)
-    click.echo(f"export SLURM_CONF={cluster.conf}")
+    click.echo(literal(f"# {len(cluster.spec.node_names)} nodes ready in {seconds:.1f}s; node-local dirs: "
+                       f"{cluster.spec.dir}/nodes/<node>/local"), err=True)   # paths: literal
+    click.echo(literal(f"export SLURM_CONF={cluster.conf}"))
 
 
 @dev_cluster.command("down")
@@ -69,10 +69,10 @@ def up(directory: str, port_base: int, as_json: bool) -> None:
 def down(directory: str, port_base: int) -> None:
     """Stop every daemon the cluster started (by recorded PID)."""
     if not Path(directory).is_dir():
-        click.echo(f"no dev cluster in {directory}; nothing to stop")
+        click.echo(f"no dev cluster in {literal(directory)}; nothing to stop")
         return
     seconds = _cluster(directory, port_base).down()
-    click.echo(f"dev cluster in {directory} stopped in {seconds:.2f}s")
+    click.echo(f"dev cluster in {literal(directory)} stopped in {seconds:.2f}s")
 
 
 @dev_cluster.command("status")
@@ -89,7 +89,7 @@ def status(directory: str, port_base: int, as_json: bool) -> None:
     if as_json:
         click.echo(json.dumps(st.to_dict(), indent=2))
         return
-    click.echo(f"SLURM_CONF={st.conf}")
+    click.echo(literal(f"SLURM_CONF={st.conf}"))
     for name, pid in st.daemons.items():
         click.echo(f"{name:<12} {'pid ' + str(pid) if pid else 'not running'}")
     for node, info in st.nodes.items():
@@ -109,7 +109,7 @@ def kill_node(node: str, directory: str, port_base: int) -> None:
         raise DevClusterError(f"{node} is not running in the cluster in {directory}; nothing to kill "
                               f"(see `ckptsup dev-cluster status --dir {directory}`)")
     seconds = cluster.kill_node(node)
-    click.echo(f"{node} killed; all its processes gone in {seconds * 1000:.0f} ms")
+    click.echo(f"{literal(node)} killed; all its processes gone in {seconds * 1000:.0f} ms")
 
 
 @dev_cluster.command("revive-node")
@@ -119,7 +119,7 @@ def kill_node(node: str, directory: str, port_base: int) -> None:
 def revive_node(node: str, directory: str, port_base: int) -> None:
     """Start NODE again and return it to service."""
     seconds = _cluster(directory, port_base).revive_node(node)
-    click.echo(f"{node} back in service in {seconds:.1f}s")
+    click.echo(f"{literal(node)} back in service in {seconds:.1f}s")
 
 
 @click.command("sbatch", context_settings={"allow_interspersed_args": False})
