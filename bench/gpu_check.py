@@ -76,7 +76,9 @@ class Part:
     name: str
     share: float                 # of the budget
     min_s: float                 # skipped when less is left
-    run: Callable[[Context], dict[str, Any]]   # -> {"figures": {...}, "checks": {...}, ...}
+    # -> {"figures": {...}, "checks": {name: bool} (correctness, everywhere), "targets": {name: bool}
+    #    (speed, claimed on a GPU only), "skipped_steps": {step: why}, "notes": str}
+    run: Callable[[Context], dict[str, Any]]
     needs: tuple[str, ...] = ()  # parts whose shared results it uses
 
 
@@ -137,6 +139,9 @@ def summary_lines(data: dict[str, Any]) -> list[str]:
                 lines.append(f"    {key} = {literal(_fmt(value), limit=120)}")
         for key, ok in entry.get("checks", {}).items():
             lines.append(f"    {'PASS' if ok else 'FAIL'} {key}")
+        for key, met in entry.get("targets", {}).items():
+            verdict = "(dry run, no claim)" if data.get("dry_run") else ("TARGET MET" if met else "TARGET MISSED")
+            lines.append(f"    {verdict} {key}")
         for key, why in entry.get("skipped_steps", {}).items():
             lines.append(f"    skipped {key}: {literal(why, limit=200)}")
     return lines
@@ -169,7 +174,7 @@ def run_parts(parts: list[Part], ctx: Context, report: Report) -> None:
                          traceback=traceback.format_exc()[-3000:])
         entry["elapsed_s"] = round(time.monotonic() - t0, 3)
         report.part(part.name, entry)
-        print("\n".join(summary_lines({"parts": {part.name: entry}})[1:]), flush=True)
+        print("\n".join(summary_lines({"parts": {part.name: entry}, "dry_run": ctx.dry_run})[1:]), flush=True)
 
 
 def start_watchdog(ctx: Context, report: Report) -> None:

@@ -85,9 +85,9 @@ def restart_command(tool: str, work: Path) -> list[str]:
             str(TRAIN), *steps, "--checkpoint-dir", str(work / "ckpt")]
 
 
-def time_restart(tool: str, ctx: Context, cap_s: float) -> dict[str, Any]:
-    """Start `tool` on the script, wait for 12 steps (a checkpoint at 10) and, under ckptsup, its
-    warm interpreters; SIGKILL the rank; fault -> first step of the new rank process."""
+def time_restart(tool: str, ctx: Context, cap_s: float, *, wait_warm: bool) -> dict[str, Any]:
+    """Start `tool` on the script, wait for 12 steps (a checkpoint at 10) and, under ckptsup with
+    `wait_warm`, its warm interpreters; SIGKILL the rank; fault -> first step of the new rank process."""
     from faultbench import kill_launch
 
     from ckptsup.events import Event
@@ -110,10 +110,10 @@ def time_restart(tool: str, ctx: Context, cap_s: float) -> dict[str, Any]:
             while True:
                 lines = step_lines(work / "steps.jsonl")
                 pids |= {ln["pid"] for ln in lines}
-                if len(lines) >= 12 and (tool != "ckptsup" or any(e.get("event") == Event.WARM_READY for e in events(work / "run"))):
+                if len(lines) >= 12 and (tool != "ckptsup" or not wait_warm or any(e.get("event") == Event.WARM_READY for e in events(work / "run"))):
                     break
                 if proc.poll() is not None or time.monotonic() > deadline:
-                    row["note"] = (f"{tool} did not reach 12 steps{' and warm_ready' if tool == 'ckptsup' else ''} "
+                    row["note"] = (f"{tool} did not reach 12 steps{' and warm_ready' if tool == 'ckptsup' and wait_warm else ''} "
                                    f"in {time.monotonic() - t_start:.0f}s (rc={proc.poll()})")
                     row["log_tail"] = _tail(log_path)
                     return row
@@ -153,13 +153,17 @@ def time_restart(tool: str, ctx: Context, cap_s: float) -> dict[str, Any]:
 def part_restart(ctx: Context) -> dict[str, Any]:
     figures: dict[str, Any] = {}
     skipped: dict[str, str] = {}
-    for i, tool in enumerate(("ckptsup", "torchrun")):
-        # each tool gets half of what is left, and never less than what a start needs
-        cap = ctx.left() / (2 - i)
+    # the dry run: ckptsup's path alone, restarting cold (its warm interpreters take ~10 s more here)
+    tools = ("ckptsup",) if ctx.dry_run else ("ckptsup", "torchrun")
+    if ctx.dry_run:
+        skipped["torchrun"] = "dry run: ckptsup's path only (no timing claims to compare)"
+    for i, tool in enumerate(tools):
+        # each tool gets its part of what is left, and never less than what a start needs
+        cap = ctx.left() / (len(tools) - i)
         if cap < 20:
             skipped[tool] = f"budget: {ctx.left():.0f}s left"
             continue
-        figures[tool] = time_restart(tool, ctx, cap)
+        figures[tool] = time_restart(tool, ctx, cap, wait_warm=not ctx.dry_run)
     mine = figures.get("ckptsup", {}).get("fault_to_first_step_s")
     theirs = figures.get("torchrun", {}).get("fault_to_first_step_s")
     checks: dict[str, bool] = {}
@@ -193,6 +197,11 @@ def _argv(argv: list[str]) -> list[str]:
     return [a.replace("QUERY", ",".join(QUERY_FIELDS)).replace("REMAP", ",".join(REMAP_FIELDS)) for a in argv]
 
 
+def _key(argv: list[str]) -> str:
+    """A source's name in the JSON: the tool and its first argument, without the field list."""
+    return " ".join(argv[:2]).split("=")[0]
+
+
 def read_sources(runner: Any, timeout_s: float) -> dict[str, dict[str, Any]]:
     """What each tool answers on this machine: missing, its exit status, the start of its output."""
     from ckptsup.textsafe import literal
@@ -200,7 +209,7 @@ def read_sources(runner: Any, timeout_s: float) -> dict[str, dict[str, Any]]:
     out: dict[str, dict[str, Any]] = {}
     for argvs in SOURCES.values():
         for argv in argvs:
-            key = " ".join(argv[:2])
+            key = _key(argv)
             if key in out:
                 continue
             if argv[:2] == ["dcgmi", "diag"]:
@@ -223,11 +232,10 @@ def verdicts(sources: dict[str, dict[str, Any]], findings: list[Any]) -> dict[st
     by_name = {f.name: f for f in findings}
     out: dict[str, dict[str, Any]] = {}
     for check, argvs in SOURCES.items():
-        readable = [" ".join(a[:2]) for a in argvs if sources.get(" ".join(a[:2]), {}).get("present")
-                    and sources[" ".join(a[:2])].get("rc") == 0]
+        readable = [_key(a) for a in argvs if sources.get(_key(a), {}).get("present") and sources[_key(a)].get("rc") == 0]
         finding = by_name.get(check)
         if finding is None:
-            out[check] = {"status": "unknown", "why": "no source: " + ", ".join(" ".join(a[:2]) for a in argvs) + " missing"}
+            out[check] = {"status": "unknown", "why": "no source: " + ", ".join(_key(a) for a in argvs) + " missing"}
             continue
         entry = {"status": "ok" if finding.ok else "failed", "detail": finding.detail, "read": readable}
         if finding.ok and not readable:
@@ -263,7 +271,7 @@ def part_gpu_health(ctx: Context) -> dict[str, Any]:
         missing = [k for k, s in r["sources"].items() if not s["present"]]
         checks[f"{label}: missing sources ({', '.join(missing) or 'none'}) -> unknown"] = all(
             v["status"] == "unknown" for c, v in r["verdicts"].items()
-            if all(" ".join(a[:2]) in missing for a in SOURCES[c]))
+            if all(_key(a) in missing for a in SOURCES[c]))
     if "recorded" in rounds:
         checks["recorded: nvidia-smi checks read ok"] = all(
             rounds["recorded"]["verdicts"][c]["status"] == "ok" for c in ("gpu_ecc", "gpu_throttle", "gpu_remap"))
