@@ -103,7 +103,7 @@ class Report:
             if note:
                 self.data["note"] = note
             self.data["summary"] = summary_lines(self.data)
-            body = json.dumps(self.data, indent=1, sort_keys=True, default=str)
+            body = json.dumps(self.data, indent=1, default=str)
             self.out.parent.mkdir(parents=True, exist_ok=True)
             tmp = self.out.with_name(self.out.name + ".tmp")
             tmp.write_text(body + "\n")
