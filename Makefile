@@ -7,7 +7,7 @@ CKPTSUP := $(VENV)/bin/ckptsup
 APT_PACKAGES := slurm-wlm munge tini
 DEV_CLUSTER_DIR ?= /tmp/ckptsup-dev-cluster
 
-.PHONY: setup apt venv demo test test-fast test-slurm test-slurm-versions test-slurm-matrix fuzz bench clean
+.PHONY: setup apt venv demo test test-fast test-slurm test-slurm-versions test-slurm-matrix fuzz bench gpu-check clean
 
 setup: apt venv
 
@@ -59,6 +59,11 @@ fuzz: venv
 
 bench: setup
 	$(PY) bench/run_all.py
+
+# The GPU proof (docs/gpu.md): on a machine with one GPU; `GPU_CHECK_ARGS=--dry-run` runs it on the CPU
+GPU_CHECK_ARGS ?= --budget-s 300 --out bench/out/gpu_check.json
+gpu-check: venv
+	$(PY) bench/gpu_check.py $(GPU_CHECK_ARGS)
 
 clean:
 	-$(CKPTSUP) dev-cluster down --dir $(DEV_CLUSTER_DIR)
