@@ -277,7 +277,9 @@ def part_gpu_health(ctx: Context) -> dict[str, Any]:
             rounds["recorded"]["verdicts"][c]["status"] == "ok" for c in ("gpu_ecc", "gpu_throttle", "gpu_remap"))
     if "this_machine" in rounds:
         sources = rounds["this_machine"]["sources"]
-        checks["nvidia-smi present"] = sources.get(_first_key(sources, "nvidia-smi"), {}).get("present", False)
+        query = sources.get(_first_key(sources, "nvidia-smi"), {})
+        checks["nvidia-smi present"] = bool(query.get("present"))
+        checks["nvidia-smi --query-gpu answered (exit 0)"] = query.get("rc") == 0
     return {"figures": rounds, "checks": checks}
 
 
