@@ -60,8 +60,11 @@ def part_env(ctx: Context) -> dict[str, Any]:
     if ctx.device == "cuda":
         props = torch.cuda.get_device_properties(0)
         figures.update(gpu=props.name, gpu_memory_gib=round(props.total_memory / GIB, 1),
-                       gpus_visible=torch.cuda.device_count(), sm_count=props.multi_processor_count,
-                       nccl=".".join(map(str, torch.cuda.nccl.version())) if hasattr(torch.cuda, "nccl") else "unknown")
+                       gpus_visible=torch.cuda.device_count(), sm_count=props.multi_processor_count)
+        try:
+            figures["nccl"] = ".".join(map(str, torch.cuda.nccl.version()))
+        except Exception as err:   # a figure, not a prerequisite
+            figures["nccl"] = f"unknown ({type(err).__name__})"
     # every module that imports torch on a rank must import on this torch (2.11 on the device)
     import importlib
 
@@ -242,6 +245,7 @@ def part_async_save(ctx: Context) -> dict[str, Any]:
             blocking = run.save(reason="gpu-check", blocking=True)
             if blocking is None or not blocking.ok:
                 raise RuntimeError(f"the blocking save failed: {getattr(blocking, 'reason', 'no result')}")
+            after_first = host_alloc_stats()
             figures.update(blocking_save_s=round(blocking.total_s, 4), blocking_stall_s=round(blocking.stall_s, 4),
                            blocking_write_s=round(blocking.write_s, 4), checkpoint_bytes=blocking.bytes)
             ptrs_first = staged_ptrs(run)
@@ -268,10 +272,15 @@ def part_async_save(ctx: Context) -> dict[str, Any]:
                 skipped["async saves"] = str(why)
             after = host_alloc_stats()
             reused = staged_ptrs(run) == ptrs_first and bool(ptrs_first)
+            later = {k: after[k] - after_first.get(k, 0) for k in after if after[k] != after_first.get(k, 0)}
             figures.update(async_stall_s=[round(x, 4) for x in stalls], async_write_s=[round(w, 4) for w in writes],
-                           stager_allocations=allocs.calls, host_alloc_stats_delta=
-                           {k: after[k] - before.get(k, 0) for k in after if after[k] != before.get(k, 0)},
-                           staging_pinned=staged_pinned(run))
+                           stager_allocations=allocs.calls, staging_pinned=staged_pinned(run),
+                           host_alloc_first_save={k: after_first[k] - before.get(k, 0) for k in after_first
+                                                  if after_first[k] != before.get(k, 0)},
+                           host_alloc_later_saves=later)
+            if after:   # torch's pinned (caching host) allocator: nothing new after the first save
+                checks["no pinned allocation after the first save (host_memory_stats)"] = not any(
+                    v > 0 for k, v in later.items() if k in ("allocations.allocated", "num_host_alloc"))
             checks["staging buffers reused (one allocation, same pointers)"] = allocs.calls == 1 and reused
             if ctx.device == "cuda":
                 checks["staging buffers pinned"] = bool(figures["staging_pinned"])
