@@ -61,9 +61,10 @@ class PhaseLink:
         return was
 
     def stepped(self, step: int) -> None:
-        """A step frame went up: the supervisor counts the rank as training from there."""
+        """A step frame went up: the supervisor counts the rank as training from there (as
+        attempt.py does: every phase but stopping ends at a step)."""
         self.step = step + 1
-        if self.phase in (None, Phase.INIT, Phase.LOAD):
+        if self.phase is not Phase.STOPPING:
             self.phase = Phase.TRAIN
 
     def beat(self) -> None:
@@ -119,6 +120,29 @@ class phase(contextlib.ContextDecorator):
 
     def beat(self) -> None:
         phase_heartbeat()
+
+
+class Hold:
+    """A phase entered at one framework hook and left at another (a callback's loop start and
+    end): `enter()` is idempotent until `leave()`, so a lazy start at the first batch is fine."""
+
+    def __init__(self, name: str | Phase = Phase.EVAL) -> None:
+        self.name = name
+        self.active: phase | None = None
+
+    def enter(self) -> None:
+        if self.active is None:
+            self.active = phase(self.name)
+            self.active.__enter__()
+
+    def beat(self) -> None:
+        self.enter()
+        phase_heartbeat()
+
+    def leave(self) -> None:
+        if self.active is not None:
+            active, self.active = self.active, None
+            active.__exit__(None, None, None)
 
 
 def phase_heartbeat() -> None:
