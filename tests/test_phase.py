@@ -201,3 +201,12 @@ def test_eval_timeout_is_validated_at_load_with_one_line(tmp_path: Path, value: 
     job.write_text("[supervisor]\neval_timeout_s = 45\n")
     assert load_config(job_config=job, env={}).config.supervisor.eval_timeout_s == 45
     assert math.isclose(load_config(env={}).config.supervisor.eval_timeout_s, 600.0)
+
+
+def test_the_step_after_an_eval_is_not_timed_so_the_hang_timeout_stays_a_steps(link):
+    agent, step_link, _ = link
+    assert step_link.tick(10.0) is None and step_link.tick(10.5) == 0.5
+    with ckptsup.phase("eval"):
+        pass
+    assert step_link.tick(60.0) is None      # 49.5 s of evaluation in between: not a step time
+    assert step_link.tick(60.5) == 0.5

@@ -48,13 +48,14 @@ def cli(*args: str) -> str:
     return proc.stdout
 
 
-def assert_quiet_eval_survived(rc: int, output: str, run: Path, *, at_least_s: float) -> dict[str, float]:
+def assert_quiet_eval_survived(rc: int, output: str, run: Path, *, at_least_s: float,
+                               eval_steps: list[int]) -> dict[str, float]:
     events = read_events(run)
     assert rc == 0, output[-4000:]
     assert not named(events, "failure_detected"), named(events, "failure_detected")
     assert len(named(events, "launch")) == 1 and named(events, "run_complete")
     entered = [e for e in named(events, "phase") if e.get("phase") == "eval"]
-    assert entered and all(e["rank"] == 0 for e in entered), named(events, "phase")
+    assert [e["step"] for e in entered] == eval_steps and all(e["rank"] == 0 for e in entered), named(events, "phase")
     log = cli("log", str(run))
     assert "phase" in log and "eval" in log, log[-3000:]
     report = json.loads(cli("report", str(run), "--json"))
@@ -62,13 +63,14 @@ def assert_quiet_eval_survived(rc: int, output: str, run: Path, *, at_least_s: f
     assert times["eval"] >= at_least_s and times["train"] > 0, times
     status = json.loads(cli("status", str(run), "--json"))
     assert status["time_per_phase_s"]["eval"] == pytest.approx(times["eval"], abs=0.01)
+    assert status["step_p99_s"] < 2.0, status   # the evaluation was not taken for a step (nor its hang timeout)
     return times
 
 
 def test_an_attach_script_computing_45s_inside_phase_eval_completes_at_the_defaults(tmp_path: Path) -> None:
     rc, output, run = launch(tmp_path, "phase_train.py", "--mode", "attach", "--steps", "40", "--eval-at", "20",
                              "--eval-s", "45")
-    assert_quiet_eval_survived(rc, output, run, at_least_s=44.0)
+    assert_quiet_eval_survived(rc, output, run, at_least_s=44.0, eval_steps=[20])
     assert (tmp_path / "out" / "done_rank0").read_text() == "40"
 
 
@@ -91,7 +93,7 @@ def test_an_eval_phase_past_its_own_timeout_is_a_hang(tmp_path: Path) -> None:
 def test_lightning_with_a_40s_validation_pass_completes_at_the_defaults(tmp_path: Path) -> None:
     rc, output, run = launch(tmp_path, "lightning_eval.py", "--steps", "30", "--val-every", "20",
                              "--val-batches", "8", "--val-batch-s", "5")
-    assert_quiet_eval_survived(rc, output, run, at_least_s=39.0)
+    assert_quiet_eval_survived(rc, output, run, at_least_s=39.0, eval_steps=[20])
     done = json.loads((tmp_path / "out" / "done.json").read_text())
     assert done == {"steps": 30, "validations": 1}
 
@@ -99,6 +101,8 @@ def test_lightning_with_a_40s_validation_pass_completes_at_the_defaults(tmp_path
 def test_hf_with_a_40s_evaluate_completes_at_the_defaults(tmp_path: Path) -> None:
     rc, output, run = launch(tmp_path, "hf_eval.py", "--steps", "16", "--eval-every", "10",
                              "--eval-batches", "8", "--eval-batch-s", "5")
-    assert_quiet_eval_survived(rc, output, run, at_least_s=39.0)
+    # HF evaluates at step 10 and once more when training ends (max_steps): 2 x 40 s, each entered
+    # at on_step_end, before its first batch
+    assert_quiet_eval_survived(rc, output, run, at_least_s=79.0, eval_steps=[10, 16])
     done = json.loads((tmp_path / "out" / "done.json").read_text())
-    assert done == {"steps": 16, "evaluations": 1}
+    assert done == {"steps": 16, "evaluations": 2}

@@ -45,6 +45,7 @@ class PhaseLink:
         self.phase: Phase | None = None
         self.step = 0
         self.last_beat = -float("inf")
+        self.interrupted = False    # an eval since the last step: the next step's time is not a step time
         self._lock = threading.Lock()   # a framework may report from a loader thread; frames stay whole
 
     def enter(self, phase: Phase, step: int | None = None) -> Phase | None:
@@ -52,6 +53,7 @@ class PhaseLink:
         heartbeat in it); returns the phase it was in. The event only on a change."""
         with self._lock:
             was, self.phase = self.phase, phase
+            self.interrupted = self.interrupted or phase in USER_PHASES.values()
             if step is not None:
                 self.step = step
             self.channel.send(MessageKind.PHASE, {"rank": self.rank, "phase": phase, "step": self.step})

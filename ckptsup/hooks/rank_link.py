@@ -117,7 +117,11 @@ class StepLink:
         return self.channel.connected
 
     def tick(self, now: float) -> float | None:
-        """Seconds since the previous step ended (None at the first step)."""
+        """Seconds since the previous step ended (None at the first step, and after an eval phase:
+        an evaluation's minutes would make the hang timeout's p99 step an evaluation)."""
+        if self.phases.interrupted:
+            self.phases.interrupted = False
+            self.last_step_time = None
         step_time = None if self.last_step_time is None else now - self.last_step_time
         self.last_step_time = now
         return step_time
