@@ -9,6 +9,12 @@ or, for a script that keeps its own checkpoints, one call per step (docs/heartbe
 
     ckptsup.heartbeat(step, loss)
 
+and around an evaluation, so that its quiet time is not taken for a hang (docs/training.md §Phases):
+
+    with ckptsup.phase("eval"):
+        ...
+        ckptsup.phase_heartbeat()       # optional, e.g. once per eval batch
+
 `import ckptsup` stays cheap: torch is imported on the first `attach` (the supervisor imports
 this package too and must start in well under a second); `heartbeat` never imports it.
 """
@@ -19,7 +25,7 @@ from typing import Any
 
 from ._version import __version__
 
-__all__ = ["attach", "heartbeat", "init_process_group", "__version__"]
+__all__ = ["attach", "heartbeat", "init_process_group", "phase", "phase_heartbeat", "__version__"]
 
 
 def attach(**kwargs: Any):
@@ -34,6 +40,20 @@ def init_process_group(**kwargs: Any):
     from .hooks.process_group import init_process_group as _init
 
     return _init(**kwargs)
+
+
+def phase(name: str = "eval"):
+    """`with ckptsup.phase("eval"):` (or a decorator): the rank is evaluating; see ckptsup.hooks.phase."""
+    from .hooks.phase import phase as _phase
+
+    return _phase(name)
+
+
+def phase_heartbeat() -> None:
+    """A sign of life inside a phase (throttled; nothing outside one); see ckptsup.hooks.phase."""
+    from .hooks.phase import phase_heartbeat as _beat
+
+    _beat()
 
 
 def __getattr__(name: str) -> Any:

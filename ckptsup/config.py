@@ -252,6 +252,10 @@ class SupervisorConfig:
     init_timeout_s: float = knob(300.0, "allowance from launch to the first step (s)", positive, max=WEEK_S)
     save_timeout_s: float = knob(600.0, "allowance for a blocking save (s)", positive, max=WEEK_S)
     load_timeout_s: float = knob(600.0, "allowance for a checkpoint load (s)", positive, max=WEEK_S)
+    eval_timeout_s: float = knob(600.0, "allowance for an eval phase (ckptsup.phase, the framework callbacks' "
+                                        "validation/test/predict loops) without a heartbeat in it (s); while one rank "
+                                        "evaluates, the ranks waiting for it get the same allowance", positive, max=WEEK_S,
+                                 why="a quiet evaluation pass is not a hang")
     kill_grace_s: float = knob(10.0, "SIGTERM -> SIGKILL deadline when stopping ranks (s)", positive, max=HOUR_S)
     exit_grace_s: float = knob(30.0, "once every rank said bye (without hooks: once a rank exited 0), the rank processes "
                                      "left must exit within this; then they are killed (teardown_hang) and the run "

@@ -83,6 +83,7 @@ class Event(str, enum.Enum):
     AGENT_LOST = "agent_lost"              # nodes, rc: a step of agents outside the launch (spares) ended; a launch needing them starts new ones
     PROGRESS_STALE = "progress_stale"      # since_launch_s, pattern: no hello and no progress line for progress_warn_s (a warning)
     EXTERNAL_RESUME = "external_resume"    # folder, step, checked, moved_aside: the external step folder the next attempt's framework loads
+    PHASE = "phase"                        # phase, was, step, rank: rank 0 entered a phase (init, load, train, eval, save, stopping)
 
     @classmethod
     def parse(cls, name: object) -> "Event | None":

@@ -46,7 +46,7 @@ class MessageKind(enum.StrEnum):
     # rank → agent
     HELLO = "hello"                  # {rank, local_rank, world_size, node, pid, checkpoints}
     STEP = "step"                    # {rank, step, step_time_s, loss_finite}
-    PHASE = "phase"                  # {rank, phase: Phase, step}
+    PHASE = "phase"                  # {rank, phase: Phase, step}; the phase the rank is already in again: a heartbeat in it
     NAN = "nan"                      # {rank, step, loss}
     EVENT = "event"                  # {record}: an events.jsonl record for the supervisor to append
     BYE = "bye"                      # {rank, status: ExitStatus}
@@ -94,11 +94,14 @@ FORWARDED_COMMANDS = frozenset({MessageKind.STOP_AT, MessageKind.SAVE_NOW, Messa
 
 
 class Phase(enum.StrEnum):
-    """What a rank is doing (`phase` frames). INIT → LOAD? → TRAIN ⇄ SAVE → STOPPING | DONE."""
+    """What a rank is doing (`phase` frames). INIT → LOAD? → TRAIN ⇄ SAVE | EVAL → STOPPING | DONE.
+    EVAL is the script's own word (`ckptsup.phase("eval")`, the framework callbacks' validation,
+    test and predict loops): no step progress is expected in it, it has its own allowance."""
 
     INIT = "init"
     LOAD = "load"
     TRAIN = "train"
+    EVAL = "eval"
     SAVE = "save"
     STOPPING = "stopping"
     DONE = "done"

@@ -4,6 +4,7 @@ heartbeat.py and what it uses; `import ckptsup` does not.
 session.py   attach() -> Run: resume, step_done, save, close
 heartbeat.py heartbeat(step, loss): the supervisor's step protocol without checkpoints (no torch)
 rank_link.py what a rank says to its agent each step (hello, step, nan, bye), shared by both
+phase.py     phase("eval") / phase_heartbeat(): the rank's phase, its frames and rank 0's phase events (no torch)
 settings.py  attach keywords > supervisor environment > config
 state.py     what a checkpoint holds (model/optim via DCP helpers, side state as JSON tensors)
 writer.py    async sharded save: staging, DCP write, hashing, cross-rank agreement, commit

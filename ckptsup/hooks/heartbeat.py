@@ -13,6 +13,7 @@ the previous call, applies the supervisor's collective timeout, and obeys a stop
 RANK_STOPPED at that step, saving nothing — the script's own SIGTERM handling and checkpoints are
 its business, so no signal handler is installed. dump_fr is served by the channel's thread, even
 while the main thread is stuck in a collective. At interpreter exit the rank says bye (exit_status).
+`ckptsup.phase("eval")` works here too (hooks/phase.py) once the first heartbeat() has connected.
 No collectives, no torch import.
 """
 
@@ -29,6 +30,7 @@ from typing import Any, Callable, Mapping, NoReturn
 
 from ..env import RANK, WORLD_SIZE, ExitStatus, RankEnv
 from ..errors import ConfigError
+from .event_sink import Reporter
 from .rank_link import Hooks, StepLink, claim_hooks, exit_rank, is_finite
 
 RETURNS = frozenset({"RETURN_VALUE", "RETURN_CONST"})   # RETURN_CONST: Python 3.12+
@@ -40,6 +42,8 @@ class Heartbeat:
     def __init__(self, *, env: RankEnv, rank: int, world_size: int, main_frame: FrameType | None = None,
                  clock: Callable[[], float] = time.monotonic) -> None:
         self.link = StepLink(env=env, rank=rank, world_size=world_size, checkpoints=False)
+        if self.link.connected:   # rank 0's phase events (ckptsup.phase) go up the channel; never a second writer
+            self.link.phases.emit = Reporter(env=env, rank=rank, channel=self.link.channel).emit
         self.rank = rank
         self.clock = clock
         self.main_frame = main_frame

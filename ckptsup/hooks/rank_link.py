@@ -25,6 +25,7 @@ from ..env import LOCAL_RANK, ExitStatus, RankEnv, set_rank_title
 from ..errors import CkptsupError
 from ..wire import MessageKind
 from .agent_socket import RankChannel
+from .phase import PhaseLink, current as current_phase_link, register as register_phase_link
 from .process_group import set_steady_timeout
 
 log = logging.getLogger("ckptsup.hooks")
@@ -106,15 +107,21 @@ class StepLink:
         self.channel.send(MessageKind.HELLO, {"rank": rank, "local_rank": int(os.environ.get(LOCAL_RANK, "0")),
                                               "world_size": world_size, "node": env.node, "pid": os.getpid(),
                                               "checkpoints": checkpoints, **(schedule or {})})
+        self.phases = PhaseLink(channel=self.channel, rank=rank)   # ckptsup.phase() speaks through it
         if self.channel.connected:
             set_rank_title(rank, sys.argv)   # ps shows the rank, not `python -u ...` (a warm rank set it already)
+            register_phase_link(self.phases)
 
     @property
     def connected(self) -> bool:
         return self.channel.connected
 
     def tick(self, now: float) -> float | None:
-        """Seconds since the previous step ended (None at the first step)."""
+        """Seconds since the previous step ended (None at the first step, and after an eval phase:
+        an evaluation's minutes would make the hang timeout's p99 step an evaluation)."""
+        if self.phases.interrupted:
+            self.phases.interrupted = False
+            self.last_step_time = None
         step_time = None if self.last_step_time is None else now - self.last_step_time
         self.last_step_time = now
         return step_time
@@ -133,6 +140,7 @@ class StepLink:
         if compute_s is not None:
             body["compute_s"] = round(compute_s, 6)
         self.channel.send(MessageKind.STEP, body)
+        self.phases.stepped(step)
         first = not self.first_step_seen
         if first:
             self.first_step_seen = True
@@ -150,5 +158,7 @@ class StepLink:
         return int(stop_at.get("step", step))
 
     def bye(self, status: int) -> None:
+        if current_phase_link() is self.phases:
+            register_phase_link(None)   # a phase() after the bye has no one to tell
         self.channel.send(MessageKind.BYE, {"rank": self.rank, "status": status})
         self.channel.close()

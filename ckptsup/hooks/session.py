@@ -38,7 +38,7 @@ from .compute_time import CommTimer
 from .process_group import new_gloo_group
 from .event_sink import Reporter
 from .settings import Settings, resolve_settings
-from ..wire import MessageKind, Phase
+from ..wire import Phase
 from .memory_tier import (MemoryClient, MemorySaveResult, MemorySaver, available_bytes, fit_budget,
                           memory_checkpoint_id, newest_common)
 from .resume_sources import Candidate, Source, candidates as resume_candidates, fetch, files_by_source, object_tier
@@ -118,7 +118,8 @@ class Run:
                                        "save_every_s": settings.save_every_s})
         self.channel = self.link.channel
         self.reporter = Reporter(env=env, rank=self.rank, channel=self.channel)
-        self.channel.send(MessageKind.PHASE, {"rank": self.rank, "phase": Phase.INIT, "step": 0})
+        self.link.phases.emit = self.reporter.emit   # rank 0's phase changes: the restart log's time per phase
+        self.link.phases.enter(Phase.INIT, 0)
         multi = self.distributed and self.world_size > 1
         self.control_pg = new_gloo_group(settings.save_timeout_s) if multi else None
         self.comm = CommTimer()   # compute time = step time - time blocked in collectives (stragglers)
@@ -198,7 +199,7 @@ class Run:
         the memory tier nor the object store is asked."""
         from .loader import is_corruption, is_untrusted, load_checkpoint
 
-        self.channel.send(MessageKind.PHASE, {"rank": self.rank, "phase": Phase.LOAD, "step": 0})
+        self.link.phases.enter(Phase.LOAD, 0)
         start = self.clock()
         pinned = candidates is not None
         tier = self._object_tier() if self.rank == 0 and not pinned else None
@@ -225,7 +226,7 @@ class Run:
                 self.reporter.emit(Event.CHECKPOINT_LOADED, step=self.next_step, path=str(path),
                                    load_s=round(self.clock() - start, 3), source=str(candidate.source),
                                    files_by_source=files_by_source(self.load_tiers, candidate.source), **self.load_tiers)
-                self.channel.send(MessageKind.PHASE, {"rank": self.rank, "phase": Phase.TRAIN, "step": self.next_step})
+                self.link.phases.enter(Phase.TRAIN, self.next_step)
                 return self.next_step
             log.error("ckptsup: cannot resume from %s: %s", path, error)
             if is_untrusted(error):
@@ -239,7 +240,7 @@ class Run:
             # starting over would throw their progress away: a human decides (exit 2, no requeue)
             raise CheckpointDirUntrusted(f"no checkpoint to resume from but {len(untrusted)} untrusted one(s), newest "
                                          f"{untrusted[0]}; fix their owner/mode (see the log above) or move them aside")
-        self.channel.send(MessageKind.PHASE, {"rank": self.rank, "phase": Phase.TRAIN, "step": 0})
+        self.link.phases.enter(Phase.TRAIN, 0)
         return 0
 
     def _resume_from_memory(self, candidates: list[Candidate], start: float) -> bool:
@@ -279,7 +280,7 @@ class Run:
                            files_by_source={**files_by_source({}, Source.SHARED), "memory": self.load_tiers["memory_files"],
                                             "peer_memory": self.load_tiers["peer_memory_files"]},
                            read_local_files=0, read_shared_files=0, local_fallback_files=0)
-        self.channel.send(MessageKind.PHASE, {"rank": self.rank, "phase": Phase.TRAIN, "step": self.next_step})
+        self.link.phases.enter(Phase.TRAIN, self.next_step)
         return True
 
     def _all_gather(self, value: Any) -> list[Any]:
@@ -436,12 +437,12 @@ class Run:
         self.last_saved_step = step
         self.save_timer.restart(self.clock(), step=step)
         if blocking:
-            self.channel.send(MessageKind.PHASE, {"rank": self.rank, "phase": Phase.SAVE, "step": step})
+            self.link.phases.enter(Phase.SAVE, step)
         result = self.writer.save(step=step, device_state=self.state.model_optim_state(),
                                   side_state=self.state.side_state(step=step, meta={"reason": reason}),
                                   blocking=blocking, extra_meta={"reason": reason})
         if blocking:
-            self.channel.send(MessageKind.PHASE, {"rank": self.rank, "phase": Phase.TRAIN, "step": step})
+            self.link.phases.enter(Phase.TRAIN, step)
         return result
 
     def _memory_save(self) -> None:
@@ -481,7 +482,7 @@ class Run:
     def _stop(self, step: int) -> None:
         preempted = self.preempted
         command = self.channel.commands.stop_at or {}
-        self.channel.send(MessageKind.PHASE, {"rank": self.rank, "phase": Phase.STOPPING, "step": step})
+        self.link.phases.enter(Phase.STOPPING, step)
         self.writer.wait()
         want = preempted or bool(command.get("save", True))
         budget = command.get("budget_s", self.env.preempt_budget_s)
@@ -545,12 +546,11 @@ class Run:
             return
         # Draining saves, promotions and test loads make no step progress: tell the supervisor,
         # so that its stopping allowance (not the hang timeout) applies, even to a single rank.
-        stopping = {"rank": self.rank, "phase": Phase.STOPPING, "step": self.next_step}
-        self.channel.send(MessageKind.PHASE, stopping)
+        self.link.phases.enter(Phase.STOPPING, self.next_step)
         self.writer.wait()
         if final_save and self.next_step > 0:
             self.save(reason="final", blocking=True)
-            self.channel.send(MessageKind.PHASE, stopping)  # a blocking save reports "train" when it ends
+            self.link.phases.enter(Phase.STOPPING, self.next_step)  # a blocking save reports "train" when it ends
         if self.keeper is not None:
             self.keeper.close(timeout_s=self.settings.save_timeout_s)  # drain promotions and test loads
             self.keeper = None

@@ -27,6 +27,9 @@ How it fits HF (transformers 5.24, accelerate 1.15; docs/integrations.md):
   NaN check, saves, preemption stops. The loss is the sum of the step's micro-batch losses as
   `Trainer.training_step` returned them (resume_path wraps it on the instance; HF itself gives
   callbacks no per-step loss, and its logged loss filters NaN out with logging_nan_inf_filter).
+- `evaluate()` and `predict()`: an eval phase (hooks/phase.py) from the step whose `should_evaluate`
+  is set (`on_step_end`, `on_epoch_end`; else the first `on_prediction_step`) to `on_evaluate` /
+  `on_predict`, with a heartbeat per batch: `[supervisor] eval_timeout_s` applies, not the hang timeout.
 - `on_train_end`: close (final checkpoint). An exception out of train(): the run says bye as a
   failure at interpreter exit. A preemption: the ranks stop at an agreed step and exit PREEMPTED
   (SystemExit, which neither HF nor accelerate catches).
@@ -41,6 +44,8 @@ from typing import Any
 
 from ..env import ExitStatus, RankEnv
 from ..errors import CheckpointError, ConfigError
+from ..hooks.phase import Hold
+from ..wire import Phase
 from .hf_state import STATE_EXTRA, Choice, TrainerStateExtra, choose_checkpoint, write_state_folder
 
 log = logging.getLogger("ckptsup.integrations.hf")
@@ -71,6 +76,7 @@ class CkptsupCallback(_Base):  # type: ignore[misc,valid-type]
         self.loss: Any = None             # this step's micro-batch losses, summed (resume_path's tap)
         self.logged_loss: Any = None      # without the tap: the last logged loss
         self.warned_save_strategy = False
+        self.eval = Hold(Phase.EVAL)      # evaluate() and predict()
 
     # ---- lifecycle ----------------------------------------------------------------------------
     def on_train_begin(self, args: Any, state: Any, control: Any, model: Any = None, optimizer: Any = None,
@@ -116,6 +122,22 @@ class CkptsupCallback(_Base):  # type: ignore[misc,valid-type]
         if loss is None:
             loss, self.logged_loss = self.logged_loss, None
         self.run.step_done(state.global_step - 1, loss=loss)
+        if getattr(control, "should_evaluate", False):
+            self.eval.enter()   # HF evaluates right after this hook: the phase from its first batch on
+
+    # ---- evaluate() / predict(): an eval phase with a heartbeat per batch (hooks/phase.py) ------
+    def on_epoch_end(self, args: Any, state: Any, control: Any, **_: Any) -> None:
+        if getattr(control, "should_evaluate", False):
+            self.eval.enter()   # eval_strategy="epoch"
+
+    def on_prediction_step(self, args: Any, state: Any, control: Any, **_: Any) -> None:
+        self.eval.beat()        # entered here when no hook above saw it coming (evaluate() called directly)
+
+    def on_evaluate(self, args: Any, state: Any, control: Any, **_: Any) -> None:
+        self.eval.leave()
+
+    def on_predict(self, args: Any, state: Any, control: Any, **_: Any) -> None:
+        self.eval.leave()
 
     def on_log(self, args: Any, state: Any, control: Any, logs: dict[str, Any] | None = None, **_: Any) -> None:
         if self.trainer is None and logs and "loss" in logs:

@@ -13,6 +13,8 @@ The callback (docs/integrations.md §Lightning; the hooks' own rules in docs/tra
   Lightning's, and the RNG restored again, undoing what setup_data drew since the resume;
 - on_train_batch_end: `step_done(trainer.global_step - 1, loss=)` once per optimizer step (with
   gradient accumulation the accumulated batches' worst loss is checked at the step);
+- on_validation_start/_batch_end/_end (and test, predict): an eval phase (hooks/phase.py) with a
+  heartbeat per batch, so `[supervisor] eval_timeout_s` applies, not the hang timeout;
 - on_fit_end: the final checkpoint and a clean end, or, after a stop signal, a preemption exit;
   on_exception: shut down as failed, no checkpoint of a broken state.
 """
@@ -32,6 +34,8 @@ except ImportError:  # the standalone package; its Trainer calls the same hooks
 
 from ..env import ExitStatus
 from ..errors import ConfigError
+from ..wire import Phase
+from ..hooks.phase import Hold
 from ..hooks.rank_link import is_finite
 from ..hooks.signals import STOP_SIGNALS
 from . import lightning_data as data
@@ -59,6 +63,7 @@ class CkptsupCallback(Callback):
         self._stop_handlers: dict[int, Any] = {}
         self._last_global_step = 0
         self._loss: Any = None
+        self._eval = Hold(Phase.EVAL)      # validation, test and predict loops
 
     # ---- fit start: attach and resume ---------------------------------------------------------
     def on_fit_start(self, trainer: Any, pl_module: Any) -> None:
@@ -144,6 +149,21 @@ class CkptsupCallback(Callback):
             handler(signal.SIGTERM, None)   # Lightning saw one (ckptsup's flag only): the ranks agree on a stop
         loss, self._loss = self._loss, None
         self.run.step_done(global_step - 1, loss=loss)
+
+    # ---- validation, test, predict: an eval phase with a heartbeat per batch --------------------
+    # (hooks/phase.py; a quiet validation pass is not a hang, [supervisor] eval_timeout_s applies)
+    def on_validation_start(self, trainer: Any, pl_module: Any) -> None:
+        self._eval.enter()
+
+    def on_validation_batch_end(self, trainer: Any, pl_module: Any, *_: Any, **__: Any) -> None:
+        self._eval.beat()
+
+    def on_validation_end(self, trainer: Any, pl_module: Any) -> None:
+        self._eval.leave()
+
+    on_test_start, on_test_batch_end, on_test_end = on_validation_start, on_validation_batch_end, on_validation_end
+    on_predict_start, on_predict_batch_end, on_predict_end = (on_validation_start, on_validation_batch_end,
+                                                              on_validation_end)
 
     # ---- the end --------------------------------------------------------------------------------
     def on_fit_end(self, trainer: Any, pl_module: Any) -> None:

@@ -22,6 +22,7 @@ from ..textsafe import literal, mathtext, text as safe_text
 from .accounting import CATEGORIES, account
 from .adaptive import posterior
 from .interval import daly_interval, young_interval
+from .phase_time import phase_times, phases_line
 from .units import format_duration, format_pct, format_size, format_usd
 
 BAR_COLOURS = (0, 1, 2, 3, 6, 7, 8, 9, 10, 11, 12, 13, 14, 15, 16, 17, 18, 19)  # tab20 without its greens
@@ -61,6 +62,7 @@ def build_report(events: Iterable[dict[str, Any]], *, price_per_gpu_hour: float,
     out["intervals_changed"] = acc.timeline.get("intervals", [])
     out["memory_intervals_changed"] = acc.timeline.get("memory_intervals", [])
     out["loads_by_source"] = loads_by_source(events)
+    out["time_per_phase_s"] = phase_times(events)   # rank 0's wall time in init, load, train, eval, save, stopping
     return out
 
 
@@ -167,6 +169,7 @@ def _summary_pairs(rep: dict[str, Any]) -> list[tuple[str, str]]:
             f"{source} {int(row['loads'])} ({int(row['files'])} file{'s' if int(row['files']) != 1 else ''}, "
             f"{format_duration(row['load_s'])})"
             for source, row in sorted(rep.get("loads_by_source", {}).items())) or "none"),
+        ("time per phase (rank 0, wall)", phases_line(rep.get("time_per_phase_s") or {})),
     ]
     if "interval_daly_s" in rec:
         text = (f"Daly {format_duration(rec['interval_daly_s'])} (Young {format_duration(rec['interval_young_s'])})"

@@ -176,7 +176,11 @@ class AttemptTracker:
                 self.marks.all_hello = now
         elif m == MessageKind.PHASE:
             rv = self._rank(body, node, now)
-            rv.phase, rv.phase_since = Phase.parse(body.get("phase")), now
+            phase = Phase.parse(body.get("phase"))
+            if phase is rv.phase:
+                rv.last_progress = now   # the phase it is in, again: a heartbeat in it (an eval batch)
+            else:
+                rv.phase, rv.phase_since = phase, now
             if rv.phase in (Phase.LOAD, Phase.TRAIN) and self.marks.rendezvous_done is None:
                 self.marks.rendezvous_done = now
             if rv.phase is Phase.TRAIN and self.marks.train_start is None:

@@ -13,6 +13,7 @@ import click
 from ..config import load_config
 from ..errors import ConfigError
 from ..events import read_events
+from ..planning.phase_time import phases_line
 from ..textsafe import text as safe_text
 from .cli_ops import _run_dir_files
 from .status import STATUS_EVERY_S, read_status
@@ -35,20 +36,24 @@ def resolve_run_dir(target: str) -> Path:
     raise ConfigError(f"{target} is neither a run directory nor a job id; pass the directory `ckptsup launch` used")
 
 
-def goodput(run: Path) -> dict[str, Any]:
+def goodput(run: Path, *, live: bool = False) -> dict[str, Any]:
+    """Goodput so far and the time per phase (planning/phase_time.py; `live`: the open phase runs to now)."""
     from ..planning.accounting import account
+    from ..planning.phase_time import phase_times
 
-    acc = account(read_events(run))
+    events = read_events(run)
+    acc = account(events)
     paid = acc.paid_device_s
     return {"goodput": acc.useful_device_s / paid if paid else None, "paid_device_s": round(paid, 1),
-            "badput_device_s": {k: round(v, 1) for k, v in acc.badput_device_s.items() if round(v, 1) > 0}}
+            "badput_device_s": {k: round(v, 1) for k, v in acc.badput_device_s.items() if round(v, 1) > 0},
+            "time_per_phase_s": phase_times(events, until=time.time() if live else None)}
 
 
 def snapshot(run: Path) -> dict[str, Any]:
     with _run_dir_files(run, "status"):
         out = read_status(run)
         out["age_s"] = round(time.time() - float(out.get("written", 0)), 1)
-        out.update(goodput(run))
+        out.update(goodput(run, live=out.get("status") not in FINISHED))
     return out
 
 
@@ -85,6 +90,7 @@ def render(st: dict[str, Any]) -> Any:
     bad = ", ".join(f"{k} {v:g}s" for k, v in sorted((st.get("badput_device_s") or {}).items()))
     head.append(f"goodput {'-' if gp is None else f'{gp:.1%}'} of {_s(st.get('paid_device_s'))} device-time"
                 + (f"; badput: {bad}" if bad else ""))
+    head.append(f"time per phase (rank 0): {phases_line(st.get('time_per_phase_s') or {})}")
     if isinstance(st.get("excluded"), dict) and st["excluded"]:
         head.append("excluded: " + ", ".join(f"{n} ({why})" for n, why in st["excluded"].items()))
     table = Table(show_edge=False, pad_edge=False)

@@ -5,7 +5,8 @@ Hang timeout (documented reasoning): NCCL's own watchdog waits minutes (10 min c
 8 min heartbeat). A training step is regular, so "no progress for ten times the slowest normal
 step" (p99 over the recent window) is far outside normal jitter yet seconds, not minutes; the
 floor `hang_min_s` (30 s) keeps a fast model from being killed by one GC pause or a slow batch.
-Init, checkpoint load and blocking save are not steps: each phase has its own, longer allowance.
+Init, checkpoint load, blocking save and evaluation are not steps: each phase has its own, longer
+allowance (an eval phase's runs from its last heartbeat: a framework callback beats per batch).
 """
 
 from __future__ import annotations
@@ -81,8 +82,14 @@ def hang_timeout(config: SupervisorConfig, step_p99_s: float | None) -> float:
     return max(config.hang_min_s, config.hang_step_factor * step_p99_s)
 
 
-def allowance(phase: Phase, config: SupervisorConfig, train_timeout_s: float) -> float:
-    """How long a rank may show no progress in `phase`."""
+def allowance(phase: Phase, config: SupervisorConfig, train_timeout_s: float, *, peer_in_eval: bool = False) -> float:
+    """How long a rank may show no progress in `phase`. `peer_in_eval`: another rank of the
+    attempt is in an eval phase, so a training rank may be waiting for it in a collective (rank
+    0 evaluating while the others sit in a barrier): it gets the eval allowance too."""
+    if phase is Phase.EVAL:
+        return config.eval_timeout_s
+    if phase is Phase.TRAIN and peer_in_eval:
+        return max(train_timeout_s, config.eval_timeout_s)
     if phase is Phase.INIT:
         return config.init_timeout_s
     if phase is Phase.LOAD:
@@ -100,14 +107,15 @@ def detect_hang(ranks: Iterable[RankView], *, now: float, config: SupervisorConf
                 train_timeout_s: float) -> Failure | None:
     """A rank with no progress beyond its phase's allowance. Blame: a process seen stopped first,
     then the rank furthest behind (a hung rank holds the others in their collective)."""
+    every = list(ranks)
+    in_eval = any(v.phase is Phase.EVAL for v in every)
     overdue = []
-    for view in ranks:
+    for view in every:
         silent = now - view.last_sign_of_life
-        if silent > allowance(view.phase, config, train_timeout_s):
+        if silent > allowance(view.phase, config, train_timeout_s, peer_in_eval=in_eval):
             overdue.append((view, silent))
     if not overdue:
         return None
-    every = list(ranks)
     stopped = [v for v in every if v.stopped]
     if stopped:
         culprit = min(stopped, key=lambda v: v.rank)
