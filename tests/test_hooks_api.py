@@ -147,8 +147,12 @@ def test_without_a_supervisor_events_go_to_the_run_dir_and_housekeeping_runs(tmp
     train_steps(run, *parts, 0, 4)
     run.close()
     events = read_events(run_dir)
-    names = [e["event"] for e in events]
+    names = [e["event"] for e in events if e["event"] != "phase"]
     assert names[0] == "first_step" and names[-1] == "run_complete"
+    # rank 0's phase changes are in the log too (time per phase; first_step starts training, async
+    # saves are no phase of their own): init at attach, stopping at close
+    phases = [e["phase"] for e in events if e["event"] == "phase"]
+    assert phases[0] == "init" and phases[-1] == "stopping"
     committed = [e for e in events if e["event"] == "checkpoint_committed"]
     assert [e["step"] for e in committed] == [2, 4]
     for e in committed:
