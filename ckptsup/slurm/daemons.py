@@ -9,18 +9,31 @@ from dataclasses import dataclass
 import psutil
 
 
+def start_ticks(pid: int) -> int:
+    """The process's start time in clock ticks since boot (/proc/PID/stat field 22). Unlike
+    psutil's create_time (boot time + this, where the boot time is re-read from /proc/stat and moves
+    with every wall-clock adjustment: seen drifting > 1 s within an hour on a CI machine), it never
+    changes for the life of the process. Raises psutil.NoSuchProcess when the process is gone."""
+    try:
+        with open(f"/proc/{pid}/stat", "rb") as f:
+            stat = f.read()
+    except (FileNotFoundError, ProcessLookupError):
+        raise psutil.NoSuchProcess(pid) from None
+    return int(stat[stat.rindex(b")") + 2:].split()[19])   # the fields after "pid (comm)" start at 3
+
+
 @dataclass(frozen=True, kw_only=True)
 class Daemon:
     name: str
     pid: int
-    create_time: float
+    start_ticks: int
 
     def process(self) -> psutil.Process | None:
         """The live process, or None when it is gone (or the pid was reused)."""
         try:
-            proc = psutil.Process(self.pid)
-            if abs(proc.create_time() - self.create_time) > 1.0:
+            if start_ticks(self.pid) != self.start_ticks:
                 return None
+            proc = psutil.Process(self.pid)
             if proc.status() == psutil.STATUS_ZOMBIE:
                 reap(self.pid)
                 return None

@@ -31,7 +31,7 @@ import psutil
 from ..env import SLURM_CONF
 from ..errors import DevClusterError
 from .client import SlurmClient
-from .daemons import Daemon, not_zombie, reap
+from .daemons import Daemon, not_zombie, reap, start_ticks
 from .devconf import ClusterSpec, parse_slurm_version, render_cgroup_conf, render_gres_conf, render_slurm_conf
 from .parsers import NodeInfo, NodeState
 
@@ -95,8 +95,9 @@ class DevCluster:
     def _daemon(self, name: str) -> Daemon | None:
         try:
             data = json.loads(self._record_path(name).read_text())
-            return Daemon(name=name, pid=int(data["pid"]), create_time=float(data["create_time"]))
-        except (FileNotFoundError, json.JSONDecodeError, KeyError, ValueError):
+            return Daemon(name=name, pid=int(data["pid"]), start_ticks=int(data["start_ticks"]))
+        except (FileNotFoundError, json.JSONDecodeError, KeyError, ValueError, TypeError):
+            # a record of an older version (create_time) reads as not running: a PID alone may be reused
             return None
 
     def _alive(self, name: str) -> psutil.Process | None:
@@ -214,9 +215,8 @@ class DevCluster:
             raise DevClusterError(f"cannot start {argv[0]}: {err}; install with: {INSTALL_HINT}") from None
         finally:
             log.close()
-        created = psutil.Process(proc.pid).create_time()
         record = self._record_path(name)
-        record.write_text(json.dumps({"pid": proc.pid, "create_time": created, "argv": argv}))
+        record.write_text(json.dumps({"pid": proc.pid, "start_ticks": start_ticks(proc.pid), "argv": argv}))
         return proc
 
     def _start_munged(self) -> None:

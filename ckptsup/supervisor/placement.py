@@ -107,7 +107,9 @@ class Placement:
         addr = self.addrs.get(first_node, "127.0.0.1")
         spread = (sum(map(ord, self.job_id)) * 97 + attempt) % (PORT_SPREAD + 1)
         if not self.in_slurm or first_node == self.here:
-            port = free_port_in(addr, base_port, spread)
+            # probed here: start from our pid too, so that supervisors sharing this host (every
+            # local-mode job is "local") do not probe the same port and race for it until torchrun binds
+            port = free_port_in(addr, base_port, (spread + os.getpid()) % (PORT_SPREAD + 1))
             if port is not None:
                 return f"{addr}:{port}"
         return f"{addr}:{base_port + spread}"
