@@ -151,13 +151,14 @@ class DevClusterFixture:
         self.wait_for(settled, timeout, what="all jobs gone and all nodes usable")
 
 
-def _acquire_cluster_slot() -> tuple[Path, int, Any]:
+def _acquire_cluster_slot() -> tuple[Path, int, int, Any]:
+    """(directory, port base, first job id, lock) of a free dev-cluster slot."""
     if os.environ.get("CKPTSUP_TEST_CLUSTER_DIR"):
         directory = Path(os.environ["CKPTSUP_TEST_CLUSTER_DIR"])
         base = int(os.environ.get("CKPTSUP_TEST_CLUSTER_PORT_BASE", TEST_PORT_BASE))
         lock = open(f"{directory}.lock", "w")
         fcntl.flock(lock, fcntl.LOCK_EX)
-        return directory, base, lock
+        return directory, base, 1, lock
     for k in range(9):
         directory = TEST_CLUSTER_DIR if k == 0 else Path(f"{TEST_CLUSTER_DIR}-{k}")
         lock = open(f"{directory}.lock", "w")
@@ -166,7 +167,7 @@ def _acquire_cluster_slot() -> tuple[Path, int, Any]:
         except BlockingIOError:
             lock.close()
             continue
-        return directory, TEST_PORT_BASE + 10 * k, lock
+        return directory, TEST_PORT_BASE + 10 * k, 1 + 100_000 * k, lock
     pytest.fail("nine pytest sessions already hold a dev cluster; wait for one to finish")
 
 
@@ -175,8 +176,8 @@ def dev_cluster() -> Iterator[DevClusterFixture]:
     from ckptsup.slurm.devcluster import DevCluster
     from ckptsup.slurm.devconf import ClusterSpec
 
-    directory, base, lock = _acquire_cluster_slot()
-    cluster = DevCluster(ClusterSpec(dir=directory, port_base=base))
+    directory, base, first_job_id, lock = _acquire_cluster_slot()
+    cluster = DevCluster(ClusterSpec(dir=directory, port_base=base, first_job_id=first_job_id))
     cluster.down()  # a fresh cluster: whatever an earlier session left here is stopped first
     cluster.up()
     saved = {k: os.environ.get(k) for k in ("SLURM_CONF", "PATH")}

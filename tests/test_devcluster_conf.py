@@ -26,6 +26,11 @@ def test_five_nodes_on_loopback_with_one_port_each():
     assert c["SlurmctldPort"] == "17100" and c["SlurmctldHost"] == "host(127.0.0.1)"
 
 
+def test_clusters_side_by_side_get_disjoint_job_ids():
+    assert "FirstJobId" not in conf()            # Slurm's own default: 1
+    assert conf(first_job_id=100_001)["FirstJobId"] == "100001"
+
+
 def test_partitions_main_default_spares_reserved_spanning_and_preemption_pair():
     c = conf()
     assert "Nodes=n[1-4] Default=YES" in c["PartitionName=main"] and "PreemptMode=OFF" in c["PartitionName=main"]

@@ -161,7 +161,7 @@ class DevCluster:
         for sub in ("run", "ctld", "munge", "logs"):
             (d / sub).mkdir(exist_ok=True)
             os.chmod(d / sub, 0o711 if sub == "munge" else 0o700)
-        if fresh:  # job ids restart at 1 on a fresh cluster: old records would collide
+        if fresh:  # job ids restart at FirstJobId on a fresh cluster: old records would collide
             shutil.rmtree(d / "ctld" / "state", ignore_errors=True)
             (d / "ctld" / "jobcomp.txt").unlink(missing_ok=True)
         (d / "ctld" / "state").mkdir(mode=0o700, exist_ok=True)

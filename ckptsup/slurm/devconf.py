@@ -57,6 +57,8 @@ class ClusterSpec:
     message_timeout_s: int = 5
     cluster_name: str = "ckptsupdev"
     gpus_per_node: int = 2              # fake GPU GRES per node (0: none declared)
+    first_job_id: int = 1               # clusters side by side on one host (parallel tests) get
+                                        # disjoint job ids: a SLURM_JOB_ID names one cluster's job
 
     def __post_init__(self) -> None:
         object.__setattr__(self, "dir", Path(self.dir).resolve())
@@ -123,6 +125,7 @@ def render_slurm_conf(spec: ClusterSpec, *, controller_host: str | None = None) 
         f"ClusterName={spec.cluster_name}",
         f"SlurmctldHost={host}(127.0.0.1)",
         f"SlurmctldPort={spec.port_base}",
+        *([f"FirstJobId={spec.first_job_id}"] if spec.first_job_id != 1 else []),
         "AuthType=auth/munge",
         "CredType=cred/munge",
         # our own munged: nothing of the system's munge is touched
