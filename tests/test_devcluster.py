@@ -99,7 +99,8 @@ def test_cli_up_prints_export_line_and_status_reports_nodes(dev_cluster):
     env = dict(os.environ)
     cmd = [sys.executable, "-m", "ckptsup.cli", "dev-cluster"]
     args = ["--dir", str(dev_cluster.dir), "--port-base", str(dev_cluster.cluster.spec.port_base)]
-    out = subprocess.run(cmd + ["up", *args], capture_output=True, text=True, env=env, timeout=60)
+    same = ["--first-job-id", str(dev_cluster.cluster.spec.first_job_id)]   # the session's slot (conftest)
+    out = subprocess.run(cmd + ["up", *args, *same], capture_output=True, text=True, env=env, timeout=60)
     assert out.returncode == 0, out.stderr
     assert out.stdout.strip() == f"export SLURM_CONF={dev_cluster.conf}"
     st = subprocess.run(cmd + ["status", "--json", *args], capture_output=True, text=True, env=env, timeout=60)

@@ -13,14 +13,14 @@ from ..textsafe import literal
 from .devconf import DEFAULT_DIR, DEFAULT_PORT_BASE, ClusterSpec
 
 
-def _cluster(directory: str, port_base: int):
+def _cluster(directory: str, port_base: int, first_job_id: int = 1):
     from .devcluster import DevCluster
 
     if not _PLAIN_PATH.match(directory):
         # the path goes into slurm.conf and the nodes' start scripts, where spaces, '#', '=',
         # quotes or shell characters would end, split or extend a value
         raise DevClusterError(f"--dir {directory!r} may hold only letters, digits and / . _ - +; choose a plain path")
-    return DevCluster(ClusterSpec(dir=Path(directory), port_base=port_base))
+    return DevCluster(ClusterSpec(dir=Path(directory), port_base=port_base, first_job_id=first_job_id))
 
 
 def _ranks(raw: str | None) -> int | str | None:
@@ -49,10 +49,12 @@ def dev_cluster() -> None:
 @dev_cluster.command("up")
 @_dir_option
 @_port_option
+@click.option("--first-job-id", default=1, show_default=True, type=click.IntRange(1, 60_000_000),
+              help="Slurm's FirstJobId: clusters side by side get disjoint job ids (a SLURM_JOB_ID then names one)")
 @click.option("--json", "as_json", is_flag=True, help="machine-readable output")
-def up(directory: str, port_base: int, as_json: bool) -> None:
+def up(directory: str, port_base: int, first_job_id: int, as_json: bool) -> None:
     """Start the cluster (idempotent); wait until every node is idle; print `export SLURM_CONF=...`."""
-    cluster = _cluster(directory, port_base)
+    cluster = _cluster(directory, port_base, first_job_id)
     seconds = cluster.up()
     if as_json:
         click.echo(json.dumps({"slurm_conf": str(cluster.conf), "ready_s": round(seconds, 3),

@@ -8,9 +8,12 @@ before the agents hashed it is hashed now and adopted), trust, names and sizes (
 then every file re-hashed and compared with the manifest, each node's agent hashing its own
 ranks' files. Files of a node without a live agent (the first launch of a supervisor, a node
 path's new node) are hashed on the supervisor's host: only for the one folder about to be loaded,
-only then. A mixin of `loop.Supervisor` (its agents, `_await`, clock, emit)."""
+only then. One `ExternalResume` per supervisor, made in its constructor with what it uses."""
 
 from __future__ import annotations
+
+from pathlib import Path
+from typing import Any, Callable, Protocol
 
 from ..checkpoint import external as ext
 from ..checkpoint.manifest import Manifest
@@ -22,24 +25,49 @@ from .agent_step import Message
 from .external_watch import ExternalCheckpoints, send_requests, take_answer
 
 
-class ExternalResumeMixin:
-    """Needs the Supervisor's: external, agents, sup, clock, emit, _await, run_dir, placement, state."""
+class Emit(Protocol):
+    def __call__(self, name: Event, **fields: Any) -> None: ...
 
-    external: ExternalCheckpoints | None
 
-    def _external_resume(self, nodes: tuple[str, ...]) -> None:
-        watch = self.external
-        if watch is None:
-            return
+class Agents(Protocol):
+    """What it asks of the supervisor's AgentSet."""
+
+    def send(self, m: MessageKind, body: dict, *, nodes: list[str]) -> bool: ...
+    def has_agent(self, node: str) -> bool: ...
+
+
+# the supervisor's wait for agents' answers (loop.Supervisor._await: done, deadline, until)
+Await = Callable[..., bool]
+
+
+class ExternalResume:
+    """The pre-launch check of a framework's own step folders ([checkpoint] external_dir)."""
+
+    def __init__(self, *, watch: ExternalCheckpoints, agents: Agents, run_dir: Path, job_id: str,
+                 nproc_per_node: int, load_timeout_s: float, clock: Callable[[], float], emit: Emit,
+                 await_answers: Await) -> None:
+        self.watch = watch
+        self.agents = agents
+        self.run_dir = run_dir
+        self.job_id = job_id
+        self.nproc_per_node = nproc_per_node
+        self.load_timeout_s = load_timeout_s
+        self.clock = clock
+        self.emit = emit
+        self.await_answers = await_answers
+
+    def before_launch(self, nodes: tuple[str, ...], *, attempt: int, epoch: int) -> None:
+        """Move every newer folder that fails out of the way of the one that validates."""
+        watch = self.watch
         watch.pending = None   # a commit-time request of the attempt that ended: its answers are ignored
         moved: list[str] = []
         for folder in reversed(watch.folders()):
             start = self.clock()
-            problems, checked, manifest = self._check_external(watch, folder, nodes)
+            problems, checked, manifest = self._check(folder, nodes, attempt=attempt, epoch=epoch)
             if problems:
                 reason = problems[0] + (f" (and {len(problems) - 1} more)" if len(problems) > 1 else "")
                 try:
-                    where = str(ext.move_aside(watch.dir, folder.name, reason, run_dir=self.run_dir.path))
+                    where = str(ext.move_aside(watch.dir, folder.name, reason, run_dir=self.run_dir))
                 except CkptsupError as err:
                     self.emit(Event.CHECKPOINT_REJECTED, step=folder.step, level=1, external=folder.name,
                               reason=reason[:400], quarantined="")
@@ -59,13 +87,14 @@ class ExternalResumeMixin:
             self.emit(Event.EXTERNAL_RESUME, folder=None, step=None, checked="", moved_aside=moved)
             say(f"ckptsup: no external step folder in {watch.dir} validates: the framework starts fresh")
 
-    def _check_external(self, watch: ExternalCheckpoints, folder: ext.StepFolder,
-                        nodes: tuple[str, ...]) -> tuple[list[str], str, Manifest | None]:
+    def _check(self, folder: ext.StepFolder, nodes: tuple[str, ...], *, attempt: int,
+               epoch: int) -> tuple[list[str], str, Manifest | None]:
         """(problems, how it was checked, its manifest)."""
+        watch = self.watch
         if not ext.is_complete(folder.path):
             return [f"{folder.name} has no .metadata: a save that did not finish"], "", None
         try:
-            manifest = ext.load_manifest(self.run_dir.path, folder.name)
+            manifest = ext.load_manifest(self.run_dir, folder.name)
         except ext.ExternalError as err:
             return [str(err)], "", None
         adopted = manifest is None
@@ -73,16 +102,15 @@ class ExternalResumeMixin:
             listed, problems = ext.listing(folder.path)
             if problems:
                 return problems, "", None
-            hashed, problems = self._hash_external(watch, folder, sorted(listed), nodes)
+            hashed, problems = self._hash(folder, sorted(listed), nodes)
             if problems:
                 return problems, "", None
             if {n: s for n, (s, _) in hashed.items()} != listed:
                 return [f"{folder.name}: its files changed while they were hashed"], "", None
             manifest = ext.build_manifest(folder, hashed, algorithm=watch.algorithm, external_dir=watch.dir,
-                                          job_id=self.placement.job_id, attempt=self.state.attempt,
-                                          epoch=self.state.epoch,
-                                          world_size=len(nodes) * int(self.sup.nproc_per_node))
-            ext.write_manifest(self.run_dir.path, folder.name, manifest)
+                                          job_id=self.job_id, attempt=attempt, epoch=epoch,
+                                          world_size=len(nodes) * self.nproc_per_node)
+            ext.write_manifest(self.run_dir, folder.name, manifest)
             self.emit(Event.CHECKPOINT_COMMITTED, step=folder.step, external=folder.name, path=str(folder.path),
                       bytes=manifest.total_bytes, files=len(manifest.files), adopted=True)
         problems = ext.check_against(folder.path, manifest)
@@ -90,19 +118,20 @@ class ExternalResumeMixin:
             return problems, "", manifest
         if adopted:
             return [], "hashes (adopted at resume)", manifest
-        hashed, problems = self._hash_external(watch, folder, [f.path for f in manifest.files], nodes)
+        hashed, problems = self._hash(folder, [f.path for f in manifest.files], nodes)
         problems = problems + ext.compare_hashes(folder.name, manifest, hashed)
         missing = sorted(set(manifest.file_map()) - set(hashed))
         if not problems and missing:
             problems = [f"{folder.name}/{missing[0]}: not hashed"]
         return problems, "hashes", manifest
 
-    def _hash_external(self, watch: ExternalCheckpoints, folder: ext.StepFolder, names: list[str],
-                       nodes: tuple[str, ...]) -> tuple[dict[str, tuple[int, str]], list[str]]:
+    def _hash(self, folder: ext.StepFolder, names: list[str],
+              nodes: tuple[str, ...]) -> tuple[dict[str, tuple[int, str]], list[str]]:
         """Hashes of `names`: by the live agents of `nodes` (each its ranks' files), the rest on
         this host; an agent that does not answer within load_timeout_s has its files hashed here."""
+        watch = self.watch
         request = watch.new_request_id()
-        assignment = ext.assign_files(names, nodes, int(self.sup.nproc_per_node))
+        assignment = ext.assign_files(names, nodes, self.nproc_per_node)
         parts: dict[tuple[str, int], list[str]] = {}   # what each request asked for
 
         def send(m: MessageKind, body: dict, *, nodes: list[str]) -> bool:
@@ -122,7 +151,7 @@ class ExternalResumeMixin:
             return not waiting
 
         if waiting:
-            self._await(answered, self.clock() + self.sup.load_timeout_s, until=lambda: not waiting)
+            self.await_answers(answered, self.clock() + self.load_timeout_s, until=lambda: not waiting)
         for key in waiting:   # silent agents: their files are hashed here
             here.extend(parts.get(key, []))
         if here:

@@ -28,12 +28,12 @@ from ..events import Event, EventWriter, read_events
 from ..rundir import RunDir, RunState, RunStatus
 from ..textsafe import say
 from ..wire import MessageKind
-from . import recovery
+from . import control, recovery
 from .agent import LaunchSpec
 from .agent_set import AgentSet, StepFactory
 from .agent_step import AgentStep, CommandSender, Message, StepSignal
-from .operating import OperatorMixin
-from .external_resume import ExternalResumeMixin
+from .operating import Operator
+from .external_resume import ExternalResume
 from .external_watch import ExternalCheckpoints, resolve_dir
 from .memory_peers import MemoryPeers
 from .attempt import AttemptTracker, Marks
@@ -76,7 +76,7 @@ def load_by_source(load_s: Any, files: dict[str, Any]) -> dict[str, float]:
     return {k: round(load_s * v / total, 4) for k, v in sorted(counts.items())}
 
 
-class Supervisor(OperatorMixin, ExternalResumeMixin):
+class Supervisor:
     def __init__(self, *, resolved: Resolved, job: Job, run_dir: RunDir, placement: Placement,
                  clock: Callable[[], float] = time.monotonic, sleep: Callable[[float], None] = time.sleep,
                  step_factory: StepFactory = AgentStep,
@@ -115,13 +115,19 @@ class Supervisor(OperatorMixin, ExternalResumeMixin):
         self.interval = IntervalTuner(self.config, gpus_per_node=placement.gpus_per_node,
                                       provenance=resolved.provenance)
         self.attempt_wall_start = time.time()   # wall clock of the current launch (progress_dir mtimes)
-        self._init_operator()
+        self.operator = Operator(config=self.config, run_dir=run_dir, job_id=placement.job_id, agents=self.agents,
+                                 interval=self.interval, emit=self.emit, clock=clock,
+                                 run_state=lambda: self.state, spares=self._spares)
         self.interval.grace_time_s = placement.grace_time_s
         self.memory_peers = MemoryPeers(replicas=self.config.memory.replicas,   # the memory tier's placement
                                         domain_pattern=self.config.memory.domain_pattern) if self.config.memory.enabled else None
         external_dir = resolve_dir(self.config, job.cwd)   # [checkpoint] external_dir: a framework's own step folders
         self.external = None if external_dir is None else ExternalCheckpoints(
             config=self.config, directory=external_dir, run_dir=run_dir.path, emit=self.emit, clock=clock)
+        self.external_resume = None if self.external is None else ExternalResume(
+            watch=self.external, agents=self.agents, run_dir=run_dir.path, job_id=placement.job_id,
+            nproc_per_node=int(self.sup.nproc_per_node), load_timeout_s=self.sup.load_timeout_s, clock=clock,
+            emit=self.emit, await_answers=self._await)
 
     # ---- bookkeeping --------------------------------------------------------------------------
     def emit(self, name: Event, **fields: Any) -> None:
@@ -167,7 +173,7 @@ class Supervisor(OperatorMixin, ExternalResumeMixin):
             raise
         finally:
             self.lease_stop.set()
-            self._publish_status(force=True)
+            self.operator.publish_status(active=self.active, tracker=self.tracker, force=True)
             self.agents.close(self.sup.kill_grace_s)
             if self.writer is not None:
                 self.writer.close()
@@ -211,6 +217,16 @@ class Supervisor(OperatorMixin, ExternalResumeMixin):
             return nodes
         return (*(n for n in nodes if n != here), here)
 
+    def _cancel(self, request: control.ControlRequest) -> ExitStatus:
+        """An operator's stop: the ranks agree on a stop step and save unless told not to (within
+        save_timeout_s), then the run ends CANCELLED: no requeue, by the template or anyone."""
+        step = self._stop_ranks(reason="cancelled", save=request.save, budget_s=self.sup.save_timeout_s)
+        self.emit(Event.RUN_CANCELLED, step=step, saved=request.save, request=request.id)
+        self.state.status = RunStatus.CANCELLED
+        self._save_state()
+        say(f"ckptsup: stopped on request {request.id} at step {step}; not requeueing")
+        return ExitStatus.CANCELLED
+
     def _spares(self, active: tuple[str, ...] | None = None) -> tuple[str, ...]:
         """The nodes that can replace an active one (of `active`, default this attempt's), in pick order."""
         busy = self.active if active is None else active
@@ -227,8 +243,8 @@ class Supervisor(OperatorMixin, ExternalResumeMixin):
             assert tracker is not None
             self._poll_external()
             self._report_level(tracker)
-            self._publish_status()
-            stop = self._take_control(tracker)
+            self.operator.publish_status(active=self.active, tracker=tracker)
+            stop = self.operator.take_control(tracker, self.active)
             if stop is not None:
                 return self._cancel(stop)
             if failure is None and self.stop_signal is None and not tracker.complete:
@@ -243,8 +259,8 @@ class Supervisor(OperatorMixin, ExternalResumeMixin):
             if failure is None and self.stop_signal is not None:
                 failure = Failure(kind=FailureKind.PREEMPTED, step=tracker.current_step(),
                                   detail=f"signal {signal.Signals(self.stop_signal).name}")
-            if failure is None and self.replace is not None and self.replace.due:
-                failure, self.replace = self.replace.failure(tracker.current_step()), None
+            if failure is None:
+                failure = self.operator.due_replace(tracker.current_step())
             if failure is None:
                 failure = tracker.check(self.clock())
                 self._report_level(tracker)
@@ -288,7 +304,7 @@ class Supervisor(OperatorMixin, ExternalResumeMixin):
                 else:
                     self.agents.ended(msg.step_id)
                 continue
-            self.heard[msg.node] = msg.recv
+            self.operator.heard_from(msg.node, msg.recv)
             self._note(msg)
             if done(msg):
                 return True
@@ -300,11 +316,11 @@ class Supervisor(OperatorMixin, ExternalResumeMixin):
             return None  # a message from a replaced step, or from an agent we let go
         if msg.m is StepSignal.EOF:
             return self._step_ended(tracker, msg)
-        self.heard[msg.node] = msg.recv
+        self.operator.heard_from(msg.node, msg.recv)
         if self._note(msg):
             return None
         if msg.m is MessageKind.LAUNCHED:
-            self.warm_nodes.discard(msg.node)   # its warm interpreters (if any) now run these ranks
+            self.operator.set_warm(msg.node, False)   # its warm interpreters (if any) now run these ranks
         if msg.m is MessageKind.LAUNCHED and isinstance(msg.body.get("pid"), int):
             self.torchrun_pids.add(msg.body["pid"])
             if self.restart is not None and msg.node in self.active:
@@ -313,7 +329,7 @@ class Supervisor(OperatorMixin, ExternalResumeMixin):
         had_first = tracker.first_step is not None
         failure = tracker.on_message(msg)
         while tracker.straggler_flags:
-            self._straggler(tracker, tracker.straggler_flags.pop(0))
+            self.operator.straggler(tracker, tracker.straggler_flags.pop(0), self.active)
         while tracker.teardown_errors:
             error = tracker.teardown_errors.pop(0)
             say(f"ckptsup: every rank on {error['node']} finished, then torchrun exited rc={error['rc']}: "
@@ -342,7 +358,7 @@ class Supervisor(OperatorMixin, ExternalResumeMixin):
         elif msg.m is MessageKind.OUTPUT:
             print_console(msg.body)
         elif msg.m is MessageKind.WARM_READY:
-            self.warm_nodes.add(msg.node)
+            self.operator.set_warm(msg.node, True)
             self.emit(Event.WARM_READY, node=msg.node, interpreters=msg.body.get("interpreters"))
         elif msg.m is MessageKind.EXT_HASHED:
             if self.external is not None:
@@ -442,14 +458,10 @@ class Supervisor(OperatorMixin, ExternalResumeMixin):
         tier = {Event.CHECKPOINT_COMMITTED: "committed", Event.CHECKPOINT_VALIDATED: "validated",
                 Event.CHECKPOINT_PROMOTED: "durable"}.get(name)
         if tier is not None and isinstance(record.get("step"), int):
-            self.checkpoints[tier] = {"step": record["step"], "ts": record.get("ts"),
-                                      **({"tier": record["tier"]} if isinstance(record.get("tier"), str) else {})}
+            self.operator.checkpoint(tier, record)
         if name is Event.CHECKPOINT_LOADED and isinstance(record.get("files_by_source"), dict):
             self.loaded_files = record["files_by_source"]
         if name is Event.CHECKPOINT_COMMITTED:
-            self.last_commit_mono = self.clock()
-            if self.replace is not None:
-                self.replace.due = True   # the checkpoint the replace waited for
             for key in ("stall_s", "write_s"):
                 if isinstance(record.get(key), (int, float)):
                     self.state.measured[key] = float(record[key])
@@ -739,7 +751,8 @@ class Supervisor(OperatorMixin, ExternalResumeMixin):
         return spec, path
 
     def _launch(self, nodes: tuple[str, ...], *, path: RecoveryPath, marks_from: Marks | None = None) -> None:
-        self._external_resume(nodes)   # bad external step folders out of the framework's way (external_resume.py)
+        if self.external_resume is not None:   # bad external step folders out of the framework's way
+            self.external_resume.before_launch(nodes, attempt=self.state.attempt, epoch=self.state.epoch)
         self.loaded_files = {}
         resume_from = recovery.pick_resume(self.ckpt_dir, self.emit)
         step_times = self._step_times()

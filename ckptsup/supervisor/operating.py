@@ -1,22 +1,26 @@
-"""The operator's side of the supervisor loop (a mixin of `loop.Supervisor`, sharing its state):
-the published status (supervisor/status.py, supervisor/prom_live.py), operator requests
-(supervisor/control.py: save-now, stop, replace), and what a straggler flag leads to. Kept out of
-loop.py so that the loop reads as detect → decide → recover."""
+"""The operator's side of the supervisor loop, one `Operator` the Supervisor owns: the published
+status (supervisor/status.py, supervisor/prom_live.py), operator requests (supervisor/control.py:
+save-now, stop, replace), and what a straggler flag leads to. Kept out of loop.py so that the loop
+reads as detect → decide → recover. What it needs of the loop comes in through its constructor
+(fixed collaborators) or as arguments (this attempt's tracker and nodes); what the loop tells it
+(an agent heard, a node warm, a checkpoint committed) goes through its methods."""
 
 from __future__ import annotations
 
 import time
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Any
+from typing import Any, Callable, Protocol
 
-from ..env import ExitStatus
 from ..events import Event, read_events
-from ..rundir import RunStatus
+from ..config import Config, SupervisorConfig
+from ..rundir import RunDir, RunState
 from ..textsafe import say
 from ..wire import MessageKind
 from . import control, prom_live, status
+from .agent_set import AgentSet
 from .attempt import AttemptTracker
+from .interval_tuner import IntervalTuner
 from .observations import Failure, FailureKind, SupervisionLevel
 
 CONTROL_POLL_S = 0.5   # how often the run dir's control/ is looked at (one scandir)
@@ -33,11 +37,26 @@ class PendingReplace:
                        detail=f"operator request {self.request}")
 
 
-class OperatorMixin:
-    """Needs the Supervisor's: clock, run_dir, placement, state, active, agents, tracker, sup,
-    config, interval, emit, _save_state, _stop_ranks; and the fields its __init__ sets below."""
+class Emit(Protocol):
+    def __call__(self, name: Event, **fields: Any) -> None: ...
 
-    def _init_operator(self) -> None:
+
+class Operator:
+    """status.json and the live textfile, the operator's requests, straggler moves."""
+
+    def __init__(self, *, config: Config, run_dir: RunDir, job_id: str, agents: AgentSet,
+                 interval: IntervalTuner, emit: Emit, clock: Callable[[], float],
+                 run_state: Callable[[], RunState], spares: Callable[[], tuple[str, ...]]) -> None:
+        self.config = config
+        self.sup: SupervisorConfig = config.supervisor
+        self.run_dir = run_dir
+        self.job_id = job_id
+        self.agents = agents
+        self.interval = interval
+        self.emit = emit
+        self.clock = clock
+        self.run_state = run_state   # the loop's RunState (replaced after a refused requeue)
+        self.spares = spares         # this attempt's spare nodes, in pick order
         self.control_seen: set[str] = set()     # operator requests answered (control.py)
         self.control_polled = 0.0
         self.heard: dict[str, float] = {}        # node -> mono of its agent's last frame (status.py)
@@ -51,24 +70,50 @@ class OperatorMixin:
         self.goodput_commit: float | None = None
         self.said: set[str] = set()
 
-    def _publish_status(self, *, force: bool = False) -> None:
+    # ---- what the loop tells it ---------------------------------------------------------------
+    def heard_from(self, node: str, at: float) -> None:
+        self.heard[node] = at
+
+    def set_warm(self, node: str, warm: bool) -> None:
+        """`node`'s warm interpreters are ready (True) or now run the ranks (False)."""
+        (self.warm_nodes.add if warm else self.warm_nodes.discard)(node)
+
+    def checkpoint(self, tier: str, record: dict[str, Any]) -> None:
+        """A checkpoint reached `tier` (committed | validated | durable); a commit is what a
+        waiting replace waited for."""
+        self.checkpoints[tier] = {"step": record["step"], "ts": record.get("ts"),
+                                  **({"tier": record["tier"]} if isinstance(record.get("tier"), str) else {})}
+        if tier == "committed":
+            self.last_commit_mono = self.clock()
+            if self.replace is not None:
+                self.replace.due = True
+
+    def due_replace(self, step: int | None) -> Failure | None:
+        """The replace whose checkpoint was committed, as the failure the loop recovers from."""
+        if self.replace is None or not self.replace.due:
+            return None
+        failure, self.replace = self.replace.failure(step), None
+        return failure
+
+    def publish_status(self, *, active: tuple[str, ...], tracker: AttemptTracker | None, force: bool = False) -> None:
         """status.json for `ckptsup status`, every STATUS_EVERY_S (and at the end)."""
         now = self.clock()
         if not force and now - self.status_published < status.STATUS_EVERY_S:
             return
         self.status_published = now
-        spares = self._spares()
+        spares = self.spares()
+        state = self.run_state()
         seen = status.Seen(now_mono=now, now_wall=time.time(), heard=self.heard, has_agent=self.agents.has_agent,
                            warm_nodes=frozenset(self.warm_nodes), checkpoints=self.checkpoints,
                            interval_s=self.interval.current_s(), last_commit_mono=self.last_commit_mono)
         current = status.build_status(
-            job_id=self.placement.job_id, attempt=self.state.attempt, epoch=self.state.epoch,
-            run_status=self.state.status.value, active=self.active, spares=spares,
-            excluded=self.state.excluded_nodes, tracker=self.tracker, config=self.sup, seen=seen)
+            job_id=self.job_id, attempt=state.attempt, epoch=state.epoch,
+            run_status=state.status.value, active=active, spares=spares,
+            excluded=state.excluded_nodes, tracker=tracker, config=self.sup, seen=seen)
         try:
             status.publish(self.run_dir.path, current)
         except OSError as err:   # a full run dir costs the status, never the run
-            self._once(f"cannot publish {status.STATUS_FILE}: {err.strerror or err}")
+            self.once(f"cannot publish {status.STATUS_FILE}: {err.strerror or err}")
         if self.config.report.prom_textfile:
             self._publish_prom(current, now, force=force)
 
@@ -80,20 +125,20 @@ class OperatorMixin:
             self.goodput_at, self.goodput_commit = now, self.last_commit_mono
             acc = account(read_events(self.run_dir.path))
             self.goodput = acc.useful_device_s / acc.paid_device_s if acc.paid_device_s else None
-        path = Path(self.config.report.prom_textfile.replace("{job_id}", self.placement.job_id))
+        path = Path(self.config.report.prom_textfile.replace("{job_id}", self.job_id))
         try:
             prom_live.write_textfile(path, prom_live.live_text(current, self.goodput))
         except OSError as err:
-            self._once(f"cannot write the Prometheus textfile {path}: {err.strerror or err}")
+            self.once(f"cannot write the Prometheus textfile {path}: {err.strerror or err}")
 
-    def _once(self, line: str) -> None:
+    def once(self, line: str) -> None:
         """A line for a problem that repeats every few seconds: said once per run."""
         if line not in self.said:
             self.said.add(line)
             say(f"ckptsup: {line}")
 
     # ---- operator requests (control.py) -------------------------------------------------------
-    def _take_control(self, tracker: AttemptTracker) -> control.ControlRequest | None:
+    def take_control(self, tracker: AttemptTracker, active: tuple[str, ...]) -> control.ControlRequest | None:
         """Answer the operator's waiting requests; a stop is returned for the loop to carry out."""
         now = self.clock()
         if now - self.control_polled < CONTROL_POLL_S:
@@ -109,11 +154,11 @@ class OperatorMixin:
                     self._ack(request.id, request.command, control.Outcome.REFUSED, refusal, tracker)
                 else:
                     self.agents.send(MessageKind.SAVE_NOW, {"reason": f"operator request {request.id}"},
-                                     nodes=self.active)
+                                     nodes=list(active))
                     self._ack(request.id, request.command, control.Outcome.ACCEPTED,
                               "a checkpoint at the next step boundary", tracker)
             elif request.command is control.ControlCommand.REPLACE:
-                self._take_replace(request, tracker)
+                self._take_replace(request, tracker, active)
             elif stop is None:
                 stop = request
                 save = "checkpoint, then stop" if request.save else "stop without a checkpoint"
@@ -122,14 +167,15 @@ class OperatorMixin:
                 self._ack(request.id, request.command, control.Outcome.REFUSED, "a stop is already under way", tracker)
         return stop
 
-    def _take_replace(self, request: control.ControlRequest, tracker: AttemptTracker) -> None:
+    def _take_replace(self, request: control.ControlRequest, tracker: AttemptTracker,
+                      active: tuple[str, ...]) -> None:
         """Accept a replace when it can be done: ask for a checkpoint now; the restart without
         the node follows its commit (the loop's `self.replace.due`)."""
         node = request.node or ""
-        spares = self._spares()
+        spares = self.spares()
         refusal = self._save_now_refusal(tracker)
-        if node not in self.active:
-            refusal = f"{node} is not an active node of this attempt (active: {', '.join(self.active)})"
+        if node not in active:
+            refusal = f"{node} is not an active node of this attempt (active: {', '.join(active)})"
         elif not spares:
             refusal = f"no spare node to move {node}'s ranks to"
         elif self.replace is not None:
@@ -138,14 +184,14 @@ class OperatorMixin:
             self._ack(request.id, request.command, control.Outcome.REFUSED, refusal, tracker)
             return
         self.replace = PendingReplace(request=request.id, node=node)
-        self.agents.send(MessageKind.SAVE_NOW, {"reason": f"operator replace {request.id}"}, nodes=self.active)
+        self.agents.send(MessageKind.SAVE_NOW, {"reason": f"operator replace {request.id}"}, nodes=list(active))
         self._ack(request.id, request.command, control.Outcome.ACCEPTED,
                   f"{node}'s ranks move to {spares[0]} after the next checkpoint; {node} is excluded", tracker)
 
-    def _straggler(self, tracker: AttemptTracker, found: Any) -> None:
+    def straggler(self, tracker: AttemptTracker, found: Any, active: tuple[str, ...]) -> None:
         """A rank flagged as a straggler: the event with the evidence; with straggler_replace, its
         node moves to a spare at the next checkpoint (an operator's replace, by ckptsup)."""
-        spares = self._spares()
+        spares = self.spares()
         replace = (self.sup.straggler_replace and bool(spares) and self.replace is None
                    and tracker.level is SupervisionLevel.HOOKS)
         self.emit(Event.STRAGGLER, **found.evidence(), replace=replace)
@@ -154,7 +200,7 @@ class OperatorMixin:
             + (f"; moving it to {spares[0]} at the next checkpoint" if replace else ""))
         if replace:
             self.replace = PendingReplace(request=f"straggler-rank{found.rank}", node=found.node)
-            self.agents.send(MessageKind.SAVE_NOW, {"reason": f"straggler on {found.node}"}, nodes=self.active)
+            self.agents.send(MessageKind.SAVE_NOW, {"reason": f"straggler on {found.node}"}, nodes=list(active))
 
     def _save_now_refusal(self, tracker: AttemptTracker) -> str:
         level = tracker.level
@@ -170,14 +216,3 @@ class OperatorMixin:
         self.emit(Event.CONTROL, request=request, command=command.value if command else None,
                   outcome=outcome.value, detail=detail, step=tracker.current_step())
         say(f"ckptsup: operator request {request} ({command.value if command else '?'}): {outcome.value}: {detail}")
-
-    def _cancel(self, request: control.ControlRequest) -> ExitStatus:
-        """An operator's stop: the ranks agree on a stop step and save unless told not to (within
-        save_timeout_s), then the run ends CANCELLED: no requeue, by the template or anyone."""
-        step = self._stop_ranks(reason="cancelled", save=request.save, budget_s=self.sup.save_timeout_s)
-        self.emit(Event.RUN_CANCELLED, step=step, saved=request.save, request=request.id)
-        self.state.status = RunStatus.CANCELLED
-        self._save_state()
-        say(f"ckptsup: stopped on request {request.id} at step {step}; not requeueing")
-        return ExitStatus.CANCELLED
-
