@@ -32,8 +32,12 @@ test-fast: venv
 test-slurm: setup
 	$(PY) -m pytest -q -m slurm --timeout 600
 
+# The whole suite in parallel (pytest-xdist): most real-cluster tests wait on timers, not on the
+# CPU. Whole files per worker (--dist loadfile): a module's shared reference run stays on one; each
+# worker's dev-cluster tests take their own numbered cluster slot (tests/conftest.py).
+TEST_WORKERS ?= 3
 test: setup
-	$(PY) -m pytest -q --timeout 900
+	$(PY) -m pytest -q --timeout 900 -n $(TEST_WORKERS) --dist loadfile
 
 # The Slurm version matrix (.ci/slurm-matrix.sh, docs/slurm.md §Versions): Debian trixie (24.11) and
 # sid (26.05) in debootstrap chroots cached in /var/cache/ckptsup/slurm-chroots, beside the host's 22.05.
