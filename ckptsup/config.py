@@ -397,7 +397,7 @@ def redact(mapping: Mapping[str, Any]) -> dict[str, Any]:
 # ---- loading ----------------------------------------------------------------------------------
 
 def _type_problem(fld: dataclasses.Field, value: Any) -> str | None:
-    default = fld.default if fld.default is not dataclasses.MISSING else fld.default_factory()  # type: ignore[misc]
+    default = fld.default if fld.default is not dataclasses.MISSING else fld.default_factory()  # type: ignore[misc,operator]
     if isinstance(default, bool):
         return None if isinstance(value, bool) else "must be true or false"
     if isinstance(default, int):
@@ -679,7 +679,7 @@ def render_default_toml() -> str:
     for section, cls in SECTIONS.items():
         out.append(f"\n[{section}]\n")
         for fld in dataclasses.fields(cls):
-            default = fld.default if fld.default is not dataclasses.MISSING else fld.default_factory()  # type: ignore[misc]
+            default = fld.default if fld.default is not dataclasses.MISSING else fld.default_factory()  # type: ignore[misc,operator]
             limits = ([f"at most {_fmt(fld.metadata['max'])}"] if fld.metadata.get("max") is not None else []) \
                 + rules.get(f"{section}.{fld.name}", [])
             out.append(f"# {fld.metadata.get('help', '')}" + (f" [{', '.join(limits)}]" if limits else "") + "\n")

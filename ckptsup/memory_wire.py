@@ -22,7 +22,7 @@ import mmap
 import secrets
 import socket
 from dataclasses import dataclass
-from typing import Any, Callable
+from typing import Any, Callable, TypeAlias
 
 from .errors import CkptsupError
 from .safe_io import loads_json
@@ -78,6 +78,10 @@ def receive_buffer(n: int) -> bytearray | mmap.mmap:
 RELAY_CHUNK_BYTES = 4 << 20   # what a relay forwards at a time: the receive and the send overlap
 
 
+# a bundle's bytes as they are held: received into a bytearray, or an anonymous mmap when large
+Payload: TypeAlias = "bytes | bytearray | mmap.mmap"
+
+
 def recv_exact(sock: socket.socket, n: int, *, forward: Callable[[memoryview], None] | None = None,
                chunk: int = RELAY_CHUNK_BYTES) -> bytearray | mmap.mmap:
     """Exactly n bytes, read straight into one writable buffer (a bundle is not copied again).
@@ -112,7 +116,7 @@ def _recv_header(sock: socket.socket, limit: int) -> bytes:
     size = int.from_bytes(recv_exact(sock, 4), "big")
     if size > limit:
         raise MemoryChannelError(f"a memory-channel header of {size} bytes (limit {limit})")
-    return recv_exact(sock, size)
+    return bytes(recv_exact(sock, size))   # small (bounded above): a copy costs nothing
 
 
 @dataclass
@@ -152,7 +156,7 @@ class Session:
         return session
 
     # ---- messages -----------------------------------------------------------------------------
-    def send(self, op: MemoryOp, body: dict[str, Any], payload: bytes | memoryview | list[bytes] = b"") -> None:
+    def send(self, op: MemoryOp, body: dict[str, Any], payload: Payload | memoryview | list[bytes] = b"") -> None:
         parts = payload if isinstance(payload, list) else [payload]
         self.send_header(op, body, length=sum(len(p) for p in parts))
         for part in parts:
@@ -174,7 +178,7 @@ class Session:
             raise MemoryChannelError(f"a memory-channel header of {len(data)} bytes is over the limit")
         self.sock.sendall(len(data).to_bytes(4, "big") + data)
 
-    def recv(self) -> tuple[MemoryOp, dict[str, Any], bytearray | mmap.mmap]:
+    def recv(self) -> tuple[MemoryOp, dict[str, Any], Payload]:
         """→ (op, body, payload). Raises MemoryChannelError on anything but a good next message."""
         kind, body, length = self.recv_header()
         return kind, body, recv_exact(self.sock, length) if length else bytearray()

@@ -112,7 +112,7 @@ class RunState:
     epoch: int = 0                   # fencing epoch; increments whenever a new supervisor or attempt takes over
     excluded_nodes: dict[str, str] = field(default_factory=dict)  # node -> reason
     restarts: int = 0                # restarts spent from the budget
-    measured: dict[str, float] = field(default_factory=dict)      # e.g. stall_s, save_s, restart_s, step_p99_s
+    measured: dict[str, Any] = field(default_factory=dict)        # e.g. stall_s, save_s, restart_s (floats), step_times (a list)
     status: RunStatus = RunStatus.RUNNING
     failures: list[dict[str, Any]] = field(default_factory=list)  # history for the policy (kind, step, node, rank)
 
@@ -323,7 +323,7 @@ class RunDir:
         """Seconds since the lease was renewed (wall clock: the watchdog runs on another host,
         so monotonic clocks are not comparable), or None when there is no lease."""
         renewed = (self.read_lease() or {}).get("renewed")
-        if not _number(renewed):
+        if not isinstance(renewed, (int, float)) or not _number(renewed):
             return None
         return (time.time() if now is None else now) - float(renewed)
 

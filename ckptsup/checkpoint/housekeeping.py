@@ -155,8 +155,9 @@ class Housekeeper:
                     self._test_one(step_dir, step)
             finally:
                 with self._lock:
-                    self._testing.discard(step)
-                    self._tested.add(step)
+                    if step is not None:   # only step_<N> dirs are queued
+                        self._testing.discard(step)
+                        self._tested.add(step)
                 self._tests.task_done()
 
     def _test_one(self, step_dir: Path, step: int | None) -> None:

@@ -185,9 +185,11 @@ class NodeLocalCache:
         doomed = set(delete)
         deleted = []
         for path, marker in copies:
-            if marker is None or marker.step in doomed or marker.step != parse_step(path.name):
+            step = parse_step(path.name)
+            if marker is None or marker.step in doomed or marker.step != step:
                 delete_step_dir(path)
-                deleted.append(parse_step(path.name))
+                if step is not None:
+                    deleted.append(step)
         return deleted
 
 

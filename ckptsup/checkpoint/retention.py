@@ -102,7 +102,8 @@ def apply_retention(checkpoint_dir: str | os.PathLike[str], *, keep_last: int, k
     infos = list_checkpoints(checkpoint_dir)
     usable = [i for i in infos if i.status in (Status.COMMITTED, Status.VALIDATED) and i.manifest is not None]
     cands = [Candidate(step=i.step, created_at=i.manifest.created_datetime,
-                       flags=frozenset({VALIDATED} if i.validated_level >= 2 else set())) for i in usable]
+                       flags=frozenset({VALIDATED} if i.validated_level >= 2 else set()))
+             for i in usable if i.manifest is not None]   # (usable ones have one; said again for the checker)
     keep, delete = plan_retention(cands, keep_last=keep_last, keep_daily_days=keep_daily_days, now=clock(), protected=protected)
     deleted: list[int] = []
     if not dry_run:

@@ -58,7 +58,7 @@ def _decode(obj: Any) -> Any:
     if not isinstance(obj, dict):
         return obj
     tag = obj.get(_TAG)
-    value = obj.get("v")
+    value: Any = obj.get("v")   # its shape follows the tag
     if tag == "dict":
         return {k: _decode(v) for k, v in value.items()}
     if tag == "kdict":

@@ -122,7 +122,9 @@ def check_metadata_shape(metadata: Any) -> None:
             continue
         if type(entry) is not TensorStorageMetadata:
             raise bad(f"{fqn[:80]!r} is described by a {type(entry).__name__}")
-        props, size, chunks = (getattr(entry, name, None) for name in ("properties", "size", "chunks"))
+        props: Any = getattr(entry, "properties", None)
+        size: Any = getattr(entry, "size", None)
+        chunks: Any = getattr(entry, "chunks", None)
         if (type(props) is not TensorProperties or not isinstance(getattr(props, "dtype", None), torch.dtype)
                 or not is_size(size) or type(chunks) is not list):
             raise bad(f"{fqn[:80]!r} has no valid dtype, size or chunk list")
@@ -253,6 +255,7 @@ class VerifyingReader(_file_reader_base()):  # type: ignore[misc]
             with concurrent.futures.ThreadPoolExecutor(max_workers=1, thread_name_prefix="ckptsup-read") as pool:
                 ahead = pool.submit(fetch, order[0][0]) if order else None
                 for i, (item, reqs) in enumerate(order):
+                    assert ahead is not None   # submitted for every item of `order`
                     data = ahead.result()
                     ahead = pool.submit(fetch, order[i + 1][0]) if i + 1 < len(order) else None
                     self.bytes_read += len(data)
@@ -270,7 +273,7 @@ class VerifyingReader(_file_reader_base()):  # type: ignore[misc]
         import torch
 
         data = torch.empty(item.length, dtype=torch.uint8)  # not zero-filled, unlike bytearray
-        view = memoryview(data.numpy())
+        view = memoryview(data.numpy())   # type: ignore[arg-type]  # an ndarray is a buffer; numpy's stubs say otherwise
         local = self.local_files.get(item.file)
         if local is not None:
             try:
@@ -376,7 +379,7 @@ def load_tensor_in_place(data: Any) -> Any:
         from torch import _weights_only_unpickler
         from torch.serialization import _load, _open_zipfile_reader
 
-        with _open_zipfile_reader(_BufferFile(raw)) as zipped:
+        with _open_zipfile_reader(_BufferFile(raw)) as zipped:   # type: ignore[arg-type]  # torch's private reader takes any readable file
             return _load(zipped, "cpu", _weights_only_unpickler, overall_storage=data.untyped_storage())
     except (ImportError, AttributeError, TypeError):
         return torch.load(io.BytesIO(raw.tobytes()), map_location="cpu", weights_only=True)

@@ -65,7 +65,7 @@ def main(argv: list[str] | None = None) -> int:
     try:
         print(test_load(step_dir))
         return 0
-    except (*failure_errors(), TypeError) as err:
+    except failure_errors() + (TypeError,) as err:
         message = one_line(err)
     print(f"test load of {step_dir} FAILED: {message[:400]}", file=sys.stderr)
     return 1

@@ -114,8 +114,8 @@ def account(events: Iterable[dict[str, Any]]) -> Accounting:
         acc.notes.append("no datable events: nothing to account")
         return acc
     resumes = _resume_points(attempts)
-    commits = sorted((t, num(ev, "step")) for a in attempts for t, ev in a.events
-                     if ev.get("event") == Event.CHECKPOINT_COMMITTED and num(ev, "step") is not None)
+    commits = sorted((t, step) for a in attempts for t, ev in a.events
+                     if ev.get("event") == Event.CHECKPOINT_COMMITTED and (step := num(ev, "step")) is not None)
     active_total = 0.0
     for index, attempt in enumerate(attempts):
         if not attempt.devices:

@@ -112,8 +112,8 @@ def plan(gpus: int, gpus_per_node: int, mtbf: str | None, failures: float | None
         price = site_price if price is None else price
         site_gpu_mtbf_s = site_mtbf_h * 3600.0
     inputs = PlanInputs(
-        gpus=gpus, gpus_per_node=gpus_per_node, stall_s=_dur(stall, "--stall"),
-        restart_s=_dur(restart, "--restart", allow_zero=True), mtbf_s=_dur(mtbf, "--mtbf"),
+        gpus=gpus, gpus_per_node=gpus_per_node, stall_s=parse_duration(stall, what="--stall"),   # required flags
+        restart_s=parse_duration(restart, what="--restart", allow_zero=True), mtbf_s=_dur(mtbf, "--mtbf"),
         failures=failures, over_s=_dur(over, "--over"), on_gpus=on_gpus, site_gpu_mtbf_s=site_gpu_mtbf_s,
         ckpt_size_bytes=None if ckpt_size is None else parse_size(ckpt_size, what="--ckpt-size"),
         price_per_gpu_hour=price, keep_last=keep_last, keep_daily_days=keep_daily_days,

@@ -176,7 +176,7 @@ def build_attempt(events: list[dict[str, Any]], *, default_devices: tuple[float,
     start, end = placed[0][0], placed[-1][0]
     attempt_no = int(num(placed[0][1], "attempt", -1) or 0)
     devices: list[tuple[float, float, float]] = []
-    per_node, held_nodes, down = 1.0, None, set()  # from the newest allocation event
+    per_node, held_nodes, down = 1.0, None, set[str]()  # from the newest allocation event
     spans: list[Span] = []
     cur = Span(kind=SpanKind.STARTUP, start=start)
     end_reason = EndReason.OPEN

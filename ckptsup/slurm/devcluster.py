@@ -395,7 +395,7 @@ class DevCluster:
     def _stop(self, name: str, deadline: float) -> None:
         daemon = self._daemon(name)
         proc = daemon.process() if daemon else None
-        if proc is not None:
+        if daemon is not None and proc is not None:
             proc.terminate()
             while daemon.process() is not None:
                 if self._clock() > deadline:

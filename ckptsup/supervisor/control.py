@@ -78,7 +78,7 @@ def parse(data: object, name: str) -> ControlRequest | BadRequest:
     if not (isinstance(rid, str) and rid == name):
         return BadRequest(id=name, why="its id does not match its file name")
     try:
-        cmd = ControlCommand(command)
+        cmd = ControlCommand(command if isinstance(command, str) else "")
     except ValueError:
         return BadRequest(id=name, why=f"unknown command {str(command)[:40]!r} (save_now, stop)")
     if not isinstance(save, bool):

@@ -22,7 +22,7 @@ import re
 import shutil
 import subprocess
 from dataclasses import dataclass
-from typing import Callable, NamedTuple, Sequence
+from typing import Any, Callable, NamedTuple, Sequence
 
 from ..config import AUTO, HealthConfig
 
@@ -91,9 +91,9 @@ def _yes(cell: str) -> bool:
     return cell.strip().lower() in ("yes", "active", "1", "true")
 
 
-def query_gpus(text: str) -> list[dict[str, object]]:
+def query_gpus(text: str) -> list[dict[str, Any]]:
     """`nvidia-smi --query-gpu=<QUERY_FIELDS> --format=csv,noheader,nounits`; [N/A] is unknown."""
-    rows = []
+    rows: list[dict[str, Any]] = []
     for line in text.splitlines():
         cells = _cells(line)
         if len(cells) != len(QUERY_FIELDS) or not cells[0].isdigit():
@@ -104,9 +104,9 @@ def query_gpus(text: str) -> list[dict[str, object]]:
     return rows
 
 
-def remapped_rows(text: str) -> list[dict[str, object]]:
+def remapped_rows(text: str) -> list[dict[str, Any]]:
     """`nvidia-smi --query-remapped-rows=<REMAP_FIELDS> --format=csv,noheader`."""
-    rows = []
+    rows: list[dict[str, Any]] = []
     for line in text.splitlines():
         cells = _cells(line)
         if len(cells) != len(REMAP_FIELDS) or not cells[0]:

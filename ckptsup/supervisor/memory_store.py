@@ -18,6 +18,7 @@ restore point), and refuses a bundle over `max_bytes`.
 
 from __future__ import annotations
 
+import builtins
 import contextlib
 import enum
 import logging
@@ -30,7 +31,7 @@ from pathlib import Path
 from typing import Any
 
 from ..env import TEST_FLIP_MEMORY
-from ..memory_wire import MemoryChannelError, MemoryOp, Session, recv_exact
+from ..memory_wire import MemoryChannelError, MemoryOp, Payload, Session, recv_exact
 
 log = logging.getLogger("ckptsup.agent")
 
@@ -67,7 +68,7 @@ class Held:
     checkpoint_id: str
     manifest: str          # the bundle manifest's JSON, as the rank sent it
     sizes: tuple[int, ...] # payload split: one size per manifest file, in order
-    payload: bytes
+    payload: Payload
 
     @property
     def nbytes(self) -> int:
@@ -208,7 +209,7 @@ class MemoryServer:
         finally:
             self._clients.release()
 
-    def _answer(self, session: Session, role: str, op: MemoryOp, body: dict[str, Any], payload: bytes) -> None:
+    def _answer(self, session: Session, role: str, op: MemoryOp, body: dict[str, Any], payload: Payload) -> None:
         match op:
             case MemoryOp.PUT:
                 held = held_from_body(body, payload)
@@ -221,10 +222,10 @@ class MemoryServer:
                     self.peers.replicate(held)
             case MemoryOp.LIST:
                 rank = _int(body, "rank")
-                held = {tuple(h) for h in self.store.held(rank)}
+                listed: set[tuple[int, str]] = {(h[0], h[1]) for h in self.store.held(rank)}
                 if self.peers is not None and role.startswith("rank"):
-                    held |= self.peers.held(rank)
-                session.send(MemoryOp.HELD, {"rank": rank, "held": [list(h) for h in sorted(held)],
+                    listed |= self.peers.held(rank)
+                session.send(MemoryOp.HELD, {"rank": rank, "held": [list(h) for h in sorted(listed)],
                                              "bytes": self.store.total_bytes()})
             case MemoryOp.GET:
                 step, rank = _int(body, "step"), _int(body, "rank")
@@ -244,7 +245,7 @@ class MemoryServer:
                 raise MemoryChannelError(f"a client may not send {op.value}")
 
 
-def held_from_body(body: dict[str, Any], payload: bytes) -> Held:
+def held_from_body(body: dict[str, Any], payload: Payload) -> Held:
     fields = bundle_fields(body, len(payload))
     return Held(**fields, payload=payload)
 
@@ -340,7 +341,7 @@ class PeerLinks:
         finally:
             sock.close()
 
-    def held(self, rank: int) -> set[tuple[int, str]]:
+    def held(self, rank: int) -> builtins.set[tuple[int, str]]:   # (this class has a `set` method)
         """What the rank's source agents hold of it (an unreachable one holds nothing)."""
         with self._lock:
             addrs = list(self.sources.get(rank, []))

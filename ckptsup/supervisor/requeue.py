@@ -28,6 +28,7 @@ excluded in state.json. docs/timeouts.md records this limitation.
 from __future__ import annotations
 
 import argparse
+import functools
 import json
 import math
 import os
@@ -68,14 +69,24 @@ class RequeueRefused(CkptsupError):
 
 
 class JobInfoLike(Protocol):
-    state: Any
-    requeue: bool
-    restart_count: int
-    excluded_nodes: list[str]
-    partition: str
-    batch_host: str
-    nodes: list[str]
-    start_time: int | None
+    """What requeueing reads of a job (slurm/parsers.JobInfo; read-only, as that frozen record is)."""
+
+    @property
+    def state(self) -> Any: ...
+    @property
+    def requeue(self) -> bool: ...
+    @property
+    def restart_count(self) -> int: ...
+    @property
+    def excluded_nodes(self) -> list[str]: ...
+    @property
+    def partition(self) -> str: ...
+    @property
+    def batch_host(self) -> str: ...
+    @property
+    def nodes(self) -> list[str]: ...
+    @property
+    def start_time(self) -> int | None: ...
 
 
 class RequeueClient(Protocol):
@@ -119,12 +130,14 @@ def _state_name(info: JobInfoLike | None) -> str:
     return str(getattr(state, "value", state)).upper()
 
 
-def check_requeueable(info: JobInfoLike | None, job_id: str) -> None:
+def check_requeueable(info: JobInfoLike | None, job_id: str) -> JobInfoLike:
+    """The job's record when it can be requeued, else RequeueRefused with the reason and the fix."""
     if info is None:
         raise RequeueRefused(f"job {job_id} is unknown to Slurm; it cannot be requeued (resubmit it)")
     if not info.requeue:
         raise RequeueRefused(f"job {job_id} was submitted with --no-requeue, so it cannot be requeued; "
                              "giving up (resubmit without --no-requeue to let ckptsup requeue it)")
+    return info
 
 
 def _claim(run_dir: RunDir, epoch: int, who: str) -> bool:
@@ -155,8 +168,7 @@ def requeue_job(client: RequeueClient, run_dir: str | os.PathLike[str] | RunDir,
     rd = run_dir if isinstance(run_dir, RunDir) else RunDir(path=Path(run_dir))
     job_id = str(job_id)
     t0 = clock()
-    info = client.job_info(job_id)
-    check_requeueable(info, job_id)
+    info = check_requeueable(client.job_info(job_id), job_id)
     t_check = clock()
 
     state = rd.load_state()
@@ -208,14 +220,14 @@ def requeue_job(client: RequeueClient, run_dir: str | os.PathLike[str] | RunDir,
         # the job is requeued already: a full or flaky run dir costs the log line, never the
         # pending-job updates below (exclusions, partition, the hold lifted); in-line, the
         # finish step meets the same run dir and reports it as its one line
-        log_error = f"ckptsup: requeued job {job_id} but could not log it in {rd.path}: {err.strerror or err}"
+        log_error: str | None = f"ckptsup: requeued job {job_id} but could not log it in {rd.path}: {err.strerror or err}"
     else:
         log_error = None
 
     if detach is None:
         detach = os.environ.get(SLURM_JOB_ID) == job_id
-    base = dict(job_id=job_id, requeued=True, epoch=state.epoch, excluded=excluded,
-                partition=partition, phases=phases)
+    done = functools.partial(RequeueResult, job_id=job_id, requeued=True, epoch=state.epoch, excluded=excluded,
+                             partition=partition, phases=phases)
     if detach:
         if log_error:
             say(log_error, file=sys.stderr)
@@ -223,12 +235,12 @@ def requeue_job(client: RequeueClient, run_dir: str | os.PathLike[str] | RunDir,
                              restart_count=info.restart_count, requeued_mono=t_requeue,
                              requeued_wall=requeued_wall, deadline_s=finish_deadline_s)
         pid = (spawn or spawn_detached)(argv, rd.path)
-        return RequeueResult(**base, finisher_pid=pid)
+        return done(finisher_pid=pid)
     result = finish_requeue(client, rd, job_id, exclude=excluded, partition=partition,
                             restart_count=info.restart_count, requeued_mono=t_requeue,
                             requeued_wall=requeued_wall, clock=clock, wall=wall, sleep=sleep,
                             deadline_s=finish_deadline_s)
-    return RequeueResult(**base, finish=result)
+    return done(finish=result)
 
 
 REQUEUED_STATES = frozenset({"PENDING", "REQUEUED", "REQUEUE_HOLD", "REQUEUE_FED"})

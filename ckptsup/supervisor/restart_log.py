@@ -11,7 +11,7 @@ from __future__ import annotations
 
 import statistics
 from dataclasses import dataclass, field
-from typing import Any, Iterable, Mapping
+from typing import Any, Iterable, Mapping, Sequence
 
 from rich.console import Console
 from rich.table import Table
@@ -236,7 +236,7 @@ def row_text(row: Row) -> Text:
     return line
 
 
-def render(events: list[Mapping[str, Any]], console: Console, *, show_all: bool = False) -> None:
+def render(events: Sequence[Mapping[str, Any]], console: Console, *, show_all: bool = False) -> None:
     table = Table(title="ckptsup restart log", show_lines=False, expand=False)
     table.add_column("t", justify="right", no_wrap=True)
     table.add_column("attempt", justify="right")

@@ -10,6 +10,7 @@ never in the agent or the supervisor.
 
 from __future__ import annotations
 
+import io
 import json
 import os
 import signal
@@ -50,7 +51,8 @@ def main() -> int:
     devnull = os.open(os.devnull, os.O_RDONLY)
     os.dup2(devnull, 0)
     os.close(devnull)
-    sys.stdout.reconfigure(line_buffering=True)  # a pipe is block-buffered: rank lines must be live
+    if isinstance(sys.stdout, io.TextIOWrapper):
+        sys.stdout.reconfigure(line_buffering=True)  # a pipe is block-buffered: rank lines must be live
     os.environ.clear()
     os.environ.update(request["env"])
     os.chdir(request["cwd"])

@@ -64,7 +64,7 @@ def build_status(*, job_id: str, attempt: int, epoch: int, run_status: str, acti
                                "heartbeat_age_s": None if heard is None else round(seen.now_mono - heard, 3),
                                "warm": node in seen.warm_nodes}
         view = tracker.node_views.get(node) if tracker is not None and node in active else None
-        if view is not None:
+        if view is not None and tracker is not None:
             window = view.step_window
             row.update(ranks_alive=list(view.ranks_alive), step=steps.get(node),
                        step_p50_s=window.p50() if window else None, step_p99_s=window.p99() if window else None,

@@ -93,8 +93,8 @@ def watch(*, run_dir: str | os.PathLike[str] | RunDir, job_id: str, config: Conf
         age = None if not isinstance(renewed, (int, float)) else now - float(renewed)
         # A lease older than our own start belongs to a previous batch run (or none exists yet):
         # give the new supervisor `grace` to write its first one.
-        fresh_since_start = age is not None and float(renewed) >= started - stale_s
-        if fresh_since_start:
+        fresh_since_start = age is not None and isinstance(renewed, (int, float)) and renewed >= started - stale_s
+        if age is not None and fresh_since_start:
             stale = age > stale_s
         else:
             stale = now - started > grace
