@@ -1,5 +1,6 @@
 """Shared by the drop-in tests: an unmodified DDP script (tests/helpers/plain_ddp.py), its
-uninterrupted reference under plain torchrun, and finding its rank processes and steps."""
+uninterrupted reference under plain torchrun, and finding its steps; and, for every test that
+signals a rank, finding the rank's real process (rank_processes, real_rank)."""
 import re
 import subprocess
 import sys
@@ -23,19 +24,28 @@ def named(events, name):
     return [e for e in events if e["event"] == name]
 
 
-def ranks_of(ckpt_dir: Path) -> dict[int, psutil.Process]:
-    """The script's rank processes of this test (by their checkpoint dir), by global rank."""
+def rank_processes(script: Path, marker: Path) -> dict[int, psutil.Process]:
+    """The processes that run `script`'s ranks (real_rank: a warm interpreter, not its proxy) in
+    the run whose command line names `marker` (the test's own checkpoint dir or output), by global
+    rank. One finder for every test that signals a rank (drop-in, Lightning, HF, torchtitan, ...)."""
     out = {}
     for p in psutil.process_iter(["cmdline"]):
-        cmd = words(p.info["cmdline"] or [])
-        if str(SCRIPT) in cmd and str(ckpt_dir) in cmd and "torch.distributed.run" not in cmd:
+        cmd = words(p.info["cmdline"] or [])   # a rank is titled `ckptsup rank R: ...`
+        if str(script) in cmd and str(marker) in cmd and "torch.distributed.run" not in cmd:
             try:
                 env = p.environ()
+                if "RANK" in env and "LOCAL_RANK" in env:
+                    out[int(env["RANK"])] = real_rank(p)
             except psutil.Error:
-                continue
-            if "RANK" in env and "LOCAL_RANK" in env:
-                out[int(env["RANK"])] = real_rank(p)
+                continue   # it ended meanwhile
     return out
+
+
+def rank_process(script: Path, marker: Path, rank: int) -> psutil.Process:
+    found = rank_processes(script, marker)
+    if rank not in found:
+        raise AssertionError(f"rank {rank} of {script.name} ({marker}) not found; ranks seen: {sorted(found)}")
+    return found[rank]
 
 
 def newest_step(run: Path) -> int:

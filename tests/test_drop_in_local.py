@@ -9,7 +9,7 @@ import torch
 
 from ckptsup.events import read_events
 
-from drop_in_helpers import CKPTSUP, SCRIPT, named, newest_step, ranks_of, reference, same_model, wait_for
+from drop_in_helpers import CKPTSUP, SCRIPT, named, newest_step, rank_process, reference, same_model, wait_for
 
 pytestmark = pytest.mark.integration
 
@@ -32,7 +32,7 @@ def test_an_unmodified_ddp_script_survives_three_rank_sigkills_and_a_sigstop(tmp
             wait_for(lambda: newest_step(run) >= at, 120, f"step {at}")
             ready = len(named(read_events(run), "launch"))   # each launch's warm interpreters for the next
             wait_for(lambda: len(named(read_events(run), "warm_ready")) >= ready, 120, "warm interpreters")
-            victim = ranks_of(ckpt)[1]
+            victim = rank_process(SCRIPT, ckpt, 1)
             victim.send_signal(sig)
             launches = len(named(read_events(run), "launch"))
             wait_for(lambda: len(named(read_events(run), "launch")) > launches, 60, f"the restart after step {at}")

@@ -7,14 +7,13 @@ import signal
 import subprocess
 from pathlib import Path
 
-import psutil
 import pytest
 import torch
 
 from ckptsup.checkpoint import external as ext
 from ckptsup.events import read_events
 
-from drop_in_helpers import CKPTSUP, named, wait_for, words
+from drop_in_helpers import CKPTSUP, named, rank_process, wait_for
 
 pytestmark = pytest.mark.integration
 
@@ -48,20 +47,6 @@ def committed(run: Path) -> list[dict]:
 
 def manifests(run: Path) -> set[str]:
     return set(ext.known_names(run))
-
-
-def rank_procs(ckpt: Path) -> dict[int, psutil.Process]:
-    out = {}
-    for p in psutil.process_iter(["cmdline"]):
-        cmd = words(p.info["cmdline"] or [])   # a rank is titled `ckptsup rank R: ...`
-        if str(SCRIPT) in cmd and str(ckpt) in cmd and "torch.distributed.run" not in cmd:
-            try:
-                env = p.environ()
-            except psutil.Error:
-                continue
-            if "RANK" in env and "LOCAL_RANK" in env:
-                out[int(env["RANK"])] = p
-    return out
 
 
 @pytest.fixture(scope="module")
@@ -110,7 +95,7 @@ def test_a_corrupted_newest_folder_and_an_unfinished_one_are_moved_aside_and_the
         (ckpt / "step-999").mkdir()
         (ckpt / "step-999" / "__0_0.distcp").write_bytes(b"half a save")
         release.touch()
-        rank_procs(ckpt)[1].send_signal(signal.SIGKILL)
+        rank_process(SCRIPT, ckpt, 1).send_signal(signal.SIGKILL)
     except BaseException:
         proc.kill()
         raise

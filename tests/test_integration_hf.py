@@ -15,7 +15,6 @@ import sys
 import time
 from pathlib import Path
 
-import psutil
 import pytest
 import torch
 
@@ -24,7 +23,7 @@ from ckptsup.checkpoint.manifest import load_manifest
 from ckptsup.env import ExitStatus
 from ckptsup.events import read_events
 
-from drop_in_helpers import real_rank, words
+from drop_in_helpers import rank_process
 from hooks_helpers import FakeAgent, base_env, free_port, private_dir
 
 pytestmark = pytest.mark.torch
@@ -74,18 +73,6 @@ def wait_for(cond, timeout: float, what: str, proc: subprocess.Popen | None = No
     raise AssertionError(f"timed out waiting for {what}")
 
 
-def rank_of(out: Path, rank: int) -> psutil.Process:
-    for p in psutil.process_iter(["cmdline"]):
-        cmd = words(p.info["cmdline"] or [])   # a rank is titled `ckptsup rank R: ...`
-        if str(SCRIPT) in cmd and str(out) in cmd and "torch.distributed.run" not in cmd:
-            try:
-                if p.environ().get("RANK") == str(rank):
-                    return real_rank(p)
-            except psutil.Error:
-                continue
-    raise AssertionError(f"rank {rank} not found")
-
-
 def committed(ckpts: Path) -> list[int]:
     return [i.step for i in list_checkpoints(ckpts) if i.status in (Status.COMMITTED, Status.VALIDATED)]
 
@@ -126,11 +113,11 @@ def test_hf_trainer_survives_a_kill_a_corrupt_checkpoint_and_a_preemption_bit_ex
     try:
         # 1. SIGKILL rank 1 mid-epoch, once step_8 is committed (the resume skips 2 batches into epoch 2)
         wait_for(lambda: 8 in committed(ckpts) and newest_step(out) >= 9, 180, "step_8", proc)
-        rank_of(out, 1).kill()
+        rank_process(SCRIPT, out, 1).kill()
         wait_for(lambda: len(named(read_events(run), "checkpoint_loaded")) >= 1, 180, "the first resume", proc)
         # 2. freeze rank 0 (nothing can commit), corrupt the newest checkpoint, SIGKILL rank 0
         wait_for(lambda: max(committed(ckpts), default=0) >= 16 and newest_step(out) >= 17, 180, "step_16", proc)
-        victim = rank_of(out, 0)
+        victim = rank_process(SCRIPT, out, 0)
         victim.suspend()
         corrupted = corrupt_newest(ckpts)
         victim.kill()

@@ -13,13 +13,12 @@ import sys
 import time
 from pathlib import Path
 
-import psutil
 import pytest
 import torch
 
 from ckptsup.events import read_events
 
-from drop_in_helpers import real_rank, words
+from drop_in_helpers import rank_processes
 from hooks_helpers import base_env, free_port, private_dir
 
 pytestmark = pytest.mark.integration
@@ -71,21 +70,6 @@ def assert_same_run(out: Path, ref: Path) -> None:
     assert all_ids == sorted(list(range(SAMPLES)) * EPOCHS)   # every sample once per epoch
 
 
-def rank_processes(out: Path) -> dict[int, psutil.Process]:
-    """The script's rank processes writing to `out`, by global rank."""
-    found = {}
-    for proc in psutil.process_iter(["cmdline"]):
-        cmd = words(proc.info["cmdline"] or [])   # a rank is titled `ckptsup rank R: ...`
-        if str(SCRIPT) in cmd and str(out) in cmd and "torch.distributed.run" not in cmd:
-            try:
-                env = proc.environ()
-            except psutil.Error:
-                continue
-            if "RANK" in env and "LOCAL_RANK" in env:
-                found[int(env["RANK"])] = real_rank(proc)
-    return found
-
-
 def wait_for(cond, timeout: float, what: str) -> None:
     deadline = time.monotonic() + timeout
     while time.monotonic() < deadline:
@@ -131,7 +115,7 @@ def kill_rank1_at_a_quiet_checkpoint(run: Path, out: Path, *, after_step: int, c
     Returns the newest checkpoint's step."""
     launches = len(named(read_events(run), "launch"))
     wait_for(lambda: any(s >= after_step for s in committed(run)), 180, f"a checkpoint of step >= {after_step}")
-    victim = rank_processes(out)[1]
+    victim = rank_processes(SCRIPT, out)[1]
     victim.send_signal(signal.SIGSTOP)
     time.sleep(1.5)
     newest = newest_checkpoint(run / "checkpoints")
@@ -181,7 +165,7 @@ def test_sigterm_to_the_ranks_stops_them_at_one_step_with_an_emergency_checkpoin
     proc = subprocess.Popen(argv(), env=env, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, cwd=tmp)
     try:
         wait_for(lambda: (ckpt / "step_10").is_dir() and len(samples(out, 1)) > 12, 180, "step 12 after step_10")
-        for rank in rank_processes(out).values():
+        for rank in rank_processes(SCRIPT, out).values():
             rank.send_signal(signal.SIGTERM)
         console, _ = proc.communicate(timeout=120)
     finally:

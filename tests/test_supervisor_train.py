@@ -14,7 +14,7 @@ import pytest
 
 from ckptsup.events import read_events
 
-from drop_in_helpers import real_rank, words
+from drop_in_helpers import rank_process
 
 pytestmark = pytest.mark.torch
 
@@ -69,18 +69,6 @@ def wait_for_commit(run: Path, step: int, timeout: float = 120) -> None:
     raise AssertionError(f"no checkpoint at step >= {step} within {timeout}s")
 
 
-def rank_process(out: Path, rank: int) -> psutil.Process:
-    for proc in psutil.process_iter(["cmdline"]):
-        cmd = words(proc.info["cmdline"] or [])   # a hooked rank is titled `ckptsup rank R: ...`
-        if str(TRAIN) in cmd and str(out) in cmd:
-            try:
-                if proc.environ().get("RANK") == str(rank):
-                    return real_rank(proc)
-            except psutil.Error:
-                continue
-    raise AssertionError(f"rank {rank} of {out} not found")
-
-
 def no_rank_left(out: Path) -> bool:
     return not [p for p in psutil.process_iter(["cmdline"]) if str(out) in " ".join(p.info["cmdline"] or [])
                 and str(TRAIN) in " ".join(p.info["cmdline"] or [])]
@@ -105,7 +93,7 @@ def test_rank_sigkill_restarts_fast_and_ends_bit_identical(tmp_path, reference):
     wait_for_commit(run, 10)
     wait_for_warm(run)
     killed_at = time.monotonic()
-    rank_process(out, 1).send_signal(signal.SIGKILL)
+    rank_process(TRAIN, out, 1).send_signal(signal.SIGKILL)
     rc, log = finish(proc)
     assert rc == 0, log
     events = read_events(run)
@@ -128,7 +116,7 @@ def test_rank_sigstop_is_a_hang_detected_within_timeout_plus_2s_and_ends_bit_ide
     wait_for_commit(run, 10)
     wait_for_warm(run)
     stopped_at = time.monotonic()
-    rank_process(out, 1).send_signal(signal.SIGSTOP)
+    rank_process(TRAIN, out, 1).send_signal(signal.SIGSTOP)
     rc, log = finish(proc)
     assert rc == 0, log
     events = read_events(run)
@@ -232,7 +220,7 @@ def test_a_rank_sigkill_resumes_from_the_agents_memory_and_ends_bit_identical(tm
                            extra_toml="[memory]\nevery_steps = 5\n")
     wait_for_memory_save(proc, run, 20)
     wait_for_warm(run)
-    rank_process(out, 1).send_signal(signal.SIGKILL)
+    rank_process(TRAIN, out, 1).send_signal(signal.SIGKILL)
     rc, log = finish(proc)
     assert rc == 0, log
     events = read_events(run)
@@ -254,7 +242,7 @@ def test_a_corrupt_memory_bundle_is_refused_and_the_disk_checkpoint_used_with_no
                            extra_toml="[memory]\nenabled = true\nevery_steps = 5\n")
     wait_for_memory_save(proc, run, 25)
     wait_for_warm(run)
-    rank_process(out, 1).send_signal(signal.SIGKILL)
+    rank_process(TRAIN, out, 1).send_signal(signal.SIGKILL)
     rc, log = finish(proc)
     assert rc == 0, log
     events = read_events(run)
