@@ -287,7 +287,7 @@ class NcclConfig:
     heartbeat_timeout_s: float = knob(120.0, "TORCH_NCCL_HEARTBEAT_TIMEOUT_SEC: watchdog-of-the-watchdog (s)", positive, max=WEEK_S)
     flight_recorder_entries: int = knob(2000, "TORCH_NCCL_TRACE_BUFFER_SIZE / TORCH_FR_BUFFER_SIZE entries", non_negative, max=10**6)
     dump_on_timeout: bool = knob(True, "TORCH_NCCL_DUMP_ON_TIMEOUT: dump the flight recorder into the run dir")
-    async_error_handling: int = knob(3, "TORCH_NCCL_ASYNC_ERROR_HANDLING (3 = skip cleanup and tear down)", one_of(0, 1, 2, 3), max=3)  # type: ignore[arg-type]
+    async_error_handling: int = knob(3, "TORCH_NCCL_ASYNC_ERROR_HANDLING (3 = skip cleanup and tear down)", one_of(0, 1, 2, 3), max=3)
 
 
 @dataclass(kw_only=True)
@@ -397,7 +397,7 @@ def redact(mapping: Mapping[str, Any]) -> dict[str, Any]:
 # ---- loading ----------------------------------------------------------------------------------
 
 def _type_problem(fld: dataclasses.Field, value: Any) -> str | None:
-    default = fld.default if fld.default is not dataclasses.MISSING else fld.default_factory()  # type: ignore[misc,operator]
+    default = fld.default if fld.default is not dataclasses.MISSING else fld.default_factory()  # type: ignore[operator]
     if isinstance(default, bool):
         return None if isinstance(value, bool) else "must be true or false"
     if isinstance(default, int):
@@ -679,7 +679,7 @@ def render_default_toml() -> str:
     for section, cls in SECTIONS.items():
         out.append(f"\n[{section}]\n")
         for fld in dataclasses.fields(cls):
-            default = fld.default if fld.default is not dataclasses.MISSING else fld.default_factory()  # type: ignore[misc,operator]
+            default = fld.default if fld.default is not dataclasses.MISSING else fld.default_factory()  # type: ignore[operator]
             limits = ([f"at most {_fmt(fld.metadata['max'])}"] if fld.metadata.get("max") is not None else []) \
                 + rules.get(f"{section}.{fld.name}", [])
             out.append(f"# {fld.metadata.get('help', '')}" + (f" [{', '.join(limits)}]" if limits else "") + "\n")

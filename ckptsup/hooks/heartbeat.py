@@ -102,7 +102,8 @@ def returned(frame: FrameType) -> bool:
 
 def main_frame() -> FrameType | None:
     """The outermost frame of the main thread: the script's module (runpy's under python -m)."""
-    frame = sys._current_frames().get(threading.main_thread().ident)
+    ident = threading.main_thread().ident
+    frame = sys._current_frames().get(ident) if ident is not None else None
     while frame is not None and frame.f_back is not None:
         frame = frame.f_back
     return frame

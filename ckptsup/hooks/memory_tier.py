@@ -111,7 +111,7 @@ def _memory_writer(files: dict[str, bytes]) -> Any:
             return [name for name in files if name.startswith(str(path))]
 
     writer = FileSystemWriter(str(BUNDLE_ROOT), sync_files=False, thread_count=1, overwrite=True)
-    writer.fs = DictFileSystem()
+    writer.fs = DictFileSystem()   # type: ignore[assignment]  # DCP's FileSystem interface, in memory
     writer.path = BUNDLE_ROOT
     return writer
 
@@ -353,7 +353,7 @@ class MemorySaver:
                 raise CheckpointError(self.disabled)
             self.client.put(bundle)
             result = MemorySaveResult(step=step, ok=True, stall_s=stall, write_s=self.clock() - start, bytes=bundle.nbytes)
-        except (*failure_errors(), MemoryChannelError, OSError) as err:
+        except failure_errors() + (MemoryChannelError, OSError) as err:
             result = MemorySaveResult(step=step, ok=False, stall_s=stall, write_s=self.clock() - start,
                                       reason=one_line(err))
         self.on_result(result)

@@ -72,9 +72,10 @@ class PhaseLink:
     def beat(self) -> None:
         """A heartbeat in the current phase when the script entered it (an eval), at most one per
         beat_every_s. In the hooks' own phases it is nothing: a step is training's heartbeat."""
-        if self.phase not in USER_PHASES.values() or self.clock() - self.last_beat < self.beat_every_s:
+        phase = self.phase
+        if phase is None or phase not in USER_PHASES.values() or self.clock() - self.last_beat < self.beat_every_s:
             return
-        self.enter(self.phase)
+        self.enter(phase)
 
 
 _current: PhaseLink | None = None

@@ -126,7 +126,7 @@ def plan(gpus: int, gpus_per_node: int, mtbf: str | None, failures: float | None
         memory_restart_s=_dur(memory_restart, "--memory-restart", allow_zero=True),
         memory_persist_s=_dur(memory_persist_time, "--memory-persist-time", allow_zero=True) or 0.0,
         memory_miss=memory_miss)
-    result = run_plan(inputs)  # type: ignore[arg-type]
+    result = run_plan(inputs)
     if as_json:
         click.echo(_dump(result))
         return

@@ -146,7 +146,7 @@ class ExternalResume:
             if msg.m is MessageKind.EXT_HASHED and msg.body.get("request") == request:
                 key = (msg.node, msg.body.get("part"))
                 if key in waiting:
-                    waiting.discard(key)   # type: ignore[arg-type]
+                    waiting.discard(key)
                     take_answer(msg.body, hashed, problems)
             return not waiting
 

@@ -203,7 +203,7 @@ class ExternalCheckpoints:
         key = (node, body.get("part"))
         if key not in pending.waiting:
             return
-        pending.waiting.discard(key)   # type: ignore[arg-type]
+        pending.waiting.discard(key)
         take_answer(body, pending.hashed, pending.problems)
         if not pending.waiting:
             self.pending = None

@@ -68,6 +68,7 @@ def main() -> int:
     # EOF: the rank's process is gone. Without an exit status it died of a signal: so do we
     if rc is None:
         os.kill(os.getpid(), signal.SIGKILL)
+        raise SystemExit(128 + signal.SIGKILL)   # not reached: SIGKILL is not caught
     return rc
 
 
