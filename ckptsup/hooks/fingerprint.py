@@ -186,3 +186,49 @@ def flip_bit(model: Any, *, param: int = 0, index: int = 0, bit: int = 20) -> No
     with torch.no_grad():
         words = p.data.view(-1).view(torch.int32)
         words[index] ^= 1 << bit
+
+
+class ReplicaCheck:
+    """One rank's side of the comparison: fingerprint what it holds, all-gather the LANES int64
+    with every replica on the session's gloo group, judge. Collective: every rank calls `check`
+    at the same step (step-based, or at a save every rank takes)."""
+
+    def __init__(self, *, model: Any, optimizer: Any, rank: int, world_size: int, group: Any,
+                 every_steps: int) -> None:
+        self.model, self.optimizer = model, optimizer
+        self.rank, self.world_size, self.group = rank, world_size, group
+        self.every_steps = every_steps
+        self.last: tuple[int, Verdict] | None = None   # (state after N steps, its verdict): one check per state
+        self.checks = 0
+        self.seconds = 0.0     # fingerprinting + exchange, all checks together (the cost in events)
+
+    def due(self, step: int) -> bool:
+        return self.every_steps > 0 and (step + 1) % self.every_steps == 0
+
+    def check(self, steps_done: int) -> Verdict:
+        """The verdict on the state after `steps_done` steps (computed once per state)."""
+        import time
+
+        if self.last is not None and self.last[0] == steps_done:
+            return self.last[1]
+        import torch
+        import torch.distributed as dist
+
+        t0 = time.perf_counter()
+        mine = torch.tensor(fingerprint(state_tensors(self.model, self.optimizer)), dtype=torch.int64)
+        gathered = [torch.empty_like(mine) for _ in range(self.world_size)]
+        dist.all_gather(gathered, mine, group=self.group)
+        result = verdict([tuple(t.tolist()) for t in gathered])
+        self.seconds += time.perf_counter() - t0
+        self.checks += 1
+        self.last = (steps_done, result)
+        return result
+
+
+def record(v: Verdict) -> dict[str, Any]:
+    """The manifest's `replicas` entry (checkpoint/validate.py REPLICAS_KEY)."""
+    out: dict[str, Any] = {"agree": v.agree, "copies": v.copies, "fingerprint": v.fingerprint}
+    if not v.agree:
+        out["disputed"] = list(v.disputed)
+        out["majority"] = v.majority
+    return out
