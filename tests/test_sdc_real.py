@@ -5,6 +5,7 @@ ending with the uninterrupted run's parameters on every replica; a flip just bef
 a checkpoint that is never validated nor resumed from; and no false alarm with fingerprints at
 every step."""
 import json
+import shutil
 import subprocess
 import sys
 from pathlib import Path
@@ -68,7 +69,11 @@ def test_a_flipped_bit_is_caught_the_rank_named_and_the_run_ends_as_if_it_never_
     redone = json.loads((run / "checkpoints" / "step_40" / "manifest.json").read_text())
     assert redone["extra"]["replicas"] == {"agree": True, "copies": 3,
                                            "fingerprint": redone["extra"]["replicas"]["fingerprint"]}
-    # ckptsup ckpt verify / inspect say why the disagreeing one is never used
+    # ckptsup ckpt verify / inspect say why the disagreeing one is never used (a copy under its step name)
+    evidence = tmp_path / "evidence"
+    evidence.mkdir(mode=0o700)
+    shutil.copytree(quarantined, evidence / "step_40")
+    quarantined = evidence / "step_40"
     cli = [sys.executable, "-m", "ckptsup.cli", "ckpt"]
     verify = subprocess.run([*cli, "verify", str(quarantined)], capture_output=True, text=True)
     assert verify.returncode != 0 and "replicas disagreed at step 40" in verify.stdout + verify.stderr

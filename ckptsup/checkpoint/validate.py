@@ -305,6 +305,10 @@ def _run_levels(step_dir: Path, manifest: Manifest, result: ValidationResult, *,
     if algorithm is not None and manifest.hash_algorithm != algorithm:
         result.problems = [f"manifest uses {manifest.hash_algorithm}, but {algorithm} was required"]
         return
+    sdc = replica_problem(manifest)
+    if sdc is not None:   # at every level: its bytes may all be intact, its state is not
+        result.problems = [sdc]
+        return
     item_problems: list[str] = []
     result.problems, result.bytes_checked = check_level1(step_dir, manifest, progress=progress, item_problems=item_problems)
     if not result.problems:
