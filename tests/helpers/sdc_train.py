@@ -34,9 +34,11 @@ def main() -> int:
     p.add_argument("--steps", type=int, default=60)
     p.add_argument("--save-every-steps", type=int, default=10)
     p.add_argument("--flip", action="append", default=[])
+    p.add_argument("--crash", action="append", default=[], help="STEP:RANK raises after that step, once")
     p.add_argument("--out", required=True)
     args = p.parse_args()
     flips = [tuple(int(x) for x in f.split(":")) for f in args.flip]
+    crashes = [tuple(int(x) for x in f.split(":")) for f in args.crash]
     out = Path(args.out)
     out.mkdir(parents=True, exist_ok=True)
     ckptsup.init_process_group()
@@ -64,6 +66,8 @@ def main() -> int:
         if fires(out, step, rank, flips):
             flip_bit(model.module, param=0, index=3, bit=12)   # a low mantissa bit: the loss stays finite
             print(f"rank {rank}: flipped a bit after step {step}", flush=True)
+        if fires(out, step, rank, crashes):
+            raise RuntimeError(f"injected crash after step {step} on rank {rank}")
         run.step_done(step, loss=loss.detach())
         step += 1
     checks = run.replicas.checks if run.replicas is not None else 0
