@@ -342,7 +342,7 @@ class ReportConfig:
 
 @dataclass(kw_only=True)
 class SdcConfig:
-    every_steps: int = knob(500, "replica fingerprints (docs/sdc.md) every N steps, and at every save (disk and memory); "
+    every_steps: int = knob(1000, "replica fingerprints (docs/sdc.md) every N steps, and at every save (disk and memory); "
                                   "0 = only at saves. Default from the measured cost: at 1 GiB of state per rank and a "
                                   "50 ms step, under 1 % of the step time (BENCHMARKS.md §SDC)", non_negative, max=10**9)
     enabled: bool = knob(True, "compare replica fingerprints where ranks hold replicas (DDP); a disagreement is an "
