@@ -341,6 +341,15 @@ class ReportConfig:
 
 
 @dataclass(kw_only=True)
+class SdcConfig:
+    every_steps: int = knob(1000, "replica fingerprints (docs/sdc.md) every N steps, and at every save (disk and memory); "
+                                  "0 = only at saves. Default from the measured cost: at 1 GiB of state per rank and a "
+                                  "50 ms step, under 1 % of the step time (BENCHMARKS.md §SDC)", non_negative, max=10**9)
+    enabled: bool = knob(True, "compare replica fingerprints where ranks hold replicas (DDP); a disagreement is an "
+                               "sdc failure and a checkpoint taken then is never validated")
+
+
+@dataclass(kw_only=True)
 class Config:
     run: RunConfig = field(default_factory=RunConfig)
     checkpoint: CheckpointConfig = field(default_factory=CheckpointConfig)
@@ -353,6 +362,7 @@ class Config:
     sbatch: SbatchConfig = field(default_factory=SbatchConfig)
     cost: CostConfig = field(default_factory=CostConfig)
     report: ReportConfig = field(default_factory=ReportConfig)
+    sdc: SdcConfig = field(default_factory=SdcConfig)
 
     def to_dict(self) -> dict[str, dict[str, Any]]:
         return dataclasses.asdict(self)

@@ -112,6 +112,7 @@ class FailureKind(str, enum.Enum):
     HANG = "hang"
     NODE_DOWN = "node_down"
     NAN = "nan"
+    SDC = "sdc"                # replicas' fingerprints disagree: silent data corruption (docs/sdc.md)
     PREEMPTED = "preempted"
     USER_ERROR = "user_error"
     REPLACED = "replaced"      # an operator's `ckptsup replace`: the node's ranks move to a spare at a checkpoint

@@ -48,6 +48,7 @@ class MessageKind(enum.StrEnum):
     STEP = "step"                    # {rank, step, step_time_s, loss_finite}
     PHASE = "phase"                  # {rank, phase: Phase, step}; the phase the rank is already in again: a heartbeat in it
     NAN = "nan"                      # {rank, step, loss}
+    SDC = "sdc"                      # {rank, step, copies, disputed: [rank], majority, fingerprint}: replicas disagree (docs/sdc.md)
     EVENT = "event"                  # {record}: an events.jsonl record for the supervisor to append
     BYE = "bye"                      # {rank, status: ExitStatus}
     # agent → supervisor (every body also carries {node, agent})
@@ -79,7 +80,7 @@ class MessageKind(enum.StrEnum):
 
 HOPS: dict[MessageKind, Hop] = {
     **{k: Hop.RANK_TO_AGENT for k in (MessageKind.HELLO, MessageKind.STEP, MessageKind.PHASE,
-                                       MessageKind.NAN, MessageKind.EVENT, MessageKind.BYE)},
+                                       MessageKind.NAN, MessageKind.SDC, MessageKind.EVENT, MessageKind.BYE)},
     **{k: Hop.AGENT_TO_SUPERVISOR for k in (MessageKind.HB, MessageKind.LAUNCHED, MessageKind.RANK_EXIT,
                                              MessageKind.TORCHRUN_EXIT, MessageKind.KILLED,
                                              MessageKind.RESTARTED, MessageKind.PREEMPT, MessageKind.PROGRESS,

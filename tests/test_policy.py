@@ -52,9 +52,10 @@ def test_dead_node_without_spare_or_slurm_gives_up():
     assert isinstance(action, GiveUp) and "no requeue outside Slurm" in action.reason
 
 
-def test_nan_excludes_its_node_when_a_spare_can_replace_it():
+def test_a_first_nan_is_replayed_on_the_same_nodes_even_with_a_spare():
+    # replay before blame (docs/sdc.md): no node is excluded before the replay says it is the node
     action = decide(obs(FailureKind.NAN, node="n1", spares=("n3",)), hist(failed(FailureKind.NAN, 5, last=4)), CFG)
-    assert isinstance(action, RestartInAllocation) and action.exclude == ("n1",) and action.nodes == ("n2", "n3")
+    assert action == RestartInAllocation(nodes=("n1", "n2"), path=RecoveryPath.FAST, exclude=(), backoff_s=0.0)
 
 
 def test_nan_restarts_in_place_when_nothing_could_replace_the_node():
@@ -69,8 +70,8 @@ def test_suspect_failing_health_check_is_excluded():
 
 
 def test_same_failure_at_same_step_k_times_gives_up_as_user_error():
-    h = hist(*(failed(FailureKind.NAN, 7, attempt=i, start=3, last=6) for i in range(3)))
-    action = decide(obs(FailureKind.NAN, step=7), h, CFG)
+    h = hist(*(failed(FailureKind.CRASH, 7, attempt=i, start=3, last=6) for i in range(3)))
+    action = decide(obs(FailureKind.CRASH, step=7), h, CFG)
     assert isinstance(action, GiveUp) and "user error" in action.reason and "step 7 3 times" in action.reason
 
 

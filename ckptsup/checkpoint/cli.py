@@ -226,6 +226,13 @@ def _print_step(info: CheckpointInfo, payload: dict[str, Any]) -> None:
     for key in ("step", "checkpoint_id", "job_id", "attempt", "epoch", "world_size", "created_at", "hash_algorithm", "items"):
         _echo(f"  {key:<15} {payload.get(key)}")
     _echo(f"  {'bytes':<15} {_human_bytes(payload['bytes'])} in {payload['files']} files")
+    replicas = info.manifest.extra.get("replicas")
+    if isinstance(replicas, dict):   # docs/sdc.md: whether the replicas agreed at this step
+        agree = replicas.get("agree")
+        line = (f"agreed ({replicas.get('copies')} copies)" if agree is True else
+                f"DISAGREED ({replicas.get('copies')} copies; in dispute: {replicas.get('disputed')}): never resumed from"
+                if agree is False else str(agree))
+        _echo(f"  {'replicas':<15} {line}")
     if info.validation:
         v = info.validation
         _echo(f"  {'validation':<15} {'ok' if v.get('ok') else 'FAILED'} level {v.get('level')} at {v.get('ts')}")

@@ -6,6 +6,7 @@ Level 2: structure, torch-free, never unpickling: every item's file is listed, o
          inside it, items of one file do not overlap, item keys are unique, `.metadata` matches
          metadata_hash, the manifest's step matches the directory name, and every item's hash
          matches its bytes (hashed during level 1's read, so no second read).
+         A manifest that records replicas in disagreement (silent data corruption) fails here.
 Level 3: a test load into fresh CPU state in a separate process
          (`python -m ckptsup.hooks.testload STEP_DIR`, exit 0 = ok) with a timeout.
 Each level runs only when the one below passed. Nothing here unpickles anything.
@@ -175,8 +176,27 @@ def check_level1(step_dir: Path, manifest: Manifest, *, progress: Progress | Non
 
 # ---- level 2 --------------------------------------------------------------------------------
 
+REPLICAS_KEY = "replicas"   # manifest extra: {agree, copies, fingerprint, disputed} (docs/sdc.md)
+
+
+def replica_problem(manifest: Manifest) -> str | None:
+    """A checkpoint taken while the replicas disagreed holds a silently corrupted state: never
+    validated, never resumed from (docs/sdc.md). A manifest without the record (no replicas to
+    compare, or an older writer) is not judged by it."""
+    record = manifest.extra.get(REPLICAS_KEY)
+    if not isinstance(record, dict) or record.get("agree") is not False:
+        return None
+    disputed = record.get("disputed")
+    who = f" (ranks {', '.join(str(r) for r in disputed)} in dispute)" if isinstance(disputed, list) and disputed else ""
+    return (f"replicas disagreed at step {manifest.step}{who}: silent data corruption, this checkpoint is never "
+            f"resumed from (docs/sdc.md)")
+
+
 def check_level2(step_dir: Path, manifest: Manifest) -> list[str]:
     problems: list[str] = []
+    sdc = replica_problem(manifest)
+    if sdc is not None:
+        problems.append(sdc)
     files = manifest.file_map()
     dir_step = parse_step(step_dir.name)
     if dir_step is not None and dir_step != manifest.step:
@@ -284,6 +304,10 @@ def _run_levels(step_dir: Path, manifest: Manifest, result: ValidationResult, *,
                 progress: Progress | None, testload_timeout_s: float, testload_command: Sequence[str] | None) -> None:
     if algorithm is not None and manifest.hash_algorithm != algorithm:
         result.problems = [f"manifest uses {manifest.hash_algorithm}, but {algorithm} was required"]
+        return
+    sdc = replica_problem(manifest)
+    if sdc is not None:   # at every level: its bytes may all be intact, its state is not
+        result.problems = [sdc]
         return
     item_problems: list[str] = []
     result.problems, result.bytes_checked = check_level1(step_dir, manifest, progress=progress, item_problems=item_problems)

@@ -37,6 +37,10 @@ class NonFiniteLossError(CkptsupError):
     exit_code = int(ExitStatus.RANK_NAN)
 
 
+class ReplicasDisagreeError(CkptsupError):
+    """The replicas' fingerprints disagree: silent data corruption (docs/sdc.md)."""
+
+
 class HooksMixedError(CkptsupError):
     """A script called both ckptsup.attach() and ckptsup.heartbeat()."""
 
@@ -131,6 +135,16 @@ class StepLink:
         value = loss_value(loss)
         self.channel.send(MessageKind.NAN, {"rank": self.rank, "step": step, "loss": str(value)})
         return f"rank {self.rank} saw a non-finite loss ({value}) at step {step}"
+
+    def report_sdc(self, step: int, verdict: Any) -> str:
+        """The `sdc` frame (hooks/fingerprint.py Verdict); returns the line that says what happened."""
+        self.channel.send(MessageKind.SDC, {"rank": self.rank, "step": step, "copies": verdict.copies,
+                                            "disputed": list(verdict.disputed), "majority": verdict.majority,
+                                            "fingerprint": verdict.fingerprint})
+        who = (f"rank(s) {list(verdict.odd)} differ from the majority" if verdict.majority
+               else "no majority to say which")
+        return (f"replicas disagree after step {step} ({verdict.copies} copies: {who}): silent data corruption "
+                f"(docs/sdc.md)")
 
     def step(self, step: int, step_time: float | None, *, compute_s: float | None = None) -> bool:
         """The `step` frame, sent at every step (the supervisor's crash-loop rule compares the exact

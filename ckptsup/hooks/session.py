@@ -42,7 +42,8 @@ from ..wire import Phase
 from .memory_tier import (MemoryClient, MemorySaveResult, MemorySaver, available_bytes, fit_budget,
                           memory_checkpoint_id, newest_common)
 from .resume_sources import Candidate, Source, candidates as resume_candidates, fetch, files_by_source, object_tier
-from .rank_link import Hooks, NonFiniteLossError, StepLink, claim_hooks, exit_rank, is_finite
+from .rank_link import Hooks, NonFiniteLossError, ReplicasDisagreeError, StepLink, claim_hooks, exit_rank, is_finite
+from . import fingerprint
 from .signals import StopFlag, emergency_save_fits
 from .state import TrainingState, check_dataloader, isolate_loader_rng
 from .writer import CheckpointWriter, SaveResult, WriterConfig
@@ -155,6 +156,20 @@ class Run:
         self.closed = False
         self.load_tiers: dict[str, int] = {}   # files the last resume read from each tier, all ranks together
         self.memory, self.memory_every = self._memory_saver()
+        self.replicas = self._replica_check(model, optimizer)
+
+    def _replica_check(self, model: Any, optimizer: Any) -> fingerprint.ReplicaCheck | None:
+        """[sdc]: DDP replicas compare fingerprints (docs/sdc.md); shards have nothing to compare."""
+        config = self.settings.config
+        if config is None or not config.sdc.enabled or self.control_pg is None or model is None:
+            return None
+        if not fingerprint.has_replicas(model):
+            if self.rank == 0:
+                log.warning("ckptsup: no replica fingerprints: the parameters are shards (FSDP / tensor parallel), "
+                            "so no two ranks hold the same bytes to compare (docs/sdc.md)")
+            return None
+        return fingerprint.ReplicaCheck(model=model, optimizer=optimizer, rank=self.rank, world_size=self.world_size,
+                                        group=self.control_pg, every_steps=config.sdc.every_steps)
 
     def _memory_saver(self) -> tuple[MemorySaver | None, int]:
         """The memory tier (memory_tier.py): on when [memory] enabled and an agent holds the bundles."""
@@ -371,11 +386,14 @@ class Run:
         if self.rank == 0 and step_time is not None and now - self.last_progress >= PROGRESS_EVERY_S:
             self.last_progress = now
             self.reporter.emit(Event.STEP_PROGRESS, step=step, step_time_s=round(step_time, 6))
+        memory_due = self.memory is not None and (step + 1) % self.memory_every == 0
+        if self.replicas is not None and not save and not stop and (memory_due or self.replicas.due(step)):
+            self._check_replicas(step)   # a save checks for itself (save())
         if stop:
             self._stop(step)
         if save:
             self.save(reason="interval")
-        if self.memory is not None and (step + 1) % self.memory_every == 0:
+        if memory_due:
             self._memory_save()
 
     def _sync(self, step: int, now: float) -> bool:
@@ -426,6 +444,25 @@ class Run:
         self._shutdown(status=int(ExitStatus.RANK_NAN))
         raise NonFiniteLossError(message + "; no checkpoint of this state was written")
 
+    def _check_replicas(self, step: int) -> fingerprint.Verdict | None:
+        """Compare fingerprints (collective); on a disagreement report and exit (docs/sdc.md)."""
+        if self.replicas is None:
+            return None
+        verdict = self.replicas.check(self.next_step)
+        if not verdict.agree:
+            self._sdc(step, verdict)
+        return verdict
+
+    def _sdc(self, step: int, verdict: fingerprint.Verdict) -> None:
+        """Every rank knows the verdict: each reports it (the supervisor takes the first) and exits;
+        no checkpoint of this state is ever resumed from."""
+        self.writer.wait()
+        message = self.link.report_sdc(step, verdict)
+        if self.channel.connected:
+            self._exit(ExitStatus.FAILURE, message)
+        self._shutdown(status=int(ExitStatus.FAILURE))
+        raise ReplicasDisagreeError(message + "; checkpoints of this state are never resumed from")
+
     # ---- saving -------------------------------------------------------------------------------
     def save(self, *, reason: str = "explicit", blocking: bool | None = None) -> SaveResult | None:
         """Checkpoint the state after `next_step` completed steps. Collective: every rank calls it
@@ -436,18 +473,27 @@ class Run:
         step = self.next_step
         self.last_saved_step = step
         self.save_timer.restart(self.clock(), step=step)
+        meta: dict[str, Any] = {"reason": reason}
+        verdict = self.replicas.check(step) if self.replicas is not None else None
+        if verdict is not None:
+            meta["replicas"] = fingerprint.record(verdict)   # checkpoint/validate.py refuses agree=false
+            blocking = blocking or not verdict.agree         # written as evidence, then the rank reports
         if blocking:
             self.link.phases.enter(Phase.SAVE, step)
         result = self.writer.save(step=step, device_state=self.state.model_optim_state(),
                                   side_state=self.state.side_state(step=step, meta={"reason": reason}),
-                                  blocking=blocking, extra_meta={"reason": reason})
+                                  blocking=blocking, extra_meta=meta)
         if blocking:
             self.link.phases.enter(Phase.TRAIN, step)
+        if verdict is not None and not verdict.agree:
+            self._sdc(step - 1, verdict)
         return result
 
     def _memory_save(self) -> None:
         """A memory save of the state after `next_step` steps; skipped while the previous one is in flight."""
         step = self.next_step
+        if self.replicas is not None and not self.replicas.check(step).agree:
+            self._sdc(step - 1, self.replicas.check(step))
         cid = memory_checkpoint_id(job_id=self.env.job_id, attempt=self.env.attempt, epoch=self.env.epoch, step=step)
         assert self.memory is not None
         self.memory.save(step=step, checkpoint_id=cid, device_state=self.state.model_optim_state(),

@@ -170,7 +170,7 @@ def _is_number(value: Any) -> bool:
     return isinstance(value, (int, float)) and not isinstance(value, bool) and math.isfinite(value)
 
 
-RANK_SCOPED = frozenset({MessageKind.STEP, MessageKind.PHASE, MessageKind.NAN, MessageKind.BYE})
+RANK_SCOPED = frozenset({MessageKind.STEP, MessageKind.PHASE, MessageKind.NAN, MessageKind.SDC, MessageKind.BYE})
 
 
 def _rank_body_ok(m: MessageKind, body: dict[str, Any]) -> bool:
@@ -184,6 +184,11 @@ def _rank_body_ok(m: MessageKind, body: dict[str, Any]) -> bool:
         return isinstance(body.get("phase"), str) and (body.get("step") is None or _is_int(body["step"]))
     if m == MessageKind.NAN:
         return body.get("step") is None or _is_int(body["step"])
+    if m == MessageKind.SDC:
+        disputed = body.get("disputed")
+        return (_is_int(body.get("step"), low=0) and _is_int(body.get("copies"), low=1)
+                and isinstance(disputed, list) and len(disputed) <= 1 << 16 and all(_is_int(r, low=0) for r in disputed)
+                and body.get("majority") in (True, False))
     if m == MessageKind.EVENT:
         return isinstance(body.get("record"), dict)
     if m == MessageKind.BYE:

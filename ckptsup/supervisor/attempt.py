@@ -15,6 +15,7 @@ from ..config import SupervisorConfig
 from ..env import ExitStatus
 from .agent_step import Message
 from ..wire import MessageKind, Phase
+from .sdc import sdc_failure
 from .detection import (NodeView, RankView, StepWindow, TeardownHang, classify_rank_exit, detect_hang,
                         detect_node_down, detect_teardown_hang, hang_timeout, nan_failure)
 from .observations import Failure, FailureKind, SupervisionLevel
@@ -206,6 +207,8 @@ class AttemptTracker:
         elif m == MessageKind.NAN:
             return nan_failure(node=node, rank=int(body.get("rank", -1)), step=int(body.get("step", -1)),
                                loss=body.get("loss"))
+        elif m == MessageKind.SDC:
+            return sdc_failure(body, node=node, nodes_of={r: v.node for r, v in self.ranks.items()})
         elif m == MessageKind.RANK_EXIT:
             if body.get("rc") == 0 and isinstance(body.get("rank"), int):
                 self._exited_ok(body["rank"], node, now)

@@ -14,16 +14,21 @@ Rules, in order:
    whatever the first symptom was; the action carries the attributed failure.
 4. suspects not yet checked (a hang, an unpinned node death, a crash repeating on one node) →
    CheckHealth; an unpinned node death is then pinned on the first unhealthy node.
-5. a NaN at the same step as an earlier NaN on another node follows the data → GiveUp (user
-   error), nobody blamed.
+5. replay before blame (docs/sdc.md §NaN): a NaN at the same step as an earlier NaN — on the same
+   rank after the replay on the same nodes, or on another node — follows the data → GiveUp (user
+   error), nobody blamed. A first NaN resumes on the same nodes, nobody blamed; a NaN at another
+   step on a node that had one before follows that node (rule 8).
 6. crash loop → GiveUp: the same kind of failure at the same step `crash_loop_threshold` times in a
    row (user error; node deaths excluded: they are the hardware's fault; only steps that were
    seen count: a script that reports none has no "same step"), or no progress across that many
    attempts (steps, or for a script without steps a newer file in `progress_dir` or outliving
    the init allowance). No node is blamed: it is the job's fault.
 7. restart budget spent (`max_restarts`) → GiveUp.
-8. blame: a dead node and the node of a NaN rank, plus every suspect that failed its health check.
-   A NaN is soft evidence: its node is excluded only when something can replace it.
+8. blame: a dead node, the node a NaN follows, the node(s) whose replicas the majority outvoted
+   (sdc), plus every suspect that failed its health check. A NaN's or an outvoted replica's node is
+   excluded only when something can replace it. Replicas without a majority (two copies) are
+   rerun on the same nodes first; a second disagreement names the node common to both disputes,
+   or swaps a spare in for one of the pair to compare again (`sdc_blame`, docs/sdc.md).
 9. enough healthy nodes (current ones first, then spares) → RestartInAllocation on them: FAST when
    the node set is unchanged and the agents still run, NODE otherwise; else Requeue excluding every
    bad node when Slurm can, else GiveUp.
@@ -144,13 +149,23 @@ def decide(obs: Observation, history: History, config: SupervisorConfig) -> Acti
     if failure.kind is FailureKind.NODE_DOWN and failure.node:
         blamed.setdefault(failure.node, FailureKind.NODE_DOWN.value)
     if failure.kind is FailureKind.NAN and failure.node and replaceable:
-        blamed.setdefault(failure.node, FailureKind.NAN.value)
+        follows = nan_follows_node(history)
+        if follows is not None:
+            blamed.setdefault(failure.node, follows)
+    benched: set[str] = set()   # not used this time, not blamed (a two-copy dispute's swap)
+    if failure.kind is FailureKind.SDC:
+        sdc = sdc_blame(history, obs, replaceable=replaceable)
+        if isinstance(sdc, GiveUp):
+            return sdc
+        for node, why in sdc[0]:
+            blamed.setdefault(node, why)
+        benched = set(sdc[1])
     excluded = set(obs.excluded) | set(blamed)
     new = tuple(sorted(set(blamed) - set(obs.excluded)))
     reasons = tuple((n, blamed[n]) for n in new)
 
-    candidates = [n for n in obs.active if n not in excluded]
-    candidates += [n for n in obs.spares if n not in excluded and n not in candidates]
+    candidates = [n for n in obs.active if n not in excluded and n not in benched]
+    candidates += [n for n in obs.spares if n not in excluded and n not in candidates and n not in benched]
     if len(candidates) >= obs.nodes_needed:
         nodes = tuple(candidates[: obs.nodes_needed])
         same = nodes == tuple(obs.active) and obs.agents_alive
@@ -229,13 +244,19 @@ def suspects(failure: Failure, earlier: History, active: tuple[str, ...]) -> tup
 
 
 def nan_follows_data(history: History, excluded: frozenset[str] = frozenset()) -> str | None:
-    """A NaN at the same step as an earlier NaN, on another node, follows the data: the job's
-    fault, not either node's (a NaN that follows a node is that node's)."""
+    """A NaN at the same step as an earlier NaN follows the data: the job's fault, not a node's.
+    On the same rank, it is the replay on the same nodes (same data-to-rank mapping) that says
+    so; on another node, the data moved with the step (a NaN that follows a node is that node's)."""
     attempts = [a.failure for a in history.attempts if a.failure is not None]
     if not attempts or attempts[-1].kind is not FailureKind.NAN:
         return None
     last = attempts[-1]
     for earlier in reversed(attempts[:-1]):
+        if earlier.kind is FailureKind.NAN and earlier.step == last.step and _same_rank(earlier, last):
+            rank = f"rank {last.rank}" if last.rank is not None else f"a rank on {last.node}"
+            return (f"user error: non-finite loss at step {last.step} on {rank} again, replayed on the same nodes "
+                    f"from the last checkpoint: it follows the data (that rank's batch at that step), not a node; "
+                    f"fix the job (data, learning rate, loss scaling); no node is blamed")
         if earlier.kind is FailureKind.NAN and earlier.step == last.step and earlier.node != last.node:
             why = (f"user error: non-finite loss at step {last.step} on {earlier.node}, then on {last.node}: "
                    f"it follows the data, not a node; fix the job (data, learning rate, loss scaling)")
@@ -244,6 +265,63 @@ def nan_follows_data(history: History, excluded: frozenset[str] = frozenset()) -
                         f"nodename={earlier.node} state=resume` returns it if it was drained")
             return why
     return None
+
+
+def _same_rank(a: Failure, b: Failure) -> bool:
+    if a.rank is not None and b.rank is not None:
+        return a.rank == b.rank and a.node == b.node
+    return a.node == b.node
+
+
+def nan_follows_node(history: History) -> str | None:
+    """Why the last NaN's node is to blame: it had a NaN before at another step (the replay ran
+    past the first one's step, so it was not the data). None: a first NaN, replayed on the same
+    nodes before anyone is blamed."""
+    attempts = [a.failure for a in history.attempts if a.failure is not None]
+    if not attempts or attempts[-1].kind is not FailureKind.NAN or attempts[-1].node is None:
+        return None
+    last = attempts[-1]
+    for earlier in attempts[:-1]:
+        if earlier.kind is FailureKind.NAN and earlier.node == last.node and earlier.step != last.step:
+            return f"nan: non-finite loss at steps {earlier.step} and {last.step} on this node"
+    return None
+
+
+def sdc_blame(history: History, obs: Observation, *, replaceable: bool
+              ) -> tuple[tuple[tuple[str, str], ...], tuple[str, ...]] | GiveUp:
+    """((node, why) to exclude, nodes to leave out this time without blame) after replicas
+    disagreed (docs/sdc.md). With a majority its outvoted nodes are blamed when something can
+    replace them (else the run resumes on the same nodes from the last agreed checkpoint). Without
+    one: the first dispute reruns on the same nodes; a later one names the one node common to it
+    and the dispute before; else a spare swaps in for the pair's first node (benched, not
+    blamed) to compare again; with no spare, a requeue excludes the pair, or the run gives up."""
+    failure = history.attempts[-1].failure
+    assert failure is not None
+    step = failure.step
+    if failure.node is not None:   # the majority named it
+        if not replaceable:
+            return (), ()
+        return tuple((n, f"sdc: replicas disagreed at step {step}; the majority outvoted this node's")
+                     for n in failure.suspects), ()
+    earlier = [a.failure for a in history.attempts[:-1]
+               if a.failure is not None and a.failure.kind is FailureKind.SDC and a.failure.node is None]
+    if not earlier:
+        return (), ()
+    disputed = set(failure.suspects)
+    common = disputed & set(earlier[-1].suspects)
+    if len(common) == 1 and common != disputed | set(earlier[-1].suspects):
+        node = next(iter(common))
+        return ((((node, f"sdc: in both of two replica disputes (steps {earlier[-1].step} and {step})"),)
+                 if replaceable else ()), ())
+    pair = sorted(disputed)
+    spare = [n for n in obs.spares if n not in obs.excluded and n not in obs.active]
+    if spare and pair:
+        return (), (pair[0],)
+    if obs.can_requeue:
+        return tuple((n, f"sdc: two copies disagreed again at step {step}, no spare to tell which") for n in pair), ()
+    return GiveUp(reason=f"replicas disagreed twice (steps {earlier[-1].step} and {step}) on {', '.join(pair)} with "
+                         f"two copies and no spare or requeue to tell which node: run `ckptsup` health checks on them "
+                         f"or add a spare ([sbatch] spares)", failure=failure)
 
 
 def _with_last(history: History, failure: Failure) -> History:

@@ -1,0 +1,234 @@
+"""Replica fingerprints: silent data corruption caught by comparing the bytes replicas hold
+(docs/sdc.md).
+
+A fingerprint is integer arithmetic over the bit patterns of the parameters, buffers and optimizer
+state a rank holds, on the device where they live: each tensor's bytes are viewed as int64 words
+(the odd tail bytes as int64 values), laid out as rows of ROW words, and reduced in two lanes —
+the column sums weighted by odd per-column constants, and the row sums weighted by odd per-row
+constants — then each tensor's lanes are weighted by an odd constant of its position in the state.
+All sums wrap mod 2^64. Identical tensors give identical fingerprints on every rank; one flipped
+bit changes a word by ±2^k, which an odd weight keeps non-zero mod 2^64, so a single flip always
+shows. No host copy of a tensor is made: only the few int64 lanes leave the device.
+
+`verdict` is pure: from every rank's fingerprint, whether the replicas agree and, with three or
+more copies, which rank(s) the majority outvotes.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+from typing import Any, Iterable, Iterator
+
+ROW = 1 << 16            # words per row: the column lane's weights are one ROW-long vector per device
+LANES = 2
+_MASK = (1 << 64) - 1
+_GOLDEN = 0x9E3779B97F4A7C15   # odd; Weyl-sequence constant
+
+
+def _signed(value: int) -> int:
+    value &= _MASK
+    return value - (1 << 64) if value >= 1 << 63 else value
+
+
+def _odd(i: int, salt: int) -> int:
+    """An odd 64-bit constant for position i (two's-complement int64)."""
+    return _signed(((i + 1) * _GOLDEN + salt * 0xBF58476D1CE4E5B9) | 1)
+
+
+class _Weights:
+    """The per-column odd weights, one vector per device (made once: ROW int64 = 512 KiB)."""
+
+    def __init__(self) -> None:
+        self.by_device: dict[Any, Any] = {}
+
+    def get(self, device: Any, n: int) -> Any:
+        import torch
+
+        w = self.by_device.get(device)
+        if w is None:
+            idx = torch.arange(ROW, dtype=torch.int64, device=device)
+            w = self.by_device[device] = idx * 2 * 0x2545F4914F6CDD1D + 1   # odd, wraps
+        return w[:n]
+
+
+_WEIGHTS = _Weights()
+
+
+def _words(t: Any) -> tuple[Any, Any]:
+    """(the tensor's bytes as int64 words, its tail bytes as int64 values or None), on its device."""
+    import torch
+
+    if hasattr(t, "to_local"):   # a DTensor: this rank's shard
+        t = t.to_local()
+    if t.is_sparse or t.layout != torch.strided:
+        t = t.to_dense()
+    if not t.is_contiguous():
+        t = t.contiguous()       # a device copy, never a host one
+    raw = t.reshape(-1).view(torch.uint8)
+    whole = raw.numel() // 8 * 8
+    try:
+        words = raw[:whole].view(torch.int64)
+    except RuntimeError:         # a storage offset not 8-aligned: realign by a device copy
+        words = raw[:whole].clone().view(torch.int64)
+    tail = raw[whole:].to(torch.int64) if whole < raw.numel() else None
+    return words, tail
+
+
+def tensor_lanes(t: Any) -> Any:
+    """The two int64 lanes of one tensor, on its device (a 2-element tensor)."""
+    import torch
+
+    words, tail = _words(t)
+    device = words.device
+    rows = words.numel() // ROW
+    body = words[: rows * ROW].view(rows, ROW) if rows else None
+    rest = words[rows * ROW:]
+    col = torch.zeros((), dtype=torch.int64, device=device)
+    row = torch.zeros((), dtype=torch.int64, device=device)
+    if body is not None:
+        col = col + (body.sum(dim=0) * _WEIGHTS.get(device, ROW)).sum()
+        row_w = torch.arange(rows, dtype=torch.int64, device=device) * 2 * 0x2545F4914F6CDD1D + 1
+        row = row + (body.sum(dim=1) * row_w).sum()
+    if rest.numel():
+        col = col + (rest * _WEIGHTS.get(device, rest.numel())).sum()
+        row = row + rest.sum() * _signed(2 * rows * 0x2545F4914F6CDD1D + 1)
+    if tail is not None:
+        col = col + (tail * _WEIGHTS.get(device, tail.numel())).sum() * 3
+        row = row + tail.sum()
+    return torch.stack([col, row])
+
+
+def state_tensors(model: Any, optimizer: Any = None) -> Iterator[tuple[str, Any]]:
+    """The tensors a rank holds, in an order every replica shares: the model's state dict
+    (parameters and buffers), then the optimizer's per-parameter state in param-group order."""
+    import torch
+
+    for name, t in model.state_dict(keep_vars=True).items():
+        if isinstance(t, torch.Tensor):
+            yield f"model/{name}", t.detach()
+    if optimizer is None:
+        return
+    index = 0
+    for group in optimizer.param_groups:
+        for p in group["params"]:
+            for key, value in sorted(optimizer.state.get(p, {}).items(), key=lambda kv: str(kv[0])):
+                if isinstance(value, torch.Tensor):
+                    yield f"optim/{index}/{key}", value.detach()
+            index += 1
+
+
+def fingerprint(tensors: Iterable[tuple[str, Any]]) -> list[int]:
+    """LANES int64 values over every tensor (names only order them; the caller keeps the order).
+    The lanes stay on each tensor's device until the one transfer at the end."""
+    import torch
+
+    totals: dict[Any, Any] = {}
+    for i, (_, t) in enumerate(tensors):
+        if t.numel() == 0:
+            continue
+        lanes = tensor_lanes(t) * _odd(i, 1)
+        device = lanes.device
+        totals[device] = lanes if device not in totals else totals[device] + lanes
+    out = [0] * LANES
+    for lanes in totals.values():
+        for k, v in enumerate(lanes.tolist()):   # the only device -> host transfer: LANES ints
+            out[k] = _signed(out[k] + v)
+    return out
+
+
+def has_replicas(model: Any) -> bool:
+    """Whether every rank holds the whole model (DDP, or a plain module on every rank): FSDP and
+    tensor-parallel shards (DTensor parameters) differ by design, so there is nothing to compare."""
+    return not any(hasattr(p, "to_local") or hasattr(p, "_local_tensor") for p in model.parameters())
+
+
+@dataclass(frozen=True, kw_only=True)
+class Verdict:
+    """What the replicas' fingerprints say at one step."""
+
+    copies: int
+    agree: bool
+    odd: tuple[int, ...] = ()        # ranks the majority outvotes (>= 3 copies, a strict majority)
+    disputed: tuple[int, ...] = ()   # every rank not known good: `odd`, or all of them without a majority
+    fingerprint: str = ""            # the majority's (or the only) fingerprint, hex
+
+    @property
+    def majority(self) -> bool:
+        return bool(self.odd)
+
+
+def fp_hex(lanes: Iterable[int]) -> str:
+    return "".join(f"{v & _MASK:016x}" for v in lanes)
+
+
+def verdict(fingerprints: list[tuple[int, ...]]) -> Verdict:
+    """Group the ranks by fingerprint. One group: they agree. Else a strict majority (possible
+    from three copies on) names the others; without one every rank is in dispute."""
+    groups: dict[tuple[int, ...], list[int]] = {}
+    for rank, fp in enumerate(fingerprints):
+        groups.setdefault(tuple(fp), []).append(rank)
+    copies = len(fingerprints)
+    ranked = sorted(groups.items(), key=lambda kv: (-len(kv[1]), kv[1][0]))
+    best_fp, best = ranked[0]
+    if len(groups) == 1:
+        return Verdict(copies=copies, agree=True, fingerprint=fp_hex(best_fp))
+    if 2 * len(best) > copies:
+        odd = tuple(sorted(r for fp, ranks in ranked[1:] for r in ranks))
+        return Verdict(copies=copies, agree=False, odd=odd, disputed=odd, fingerprint=fp_hex(best_fp))
+    return Verdict(copies=copies, agree=False, disputed=tuple(range(copies)))
+
+
+def flip_bit(model: Any, *, param: int = 0, index: int = 0, bit: int = 20) -> None:
+    """Flip one bit of one parameter in place (test fault injection: CKPTSUP_TEST_FLIP_BIT)."""
+    import torch
+
+    p = list(model.parameters())[param]
+    with torch.no_grad():
+        words = p.data.view(-1).view(torch.int32)
+        words[index] ^= 1 << bit
+
+
+class ReplicaCheck:
+    """One rank's side of the comparison: fingerprint what it holds, all-gather the LANES int64
+    with every replica on the session's gloo group, judge. Collective: every rank calls `check`
+    at the same step (step-based, or at a save every rank takes)."""
+
+    def __init__(self, *, model: Any, optimizer: Any, rank: int, world_size: int, group: Any,
+                 every_steps: int) -> None:
+        self.model, self.optimizer = model, optimizer
+        self.rank, self.world_size, self.group = rank, world_size, group
+        self.every_steps = every_steps
+        self.last: tuple[int, Verdict] | None = None   # (state after N steps, its verdict): one check per state
+        self.checks = 0
+        self.seconds = 0.0     # fingerprinting + exchange, all checks together (the cost in events)
+
+    def due(self, step: int) -> bool:
+        return self.every_steps > 0 and (step + 1) % self.every_steps == 0
+
+    def check(self, steps_done: int) -> Verdict:
+        """The verdict on the state after `steps_done` steps (computed once per state)."""
+        import time
+
+        if self.last is not None and self.last[0] == steps_done:
+            return self.last[1]
+        import torch
+        import torch.distributed as dist
+
+        t0 = time.perf_counter()
+        mine = torch.tensor(fingerprint(state_tensors(self.model, self.optimizer)), dtype=torch.int64)
+        gathered = [torch.empty_like(mine) for _ in range(self.world_size)]
+        dist.all_gather(gathered, mine, group=self.group)
+        result = verdict([tuple(t.tolist()) for t in gathered])
+        self.seconds += time.perf_counter() - t0
+        self.checks += 1
+        self.last = (steps_done, result)
+        return result
+
+
+def record(v: Verdict) -> dict[str, Any]:
+    """The manifest's `replicas` entry (checkpoint/validate.py REPLICAS_KEY)."""
+    out: dict[str, Any] = {"agree": v.agree, "copies": v.copies, "fingerprint": v.fingerprint}
+    if not v.agree:
+        out["disputed"] = list(v.disputed)
+        out["majority"] = v.majority
+    return out

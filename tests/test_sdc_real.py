@@ -1,0 +1,95 @@
+"""Silent data corruption with real gloo ranks under `ckptsup launch` (docs/sdc.md): three DDP
+replicas, a bit flipped in one replica's weight mid-run (tests/helpers/sdc_train.py) — caught at
+the next fingerprint step, the rank named, the run resumed from a checkpoint before the flip and
+ending with the uninterrupted run's parameters on every replica; a flip just before a save leaves
+a checkpoint that is never validated nor resumed from; and no false alarm with fingerprints at
+every step."""
+import json
+import shutil
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+import torch
+
+from ckptsup.events import read_events
+
+pytestmark = pytest.mark.torch
+
+ROOT = Path(__file__).resolve().parents[1]
+TRAIN = ROOT / "tests" / "helpers" / "sdc_train.py"
+RANKS = 3
+
+
+def launch(tmp: Path, *args: str, every_steps: int, timeout: float = 600) -> tuple[Path, Path, str]:
+    tmp.mkdir(parents=True, exist_ok=True)
+    cfg = tmp / "job.toml"
+    cfg.write_text("[supervisor]\nhang_min_s = 10.0\nheartbeat_interval_s = 0.5\n[checkpoint]\nadaptive_interval = false\n"
+                   f"keep_daily_days = 0\ntest_load_every = 0\nkeep_last = 10\n[sdc]\nevery_steps = {every_steps}\n")
+    run, out = tmp / "run", tmp / "out"
+    proc = subprocess.run([sys.executable, "-m", "ckptsup.cli", "launch", "--nproc-per-node", str(RANKS), "--config",
+                           str(cfg), "--run-dir", str(run), str(TRAIN), *args, "--out", str(out)],
+                          cwd=tmp, capture_output=True, text=True, timeout=timeout)
+    assert proc.returncode == 0, proc.stdout[-3000:] + proc.stderr[-3000:]
+    return run, out, proc.stdout + proc.stderr
+
+
+def finals(out: Path) -> list[dict]:
+    return [torch.load(out / f"final_rank{r}.pt") for r in range(RANKS)]
+
+
+def named(run: Path, name: str) -> list[dict]:
+    return [e for e in read_events(run) if e["event"] == name]
+
+
+@pytest.fixture(scope="module")
+def reference(tmp_path_factory) -> list[dict]:
+    """The uninterrupted run, fingerprints at every step: no false alarm either."""
+    run, out, _ = launch(tmp_path_factory.mktemp("reference"), "--steps", "60", every_steps=1)
+    assert not named(run, "failure_detected")
+    return finals(out)
+
+
+def test_a_flipped_bit_is_caught_the_rank_named_and_the_run_ends_as_if_it_never_happened(tmp_path, reference):
+    # two faults chained in one run: a flip after step 23 on rank 1 (caught by the every-5-steps
+    # check at step 24, no save there), then a flip after step 39 on rank 2, just before the save
+    # of step_40: that checkpoint is written disagreeing, refused, and the run resumes from step_30
+    run, out, _ = launch(tmp_path, "--steps", "60", "--flip", "23:1", "--flip", "39:2", every_steps=5)
+    failures = named(run, "failure_detected")
+    assert [(f["kind"], f["rank"], f["step"]) for f in failures] == [("sdc", 1, 24), ("sdc", 2, 39)]
+    assert "rank(s) 1" in failures[0]["detail"] and "majority of 3 copies" in failures[0]["detail"]
+    assert [r["resume_step"] for r in named(run, "restart_done")] == [20, 30]
+    [rejected] = named(run, "checkpoint_rejected")
+    assert rejected["step"] == 40 and "replicas disagreed at step 40 (ranks 2 in dispute)" in rejected["reason"]
+    [quarantined] = list((run / "checkpoints" / "quarantine").iterdir())
+    assert quarantined.name.startswith("step_40")
+    manifest = json.loads((quarantined / "manifest.json").read_text())
+    assert manifest["extra"]["replicas"]["agree"] is False and manifest["extra"]["replicas"]["disputed"] == [2]
+    redone = json.loads((run / "checkpoints" / "step_40" / "manifest.json").read_text())
+    assert redone["extra"]["replicas"] == {"agree": True, "copies": 3,
+                                           "fingerprint": redone["extra"]["replicas"]["fingerprint"]}
+    # ckptsup ckpt verify / inspect say why the disagreeing one is never used (a copy under its step name)
+    evidence = tmp_path / "evidence"
+    evidence.mkdir(mode=0o700)
+    shutil.copytree(quarantined, evidence / "step_40")
+    quarantined = evidence / "step_40"
+    cli = [sys.executable, "-m", "ckptsup.cli", "ckpt"]
+    verify = subprocess.run([*cli, "verify", str(quarantined)], capture_output=True, text=True)
+    assert verify.returncode != 0 and "replicas disagreed at step 40" in verify.stdout + verify.stderr
+    shown = subprocess.run([*cli, "inspect", str(quarantined)], capture_output=True, text=True).stdout
+    assert "DISAGREED (3 copies; in dispute: [2]): never resumed from" in shown
+    got = finals(out)
+    for r in range(RANKS):   # every replica identical, and the uninterrupted run's within reduction-order noise
+        for name, value in got[r]["params"].items():
+            assert torch.equal(value, got[0]["params"][name]), (r, name)
+            torch.testing.assert_close(value, reference[r]["params"][name], rtol=1e-6, atol=1e-7)
+
+
+def test_no_false_alarm_over_2000_steps_with_fingerprints_at_every_step(tmp_path):
+    run, out, _ = launch(tmp_path, "--steps", "2000", "--save-every-steps", "500", every_steps=1)
+    assert not [e for e in named(run, "failure_detected")]
+    assert [f["checks"] for f in finals(out)] == [2000] * RANKS
+    for step in (500, 1000, 1500, 2000):
+        manifest = json.loads((run / "checkpoints" / f"step_{step}" / "manifest.json").read_text())
+        assert manifest["extra"]["replicas"]["agree"] is True
