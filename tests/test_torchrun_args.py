@@ -77,14 +77,6 @@ def _launch():
 
 
 @pytest.mark.parametrize("option, says", [
-    ("--standalone", "ckptsup picks the rendezvous"),
-    ("--rdzv-backend=c10d", "rdzv_backend"),
-    ("--rdzv_endpoint", "rdzv_port"),
-    ("--master-addr", "rdzv_port"),
-    ("--master_port", "rdzv_port"),
-    ("--node-rank", "gives every node its rank"),
-    ("--node_rank", "gives every node its rank"),
-    ("--rdzv-id", "names it per job and attempt"),
     ("--monitor-interval", "heartbeat_interval_s"),
     ("--log-dir", "ranks-<node>.log"),
     ("-t", "use --tee (it takes no value)"),
@@ -120,7 +112,6 @@ def test_a_script_file_becomes_absolute_a_module_stays_a_name(tmp_path):
     ("x", True, True, "-m and --no-python exclude each other"),
     ("./missing.sh", False, True, "--no-python: ./missing.sh does not exist"),
     ("no-such-program-here", False, True, "--no-python: no-such-program-here is not on PATH"),
-    ("--standalone", False, False, "--standalone: ckptsup picks the rendezvous"),
 ])
 def test_bad_targets_are_one_line(tmp_path, script, module, no_python, message):
     with pytest.raises(UsageError, match=message.replace(".", r"\.")):
@@ -203,9 +194,6 @@ def test_tee_is_ours_and_sets_supervisor_tee(launched):
 
 
 @pytest.mark.parametrize("args, line", [
-    (["--standalone", "train.py"], "--standalone: ckptsup picks the rendezvous"),
-    (["--nproc-per-node", "2", "--rdzv-backend", "c10d", "--rdzv-endpoint", "h:1", "train.py"], "--rdzv-backend: "),
-    (["--master_addr=10.0.0.1", "train.py"], "--master_addr: "),
     (["--nnodes", "1:4", "train.py"], "--nnodes 1:4: ckptsup fixes the node count"),
     (["--nproc-per-node", "gpu", "train.py"], "--nproc-per-node gpu: this machine names no GPU"),
     (["--tee", "3", "train.py"], "--tee takes no value"),
@@ -217,6 +205,29 @@ def test_refused_command_lines_are_one_line_and_exit_usage(launched, capsys, arg
     err = capsys.readouterr().err.strip().splitlines()
     assert code == ExitStatus.USAGE and not seen
     assert len(err) == 1 and err[0].startswith(f"ckptsup: error: {line}"), err
+
+
+@pytest.mark.parametrize("args, shown", [
+    (["--standalone", "--nnodes", "1", "--nproc-per-node", "2"], "--standalone"),
+    (["--nnodes", "1", "--nproc-per-node", "2", "--rdzv-backend", "c10d", "--rdzv-endpoint", "localhost:29400",
+      "--rdzv-id", "77"], "--rdzv-backend c10d, --rdzv-endpoint localhost:29400, --rdzv-id 77"),
+    (["--nnodes=1", "--nproc_per_node=2", "--node-rank", "0", "--master-addr", "127.0.0.1", "--master_port=29500"],
+     "--master-addr 127.0.0.1, --master-port 29500, --node-rank 0"),
+    (["--rdzv_conf=join_timeout=5", "--local-addr", "10.0.0.1"], "--rdzv-conf join_timeout=5, --local-addr 10.0.0.1"),
+])
+def test_the_rendezvous_group_is_accepted_with_one_info_line(launched, capsys, args, shown):
+    """The issue's torchrun command lines: accepted, the rendezvous ckptsup's, said once."""
+    code, seen = launched(*args, "train.py", "--lr", "3")
+    err = capsys.readouterr().err.strip().splitlines()
+    assert code == 0 and seen["job"].script_args == ["--lr", "3"]
+    assert err == [f"ckptsup: ckptsup picks the rendezvous ([supervisor] rdzv_backend, rdzv_port); {shown} ignored"]
+    if "--nproc-per-node" in args or "--nproc_per_node=2" in args:
+        assert seen["resolved"].config.supervisor.nproc_per_node == 2 and seen["resolved"].config.supervisor.nodes == 1
+
+
+def test_no_rendezvous_flag_no_info_line(launched, capsys):
+    code, _ = launched("train.py")
+    assert code == 0 and capsys.readouterr().err == ""
 
 
 def test_help_lists_torchruns_flags():

@@ -39,6 +39,15 @@ _NOT_TORCHRUN = "(ckptsup's, not torchrun's)"
 @click.option("--tee", "tee", flag_value=True, default=None,
               help=f"every rank's output on the console, prefixed [rankN]: {_NOT_TORCHRUN}, no value; "
                    "default: rank 0's; supervisor.tee")
+@click.option("--standalone", "standalone", is_flag=True, default=False, hidden=True)
+@click.option("--rdzv-backend", "--rdzv_backend", "rdzv_backend", default=None, hidden=True)
+@click.option("--rdzv-endpoint", "--rdzv_endpoint", "rdzv_endpoint", default=None, hidden=True)
+@click.option("--rdzv-id", "--rdzv_id", "rdzv_id", default=None, hidden=True)
+@click.option("--rdzv-conf", "--rdzv_conf", "rdzv_conf", default=None, hidden=True)
+@click.option("--master-addr", "--master_addr", "master_addr", default=None, hidden=True)
+@click.option("--master-port", "--master_port", "master_port", default=None, hidden=True)
+@click.option("--node-rank", "--node_rank", "node_rank", default=None, hidden=True)
+@click.option("--local-addr", "--local_addr", "local_addr", default=None, hidden=True)
 @click.option("--config", "job_config", type=click.Path(dir_okay=False), default=None, help="job TOML")
 @click.option("--run-dir", type=click.Path(file_okay=False), default=None,
               help="run directory (run.run_dir; {job_id} expands); reuse it to resume a run")
@@ -58,22 +67,25 @@ _NOT_TORCHRUN = "(ckptsup's, not torchrun's)"
 def launch(nproc_per_node: str | None, nodes: str | None, module: bool, no_python: bool, max_restarts: int | None,
            tee: bool | None, job_config: str | None, run_dir: str | None, resume: bool | None, spares: int | None,
            signal_lead_s: int | None, memory_every_steps: int | None, gpus_per_node: int | None, script: str,
-           script_args: tuple[str, ...]) -> None:
+           script_args: tuple[str, ...], **rendezvous: str | bool | None) -> None:
     """Run SCRIPT under the supervisor: inside a Slurm allocation (one agent per active node),
     or locally on this machine. Everything after SCRIPT reaches the script untouched.
 
-    torchrun's command line works as it is, minus the rendezvous, which ckptsup picks
-    (--standalone, --rdzv-*, --master-*, --node-rank are refused with the knob to use)."""
+    torchrun's command line works as it is; its rendezvous flags (--standalone, --rdzv-*,
+    --master-*, --node-rank, --local-addr) are ignored with one line: ckptsup picks the rendezvous."""
     from ..rundir import RunDir
     from .loop import Job, Supervisor
     from .placement import Placement
     from .relaunch import prepare
     from .unhooked import uses_hooks
-    from .torchrun_args import check_target, check_tee, node_count, nproc_choice, refusal
+    from .torchrun_args import check_target, check_tee, node_count, nproc_choice, refusal, rendezvous_ignored
 
     if script.startswith("-") and len(script) > 1:
         raise refusal(script)  # an option click does not know landed where SCRIPT goes
     check_tee(bool(tee), script)
+    ignored = rendezvous_ignored(rendezvous)
+    if ignored:
+        click.echo(f"ckptsup: {ignored}", err=True)
     flags = {"supervisor.nproc_per_node": nproc_choice(nproc_per_node), "supervisor.nodes": node_count(nodes),
              "supervisor.max_restarts": max_restarts, "supervisor.tee": tee, "run.run_dir": run_dir,
              "sbatch.spares": spares, "sbatch.signal_lead_s": signal_lead_s, "sbatch.gpus_per_node": gpus_per_node,

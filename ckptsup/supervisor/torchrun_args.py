@@ -9,8 +9,9 @@ aliases); an option click does not know lands where SCRIPT should be, and `refus
   rank's output on the console; it takes no value);
 - resolved here, not by torchrun: `gpu` is the allocation's GPUs per node (torchrun's raises on a
   CPU node), `auto` the same or 1 without GPUs (torchrun's means the host's cores);
-- refused: the rendezvous (ckptsup picks it: `[supervisor] rdzv_backend`, `rdzv_port`), an
-  elastic `--nnodes MIN:MAX`, and the flags whose job ckptsup does (restarts, monitoring, logs,
+- accepted and ignored, in one info line: the rendezvous group (ckptsup picks it: `[supervisor]
+  rdzv_backend`, `rdzv_port`);
+- refused: an elastic `--nnodes MIN:MAX`, and the flags whose job ckptsup does (restarts, monitoring, logs,
   signals, shutdown).
 """
 
@@ -37,16 +38,6 @@ _LOGS = "ckptsup writes every rank's output to <run_dir>/attempt-<N>/ranks-<node
 
 # torchrun option (every spelling) -> why ckptsup refuses it, and what to do instead
 REFUSED: dict[str, str] = {
-    **dict.fromkeys(("--rdzv-backend", "--rdzv_backend"),
-                    f"{_RDZV}; choose the backend with [supervisor] rdzv_backend = \"static\" or \"c10d\" in the job TOML"),
-    **dict.fromkeys(("--rdzv-endpoint", "--rdzv_endpoint", "--master-addr", "--master_addr",
-                     "--master-port", "--master_port"),
-                    f"{_RDZV}; set its port range with [supervisor] rdzv_port in the job TOML"),
-    **dict.fromkeys(("--rdzv-id", "--rdzv_id"), f"{_RDZV} and names it per job and attempt; drop the flag"),
-    **dict.fromkeys(("--rdzv-conf", "--rdzv_conf"), f"{_RDZV}; drop the flag ([supervisor] rdzv_backend, rdzv_port)"),
-    "--standalone": f"{_RDZV} (also on one machine); drop the flag",
-    **dict.fromkeys(("--node-rank", "--node_rank"), "ckptsup gives every node its rank; drop the flag"),
-    **dict.fromkeys(("--local-addr", "--local_addr"), "ckptsup binds each node's NodeAddr; drop the flag"),
     **dict.fromkeys(("--monitor-interval", "--monitor_interval"),
                     "ckptsup watches the ranks itself ([supervisor] heartbeat_interval_s); drop the flag"),
     **dict.fromkeys(("--start-method", "--start_method"), "ckptsup's agent starts the ranks; drop the flag"),
@@ -70,6 +61,20 @@ REFUSED: dict[str, str] = {
 
 _TEE_VALUE = re.compile(r"^[0-3]$|^\d+:[0-3](,\d+:[0-3])*$")   # torchrun's --tee 3 / --tee 0:3,1:0
 _DOTTED = re.compile(r"^[^\W\d]\w*(\.[^\W\d]\w*)*$")
+
+
+RENDEZVOUS = ("standalone", "rdzv_backend", "rdzv_endpoint", "rdzv_id", "rdzv_conf", "master_addr", "master_port",
+              "node_rank", "local_addr")
+
+
+def rendezvous_ignored(given: dict[str, str | bool | None]) -> str:
+    """torchrun's rendezvous group (--standalone, --rdzv-*, --master-*, --node-rank, --local-addr):
+    accepted and ignored, said in one info line ("" when none was given)."""
+    shown = [f"--{k.replace('_', '-')}" + ("" if v is True else f" {str(v)[:40]}")
+             for k in RENDEZVOUS if (v := given.get(k)) not in (None, False)]
+    if not shown:
+        return ""
+    return (f"ckptsup picks the rendezvous ([supervisor] rdzv_backend, rdzv_port); {', '.join(shown)} ignored")
 
 
 def refusal(option: str) -> UsageError:
