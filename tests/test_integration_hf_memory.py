@@ -5,7 +5,7 @@ crash in the first half hour finds no disk checkpoint at all: `resume_path(train
 the newest memory copy every rank's agent holds, hand HF that copy's TrainerState (its data skip)
 and let on_train_begin load exactly that copy. Real `ckptsup launch` (local mode, real torchrun),
 transformers 5.24, 2 gloo ranks, no config file, the callback without options: rank 1 SIGKILLed
-after the memory save of step 20 and again after that of step 60 (of 70); both restarts resume
+after the memory save of step 20 and again after the next one (of 70); both restarts resume
 from memory, and the run ends on the samples and parameters of an uninterrupted run without ckptsup.
 """
 from __future__ import annotations
@@ -51,7 +51,7 @@ def test_hf_at_the_defaults_resumes_twice_from_memory_not_step_0_and_ends_bit_ex
     proc = subprocess.Popen(argv, cwd=tmp, env=base_env(), stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True)
     kills: list[float] = []
     try:
-        for at in (20, 60):
+        for at in (20, 30):   # 30: the adaptive tuner may widen the memory interval after the first saves
             since = named(read_events(run), "launch")[-1]["ts"] if kills else ""
             wait_for(lambda: any(s >= at for s in memory_saves(run, since)) and newest_step(out) >= at + 1, 240,
                      f"the memory save of step {at}", proc)
@@ -68,7 +68,7 @@ def test_hf_at_the_defaults_resumes_twice_from_memory_not_step_0_and_ends_bit_ex
     loads = named(events, "checkpoint_loaded")
     launches = named(events, "launch")
     assert len(loads) == 2 and len(launches) == 3
-    for load, launch, at in zip(loads, launches[1:], (20, 60)):
+    for load, launch, at in zip(loads, launches[1:], (20, 30)):
         saved_before = [e["step"] for e in named(events, "memory_saved") if e["ok"] and e["ts"] < launch["ts"]]
         assert load["source"] == "memory" and load["path"] == f"memory:step_{load['step']}"
         assert load["step"] == max(saved_before) >= at, (load, saved_before)
