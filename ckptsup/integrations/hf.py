@@ -8,8 +8,9 @@
 
 How it fits HF (transformers 5.24, accelerate 1.15; docs/integrations.md):
 - `resume_path(trainer)`, evaluated before `train()` starts: rank 0 picks the checkpoint the
-  resume will load (CKPTSUP_RESUME_FROM first, then the newest committed; a corrupt one is
-  quarantined and the previous tried), reads the TrainerState saved in it (verified: hf_state.py)
+  resume will load (the memory tier's newest copy every rank holds when no usable disk checkpoint
+  is newer, as Run.resume decides; else CKPTSUP_RESUME_FROM, then the newest committed; a corrupt
+  one is quarantined and the previous tried), reads the TrainerState saved in it (verified: hf_state.py)
   and broadcasts the choice; every rank writes `<checkpoint_dir>/hf_resume/rank<r>/
   trainer_state.json` and gets that folder. HF derives its data skip from it (accelerate's
   `skip_first_batches` on its DataLoaderShard). Its own loading from the folder is made harmless:
