@@ -90,7 +90,8 @@ def corrupt_newest(ckpts: Path) -> int:
 def launch(tmp: Path, run: Path, out: Path, *resume: str) -> subprocess.Popen:
     cfg = tmp / "job.toml"
     cfg.write_text("[supervisor]\nhang_min_s = 8.0\nheartbeat_interval_s = 0.5\n"
-                   "[checkpoint]\nadaptive_interval = false\nkeep_daily_days = 0\ntest_load_every = 0\n")
+                   "[checkpoint]\nadaptive_interval = false\nkeep_daily_days = 0\ntest_load_every = 0\n"
+                   "[memory]\nenabled = false\n")   # the disk tier's resumes (memory: test_integration_hf_memory.py)
     argv = [sys.executable, "-m", "ckptsup.cli", "launch", "--nproc-per-node", "2", "--config", str(cfg),
             "--run-dir", str(run), *resume, str(SCRIPT), "--out", str(out), *ARGS]
     return subprocess.Popen(argv, cwd=tmp, env=base_env(), stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True)

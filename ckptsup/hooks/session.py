@@ -205,13 +205,14 @@ class Run:
                                        emit=lambda event, fields: self.reporter.emit(event, **fields))
 
     # ---- resume -------------------------------------------------------------------------------
-    def resume(self, *, candidates: list[str] | None = None) -> int:
+    def resume(self, *, candidates: list[str] | None = None, memory_step: int | None = None) -> int:
         """Load the newest usable checkpoint (the supervisor's CKPTSUP_RESUME_FROM first); on a
         corrupt one, quarantine it and fall back: to its object-store copy when there is one
         (resume_sources.py), else to the previous checkpoint. Returns the next step.
         `candidates` (rank 0's list counts): try only these, newest first — a framework that has
         already positioned its data for one checkpoint (integrations/hf.py) pins it, so neither
-        the memory tier nor the object store is asked."""
+        the memory tier nor the object store is asked; `memory_step` pins the memory checkpoint of
+        that step instead (the framework positioned its data for it)."""
         from .loader import is_corruption, is_untrusted, load_checkpoint
 
         self.link.phases.enter(Phase.LOAD, 0)
@@ -223,7 +224,7 @@ class Run:
             mine = (self._candidates(tier) if not pinned else
                     [Candidate(str(p), Source.SHARED, parse_step(Path(p).name)) for p in candidates or []])
         found, pinned = self._broadcast((mine, pinned))
-        if not pinned and self._resume_from_memory(found, start):
+        if (not pinned or memory_step is not None) and self._resume_from_memory(found, start, only=memory_step):
             return self.next_step
         untrusted: list[str] = []
         for candidate in found:
@@ -258,7 +259,7 @@ class Run:
         self.link.phases.enter(Phase.TRAIN, 0)
         return 0
 
-    def _resume_from_memory(self, candidates: list[Candidate], start: float) -> bool:
+    def _resume_from_memory(self, candidates: list[Candidate], start: float, *, only: int | None = None) -> bool:
         """The newest memory checkpoint every rank's agent holds, when no disk checkpoint is newer
         (memory_tier.py); all or nothing, else the disk candidates decide."""
         from .loader import load_memory
@@ -274,7 +275,7 @@ class Run:
         pick = newest_common(gathered)
         steps = [c.step if c.step is not None else parse_step(Path(c.path).name) for c in candidates]
         newest_disk = max((s for s in steps if s is not None), default=-1)
-        if pick is None or pick[0] < newest_disk:
+        if pick is None or pick[0] < newest_disk or (only is not None and pick[0] != only):
             # said on a resume (a disk checkpoint, or some memory copy, exists), not on a fresh start
             if self.rank == 0 and (any(gathered) or candidates):
                 log.warning("ckptsup: no memory checkpoint every rank's agent holds is newer than the disk's step %d "

@@ -8,8 +8,9 @@
 
 How it fits HF (transformers 5.24, accelerate 1.15; docs/integrations.md):
 - `resume_path(trainer)`, evaluated before `train()` starts: rank 0 picks the checkpoint the
-  resume will load (CKPTSUP_RESUME_FROM first, then the newest committed; a corrupt one is
-  quarantined and the previous tried), reads the TrainerState saved in it (verified: hf_state.py)
+  resume will load (the memory tier's newest copy every rank holds when no usable disk checkpoint
+  is newer, as Run.resume decides; else CKPTSUP_RESUME_FROM, then the newest committed; a corrupt
+  one is quarantined and the previous tried), reads the TrainerState saved in it (verified: hf_state.py)
   and broadcasts the choice; every rank writes `<checkpoint_dir>/hf_resume/rank<r>/
   trainer_state.json` and gets that folder. HF derives its data skip from it (accelerate's
   `skip_first_batches` on its DataLoaderShard). Its own loading from the folder is made harmless:
@@ -44,9 +45,11 @@ from typing import Any
 
 from ..env import ExitStatus, RankEnv
 from ..errors import CheckpointError, ConfigError
+from ..hooks.memory_tier import newest_common
 from ..hooks.phase import Hold
 from ..wire import Phase
-from .hf_state import STATE_EXTRA, Choice, TrainerStateExtra, choose_checkpoint, write_state_folder
+from .hf_state import (STATE_EXTRA, Choice, TrainerStateExtra, choose_checkpoint, held_steps, memory_client,
+                       prefer_memory, read_memory_trainer_state, write_state_folder)
 
 log = logging.getLogger("ckptsup.integrations.hf")
 
@@ -93,7 +96,10 @@ class CkptsupCallback(_Base):  # type: ignore[misc,valid-type]
         if self.run.rank == 0:
             for path, reason in choice.rejected:
                 self.run._reject(Path(path), CheckpointError(reason))   # quarantined already: reported here
-        step = self.run.resume(candidates=[choice.path] if choice.path else [])
+        if choice.memory_step is not None:   # the memory copy resume_path read HF's TrainerState from
+            step = self.run.resume(candidates=[], memory_step=choice.memory_step)
+        else:
+            step = self.run.resume(candidates=[choice.path] if choice.path else [])
         if step != choice.step:
             # HF has positioned its data for choice.step; a checkpoint rejected only now (a shard
             # whose hash fails while loading) is quarantined, and the next attempt resumes from
@@ -193,7 +199,11 @@ def resume_path(trainer: Any) -> str | None:
     callback.trainer = trainer
     _tap_training_step(trainer, callback)
     settings, env = _settings(callback)
-    choice = _broadcast(lambda: choose_checkpoint(settings.checkpoint_dir, env.resume_from))
+    # the memory tier first, as Run.resume: the newest copy every rank's agent (or its peers) holds
+    client = memory_client(settings, env, _rank())
+    common = newest_common(_all_gather(held_steps(client)))
+    choice = _broadcast(lambda: prefer_memory(choose_checkpoint(settings.checkpoint_dir, env.resume_from), common,
+                                              lambda step: read_memory_trainer_state(client, step)))
     if choice.error:
         raise CheckpointError(choice.error)
     callback.choice = choice
@@ -239,6 +249,16 @@ def _broadcast(decide: Any) -> Choice:
     box = [decide() if dist.get_rank() == 0 else None]
     dist.broadcast_object_list(box, src=0)
     return box[0]
+
+
+def _all_gather(value: Any) -> list[Any]:
+    import torch.distributed as dist
+
+    if not (dist.is_available() and dist.is_initialized()) or dist.get_world_size() == 1:
+        return [value]
+    out: list[Any] = [None] * dist.get_world_size()
+    dist.all_gather_object(out, value)
+    return out
 
 
 def _skip_weights_load(trainer: Any, folder: Path) -> None:

@@ -62,6 +62,7 @@ class Choice:
     state: dict[str, Any] | None = None     # its TrainerState
     rejected: list[tuple[str, str]] = field(default_factory=list)   # (path, reason): corrupt, quarantined
     error: str | None = None                # a failure every rank raises (one line)
+    memory_step: int | None = None          # the memory tier's copy of this step (path: memory:step_N)
 
 
 def candidates(checkpoint_dir: Path, resume_from: str | None) -> list[str]:
@@ -164,3 +165,82 @@ def write_state_folder(checkpoint_dir: Path, rank: int, state: dict[str, Any]) -
         out.write(json.dumps(state, indent=2, sort_keys=True) + "\n")
     os.replace(tmp, folder / STATE_NAME)
     return folder
+
+
+# ---- the memory tier (docs/integrations.md §Hugging Face: resume from memory) ---------------------
+
+def memory_client(settings: Any, env: Any, rank: int) -> Any:
+    """This rank's client of its agent's memory store, as Run builds it; None when the tier is off
+    (no [memory] enabled, or no agent: plain torchrun)."""
+    from ..hooks.memory_tier import MemoryClient
+
+    config = settings.config
+    if config is None or not config.memory.enabled or not env.memory_socket:
+        return None
+    return MemoryClient(socket_path=env.memory_socket, secret_file=env.secret_file, rank=rank)
+
+
+def held_steps(client: Any) -> list[tuple[int, str]]:
+    """What this rank's agent (and its peers) hold; [] when the agent cannot say (the disk decides)."""
+    from ..errors import CkptsupError
+
+    if client is None:
+        return []
+    try:
+        return client.held()
+    except (CkptsupError, OSError) as err:
+        log.warning("ckptsup: cannot ask the agent for memory checkpoints: %s", err)
+        return []
+
+
+def read_memory_trainer_state(client: Any, step: int) -> dict[str, Any]:
+    """Rank 0: the TrainerState in its memory bundle of `step` (its agent's copy, else a peer's),
+    verified as a resume verifies it (BundleReader: sizes, .metadata hash before the allow-list
+    unpickler, the item's hash before it is decoded)."""
+    from ..hooks.memory_tier import BundleReader
+
+    last: Exception | None = None
+    for from_peers in (False, True):
+        try:
+            return _state_from_reader(BundleReader(client.get(step, from_peers=from_peers)), f"memory step_{step}")
+        except Exception as err:  # noqa: BLE001 - any failure: the next source, then the disk
+            last = err
+    raise CheckpointError(f"memory checkpoint of step {step}: {last}")
+
+
+def _state_from_reader(reader: Any, name: str) -> dict[str, Any]:
+    import torch
+    import torch.distributed.checkpoint as dcp
+
+    from ..hooks.reader import safe_load_planner
+
+    key = EXTRA_PREFIX + STATE_EXTRA
+    entry = reader.read_metadata().state_dict_metadata.get(key)
+    if entry is None:
+        raise CheckpointError(f"{name} holds no HF TrainerState")
+    target = {key: torch.empty(tuple(entry.size), dtype=entry.properties.dtype)}
+    with warnings.catch_warnings():
+        warnings.filterwarnings("ignore", message=".*assuming the intent is to load in a single process.*")
+        dcp.load(target, storage_reader=reader, planner=safe_load_planner(), no_dist=True)
+    state = jsontensor.from_tensor(target[key])
+    if not isinstance(state, dict) or not isinstance(state.get("global_step"), int):
+        raise CheckpointError(f"{name}: its HF TrainerState has no integer global_step")
+    return state
+
+
+def prefer_memory(disk: Choice, common: tuple[int, str] | None, read_state: Any) -> Choice:
+    """Rank 0: the newest memory copy every rank holds wins when no usable disk checkpoint is
+    newer (Run.resume's rule); its TrainerState read back verified, else the disk choice stands."""
+    if common is None or disk.error or (disk.path is not None and common[0] < disk.step):
+        return disk
+    step = common[0]
+    try:
+        state = read_state(step)
+    except Exception as err:  # noqa: BLE001 - the memory copy is a shortcut: the disk is the fallback
+        log.warning("ckptsup: %s; resuming from disk", err)
+        return disk
+    if state["global_step"] != step:
+        log.warning("ckptsup: memory checkpoint of step %d holds TrainerState.global_step %d; resuming from disk",
+                    step, state["global_step"])
+        return disk
+    return Choice(path=f"memory:step_{step}", step=step, state=state, rejected=disk.rejected, memory_step=step)

@@ -124,7 +124,7 @@ def main() -> None:
     ap.add_argument("--epochs", type=int, default=4)
     ap.add_argument("--dataset-size", type=int, default=48)
     ap.add_argument("--batch-size", type=int, default=4)
-    ap.add_argument("--save-every-steps", type=int, default=4)
+    ap.add_argument("--save-every-steps", type=int, default=4, help="0: ckptsup's defaults (no step interval)")
     ap.add_argument("--checkpoint-dir", default=None)
     ap.add_argument("--step-sleep-s", type=float, default=0.0)
     ap.add_argument("--work-s", type=float, default=0.0, help="sleep inside forward (part of the step)")
@@ -152,7 +152,7 @@ def main() -> None:
     if args.mode == "ckptsup":
         from ckptsup.integrations.hf import CkptsupCallback
 
-        callback = CkptsupCallback(save_every_steps=args.save_every_steps, checkpoint_dir=args.checkpoint_dir)
+        callback = CkptsupCallback(save_every_steps=args.save_every_steps or None, checkpoint_dir=args.checkpoint_dir)
         if args.time_callback:
             time_callback(callback)
         callbacks.append(callback)
