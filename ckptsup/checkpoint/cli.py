@@ -70,7 +70,7 @@ def _echo(text: str) -> None:
     click.echo(literal(text))
 
 
-def _human_bytes(n: int | None) -> str:
+def _human_bytes(n: float | None) -> str:
     if n is None:
         return "-"
     for unit in ("B", "KB", "MB", "GB", "TB"):
@@ -155,7 +155,7 @@ def verify_cmd(directory: str, level: int, do_quarantine: bool, progress: bool |
         advance: Callable[[int], None] | None = (lambda n: bar.advance(task, n)) if bar is not None else None
         for step_dir in steps:
             result = validate(step_dir, level=level, progress=advance)
-            row = {"path": str(step_dir), "ok": result.ok, "level": result.level, "level_passed": result.level_passed,
+            row: dict[str, Any] = {"path": str(step_dir), "ok": result.ok, "level": result.level, "level_passed": result.level_passed,
                    "problems": result.problems, "duration_s": round(result.duration_s, 3), "bytes": result.bytes_checked,
                    "untrusted": result.untrusted}
             if not result.ok and do_quarantine and not result.untrusted:   # quarantine is for content only

@@ -17,6 +17,7 @@ import sys
 import time
 import warnings
 from pathlib import Path
+from dataclasses import dataclass
 from typing import Any
 
 from ..env import TEST_LOAD_DELAY_S
@@ -71,9 +72,16 @@ def _agree(run: Any, path: Path, error: Exception | None) -> Exception | None:
     return error
 
 
-def load_checkpoint(run: Any, path: Path) -> Exception | None:
-    """Load `path` into run's state on every rank. None on success (run._loaded_step is set),
-    else the error (the same decision on every rank)."""
+@dataclass(frozen=True, kw_only=True)
+class Loaded:
+    """A load that succeeded: the step it resumes at and the files read from each tier."""
+    step: int
+    tiers: dict[str, int]
+
+
+def load_checkpoint(run: Any, path: Path) -> Loaded | Exception:
+    """Load `path` into run's state on every rank: what was loaded, or the error (the same
+    decision on every rank)."""
     from ..checkpoint.local_cache import find_local_files
     from .reader import VerifyingReader
 
@@ -86,18 +94,17 @@ def load_checkpoint(run: Any, path: Path) -> Exception | None:
     error, reader, meta = _load_agreed(run, path, open_reader, process_group=run.control_pg, delay_s=delay)
     if error is not None:
         return error
-    run._loaded_step = int(meta.get("step", 0))
-    run._load_tiers = reader.tier_counts()
+    loaded = Loaded(step=int(meta.get("step", 0)), tiers=reader.tier_counts())
     if not meta.get("same_world", True) and run.rank == 0:
-        run.reporter.emit(Event.ELASTIC_RESUME, step=run._loaded_step, saved_world_size=meta.get("saved_world_size"),
+        run.reporter.emit(Event.ELASTIC_RESUME, step=loaded.step, saved_world_size=meta.get("saved_world_size"),
                           world_size=run.world_size, rng="re-derived from (step, rank)")
     log.info("ckptsup: rank %d resumed from %s (step %d, %d bytes verified; files read: %d node-local, %d shared, "
-             "%d node-local copies fell back to shared)", run.rank, path, run._loaded_step, reader.bytes_read,
-             run._load_tiers["read_local_files"], run._load_tiers["read_shared_files"], run._load_tiers["local_fallback_files"])
-    return None
+             "%d node-local copies fell back to shared)", run.rank, path, loaded.step, reader.bytes_read,
+             loaded.tiers["read_local_files"], loaded.tiers["read_shared_files"], loaded.tiers["local_fallback_files"])
+    return loaded
 
 
-def load_memory(run: Any, step: int) -> Exception | None:
+def load_memory(run: Any, step: int) -> Loaded | Exception:
     """Load this rank's memory bundle of `step` (from its agent) into run's state, on every rank
     at once and all or nothing, like load_checkpoint (each rank reads its own bundle: no
     process group in DCP's load). A rank whose agent's copy fails its hashes asks for a peer
@@ -133,14 +140,14 @@ def load_memory(run: Any, step: int) -> Exception | None:
                                            open_errors=(MemoryChannelError, OSError))
     if error is not None:
         return error
-    run._loaded_step = int(meta.get("step", step))
     files, source = len(reader.read_memory), reader.bundle.source
-    run._load_tiers = {"memory_files": files if source == "memory" else 0,
-                       "peer_memory_files": files if source == "peer_memory" else 0}
+    loaded = Loaded(step=int(meta.get("step", step)),
+                    tiers={"memory_files": files if source == "memory" else 0,
+                           "peer_memory_files": files if source == "peer_memory" else 0})
     log.info("ckptsup: rank %d resumed from %s (step %d, %d bytes verified)", run.rank,
-             "its agent's memory" if source == "memory" else "a peer agent's memory", run._loaded_step,
+             "its agent's memory" if source == "memory" else "a peer agent's memory", loaded.step,
              reader.bytes_read)
-    return None
+    return loaded
 
 
 def _load_agreed(run: Any, where: Path, open_reader: Any, *, process_group: Any, delay_s: float = 0.0,

@@ -213,7 +213,7 @@ class Run:
         already positioned its data for one checkpoint (integrations/hf.py) pins it, so neither
         the memory tier nor the object store is asked; `memory_step` pins the memory checkpoint of
         that step instead (the framework positioned its data for it)."""
-        from .loader import is_corruption, is_untrusted, load_checkpoint
+        from .loader import Loaded, is_corruption, is_untrusted, load_checkpoint
 
         self.link.phases.enter(Phase.LOAD, 0)
         start = self.clock()
@@ -235,13 +235,14 @@ class Run:
                     log.error("ckptsup: %s", why_not)
                     continue
             error = load_checkpoint(self, Path(path))
-            if error is None:
-                self.next_step = self.last_saved_step = self._loaded_step
+            if isinstance(error, Loaded):   # else the error, the same on every rank
+                self.next_step = self.last_saved_step = error.step
                 self.save_timer.restart(self.clock(), step=self.next_step)
-                self.load_tiers = self._sum_over_ranks(self._load_tiers)
+                self.load_tiers = self._sum_over_ranks(error.tiers)
+                tiers: dict[str, Any] = dict(self.load_tiers)   # event fields (Reporter.emit's **fields)
                 self.reporter.emit(Event.CHECKPOINT_LOADED, step=self.next_step, path=str(path),
                                    load_s=round(self.clock() - start, 3), source=str(candidate.source),
-                                   files_by_source=files_by_source(self.load_tiers, candidate.source), **self.load_tiers)
+                                   files_by_source=files_by_source(self.load_tiers, candidate.source), **tiers)
                 self.link.phases.enter(Phase.TRAIN, self.next_step)
                 return self.next_step
             log.error("ckptsup: cannot resume from %s: %s", path, error)
@@ -262,7 +263,7 @@ class Run:
     def _resume_from_memory(self, candidates: list[Candidate], start: float, *, only: int | None = None) -> bool:
         """The newest memory checkpoint every rank's agent holds, when no disk checkpoint is newer
         (memory_tier.py); all or nothing, else the disk candidates decide."""
-        from .loader import load_memory
+        from .loader import Loaded, load_memory
 
         if self.memory is None:
             return False
@@ -281,15 +282,15 @@ class Run:
                 log.warning("ckptsup: no memory checkpoint every rank's agent holds is newer than the disk's step %d "
                             "(a node and its buddy lost together, or no memory save yet): resuming from disk", newest_disk)
             return False
-        error = load_memory(self, pick[0])
-        if error is not None:
+        loaded = load_memory(self, pick[0])
+        if not isinstance(loaded, Loaded):
             log.warning("ckptsup: rank %d: memory checkpoint of step %d not used (%s); resuming from disk",
-                        self.rank, pick[0], error)
+                        self.rank, pick[0], loaded)
             return False
-        self.next_step = self._loaded_step
+        self.next_step = loaded.step
         self.last_saved_step = None   # the disk tiers do not hold this step yet
         self.save_timer.restart(self.clock(), step=self.next_step)
-        self.load_tiers = self._sum_over_ranks(self._load_tiers)
+        self.load_tiers = self._sum_over_ranks(loaded.tiers)
         self.reporter.emit(Event.CHECKPOINT_LOADED, step=self.next_step, path=f"memory:step_{self.next_step}",
                            load_s=round(self.clock() - start, 3),
                            source="peer_memory" if self.load_tiers["peer_memory_files"] else "memory",
@@ -505,9 +506,9 @@ class Run:
         if not result.ok:
             log.warning("ckptsup: rank %d: memory save of step %d failed: %s (the disk checkpoints are unaffected)",
                         self.rank, result.step, result.reason)
+        why: dict[str, Any] = {"reason": result.reason[:300]} if not result.ok else {}
         self.reporter.emit(Event.MEMORY_SAVED, step=result.step, ok=result.ok, stall_s=round(result.stall_s, 6),
-                           write_s=round(result.write_s, 6), bytes=result.bytes,
-                           **({"reason": result.reason[:300]} if not result.ok else {}))
+                           write_s=round(result.write_s, 6), bytes=result.bytes, **why)
 
     def _on_save_result(self, result: SaveResult) -> None:
         if result.ok:

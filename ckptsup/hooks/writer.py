@@ -82,11 +82,13 @@ def hash_file_and_items(path: Path, items: list[tuple[str, int, int]], algorithm
     fds: list[int] = []  # the copy, created once the source is open (a missing source is not the target's fault)
 
     def target() -> int:
+        assert copy_to is not None   # only called with a copy to make
         if not fds:
             fds.append(_to_target(copy_to, lambda: os.open(copy_to, os.O_WRONLY | os.O_CREAT | os.O_EXCL | os.O_NOFOLLOW, 0o600)))
         return fds[0]
 
     def write(chunk: memoryview) -> None:
+        assert copy_to is not None
         rest, out = chunk, target()
         while rest:
             rest = rest[_to_target(copy_to, lambda: os.write(out, rest)):]
@@ -361,7 +363,8 @@ class CheckpointWriter:
             if getattr(info, "transform_descriptors", None):
                 raise CheckpointError(f"DCP stream transforms ({info.transform_descriptors}) are not supported")
             per_file.setdefault(info.relative_path, []).append((item_key(index), int(info.offset), int(info.length)))
-        files, items = [], []
+        files: list[dict[str, Any]] = []
+        items: list[dict[str, Any]] = []
         for rel, entries in sorted(per_file.items()):
             if _file_owner(rel, cfg.world_size) != cfg.rank:
                 continue

@@ -61,7 +61,7 @@ except ImportError:  # pragma: no cover - the module is importable without the e
     _Base = object   # type: ignore[assignment,misc]
 
 
-class CkptsupCallback(_Base):  # type: ignore[misc,valid-type]
+class CkptsupCallback(_Base):
     """ckptsup as the Trainer's checkpointer. Options (keyword-only) are attach()'s:
     checkpoint_dir, save_every_steps, save_every_s and any [checkpoint] key."""
 
@@ -142,7 +142,7 @@ class CkptsupCallback(_Base):  # type: ignore[misc,valid-type]
     def on_evaluate(self, args: Any, state: Any, control: Any, **_: Any) -> None:
         self.eval.leave()
 
-    def on_predict(self, args: Any, state: Any, control: Any, **_: Any) -> None:
+    def on_predict(self, args: Any, state: Any, control: Any, metrics: Any = None, **_: Any) -> None:
         self.eval.leave()
 
     def on_log(self, args: Any, state: Any, control: Any, logs: dict[str, Any] | None = None, **_: Any) -> None:
@@ -209,6 +209,8 @@ def resume_path(trainer: Any) -> str | None:
     callback.choice = choice
     if choice.path is None:
         return None
+    if choice.state is None:   # choose_checkpoint reads the state of what it picks
+        raise CheckpointError(f"{choice.path}: chosen without its TrainerState; move it aside or report a bug")
     folder = write_state_folder(settings.checkpoint_dir, _rank(), choice.state)
     _skip_weights_load(trainer, folder)
     log.info("ckptsup: resuming HF from %s (global_step %d) through %s", choice.path, choice.step, folder)
@@ -246,7 +248,7 @@ def _broadcast(decide: Any) -> Choice:
 
     if not (dist.is_available() and dist.is_initialized()) or dist.get_world_size() == 1:
         return decide()
-    box = [decide() if dist.get_rank() == 0 else None]
+    box: list[Any] = [decide() if dist.get_rank() == 0 else None]
     dist.broadcast_object_list(box, src=0)
     return box[0]
 

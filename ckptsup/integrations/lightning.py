@@ -30,7 +30,7 @@ from typing import Any
 try:
     from lightning.pytorch.callbacks import Callback
 except ImportError:  # the standalone package; its Trainer calls the same hooks
-    from pytorch_lightning.callbacks import Callback
+    from pytorch_lightning.callbacks import Callback  # type: ignore[assignment]  # the same hooks, another package
 
 from ..env import ExitStatus
 from ..errors import ConfigError

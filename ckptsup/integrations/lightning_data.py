@@ -102,7 +102,7 @@ def plan_loader(loader: Any) -> SamplerPlan:
     if type(loader.batch_sampler) is not BatchSampler:
         return SamplerPlan(reason="it has no plain BatchSampler (batch_size=None, or a batch_sampler of the user's)")
     try:
-        dataset_len = len(loader.dataset)
+        dataset_len = len(loader.dataset)   # type: ignore[arg-type]  # a Dataset may be Sized; TypeError if not
     except TypeError:
         dataset_len = None
     return plan_sampler(loader.batch_sampler.sampler, dataset_len=dataset_len)

@@ -24,7 +24,7 @@ BASE_FIELDS = {"event", "ts", "mono", "job_id", "attempt", "epoch"}
 HIDDEN_BY_DEFAULT = {Event.STEP_PROGRESS}
 TERMINAL = {Event.RUN_COMPLETE, Event.GIVE_UP, Event.RUN_CANCELLED}
 PHASES = ("kill_s", "health_s", "launch_s", "rendezvous_s", "load_s", "first_step_s")
-STYLE = {Event.FAILURE_DETECTED: "bold red", Event.GIVE_UP: "bold red", Event.CHECKPOINT_REJECTED: "red",
+STYLE: dict[str, str] = {Event.FAILURE_DETECTED: "bold red", Event.GIVE_UP: "bold red", Event.CHECKPOINT_REJECTED: "red",
          Event.CHECKPOINT_FAILED: "red", Event.NODE_EXCLUDED: "yellow", Event.REQUEUE: "bold yellow",
          Event.REQUEUE_UPDATED: "yellow", Event.PREEMPTION: "yellow", Event.TEARDOWN_ERROR: "yellow",
          Event.RESTART_DONE: "green", Event.RUN_COMPLETE: "bold green", Event.FIRST_STEP: "green",
@@ -65,7 +65,8 @@ def describe(event: Mapping[str, Any]) -> str:
     if name == Event.FAILURE_DETECTED:
         where = " ".join(x for x in (f"node {g('node')}" if g("node") else "",
                                       f"rank {g('rank')}" if g("rank") is not None else "") if x)
-        latency = f", detected in {float(g('detect_s')):.2f}s" if isinstance(g("detect_s"), (int, float)) else ""
+        detect_s = g("detect_s")
+        latency = f", detected in {float(detect_s):.2f}s" if isinstance(detect_s, (int, float)) else ""
         extra = _extras(e, ("kind", "node", "rank", "detect_s"))
         return f"{g('kind', '?')} {where}{latency}".replace("  ", " ") + (f" ({extra})" if extra else "")
     if name == Event.FAILURE_ATTRIBUTED:
@@ -75,8 +76,9 @@ def describe(event: Mapping[str, Any]) -> str:
         return f"{g('node')} excluded: {g('reason', '')}"
     if name == Event.RESTART_DONE:
         text = f"restarted in {_s(g('restart_s'))}, resume step {g('resume_step')}"
-        if isinstance(g("phases"), Mapping):
-            text += f" ({phases_text(g('phases'))})"
+        phases = g("phases")
+        if isinstance(phases, Mapping):
+            text += f" ({phases_text(phases)})"
         if g("path"):
             text += f" [{g('path')} path]"
         return text
@@ -182,7 +184,10 @@ class Summary:
 
 
 def summarize(events: Iterable[Mapping[str, Any]]) -> Summary:
-    failures, restarts, excluded, requeues = [], [], [], []
+    failures: list[dict[str, Any]] = []
+    restarts: list[dict[str, Any]] = []
+    excluded: list[Any] = []
+    requeues: list[dict[str, Any]] = []
     outcome = "running"
     for e in events:
         name = e.get("event")
