@@ -157,13 +157,15 @@ class AttemptTracker:
             for rank in self.ranks.values():
                 if rank.node == node:
                     rank.stopped = rank.rank in stopped
+                    rank.stopped_since = (rank.stopped_since if rank.stopped_since is not None else now) \
+                        if rank.stopped else None
             if not self.hooked:
                 # a stopped worker that prints nothing (rank 1 while rank 0 prints): a view, so
                 # that the hang it causes is pinned on it
                 for rank in stopped - set(self.ranks):
                     if isinstance(rank, int):
                         self.ranks[rank] = RankView(rank=rank, node=node, phase=Phase.TRAIN, phase_since=now,
-                                                    last_progress=now, stopped=True)
+                                                    last_progress=now, stopped=True, stopped_since=now)
         elif m == MessageKind.HELLO:
             rank = int(body.get("rank", -1))
             self.ranks[rank] = RankView(rank=rank, node=node, phase=Phase.INIT, phase_since=now,
