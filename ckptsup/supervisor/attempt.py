@@ -8,6 +8,8 @@ the marks set here (launch → every rank said hello → rendezvous done → loa
 
 from __future__ import annotations
 
+import math
+
 from dataclasses import dataclass, field, replace
 from typing import Any
 
@@ -400,7 +402,10 @@ class AttemptTracker:
         if not self.unhooked and now - self.started > self.config.init_timeout_s:
             self.unhooked = True
         if not self.line_ranks:
-            return None
+            # before the first line only a stopped process can be a hang (its views come from heartbeats)
+            held = [v for v in ranks if v.stopped]
+            return replace(hang, step=None) if held and (hang := detect_hang(held, now=now, config=self.config,
+                                                                             train_timeout_s=math.inf)) else None
         hang = detect_hang(ranks, now=now, config=self.config, train_timeout_s=self.hang_timeout_s())
         if hang is not None:
             return replace(hang, step=self.current_step(),
