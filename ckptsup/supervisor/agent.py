@@ -730,11 +730,14 @@ class Agent:
                     self.stopped_ranks.add(rank)
             except psutil.Error:
                 pass
-        ranks = sorted(c.rank for c in self.conns.values() if c.rank is not None)
+        pids = self.pid_list()
+        # a rank is alive if it talks to us (hooks) or its real process runs (no hooks: a worker
+        # or the warm interpreter it became)
+        ranks = sorted({c.rank for c in self.conns.values() if c.rank is not None} | {p["rank"] for p in pids})
         running = self.torchrun is not None and self.torchrun.poll() is None
         self.send(MessageKind.HB, {"ranks_alive": ranks, "last_step": self.last_step, "phase": self.phase,
                          "stopped_ranks": sorted(self.stopped_ranks), "torchrun": running,
-                         "dropped": self.dropped, "attempt": self.attempt, "pids": self.pid_list()})
+                         "dropped": self.dropped, "attempt": self.attempt, "pids": pids})
 
     def _host_pid(self, pid: int) -> int:
         if pid not in self.host_pids:

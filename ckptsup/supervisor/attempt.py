@@ -8,6 +8,8 @@ the marks set here (launch → every rank said hello → rendezvous done → loa
 
 from __future__ import annotations
 
+import math
+
 from dataclasses import dataclass, field, replace
 from typing import Any
 
@@ -158,13 +160,15 @@ class AttemptTracker:
             for rank in self.ranks.values():
                 if rank.node == node:
                     rank.stopped = rank.rank in stopped
+                    rank.stopped_since = (rank.stopped_since if rank.stopped_since is not None else now) \
+                        if rank.stopped else None
             if not self.hooked:
                 # a stopped worker that prints nothing (rank 1 while rank 0 prints): a view, so
                 # that the hang it causes is pinned on it
                 for rank in stopped - set(self.ranks):
                     if isinstance(rank, int):
                         self.ranks[rank] = RankView(rank=rank, node=node, phase=Phase.TRAIN, phase_since=now,
-                                                    last_progress=now, stopped=True)
+                                                    last_progress=now, stopped=True, stopped_since=now)
         elif m == MessageKind.HELLO:
             rank = int(body.get("rank", -1))
             self.ranks[rank] = RankView(rank=rank, node=node, phase=Phase.INIT, phase_since=now,
@@ -401,7 +405,10 @@ class AttemptTracker:
         if not self.unhooked and now - self.started > self.config.init_timeout_s:
             self.unhooked = True
         if not self.line_ranks:
-            return None
+            # before the first line only a stopped process can be a hang (its views come from heartbeats)
+            held = [v for v in ranks if v.stopped]
+            return replace(hang, step=None) if held and (hang := detect_hang(held, now=now, config=self.config,
+                                                                             train_timeout_s=math.inf)) else None
         hang = detect_hang(ranks, now=now, config=self.config, train_timeout_s=self.hang_timeout_s())
         if hang is not None:
             return replace(hang, step=self.current_step(),

@@ -30,6 +30,7 @@ class RankView:
     last_step: int | None = None
     last_progress: float = 0.0        # supervisor mono of the last step or phase change
     stopped: bool = False             # the agent saw its process stopped (state T)
+    stopped_since: float | None = None  # supervisor mono of the first heartbeat that saw it stopped
 
     @property
     def last_sign_of_life(self) -> float:
@@ -108,6 +109,16 @@ def detect_hang(ranks: Iterable[RankView], *, now: float, config: SupervisorConf
     """A rank with no progress beyond its phase's allowance. Blame: a process seen stopped first,
     then the rank furthest behind (a hung rank holds the others in their collective)."""
     every = list(ranks)
+    held = [v for v in every if v.stopped and v.stopped_since is not None
+            and now - v.stopped_since >= config.heartbeat_interval_s]
+    if held:
+        # a stopped process (SIGSTOP, state T) answers nothing until continued: a hang at once,
+        # not after the timeout; two heartbeats in a row saw it, so a stop-and-continue is spared
+        culprit = min(held, key=lambda v: v.rank)
+        return Failure(kind=FailureKind.HANG, node=culprit.node, rank=culprit.rank, step=_job_step(every),
+                       detect_s=now - culprit.stopped_since, suspects=(culprit.node,),
+                       detail=f"rank {culprit.rank} process stopped (state T) for "
+                              f"{now - culprit.stopped_since:.1f}s in phase {culprit.phase.value} (process stopped)")
     in_eval = any(v.phase is Phase.EVAL for v in every)
     overdue = []
     for view in every:
