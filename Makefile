@@ -7,7 +7,7 @@ CKPTSUP := $(VENV)/bin/ckptsup
 APT_PACKAGES := slurm-wlm munge tini
 DEV_CLUSTER_DIR ?= /tmp/ckptsup-dev-cluster
 
-.PHONY: setup apt venv demo test test-fast test-slurm test-slurm-versions test-slurm-matrix fuzz bench gpu-check clean
+.PHONY: setup apt venv typecheck demo test test-fast test-slurm test-slurm-versions test-slurm-matrix fuzz bench gpu-check clean
 
 setup: apt venv
 
@@ -26,7 +26,11 @@ $(VENV)/.installed: pyproject.toml
 demo: setup
 	$(PY) examples/demo.py --cluster-dir $(DEV_CLUSTER_DIR)
 
-test-fast: venv
+# The type checker first ([tool.mypy] in pyproject.toml; incremental, a few seconds once cached)
+typecheck: venv
+	$(PY) -m mypy
+
+test-fast: venv typecheck
 	$(PY) -m pytest -q -m "not slurm and not integration" --timeout 300
 
 test-slurm: setup
@@ -36,7 +40,7 @@ test-slurm: setup
 # CPU. Whole files per worker (--dist loadfile): a module's shared reference run stays on one; each
 # worker's dev-cluster tests take their own numbered cluster slot (tests/conftest.py).
 TEST_WORKERS ?= 3
-test: setup
+test: setup typecheck
 	$(PY) -m pytest -q --timeout 900 -n $(TEST_WORKERS) --dist loadfile
 
 # The Slurm version matrix (.ci/slurm-matrix.sh, docs/slurm.md §Versions): Debian trixie (24.11) and

@@ -36,7 +36,7 @@ import time
 import uuid
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Any, BinaryIO, Callable
+from typing import IO, Any, BinaryIO, Callable, TypeGuard
 
 import psutil
 
@@ -162,7 +162,7 @@ def _unauth_line(count: int) -> str:
             f"(not ranks of this job; at most one such line per {UNAUTH_LOG_EVERY_S:g}s)")
 
 
-def _is_int(value: Any, *, low: int | None = None) -> bool:
+def _is_int(value: Any, *, low: int | None = None) -> TypeGuard[int]:
     return isinstance(value, int) and not isinstance(value, bool) and (low is None or value >= low)
 
 
@@ -236,7 +236,7 @@ class Agent:
         self.pending_exits: list[tuple[float, int | None, int | None]] = []
         self.launched_at: float | None = None
         self.output: RankOutput | None = None
-        self.output_pipe: BinaryIO | None = None
+        self.output_pipe: IO[bytes] | None = None
         self.hooked_ranks: set[int] = set()     # ranks that said hello this attempt: their steps come as frames
         self.workers: dict[int, int] = {}       # pid -> global rank of torchrun's workers (from their environment)
         self.rank_pids: dict[int, int] = {}     # global rank -> its process (hello pid, else the worker or its warm interpreter)
@@ -355,7 +355,7 @@ class Agent:
         pool = self._pool_for()
         self.warm = pool is not None and pool.hand_out()
         env = self.rank_env(extra_env)
-        if self.warm:
+        if self.warm and pool is not None:
             env[WARM_DIR] = str(pool.in_use_dir)
         self.torchrun = standby.launch(argv=self.torchrun_argv(warm=self.warm), env=env, cwd=self.spec.cwd)
         self.hooked_ranks, self.workers, self.stop_sent = set(), {}, False
@@ -700,7 +700,7 @@ class Agent:
             elif status is GONE and now - seen < EXIT_CONFIRM_S and rc is None:
                 keep.append((seen, rank, pid))  # reaped already: wait for torchrun's verdict
             else:
-                code = None if status is GONE else status
+                code = status if isinstance(status, int) else None   # GONE: reaped, no status left
                 what = "died without saying goodbye" if code is None else describe_exit(code)
                 self.send(MessageKind.RANK_EXIT, {"rank": rank, "rc": code, "pid": pid, "step": self.last_step,
                                         "age_s": now - seen, "detail": f"rank {rank} (pid {pid}) {what}"})
@@ -813,7 +813,7 @@ class Agent:
             elif key.data == "stdin":
                 self._read_stdin()
             else:
-                conn = self.conns.get(key.fileobj)  # type: ignore[arg-type]
+                conn = self.conns.get(key.fileobj)  # type: ignore[call-overload]  # a socket, registered by us
                 if conn is not None:
                     self._read_rank(conn)
 

@@ -157,18 +157,18 @@ class AttemptTracker:
                 view.ranks_alive = tuple(r for r in alive if isinstance(r, int))
             self._note_pids(node, body.get("pids"))
             stopped = set(body.get("stopped_ranks") or ())
-            for rank in self.ranks.values():
-                if rank.node == node:
-                    rank.stopped = rank.rank in stopped
-                    rank.stopped_since = (rank.stopped_since if rank.stopped_since is not None else now) \
-                        if rank.stopped else None
+            for seen in self.ranks.values():
+                if seen.node == node:
+                    seen.stopped = seen.rank in stopped
+                    seen.stopped_since = (seen.stopped_since if seen.stopped_since is not None else now) \
+                        if seen.stopped else None
             if not self.hooked:
                 # a stopped worker that prints nothing (rank 1 while rank 0 prints): a view, so
                 # that the hang it causes is pinned on it
-                for rank in stopped - set(self.ranks):
-                    if isinstance(rank, int):
-                        self.ranks[rank] = RankView(rank=rank, node=node, phase=Phase.TRAIN, phase_since=now,
-                                                    last_progress=now, stopped=True, stopped_since=now)
+                for quiet in stopped - set(self.ranks):
+                    if isinstance(quiet, int):
+                        self.ranks[quiet] = RankView(rank=quiet, node=node, phase=Phase.TRAIN, phase_since=now,
+                                                     last_progress=now, stopped=True, stopped_since=now)
         elif m == MessageKind.HELLO:
             rank = int(body.get("rank", -1))
             self.ranks[rank] = RankView(rank=rank, node=node, phase=Phase.INIT, phase_since=now,

@@ -115,10 +115,11 @@ def detect_hang(ranks: Iterable[RankView], *, now: float, config: SupervisorConf
         # a stopped process (SIGSTOP, state T) answers nothing until continued: a hang at once,
         # not after the timeout; two heartbeats in a row saw it, so a stop-and-continue is spared
         culprit = min(held, key=lambda v: v.rank)
+        stopped_s = now - (culprit.stopped_since or now)
         return Failure(kind=FailureKind.HANG, node=culprit.node, rank=culprit.rank, step=_job_step(every),
-                       detect_s=now - culprit.stopped_since, suspects=(culprit.node,),
+                       detect_s=stopped_s, suspects=(culprit.node,),
                        detail=f"rank {culprit.rank} process stopped (state T) for "
-                              f"{now - culprit.stopped_since:.1f}s in phase {culprit.phase.value} (process stopped)")
+                              f"{stopped_s:.1f}s in phase {culprit.phase.value} (process stopped)")
     in_eval = any(v.phase is Phase.EVAL for v in every)
     overdue = []
     for view in every:
