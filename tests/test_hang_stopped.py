@@ -1,8 +1,7 @@
 """A stopped rank (SIGSTOP, state T) is a hang at once, not after the hang timeout; and the ranks
 of an unmodified script are alive in `ckptsup status` whether they run cold or in warm
 interpreters (issue 22, the "blind" and "late" cases). In-process here; the real SIGSTOP runs are
-test_supervisor_train.py and test_drop_in_local.py (tests/helpers/sleepy_ddp.py is for the real
-cold-then-warm case, not yet green: see issue 22's note)."""
+test_supervisor_train.py and test_drop_in_local.py."""
 from ckptsup.config import SupervisorConfig
 from ckptsup.supervisor.detection import RankView, detect_hang
 from ckptsup.supervisor.observations import FailureKind
