@@ -15,9 +15,9 @@ Flags (the supervisor's and the checkpoint tests use them):
   --step-sleep-s S        sleep S seconds inside each step, to make steps ~50-200 ms
   --batch-size B          per-rank batch size (default 4); --dataset-size N (default 512)
   --seed S                model/data seed (default 0)
-  --nan-at-step S         rank --nan-rank (default 0) reports a NaN loss at step S
-  --crash-at-step S       rank --crash-rank (default 0) raises at step S (exit 1)
-  --hang-at-step S        rank --hang-rank (default 0) sleeps forever at step S
+  --nan-at-step S[,S...]  rank --nan-rank (default 0) reports a NaN loss at step S (each listed)
+  --crash-at-step S[,S]   rank --crash-rank (default 0) raises at step S (exit 1)
+  --hang-at-step S[,S]    rank --hang-rank (default 0) sleeps forever at step S
   --fault-mode once|always  `once` (default) fires each injected fault only the first time:
                           a marker file in --out (else next to the checkpoint dir) records it
   --out DIR               write DIR/samples_rank<r>.jsonl (sample ids of every step, appended as
@@ -73,7 +73,7 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
     p.add_argument("--lr", type=float, default=1e-2)
     p.add_argument("--warmup-steps", type=int, default=10)
     for fault in ("nan", "crash", "hang"):
-        p.add_argument(f"--{fault}-at-step", type=int, default=None)
+        p.add_argument(f"--{fault}-at-step", type=steps, default=())
         p.add_argument(f"--{fault}-rank", type=int, default=0)
     p.add_argument("--fault-mode", choices=("once", "always"), default="once")
     p.add_argument("--slow-rank", type=int, default=None, help="this rank sleeps --slow-factor x --step-sleep-s")
@@ -83,8 +83,15 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
     return p.parse_args(argv)
 
 
+def steps(text: str) -> tuple[int, ...]:
+    try:
+        return tuple(int(s) for s in text.split(","))
+    except ValueError:
+        raise argparse.ArgumentTypeError(f"{text!r}: expected a step or a comma-separated list of steps") from None
+
+
 def fault_fires(args: argparse.Namespace, kind: str, step: int, rank: int, marker_dir: Path) -> bool:
-    if getattr(args, f"{kind}_at_step") != step or getattr(args, f"{kind}_rank") != rank:
+    if step not in getattr(args, f"{kind}_at_step") or getattr(args, f"{kind}_rank") != rank:
         return False
     if args.fault_mode == "always":
         return True

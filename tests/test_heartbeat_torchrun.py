@@ -4,7 +4,7 @@ a hello with checkpoints=false from each rank, every step in order with its step
 a NaN on one rank is its `nan` frame and exit RANK_NAN; a stop_at ends both ranks at that step
 with RANK_STOPPED and nothing saved; without a socket the script runs silently to its end. Then
 the same script under `ckptsup launch` (the real agent and supervisor): it completes with no
-checkpoint events, and a NaN at the same real step on every attempt is a crash loop. The NaN and
+checkpoint events, and a NaN at the same real step again on the replay is the data's (a give-up). The NaN and
 stop_at cases start the two ranks directly (env://), so each rank's own exit status is read."""
 
 from __future__ import annotations
@@ -140,10 +140,11 @@ def test_under_ckptsup_launch_a_heartbeat_only_run_completes_without_checkpoints
     assert (tmp_path / "out" / "own.pt").exists()
 
 
-def test_under_ckptsup_launch_a_nan_at_the_same_real_step_is_a_crash_loop(tmp_path) -> None:
+def test_under_ckptsup_launch_a_nan_at_the_same_real_step_after_the_replay_gives_up_as_the_datas(tmp_path) -> None:
     rc, output, events = launch(tmp_path, "--steps", "30", "--nan-at-step", "5")
     assert rc == ExitStatus.GIVE_UP, output[-3000:]
     failures = [e for e in events if e["event"] == "failure_detected"]
-    assert failures and all(e["kind"] == "nan" and e["step"] == 5 and e["rank"] == 1 for e in failures), failures
+    assert len(failures) == 2 and all(e["kind"] == "nan" and e["step"] == 5 and e["rank"] == 1 for e in failures), failures
     [give_up] = [e for e in events if e["event"] == "give_up"]
-    assert "nan at step 5" in give_up["reason"]
+    assert "non-finite loss at step 5 on rank 1 again" in give_up["reason"]
+    assert not [e for e in events if e["event"] == "node_excluded"]

@@ -28,7 +28,9 @@ SCRIPT = ROOT / "tests" / "helpers" / "lightning_train.py"
 EPOCHS, SAMPLES, BATCH = 2, 192, 4      # 2 ranks: 24 optimizer steps per epoch, 48 in all
 STEPS = EPOCHS * SAMPLES // (2 * BATCH)
 ARGS = ["--epochs", str(EPOCHS), "--samples", str(SAMPLES), "--batch", str(BATCH), "--every", "5"]
-CONFIG = ("[supervisor]\nhang_min_s = 20.0\nheartbeat_interval_s = 0.5\n"
+# heartbeat_interval_s 3: the kill tests hold rank 1 stopped for 1.5 s before its SIGKILL (a quiet
+# checkpoint to corrupt), and a stop seen for one heartbeat interval is a hang (docs/architecture.md)
+CONFIG = ("[supervisor]\nhang_min_s = 20.0\nheartbeat_interval_s = 3.0\nnode_silence_s = 6.0\n"
           "[checkpoint]\nadaptive_interval = false\nkeep_daily_days = 0\ntest_load_every = 0\nkeep_last = 4\n")
 
 

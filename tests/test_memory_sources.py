@@ -167,21 +167,29 @@ def test_one_rank_s_refused_copy_takes_a_second_round_and_the_other_rank_keeps_w
                             sizes=tuple(len(bundles[1].data[n]) for n in names),
                             payload=b"".join(bytes(bundles[1].data[n]) for n in names)), replica=True)
         links.set(buddies=[], sources={1: [peer.address]})
-        group, errors = _TwoRanks(), [None, None]
+        group = _TwoRanks()
+        results: list = [None, None]   # each rank's Loaded, or the exception it raised
         runs = [SimpleNamespace(rank=r, world_size=2, state=training_state(r, seed=10 + r),
-                                memory=SimpleNamespace(client=clients[r]), _loaded_step=None, _load_tiers={},
+                                memory=SimpleNamespace(client=clients[r]),
                                 reduce_max=(lambda values, r=r: group.reduce_max(r, values)))
                 for r in (0, 1)]
         CountingStore.gets = 0
-        threads = [threading.Thread(target=lambda r=r: errors.__setitem__(r, load_memory(runs[r], 7))) for r in (0, 1)]
+
+        def load(r: int) -> None:
+            try:
+                results[r] = load_memory(runs[r], 7)
+            except BaseException as exc:   # handed to the assertion below, not lost in the thread
+                results[r] = exc
+
+        threads = [threading.Thread(target=load, args=(r,)) for r in (0, 1)]
         for t in threads:
             t.start()
         for t in threads:
             t.join(60)
-        assert errors == [None, None]
+        assert [getattr(r, "step", r) for r in results] == [7, 7], results
         assert CountingStore.gets == 1   # rank 0's bundle crossed its socket once
-        assert runs[0]._load_tiers == {"memory_files": 1, "peer_memory_files": 0}
-        assert runs[1]._load_tiers == {"memory_files": 0, "peer_memory_files": 1}
+        assert results[0].tiers == {"memory_files": 1, "peer_memory_files": 0}
+        assert results[1].tiers == {"memory_files": 0, "peer_memory_files": 1}
         for run, want in zip(runs, saved):
             assert same(run.state.model_optim_state(), want.model_optim_state())
     finally:

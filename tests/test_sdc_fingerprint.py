@@ -7,7 +7,8 @@ import torch
 
 from ckptsup.checkpoint.manifest import Manifest
 from ckptsup.checkpoint.validate import REPLICAS_KEY, replica_problem
-from ckptsup.hooks.fingerprint import ROW, fingerprint, flip_bit, has_replicas, record, state_tensors, verdict
+from ckptsup.hooks.fingerprint import (ROW, Replication, fingerprint, flip_bit, record, replication, state_tensors,
+                                      verdict)
 
 pytestmark = pytest.mark.torch
 
@@ -91,16 +92,25 @@ def test_the_majority_names_the_odd_rank_and_two_copies_have_none():
     assert record(verdict([good, bad, good]))["disputed"] == [1]
 
 
-def test_shards_have_no_replicas_to_compare():
+def test_only_a_ddp_model_is_known_to_hold_replicas(tmp_path):
+    """DDP keeps every rank's bytes equal: compared. DTensor shards differ by design, and a plain
+    module may be a pipeline stage or a per-rank model: comparing those would be a false alarm."""
+    import torch.distributed as dist
+
     model, _ = trained()
-    assert has_replicas(model)
+    assert replication(model) is Replication.UNKNOWN
+    dist.init_process_group("gloo", init_method=f"file://{tmp_path / 'store'}", rank=0, world_size=1)
+    try:
+        assert replication(torch.nn.parallel.DistributedDataParallel(model)) is Replication.REPLICAS
+    finally:
+        dist.destroy_process_group()
 
     class Shard(torch.nn.Parameter):
         def to_local(self):
             return self
 
     model[0].weight = Shard(model[0].weight.data)
-    assert not has_replicas(model)
+    assert replication(model) is Replication.SHARDS
 
 
 def manifest(extra):

@@ -93,3 +93,15 @@ def test_no_false_alarm_over_2000_steps_with_fingerprints_at_every_step(tmp_path
     for step in (500, 1000, 1500, 2000):
         manifest = json.loads((run / "checkpoints" / f"step_{step}" / "manifest.json").read_text())
         assert manifest["extra"]["replicas"]["agree"] is True
+
+
+def test_ranks_that_hold_different_models_by_design_are_not_compared(tmp_path):
+    """A plain module per rank, each seeded differently (as pipeline stages or per-rank models hold
+    other bytes): at the defaults nothing says they are replicas, so no check runs and nothing is
+    a false alarm, even with fingerprints due at every step."""
+    run, out, log = launch(tmp_path, "--steps", "20", "--per-rank-model", every_steps=1)
+    assert not named(run, "failure_detected"), [(e["kind"], e["detail"]) for e in named(run, "failure_detected")]
+    assert [f["checks"] for f in finals(out)] == [0] * RANKS
+    assert "no replica fingerprints: the model is not DistributedDataParallel" in log
+    manifest = json.loads((run / "checkpoints" / "step_20" / "manifest.json").read_text())
+    assert "replicas" not in manifest["extra"]

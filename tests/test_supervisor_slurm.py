@@ -336,18 +336,27 @@ def test_a_hung_rank_on_a_cluster_node_restarts_on_the_fast_path(dev_cluster, tm
     assert json.loads((out / "final.json").read_text())["params_sha256"] == reference
 
 
-def test_nan_on_a_rank_rolls_back_and_its_node_is_replaced_by_the_spare(dev_cluster, tmp_path, reference):
-    job, run, out = submit(tmp_path, nodes=2, spares=1, extra=("--nan-at-step", "17", "--nan-rank", "1"))
+def test_a_nan_replays_on_the_same_nodes_and_a_second_nan_on_that_node_moves_it_to_the_spare(
+        dev_cluster, tmp_path, reference):
+    """Replay before blame (docs/sdc.md), both halves in one run: the NaN at step 17 on rank 1 is
+    replayed on the same nodes from step 15 and does not recur there (a transient: no blame); the
+    NaN at step 23 on the same rank's node is a second at another step: that node is excluded and
+    drained, the spare takes it, and the run ends as an uninterrupted one."""
+    job, run, out = submit(tmp_path, nodes=2, spares=1, extra=("--nan-at-step", "17,23", "--nan-rank", "1"))
     dev_cluster.wait_for(lambda: named(read_events(run), "run_complete"), 240, what="the run to complete")
     events = read_events(run)
-    [failure] = named(events, "failure_detected")
-    assert failure["kind"] == "nan" and failure["rank"] == 1 and failure["step"] == 17
+    first_nan, second_nan = named(events, "failure_detected")
+    assert (first_nan["kind"], first_nan["rank"], first_nan["step"]) == ("nan", 1, 17)
+    assert (second_nan["kind"], second_nan["rank"], second_nan["step"]) == ("nan", 1, 23)
+    assert second_nan["node"] == first_nan["node"]
+    launches = named(events, "launch")
+    assert len(launches) == 3 and launches[1]["nodes"] == launches[0]["nodes"]   # the replay: same nodes
     [excluded] = named(events, "node_excluded")
-    assert excluded["node"] == failure["node"] and excluded["reason"] == "nan" and excluded["drained"]
+    assert excluded["node"] == first_nan["node"] and excluded["reason"] == "nan" and excluded["drained"]
     dev_cluster.give_back(excluded["node"])  # give the drained node back to later tests
-    first, again = named(events, "launch")[0], named(events, "launch")[-1]
-    assert again["path"] == "node" and failure["node"] not in again["nodes"] and first["spares"][0] in again["nodes"]
-    assert named(events, "restart_done")[-1]["resume_step"] == 15
+    assert launches[2]["path"] == "node" and first_nan["node"] not in launches[2]["nodes"] \
+        and launches[0]["spares"][0] in launches[2]["nodes"]
+    assert [r["resume_step"] for r in named(events, "restart_done")] == [15, 20]
     assert json.loads((out / "final.json").read_text())["params_sha256"] == reference
 
 

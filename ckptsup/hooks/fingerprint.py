@@ -17,6 +17,7 @@ more copies, which rank(s) the majority outvotes.
 from __future__ import annotations
 
 from dataclasses import dataclass
+from enum import Enum
 from typing import Any, Iterable, Iterator
 
 ROW = 1 << 16            # words per row: the column lane's weights are one ROW-long vector per device
@@ -136,10 +137,26 @@ def fingerprint(tensors: Iterable[tuple[str, Any]]) -> list[int]:
     return out
 
 
-def has_replicas(model: Any) -> bool:
-    """Whether every rank holds the whole model (DDP, or a plain module on every rank): FSDP and
-    tensor-parallel shards (DTensor parameters) differ by design, so there is nothing to compare."""
-    return not any(hasattr(p, "to_local") or hasattr(p, "_local_tensor") for p in model.parameters())
+class Replication(Enum):
+    """What the ranks' copies of a model are to each other: only REPLICAS are compared."""
+
+    REPLICAS = "replicas"   # DistributedDataParallel: every rank holds the same bytes, kept so by DDP
+    SHARDS = "shards"       # FSDP / FSDP2 / tensor parallel: every rank holds other bytes by design
+    UNKNOWN = "unknown"     # a plain module: nothing says the ranks keep it in sync (pipeline stages,
+                            # per-rank models, manual parallelism): comparing would be a false alarm
+
+
+def replication(model: Any) -> Replication:
+    import torch
+
+    if any(hasattr(p, "to_local") or hasattr(p, "_local_tensor") for p in model.parameters()):
+        return Replication.SHARDS   # DTensor parameters (FSDP2, tensor parallel, HSDP)
+    fsdp = getattr(getattr(torch.distributed, "fsdp", None), "FullyShardedDataParallel", None)
+    if fsdp is not None and any(isinstance(m, fsdp) for m in model.modules()):
+        return Replication.SHARDS   # FSDP1: flat parameters, a shard per rank
+    if isinstance(model, torch.nn.parallel.DistributedDataParallel):
+        return Replication.REPLICAS
+    return Replication.UNKNOWN
 
 
 @dataclass(frozen=True, kw_only=True)

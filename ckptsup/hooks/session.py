@@ -32,7 +32,7 @@ from ..checkpoint.validate import quarantine
 from ..checkpoint.trust import CheckpointDirUntrusted
 from ..config import AUTO
 from ..env import LOCAL_RANK, LOCAL_WORLD_SIZE, ExitStatus, RankEnv
-from ..errors import CheckpointError, CkptsupError
+from ..errors import CheckpointError, CkptsupError, ConfigError
 from ..events import Event
 from .compute_time import CommTimer
 from .process_group import new_gloo_group
@@ -87,9 +87,14 @@ class SaveTimer:
 
 def attach(*, model: Any, optimizer: Any = None, lr_scheduler: Any = None, dataloader: Any = None,
            extra: dict[str, Any] | None = None, checkpoint_dir: str | None = None,
-           save_every_steps: int | None = None, save_every_s: float | None = None, **overrides: Any) -> "Run":
+           save_every_steps: int | None = None, save_every_s: float | None = None,
+           replicas: bool | None = None, **overrides: Any) -> "Run":
     """Attach ckptsup to a training loop. Keyword overrides win over the supervisor's environment,
-    which wins over the config files; any other [checkpoint] key may be passed too."""
+    which wins over the config files; any other [checkpoint] key may be passed too. `replicas`:
+    whether every rank holds the same model bytes (docs/sdc.md); None: a DistributedDataParallel
+    model does, anything else is not compared."""
+    if replicas is not None and not isinstance(replicas, bool):
+        raise ConfigError(f"attach(replicas={replicas!r}): expected True, False or None (docs/sdc.md)")
     claim_hooks(Hooks.FULL)
     env = RankEnv.from_environ()
     settings = resolve_settings(env=env, checkpoint_dir=checkpoint_dir, save_every_steps=save_every_steps,
@@ -97,12 +102,12 @@ def attach(*, model: Any, optimizer: Any = None, lr_scheduler: Any = None, datal
     check_dataloader(dataloader, allow_stateless=settings.allow_stateless_dataloader)
     isolate_loader_rng(dataloader)
     return Run(model=model, optimizer=optimizer, lr_scheduler=lr_scheduler, dataloader=dataloader,
-               extra=dict(extra or {}), settings=settings, env=env)
+               extra=dict(extra or {}), settings=settings, env=env, replicas=replicas)
 
 
 class Run:
     def __init__(self, *, model: Any, optimizer: Any, lr_scheduler: Any, dataloader: Any,
-                 extra: dict[str, Any], settings: Settings, env: Any,
+                 extra: dict[str, Any], settings: Settings, env: Any, replicas: bool | None = None,
                  clock: Callable[[], float] = time.monotonic) -> None:
         import torch.distributed as dist
 
@@ -156,17 +161,22 @@ class Run:
         self.closed = False
         self.load_tiers: dict[str, int] = {}   # files the last resume read from each tier, all ranks together
         self.memory, self.memory_every = self._memory_saver()
-        self.replicas = self._replica_check(model, optimizer)
+        self.replicas = self._replica_check(model, optimizer, replicas)
 
-    def _replica_check(self, model: Any, optimizer: Any) -> fingerprint.ReplicaCheck | None:
-        """[sdc]: DDP replicas compare fingerprints (docs/sdc.md); shards have nothing to compare."""
+    def _replica_check(self, model: Any, optimizer: Any, replicas: bool | None) -> fingerprint.ReplicaCheck | None:
+        """[sdc]: DDP replicas compare fingerprints (docs/sdc.md); shards have nothing to compare,
+        and a plain module is compared only when the script says every rank holds the same bytes."""
         config = self.settings.config
-        if config is None or not config.sdc.enabled or self.control_pg is None or model is None:
+        if config is None or not config.sdc.enabled or self.control_pg is None or model is None or replicas is False:
             return None
-        if not fingerprint.has_replicas(model):
+        kind = fingerprint.replication(model)
+        if kind is fingerprint.Replication.SHARDS or (kind is fingerprint.Replication.UNKNOWN and not replicas):
             if self.rank == 0:
-                log.warning("ckptsup: no replica fingerprints: the parameters are shards (FSDP / tensor parallel), "
-                            "so no two ranks hold the same bytes to compare (docs/sdc.md)")
+                log.warning("ckptsup: no replica fingerprints: %s (docs/sdc.md)",
+                            "the parameters are shards (FSDP / tensor parallel), so no two ranks hold the same bytes"
+                            if kind is fingerprint.Replication.SHARDS else
+                            "the model is not DistributedDataParallel, so nothing says every rank holds the same "
+                            "bytes; pass attach(replicas=True) if it does")
             return None
         return fingerprint.ReplicaCheck(model=model, optimizer=optimizer, rank=self.rank, world_size=self.world_size,
                                         group=self.control_pg, every_steps=config.sdc.every_steps)

@@ -1,7 +1,8 @@
 """A tiny DDP job with ckptsup.attach for the SDC tests (tests/test_sdc_real.py): `--flip STEP:RANK`
 (repeatable) flips one bit of one weight on that rank right after that step's optimizer step,
 the first time only (a marker file in --out), like a memory error would; the loss stays finite.
-At the end each rank writes its parameters to --out/final_rank<r>.pt."""
+`--per-rank-model`: no DDP, each rank its own differently seeded plain module (as a pipeline stage
+holds other bytes than its peers): nothing to compare. At the end each rank writes its parameters to --out/final_rank<r>.pt."""
 from __future__ import annotations
 
 import argparse
@@ -35,6 +36,7 @@ def main() -> int:
     p.add_argument("--save-every-steps", type=int, default=10)
     p.add_argument("--flip", action="append", default=[])
     p.add_argument("--crash", action="append", default=[], help="STEP:RANK raises after that step, once")
+    p.add_argument("--per-rank-model", action="store_true")
     p.add_argument("--out", required=True)
     args = p.parse_args()
     flips = [tuple(int(x) for x in f.split(":")) for f in args.flip]
@@ -43,8 +45,9 @@ def main() -> int:
     out.mkdir(parents=True, exist_ok=True)
     ckptsup.init_process_group()
     rank = dist.get_rank()
-    torch.manual_seed(0)
-    model = nn.parallel.DistributedDataParallel(nn.Sequential(nn.Linear(8, 16), nn.Tanh(), nn.Linear(16, 1)))
+    torch.manual_seed(rank if args.per_rank_model else 0)
+    net = nn.Sequential(nn.Linear(8, 16), nn.Tanh(), nn.Linear(16, 1))
+    model = net if args.per_rank_model else nn.parallel.DistributedDataParallel(net)
     gen = torch.Generator().manual_seed(1)
     x = torch.randn(240, 8, generator=gen)
     data = torch.utils.data.TensorDataset(x, x.sum(dim=1, keepdim=True))
@@ -64,7 +67,7 @@ def main() -> int:
         loss.backward()
         opt.step()
         if fires(out, step, rank, flips):
-            flip_bit(model.module, param=0, index=3, bit=12)   # a low mantissa bit: the loss stays finite
+            flip_bit(net, param=0, index=3, bit=12)   # a low mantissa bit: the loss stays finite
             print(f"rank {rank}: flipped a bit after step {step}", flush=True)
         if fires(out, step, rank, crashes):
             raise RuntimeError(f"injected crash after step {step} on rank {rank}")
@@ -72,7 +75,7 @@ def main() -> int:
         step += 1
     checks = run.replicas.checks if run.replicas is not None else 0
     run.close()
-    torch.save({"params": {k: v.detach().clone() for k, v in model.module.state_dict().items()}, "checks": checks},
+    torch.save({"params": {k: v.detach().clone() for k, v in net.state_dict().items()}, "checks": checks},
                out / f"final_rank{rank}.pt")
     dist.destroy_process_group()
     return 0
