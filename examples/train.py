@@ -20,6 +20,9 @@ Flags (the supervisor's and the checkpoint tests use them):
   --hang-at-step S[,S]    rank --hang-rank (default 0) sleeps forever at step S
   --fault-mode once|always  `once` (default) fires each injected fault only the first time:
                           a marker file in --out (else next to the checkpoint dir) records it
+  --hold-at-step S --hold-file F  before step S every rank waits, inside ckptsup.phase("eval")
+                          (signs of life, no step), until F exists (at most 300 s): a test holds
+                          the run there until it has found the rank it will signal
   --out DIR               write DIR/samples_rank<r>.jsonl (sample ids of every step, appended as
                           the run goes) and, at the end, DIR/final_rank<r>.pt (model + optimizer
                           state) and DIR/final.json (sha256 of the parameters, final step)
@@ -79,8 +82,23 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
     p.add_argument("--slow-rank", type=int, default=None, help="this rank sleeps --slow-factor x --step-sleep-s")
     p.add_argument("--slow-factor", type=float, default=1.0)
     p.add_argument("--slow-from-step", type=int, default=0)
+    p.add_argument("--hold-at-step", type=int, default=None)
+    p.add_argument("--hold-file", default=None)
     p.add_argument("--out", default=None)
-    return p.parse_args(argv)
+    args = p.parse_args(argv)
+    if (args.hold_at_step is None) != (args.hold_file is None):
+        p.error("--hold-at-step and --hold-file go together")
+    return args
+
+
+def hold(path: Path, most_s: float = 300.0) -> None:
+    """Wait for `path` in an eval phase: the supervisor sees signs of life, not a hang. Bounded,
+    so a test that failed before its release leaves no run behind."""
+    deadline = time.monotonic() + most_s
+    with ckptsup.phase("eval"):
+        while not path.exists() and time.monotonic() < deadline:
+            ckptsup.phase_heartbeat()
+            time.sleep(0.05)
 
 
 def steps(text: str) -> tuple[int, ...]:
@@ -141,6 +159,8 @@ def main(argv: list[str] | None = None) -> int:
         except StopIteration:                 # end of an epoch: the sampler moves to the next one
             batches = iter(loader)
             ids, x, y = next(batches)
+        if step == args.hold_at_step:
+            hold(Path(args.hold_file))
         x, y = x.to(device), y.to(device)
         loss = nn.functional.mse_loss(model(x), y)
         opt.zero_grad(set_to_none=True)

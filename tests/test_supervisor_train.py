@@ -52,6 +52,21 @@ def named(events, name):
     return [e for e in events if e["event"] == name]
 
 
+def held(tmp: Path) -> tuple[str, ...]:
+    """The ranks wait at step 60 (in an eval phase) until `signal_rank1` releases them: however loaded the
+    machine, the run is still there when the test has its precondition (a checkpoint, warm
+    interpreters) and has found the rank to signal."""
+    return ("--hold-at-step", "60", "--hold-file", str(tmp / "release"))
+
+
+def signal_rank1(tmp: Path, out: Path, sig: signal.Signals) -> None:
+    """Signal rank 1's real process, then release the held run (also when rank 1 is not found)."""
+    try:
+        rank_process(TRAIN, out, 1).send_signal(sig)
+    finally:
+        (tmp / "release").touch()
+
+
 def wait_for_warm(run: Path, timeout: float = 120) -> None:
     """The agent's warm rank interpreters for the next launch are ready (docs/supervisor.md §Warm restarts)."""
     deadline = time.monotonic() + timeout
@@ -88,12 +103,13 @@ def test_rank_sigkill_restarts_fast_and_ends_bit_identical(tmp_path, reference):
     # the local copies (the hooks expand {node} and {job_id} from the config the supervisor passes);
     # the memory tier (on by default) off, else its newer copy would be the one read
     local = tmp_path / "scratch"
-    proc, run, out = start(tmp_path, extra_toml=f'[storage]\nnode_local = "{local}/{{node}}/{{job_id}}"\n'
-                                                 '[memory]\nenabled = false\n')
+    proc, run, out = start(tmp_path, *held(tmp_path),
+                           extra_toml=f'[storage]\nnode_local = "{local}/{{node}}/{{job_id}}"\n'
+                                      '[memory]\nenabled = false\n')
     wait_for_commit(run, 10)
     wait_for_warm(run)
     killed_at = time.monotonic()
-    rank_process(TRAIN, out, 1).send_signal(signal.SIGKILL)
+    signal_rank1(tmp_path, out, signal.SIGKILL)
     rc, log = finish(proc)
     assert rc == 0, log
     events = read_events(run)
@@ -112,11 +128,11 @@ def test_rank_sigkill_restarts_fast_and_ends_bit_identical(tmp_path, reference):
 
 
 def test_rank_sigstop_is_a_hang_detected_within_timeout_plus_2s_and_ends_bit_identical(tmp_path, reference):
-    proc, run, out = start(tmp_path)
+    proc, run, out = start(tmp_path, *held(tmp_path))
     wait_for_commit(run, 10)
     wait_for_warm(run)
     stopped_at = time.monotonic()
-    rank_process(TRAIN, out, 1).send_signal(signal.SIGSTOP)
+    signal_rank1(tmp_path, out, signal.SIGSTOP)
     rc, log = finish(proc)
     assert rc == 0, log
     events = read_events(run)
@@ -216,14 +232,12 @@ def wait_for_memory_save(proc: subprocess.Popen, run: Path, step: int, timeout: 
 
 def test_a_rank_sigkill_resumes_from_the_agents_memory_and_ends_bit_identical(tmp_path, reference):
     # disk saves only at the end: the restart point can only come from the memory tier
-    # slower steps (the parameters do not depend on the sleep): the warm pool must be ready
-    # before the 100 steps end, on a busy machine too
     # the memory tier as every job has it (on by default), only its schedule set
-    proc, run, out = start(tmp_path, "--save-every-steps", "1000", "--step-sleep-s", "0.2",
+    proc, run, out = start(tmp_path, "--save-every-steps", "1000", *held(tmp_path),
                            extra_toml="[memory]\nevery_steps = 5\n")
     wait_for_memory_save(proc, run, 20)
     wait_for_warm(run)
-    rank_process(TRAIN, out, 1).send_signal(signal.SIGKILL)
+    signal_rank1(tmp_path, out, signal.SIGKILL)
     rc, log = finish(proc)
     assert rc == 0, log
     events = read_events(run)
@@ -241,11 +255,11 @@ def test_a_rank_sigkill_resumes_from_the_agents_memory_and_ends_bit_identical(tm
 def test_a_corrupt_memory_bundle_is_refused_and_the_disk_checkpoint_used_with_nothing_quarantined(
         tmp_path, reference, monkeypatch):
     monkeypatch.setenv("CKPTSUP_TEST_FLIP_MEMORY", "1")   # the agent's store flips a bit of every bundle it keeps
-    proc, run, out = start(tmp_path, "--save-every-steps", "10", "--step-sleep-s", "0.2",   # as above
+    proc, run, out = start(tmp_path, "--save-every-steps", "10", *held(tmp_path),
                            extra_toml="[memory]\nenabled = true\nevery_steps = 5\n")
     wait_for_memory_save(proc, run, 25)
     wait_for_warm(run)
-    rank_process(TRAIN, out, 1).send_signal(signal.SIGKILL)
+    signal_rank1(tmp_path, out, signal.SIGKILL)
     rc, log = finish(proc)
     assert rc == 0, log
     events = read_events(run)
