@@ -242,13 +242,19 @@ class SupervisorConfig:
     heartbeat_interval_s: float = knob(1.0, "agent -> supervisor heartbeat period (s)", positive, max=HOUR_S)
     node_silence_s: float = knob(5.0, "an agent silent this long while others talk = node down (s)", positive, max=WEEK_S)
     hang_timeout_s: Any = knob(AUTO, "no step progress this long = hang (s); auto = max(hang_min_s, hang_step_factor x p99 step)", positive_or_auto, max=WEEK_S)
-    hang_min_s: float = knob(30.0, "floor of the automatic hang timeout (s)", positive, max=WEEK_S)
+    hang_min_s: float = knob(10.0, "floor of the automatic hang timeout (s); a silence this long is only suspect: "
+                                   "a hang when no rank shows work (CPU, I/O) through the evidence window", positive, max=WEEK_S)
+    # 10 min, eval_timeout_s's: an unmodified script's quiet evaluation (or compile, or data phase)
+    # gets what a declared one gets, and NCCL's own default is 10 min; a rank spinning forever looks
+    # the same from /proc and costs this much (docs/timeouts.md §Evidence)
+    busy_limit_s: float = knob(600.0, "ranks that work (CPU, I/O) without progress are busy, not hung: killed only after "
+                                      "this long without progress (s)", positive, max=WEEK_S)
     straggler_ratio: float = knob(1.15, "a rank whose compute time per step is this many times the other ranks' "
                                         "median is a straggler (supervisor/stragglers.py)", positive, max=100)
     straggler_window_steps: int = knob(10, "steps per straggler comparison window", at_least_one, max=10**6)
     straggler_windows: int = knob(3, "windows in a row a rank must be slower to be flagged", at_least_one, max=10**6)
     straggler_replace: bool = knob(False, "a flagged straggler's node is replaced by a spare at the next checkpoint")
-    hang_step_factor: float = knob(10.0, "automatic hang timeout = this x p99 step time", positive, max=10_000)
+    hang_step_factor: float = knob(3.0, "automatic hang timeout = this x p99 step time", positive, max=10_000)
     init_timeout_s: float = knob(300.0, "allowance from launch to the first step (s)", positive, max=WEEK_S)
     save_timeout_s: float = knob(600.0, "allowance for a blocking save (s)", positive, max=WEEK_S)
     load_timeout_s: float = knob(600.0, "allowance for a checkpoint load (s)", positive, max=WEEK_S)

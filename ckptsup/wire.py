@@ -52,7 +52,7 @@ class MessageKind(enum.StrEnum):
     EVENT = "event"                  # {record}: an events.jsonl record for the supervisor to append
     BYE = "bye"                      # {rank, status: ExitStatus}
     # agent → supervisor (every body also carries {node, agent})
-    HB = "hb"                        # {ranks_alive, last_step, phase, stopped_ranks, torchrun, dropped, attempt, pids: [{rank, pid, host_pid}]}
+    HB = "hb"                        # {ranks_alive, last_step, phase, stopped_ranks, torchrun, dropped, attempt, pids: [{rank, pid, host_pid}], evidence: [[rank, cpu_s, io_bytes, state]]}
     LAUNCHED = "launched"            # {attempt, pid}: torchrun started (its pid, to reap if the agent dies)
     RANK_EXIT = "rank_exit"          # {rank, rc, pid, step, age_s, detail}; rc 0: a rank without hooks exited cleanly
     TORCHRUN_EXIT = "torchrun_exit"  # {rc, step, preempted?}
@@ -65,6 +65,7 @@ class MessageKind(enum.StrEnum):
     EXT_HASHED = "ext_hashed"        # {request, part, folder, files: [{path, size, hash}], problems}: answer to ext_hash
     MEMORY_PEER = "memory_peer"      # {addr}: where this agent's memory store takes replicas (host:port)
     MEMORY_REPLICATED = "memory_replicated"  # {step, rank, buddy, ok, bytes, replicate_s, reason?}
+    STACKS_TAKEN = "stacks_taken"    # {attempt, stacks: [[rank, text]], wchan: [[rank, kernel wait channel]]}: answer to stacks
     # supervisor → agent (→ ranks)
     STOP_AT = "stop_at"              # {reason, save, budget_s}: stop at an agreed step (preemption)
     SAVE_NOW = "save_now"            # {reason}
@@ -76,6 +77,7 @@ class MessageKind(enum.StrEnum):
     EXIT = "exit"                    # {}: agent only: kill the ranks and exit
     EXT_HASH = "ext_hash"            # {request, part, dir, folder, files, algorithm}: agent only: hash these files of an external step folder
     MEMORY_PEERS = "memory_peers"    # {buddies: [addr, ...], sources: {rank: [addr, ...]}}: agent only: the memory tier's peers
+    STACKS = "stacks"                # {}: agent only: every rank's Python stacks (a suspected hang's evidence)
 
 
 HOPS: dict[MessageKind, Hop] = {
@@ -85,10 +87,11 @@ HOPS: dict[MessageKind, Hop] = {
                                              MessageKind.TORCHRUN_EXIT, MessageKind.KILLED,
                                              MessageKind.RESTARTED, MessageKind.PREEMPT, MessageKind.PROGRESS,
                                              MessageKind.OUTPUT, MessageKind.WARM_READY, MessageKind.EXT_HASHED,
-                                             MessageKind.MEMORY_PEER, MessageKind.MEMORY_REPLICATED)},
+                                             MessageKind.MEMORY_PEER, MessageKind.MEMORY_REPLICATED,
+                                             MessageKind.STACKS_TAKEN)},
     **{k: Hop.COMMAND for k in (MessageKind.STOP_AT, MessageKind.SAVE_NOW, MessageKind.SET_INTERVAL,
                                  MessageKind.SET_TIMEOUT, MessageKind.DUMP_FR, MessageKind.KILL, MessageKind.RESTART, MessageKind.EXIT,
-                                 MessageKind.EXT_HASH, MessageKind.MEMORY_PEERS)},
+                                 MessageKind.EXT_HASH, MessageKind.MEMORY_PEERS, MessageKind.STACKS)},
 }
 FORWARDED_COMMANDS = frozenset({MessageKind.STOP_AT, MessageKind.SAVE_NOW, MessageKind.SET_INTERVAL,
                                 MessageKind.SET_TIMEOUT, MessageKind.DUMP_FR})

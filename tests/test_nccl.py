@@ -18,17 +18,21 @@ def cfg(**sections) -> Config:
     return config
 
 
+# the save and hang terms of the collective timeout, without the busy limit above them
+QUICK = {"busy_limit_s": 1.0}
+
+
 def test_auto_hang_timeout_is_floor_before_any_step_is_measured() -> None:
-    assert nccl.hang_timeout_s(Config(), []) == 30.0
+    assert nccl.hang_timeout_s(Config(), []) == 10.0
 
 
-def test_auto_hang_timeout_is_ten_times_p99_step_when_that_is_larger() -> None:
+def test_auto_hang_timeout_is_three_times_p99_step_when_that_is_larger() -> None:
     steps = [1.0] * 98 + [5.0, 6.0]  # p99 (nearest rank) = 5.0
-    assert nccl.hang_timeout_s(Config(), steps) == pytest.approx(50.0)
+    assert nccl.hang_timeout_s(Config(), steps) == pytest.approx(15.0)
 
 
 def test_auto_hang_timeout_ignores_non_finite_and_negative_samples() -> None:
-    assert nccl.hang_timeout_s(Config(), [float("nan"), float("inf"), -1.0, 0.5]) == 30.0
+    assert nccl.hang_timeout_s(Config(), [float("nan"), float("inf"), -1.0, 0.5]) == 10.0
 
 
 def test_configured_hang_timeout_wins_over_auto() -> None:
@@ -36,7 +40,7 @@ def test_configured_hang_timeout_wins_over_auto() -> None:
 
 
 def test_steady_collective_timeout_exceeds_hang_and_save_deadlines_by_the_dump_margin() -> None:
-    config = Config()
+    config = cfg(supervisor={"hang_min_s": 30.0, **QUICK})
     t = nccl.derive_timeouts(config, step_times=[0.2] * 50, save_times=[4.0, 6.0])
     assert t.hang_s == 30.0
     assert t.save_allowance_s == pytest.approx(30.0)  # 3 x 6 s = 18 s < hang
@@ -47,7 +51,7 @@ def test_steady_collective_timeout_exceeds_hang_and_save_deadlines_by_the_dump_m
 
 
 def test_slow_saves_raise_the_save_allowance_and_the_collective_timeout_with_it() -> None:
-    t = nccl.derive_timeouts(Config(), step_times=[0.2] * 50, save_times=[40.0])
+    t = nccl.derive_timeouts(cfg(supervisor=QUICK), step_times=[0.2] * 50, save_times=[40.0])
     assert t.save_allowance_s == pytest.approx(120.0)
     assert t.collective_s == pytest.approx(120.0 + t.margin_s)
 
@@ -72,14 +76,14 @@ def test_init_collective_timeout_is_lifted_above_init_and_load_allowances() -> N
 
 
 def test_explicit_steady_timeout_below_the_hang_timeout_is_lifted_with_a_note() -> None:
-    config = cfg(nccl={"collective_timeout_s": 10.0}, supervisor={"hang_timeout_s": 40.0})
+    config = cfg(nccl={"collective_timeout_s": 10.0}, supervisor={"hang_timeout_s": 40.0, **QUICK})
     t = nccl.derive_timeouts(config, step_times=[0.1], save_times=[1.0])
     assert t.collective_s == pytest.approx(40.0 + t.margin_s)
     assert any("lifted" in n for n in t.notes)
 
 
 def test_before_any_save_is_measured_the_steady_timeout_covers_the_full_save_allowance() -> None:
-    t = nccl.derive_timeouts(Config(), step_times=[0.1])
+    t = nccl.derive_timeouts(cfg(supervisor=QUICK), step_times=[0.1])
     assert t.save_allowance_s == Config().supervisor.save_timeout_s
     assert t.collective_s == pytest.approx(t.save_allowance_s + t.margin_s)
 
@@ -87,6 +91,17 @@ def test_before_any_save_is_measured_the_steady_timeout_covers_the_full_save_all
 def test_explicit_steady_timeout_above_the_floor_is_kept() -> None:
     t = nccl.derive_timeouts(cfg(nccl={"collective_timeout_s": 900.0}), step_times=[0.1], save_times=[1.0])
     assert t.collective_s == 900.0 and not any(n.startswith("collective_timeout_s") for n in t.notes)
+
+
+def test_the_collective_timeout_outlasts_the_busy_limit() -> None:
+    """Ranks waiting in a barrier while rank 0 evaluates are busy, not hung (liveness.py): torch's
+    timeout must not end them before the supervisor's busy_limit_s would."""
+    config = Config()
+    t = nccl.derive_timeouts(config, step_times=[0.1] * 50, save_times=[1.0])
+    assert t.hang_s == 10.0 and t.save_allowance_s == 10.0
+    assert t.collective_s == pytest.approx(config.supervisor.busy_limit_s + t.margin_s)
+    t = nccl.derive_timeouts(cfg(supervisor={"busy_limit_s": 1200.0}), step_times=[0.1], save_times=[1.0])
+    assert t.collective_s == pytest.approx(1200.0 + t.margin_s)
 
 
 @pytest.mark.parametrize("p99", [0.01, 0.5, 3.0, 20.0, 90.0])
@@ -141,7 +156,8 @@ def test_derived_rows_show_every_exported_variable_with_its_origin() -> None:
 
 
 def test_hang_cap_keeps_the_supervisor_first_if_steps_slow_down_mid_attempt() -> None:
-    t = nccl.derive_timeouts(Config(), step_times=[0.2] * 20, save_times=[1.0])  # launched: hang 30 s
-    later_hang = nccl.hang_timeout_s(Config(), [5.0] * 20)  # steps slowed to 5 s: auto hang 50 s
+    config = cfg(supervisor={"hang_min_s": 30.0, "hang_step_factor": 10.0, **QUICK})
+    t = nccl.derive_timeouts(config, step_times=[0.2] * 20, save_times=[1.0])  # launched: hang 30 s
+    later_hang = nccl.hang_timeout_s(config, [5.0] * 20)  # steps slowed to 5 s: auto hang 50 s
     assert later_hang > t.hang_cap_s  # unclamped, torch's timeout would fire first
     assert min(later_hang, t.hang_cap_s) + t.margin_s <= t.collective_s

@@ -77,6 +77,9 @@ _CLAIM = HooksClaim()
 
 def claim_hooks(kind: Hooks) -> None:
     _CLAIM.claim(kind)
+    from ..stack_dump import install
+
+    install()   # a rank started cold (no warm interpreter) can show its stacks too
 
 
 def loss_value(loss: Any) -> float | None:

@@ -44,7 +44,7 @@ from .. import wire
 from ..config import MAX_REPLICAS
 from ..errors import CkptsupError
 from ..wire import Hop, MessageKind, Phase
-from ..env import (MEMORY_SOCKET, TEST_FLIP_MEMORY, NODE, PREEMPT_BUDGET_S, PYTHONUNBUFFERED, RANK_SOCKET, SECRET_FILE, WARM_DIR,
+from ..env import (MEMORY_SOCKET, TEST_FLIP_MEMORY, NODE, PREEMPT_BUDGET_S, PYTHONUNBUFFERED, RANK_SOCKET, RUN_DIR, SECRET_FILE, WARM_DIR,
                    TORCHELASTIC_LOG_LINE_PREFIX_TEMPLATE, ExitStatus, node_name)
 from ..rundir import read_secret
 from ..textsafe import say
@@ -54,6 +54,8 @@ from .standby import Standby
 from .external_agent import ExternalHasher, ExternalRequestError
 from .memory_store import FlipMode, MemoryServer, MemoryStore, PeerLinks, tcp_listener, unix_listener
 from .warm_pool import WarmPool
+from . import evidence
+from ..stack_dump import stack_file
 from .processes import GONE, RUNNING, describe_exit, is_stopped, pid_views, terminate, where, zombie_status
 
 TICK_S = 0.1
@@ -644,6 +646,8 @@ class Agent:
             self.exit_requested = True
         elif m == MessageKind.MEMORY_PEERS:
             self._memory_peers(body)
+        elif m == MessageKind.STACKS:
+            self._stacks()
         elif m == MessageKind.EXT_HASH:
             try:
                 self.external.request(body)
@@ -737,7 +741,23 @@ class Agent:
         running = self.torchrun is not None and self.torchrun.poll() is None
         self.send(MessageKind.HB, {"ranks_alive": ranks, "last_step": self.last_step, "phase": self.phase,
                          "stopped_ranks": sorted(self.stopped_ranks), "torchrun": running,
-                         "dropped": self.dropped, "attempt": self.attempt, "pids": pids})
+                         "dropped": self.dropped, "attempt": self.attempt, "pids": pids,
+                         "evidence": self._evidence(pids)})
+
+    @staticmethod
+    def _evidence(pids: list[dict[str, int]]) -> list[list[Any]]:
+        """Each live rank's CPU time, I/O and state (supervisor/liveness.py: busy or hung)."""
+        return [[entry["rank"], *got.to_wire()] for entry in pids if (got := evidence.sample(entry["pid"])) is not None]
+
+    def _stacks(self) -> None:
+        """Every local rank's Python stacks, for a suspected hang (stack_dump.py)."""
+        run_dir = self.spec.env.get(RUN_DIR)
+        pids = {rank: pid for rank, pid in self.rank_pids.items() if zombie_status(pid) is RUNNING}
+        files = {rank: stack_file(run_dir, self.attempt, rank) for rank in pids} if run_dir else {}
+        taken = evidence.take_stacks(pids, files)
+        wchan = {rank: w for rank, pid in pids.items() if (w := where(pid).get("wchan"))}
+        self.send(MessageKind.STACKS_TAKEN, {"attempt": self.attempt, "stacks": [[r, t] for r, t in sorted(taken.items())],
+                                             "wchan": [[r, w] for r, w in sorted(wchan.items())]})
 
     def _host_pid(self, pid: int) -> int:
         if pid not in self.host_pids:

@@ -18,10 +18,11 @@ from ..env import ExitStatus
 from .agent_step import Message
 from ..wire import MessageKind, Phase
 from .sdc import sdc_failure
-from .detection import (NodeView, RankView, StepWindow, TeardownHang, classify_rank_exit, detect_hang,
+from .detection import (NodeView, RankView, StepWindow, TeardownHang, classify_rank_exit, detect_hang, detect_silence, detect_stopped,
                         detect_node_down, detect_teardown_hang, hang_timeout, nan_failure)
 from .observations import Failure, FailureKind, SupervisionLevel
 from .stragglers import Straggler, StragglerDetector
+from .liveness import Hung, NeedStacks, RankEvidence, Working, judge
 
 
 @dataclass(kw_only=True)
@@ -89,6 +90,16 @@ class AttemptTracker:
     pids: dict[int, dict[str, Any]] = field(default_factory=dict)  # rank -> {node, pid, host_pid} (agents' heartbeats)
     stragglers: StragglerDetector | None = None
     straggler_flags: list[Straggler] = field(default_factory=list)       # for the loop to record
+    # liveness.py: a silence is weighed against what the agents measure of every rank
+    evidence: dict[int, RankEvidence] = field(default_factory=dict)
+    stacks: dict[int, str] = field(default_factory=dict)     # rank -> its faulthandler dump (this suspicion)
+    wchan: dict[int, str] = field(default_factory=dict)      # rank -> its main thread's kernel wait channel (this suspicion)
+    stacks_asked_at: float | None = None
+    stacks_waiting: set[str] = field(default_factory=set)    # nodes asked for stacks that have not answered
+    want_stacks: bool = False          # for the loop: send `stacks` to the agents
+    busy: Working | None = None        # working without progress now (status, the busy event)
+    busy_since: float | None = None
+    busy_news: list[Working] = field(default_factory=list)  # for the loop to record (one per busy spell)
 
     def __post_init__(self) -> None:
         for node in self.nodes:
@@ -156,6 +167,7 @@ class AttemptTracker:
             if isinstance(alive, list):
                 view.ranks_alive = tuple(r for r in alive if isinstance(r, int))
             self._note_pids(node, body.get("pids"))
+            self._note_evidence(node, body.get("evidence"), now)
             stopped = set(body.get("stopped_ranks") or ())
             for seen in self.ranks.values():
                 if seen.node == node:
@@ -211,6 +223,12 @@ class AttemptTracker:
         elif m == MessageKind.NAN:
             return nan_failure(node=node, rank=int(body.get("rank", -1)), step=int(body.get("step", -1)),
                                loss=body.get("loss"))
+        elif m == MessageKind.STACKS_TAKEN:
+            self.stacks_waiting.discard(node)
+            for key, into in (("stacks", self.stacks), ("wchan", self.wchan)):
+                for entry in body.get(key) or ():
+                    if isinstance(entry, list) and len(entry) == 2 and isinstance(entry[0], int) and isinstance(entry[1], str):
+                        into[entry[0]] = entry[1]
         elif m == MessageKind.SDC:
             return sdc_failure(body, node=node, nodes_of={r: v.node for r, v in self.ranks.items()})
         elif m == MessageKind.RANK_EXIT:
@@ -393,7 +411,7 @@ class AttemptTracker:
                                detail=f"only {self.hellos} of {self.world_size} ranks started within "
                                       f"supervisor.init_timeout_s={self.config.init_timeout_s:g}s")
             return None
-        hang = detect_hang(ranks, now=now, config=self.config, train_timeout_s=self.hang_timeout_s())
+        hang = self._hang(ranks, now, self.hang_timeout_s())
         if hang is not None:
             return replace(hang, step=self.current_step())
         return None
@@ -409,11 +427,76 @@ class AttemptTracker:
             held = [v for v in ranks if v.stopped]
             return replace(hang, step=None) if held and (hang := detect_hang(held, now=now, config=self.config,
                                                                              train_timeout_s=math.inf)) else None
-        hang = detect_hang(ranks, now=now, config=self.config, train_timeout_s=self.hang_timeout_s())
+        hang = self._hang(ranks, now, self.hang_timeout_s())
         if hang is not None:
             return replace(hang, step=self.current_step(),
                            detail=f"{hang.detail} (no progress line; supervisor.progress_pattern)")
         return None
+
+    def _hang(self, ranks: list[RankView], now: float, train_timeout_s: float) -> Failure | None:
+        """A stopped rank at once; a silence past its allowance only when no rank works through
+        the evidence window (liveness.py), named from the ranks' stacks; busy until busy_limit_s."""
+        stopped = detect_stopped(ranks, now=now, config=self.config)
+        if stopped is not None:
+            return stopped
+        silence = detect_silence(ranks, now=now, config=self.config, train_timeout_s=train_timeout_s)
+        if silence is None:
+            self._suspicion_over()
+            return None
+        if not self.evidence:
+            return silence   # agents that measure nothing (an old agent, a test's stand-in): the silence alone
+        verdict = judge(self.evidence, self.stacks, now=now, stacks_asked_at=self.stacks_asked_at,
+                        stacks_answered=not self.stacks_waiting, wchan=self.wchan)
+        if isinstance(verdict, Working):
+            if self.busy is None:
+                self.busy_since = now
+                self.busy_news.append(verdict)
+            self.busy = verdict
+            self.stacks, self.wchan, self.stacks_asked_at = {}, {}, None   # a later idle spell asks again
+            if silence.detect_s < self.config.busy_limit_s:
+                return None
+            return replace(silence, suspects=(), detail=f"busy without progress for {silence.detect_s:.0f}s, past "
+                                                         f"supervisor.busy_limit_s={self.config.busy_limit_s:g}s: {verdict.detail}")
+        if isinstance(verdict, NeedStacks):
+            if self.stacks_asked_at is None and not self.want_stacks:
+                self.want_stacks = True
+            return None
+        return self._named(silence, verdict)
+
+    def _named(self, silence: Failure, verdict: Hung) -> Failure:
+        """The hang, blamed on the rank the evidence names. A node is suspect only when the evidence
+        points at it (uninterruptible I/O); a rank stuck in its own code is the job's: no node."""
+        rank = verdict.culprits[0] if verdict.culprits else silence.rank
+        node = self.evidence[rank].node if rank in self.evidence else silence.node
+        if verdict.node_evidence:
+            suspects = verdict.node_evidence
+        elif verdict.culprits:
+            suspects = ()
+        else:
+            suspects = silence.suspects
+        return replace(silence, rank=rank, node=node, suspects=suspects, detail=f"{silence.detail}; {verdict.detail}")
+
+    def _suspicion_over(self) -> None:
+        if self.busy is not None or self.stacks_asked_at is not None or self.stacks:
+            self.busy, self.busy_since = None, None
+            self.stacks, self.wchan, self.stacks_asked_at, self.stacks_waiting = {}, {}, None, set()
+
+    def asked_for_stacks(self, now: float, nodes: set[str]) -> None:
+        """The loop sent `stacks` to these agents."""
+        self.want_stacks = False
+        self.stacks_asked_at = now
+        self.stacks_waiting = set(nodes)
+
+    def _note_evidence(self, node: str, entries: Any, now: float) -> None:
+        for entry in entries if isinstance(entries, list) else ():
+            if not (isinstance(entry, list) and len(entry) == 4 and isinstance(entry[0], int)
+                    and isinstance(entry[1], (int, float)) and isinstance(entry[2], int) and isinstance(entry[3], str)):
+                continue
+            rank = entry[0]
+            ev = self.evidence.get(rank)
+            if ev is None or ev.node != node:
+                ev = self.evidence[rank] = RankEvidence(rank=rank, node=node)
+            ev.add(now, float(entry[1]), entry[2], entry[3])
 
     def progress_stale(self, now: float, warn_s: float) -> float | None:
         """Seconds since launch when an attempt without hello has shown no progress line for

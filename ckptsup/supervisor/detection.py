@@ -107,19 +107,33 @@ def allowance(phase: Phase, config: SupervisorConfig, train_timeout_s: float, *,
 def detect_hang(ranks: Iterable[RankView], *, now: float, config: SupervisorConfig,
                 train_timeout_s: float) -> Failure | None:
     """A rank with no progress beyond its phase's allowance. Blame: a process seen stopped first,
-    then the rank furthest behind (a hung rank holds the others in their collective)."""
+    then the rank furthest behind (a hung rank holds the others in their collective). The
+    tracker weighs a silence against the ranks' evidence of work first (liveness.py)."""
+    every = list(ranks)
+    return detect_stopped(every, now=now, config=config) or \
+        detect_silence(every, now=now, config=config, train_timeout_s=train_timeout_s)
+
+
+def detect_stopped(ranks: Iterable[RankView], *, now: float, config: SupervisorConfig) -> Failure | None:
+    """A stopped process (SIGSTOP, state T) answers nothing until continued: a hang at once, not
+    after the timeout; two heartbeats in a row saw it, so a stop-and-continue is spared."""
     every = list(ranks)
     held = [v for v in every if v.stopped and v.stopped_since is not None
             and now - v.stopped_since >= config.heartbeat_interval_s]
-    if held:
-        # a stopped process (SIGSTOP, state T) answers nothing until continued: a hang at once,
-        # not after the timeout; two heartbeats in a row saw it, so a stop-and-continue is spared
-        culprit = min(held, key=lambda v: v.rank)
-        stopped_s = now - (culprit.stopped_since or now)
-        return Failure(kind=FailureKind.HANG, node=culprit.node, rank=culprit.rank, step=_job_step(every),
-                       detect_s=stopped_s, suspects=(culprit.node,),
-                       detail=f"rank {culprit.rank} process stopped (state T) for "
-                              f"{stopped_s:.1f}s in phase {culprit.phase.value} (process stopped)")
+    if not held:
+        return None
+    culprit = min(held, key=lambda v: v.rank)
+    stopped_s = now - (culprit.stopped_since or now)
+    return Failure(kind=FailureKind.HANG, node=culprit.node, rank=culprit.rank, step=_job_step(every),
+                   detect_s=stopped_s, suspects=(culprit.node,),
+                   detail=f"rank {culprit.rank} process stopped (state T) for "
+                          f"{stopped_s:.1f}s in phase {culprit.phase.value} (process stopped)")
+
+
+def detect_silence(ranks: Iterable[RankView], *, now: float, config: SupervisorConfig,
+                   train_timeout_s: float) -> Failure | None:
+    """No progress beyond a phase's allowance: a suspect attempt (hung only if nothing works)."""
+    every = list(ranks)
     in_eval = any(v.phase is Phase.EVAL for v in every)
     overdue = []
     for view in every:

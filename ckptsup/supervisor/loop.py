@@ -264,11 +264,25 @@ class Supervisor:
             if failure is None:
                 failure = tracker.check(self.clock())
                 self._report_level(tracker)
+                self._weigh_silence(tracker)
             if failure is None:
                 continue
             status = self._recover(failure)
             if status is not None:
                 return status
+
+    def _weigh_silence(self, tracker: AttemptTracker) -> None:
+        """What the liveness verdict asks for (liveness.py): the ranks' stacks from their agents,
+        and a `busy` event when ranks work without progress (not a hang)."""
+        if tracker.want_stacks:
+            nodes = {n for n in tracker.nodes if n not in tracker.done_nodes}
+            self.agents.send(MessageKind.STACKS, nodes=sorted(nodes))
+            tracker.asked_for_stacks(self.clock(), nodes)
+        while tracker.busy_news:
+            news = tracker.busy_news.pop(0)
+            self.emit(Event.BUSY, ranks=list(news.ranks), detail=news.detail)
+            print(f"ckptsup: no progress past the hang timeout, but the ranks work: busy, not hung ({news.detail}; "
+                  f"killed only after supervisor.busy_limit_s={self.sup.busy_limit_s:g}s)", flush=True)
 
     def _pump(self) -> Failure | None:
         """Fold in every queued message (waiting up to one tick); the first failure wins."""

@@ -21,7 +21,9 @@ The ordering we keep (docs/timeouts.md has the long version):
   the flight recorder, waits up to `dump_wait_s`, then kills with `kill_grace_s`. If torch's
   timeout fired first, the watchdog would tear the process down (ASYNC_ERROR_HANDLING) before
   the supervisor could collect a coherent dump from every rank. So
-      collective_s = max(hang_s, save_allowance_s) + detection slack + dump_wait_s + kill_grace_s.
+      collective_s = max(hang_s, save_allowance_s, busy_limit_s) + detection slack + dump_wait_s + kill_grace_s
+  (busy_limit_s: ranks waiting in a collective while a peer works without progress — rank 0
+  evaluating — are busy, not hung, until then; liveness.py).
   Before any step was measured (a run's first launch) the steady value equals the init value;
   the loop sends the derived one (`set_timeout`) once that attempt has measured its steps.
 * `collective_init_s` — init, rendezvous, checkpoint load and the first steps: at least the
@@ -107,7 +109,9 @@ def derive_timeouts(config: Config, *, step_times: Iterable[float] | None = (),
         notes.append(f"collective_timeout_init_s {init:g}s lifted to {init_floor:g}s: it must exceed {what} + {margin:g}s")
         init = init_floor
 
-    floor = max(hang, save_allow) + margin
+    # ranks waiting in a barrier while one evaluates are busy, not hung (liveness.py): torch's
+    # timeout must not end them before the supervisor's busy_limit_s would
+    floor = max(hang, save_allow, sup.busy_limit_s) + margin
     if nccl.collective_timeout_s == AUTO:
         steady = floor if steps else init
         if not steps:
@@ -116,8 +120,8 @@ def derive_timeouts(config: Config, *, step_times: Iterable[float] | None = (),
         steady = float(nccl.collective_timeout_s)
         if steady < floor:
             notes.append(f"collective_timeout_s {steady:g}s lifted to {floor:g}s: it must exceed the "
-                         f"supervisor's hang timeout and save allowance ({max(hang, save_allow):g}s) + {margin:g}s so the "
-                         "supervisor can collect flight-recorder dumps first")
+                         f"supervisor's hang timeout, save allowance and busy limit ({max(hang, save_allow, sup.busy_limit_s):g}s) "
+                         f"+ {margin:g}s so the supervisor decides first")
             steady = floor
     if nccl.async_error_handling == 1 and nccl.flight_recorder_entries > 0:
         notes.append("async_error_handling=1 aborts communicators, which breaks flight-recorder dumps "

@@ -118,6 +118,9 @@ def become_rank(request: dict, fds: list[int], conn: socket.socket) -> int:
     for sig in (signal.SIGTERM, signal.SIGINT, signal.SIGHUP, signal.SIGUSR1, signal.SIGUSR2):
         signal.signal(sig, signal.SIG_DFL)   # the script installs its own handlers, as in a cold start
     signal.signal(signal.SIGINT, signal.default_int_handler)
+    from ..stack_dump import install
+
+    install()   # the agent can ask where this rank is (a hang's evidence), even blocked inside C
     try:
         if request.get("module"):
             sys.argv = [argv[0], *argv[1:]]

@@ -6,6 +6,11 @@ from the newest one), rank 0 prints `step N`. It knows nothing of the supervisor
              [--step-s 0.1] [--exit0-on-sigterm]
 
 --exit0-on-sigterm: the way Lightning handles SIGTERM: finish the step, save, exit 0.
+Faults and quiet phases for the liveness tests (each once per run: a marker file in --ckpt-dir):
+--all-print: every rank prints its `step N` lines (rank 0 only by default);
+--sleep-at S --sleep-rank R: rank R sleeps forever before step S (the others block in its all-reduce);
+--busy-at S --busy-s T [--busy-rank R]: before step S, rank R (default: every rank) computes for T
+  seconds printing nothing; the others wait in dist.barrier() (an evaluation pass as users write it).
 """
 import argparse
 import os
@@ -27,6 +32,24 @@ def save(ckpt_dir, step, model, opt):
     os.replace(tmp, os.path.join(ckpt_dir, f"step_{step}.pt"))
 
 
+def once(ckpt_dir, what):
+    """True the first time `what` happens in this checkpoint dir (a resumed run does not repeat it)."""
+    os.makedirs(ckpt_dir, exist_ok=True)
+    try:
+        os.close(os.open(os.path.join(ckpt_dir, f".once-{what}"), os.O_CREAT | os.O_EXCL | os.O_WRONLY, 0o600))
+    except FileExistsError:
+        return False
+    return True
+
+
+def busy(seconds):
+    """Compute without printing (an evaluation pass): CPU time grows, no progress line."""
+    a = torch.randn(128, 128)
+    end = time.monotonic() + seconds
+    while time.monotonic() < end:
+        a = torch.tanh(a @ a)
+
+
 def main():
     ap = argparse.ArgumentParser()
     ap.add_argument("--steps", type=int, required=True)
@@ -35,6 +58,12 @@ def main():
     ap.add_argument("--every", type=int, default=5)
     ap.add_argument("--step-s", type=float, default=0.1)
     ap.add_argument("--exit0-on-sigterm", action="store_true")
+    ap.add_argument("--all-print", action="store_true")
+    ap.add_argument("--sleep-at", type=int, default=None)
+    ap.add_argument("--sleep-rank", type=int, default=1)
+    ap.add_argument("--busy-at", type=int, default=None)
+    ap.add_argument("--busy-s", type=float, default=30.0)
+    ap.add_argument("--busy-rank", type=int, default=None)
     args = ap.parse_args()
 
     stop = {"flag": False}
@@ -56,6 +85,14 @@ def main():
         if rank == 0:
             print(f"resumed from step {start}", flush=True)
     for step in range(start, args.steps):
+        if step == args.sleep_at and rank == args.sleep_rank and once(args.ckpt_dir, f"sleep-{step}"):
+            print(f"rank {rank}: sleeping forever before step {step}", flush=True)
+            while True:
+                time.sleep(3600)
+        if step == args.busy_at and once(args.ckpt_dir, f"busy-{step}-rank{rank}"):
+            if args.busy_rank in (None, rank):
+                busy(args.busy_s)
+            dist.barrier()
         g = torch.Generator().manual_seed(step * 100 + rank)   # the data is a function of the step
         x = torch.randn(16, 8, generator=g)
         loss = ((model(x) - x.sum(dim=1, keepdim=True)) ** 2).mean()
@@ -64,7 +101,7 @@ def main():
         opt.step()
         time.sleep(args.step_s)
         done = step + 1
-        if rank == 0:
+        if rank == 0 or args.all_print:
             print(f"step {done} loss {loss.item():.4f}", flush=True)
         flag = torch.tensor([1 if stop["flag"] else 0])
         dist.all_reduce(flag)

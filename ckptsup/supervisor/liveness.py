@@ -1,0 +1,202 @@
+"""Busy is not hung (docs/timeouts.md §Evidence): once an attempt has shown no progress for its
+allowance it is only *suspect*. Pure: from what the agents measured of every rank, the verdict.
+
+- a rank whose CPU time or I/O grew above the noise floor through the last EVIDENCE_WINDOW_S, and
+  that is not waiting in a collective (its stack, when there is one), is working: the attempt is
+  BUSY (an evaluation, a compile, a data phase), killed only past `busy_limit_s`;
+- otherwise the stacks decide who is stuck: asked for once per suspicion, waited for at most
+  STACK_WAIT_S; the culprit is the rank that is *not* in the collective the others wait in;
+- a rank in uninterruptible sleep (D: a file system, a device) points at its node; a deadlock in
+  user code is the job's own: no node is suspected for it.
+
+Measured noise (this 2-core box, BENCHMARKS.md §Liveness): a rank blocked in a gloo all-reduce or
+sleeping uses 0.005 cores and does no I/O; a computing rank uses ~1 core, ≥ 0.3 on a loaded box.
+"""
+
+from __future__ import annotations
+
+import enum
+import re
+from collections import deque
+from dataclasses import dataclass, field
+from typing import Iterable, Mapping
+
+EVIDENCE_WINDOW_S = 5.0      # the last seconds of the silence that must show no work
+CPU_FLOOR = 0.05             # cores: 10 x an idle rank's
+IO_FLOOR_BPS = 4096.0        # bytes/s of rchar + wchar: an idle rank does none
+STACK_WAIT_S = 2.0           # how long a hang verdict waits for the stacks it asked for
+KEEP_S = 30.0                # samples kept per rank
+
+# frames of a rank that waits for its peers, not works: c10d calls, and autograd (DDP's reducer
+# all-reduces inside backward)
+_WAITING = re.compile(r"/torch/(distributed|autograd)/")
+# kernel wait channels of a main thread that waits for another thread or a peer (a gloo or NCCL
+# wait sits on a futex or polls a socket); anything else (a nanosleep, a pipe, a disk) is elsewhere
+_WAITING_WCHAN = re.compile(r"futex|poll|select|sk_wait|wait_woken")
+_FRAME = re.compile(r'^\s*File "(?P<file>[^"]+)", line (?P<line>\d+) in (?P<func>\S+)')
+
+
+@dataclass(kw_only=True)
+class RankEvidence:
+    """One rank process as its agent measures it, on the supervisor's clock."""
+
+    rank: int
+    node: str
+    state: str = ""
+    samples: deque[tuple[float, float, int]] = field(default_factory=deque)   # (mono, cpu_s, io_bytes)
+
+    def add(self, now: float, cpu_s: float, io_bytes: int, state: str) -> None:
+        if self.samples and (cpu_s < self.samples[-1][1] or io_bytes < self.samples[-1][2]):
+            self.samples.clear()   # another process now holds the rank (a restart): start over
+        self.samples.append((now, cpu_s, io_bytes))
+        self.state = state
+        while self.samples and now - self.samples[0][0] > KEEP_S:
+            self.samples.popleft()
+
+    def rates(self, now: float, window_s: float = EVIDENCE_WINDOW_S) -> tuple[float, float] | None:
+        """(cores, bytes/s) over the last `window_s`; None while the samples span less."""
+        inside = [s for s in self.samples if now - s[0] <= window_s + 1.0]
+        if len(inside) < 2 or inside[-1][0] - inside[0][0] < window_s * 0.6:
+            return None
+        (t0, c0, i0), (t1, c1, i1) = inside[0], inside[-1]
+        span = max(t1 - t0, 1e-6)
+        return (c1 - c0) / span, (i1 - i0) / span
+
+
+class Where(enum.StrEnum):
+    WAITING = "waiting"     # in a collective (or backward: DDP's all-reduce)
+    ELSEWHERE = "elsewhere"  # anywhere else: the script's own code, a library, a sleep
+
+
+@dataclass(frozen=True, kw_only=True)
+class Stack:
+    """A rank's main thread, from its faulthandler dump (most recent call first)."""
+
+    frames: tuple[tuple[str, int, str], ...]   # (file, line, function)
+
+    @property
+    def where(self) -> Where:
+        return Where.WAITING if any(_WAITING.search(f) for f, _, _ in self.frames[:12]) else Where.ELSEWHERE
+
+    def top(self) -> str:
+        """The frame to name: the innermost one outside the standard library and ckptsup."""
+        if not self.frames:
+            return "no Python frame"
+        if self.where is Where.WAITING:
+            f, line, func = next(fr for fr in self.frames if _WAITING.search(fr[0]))
+            return f"waiting in {func} ({_short(f)}:{line})"
+        user = [fr for fr in self.frames if not _library(fr[0])] or list(self.frames)
+        f, line, func = user[0]
+        return f"at {_short(f)}:{line} in {func}"
+
+
+@dataclass(frozen=True, kw_only=True)
+class KernelWait:
+    """A rank without a Python stack: where its main thread waits in the kernel (/proc/PID/wchan).
+    Weaker than a stack: a futex is a collective's wait or a lock's alike."""
+
+    wchan: str
+
+    @property
+    def where(self) -> Where:
+        return Where.WAITING if _WAITING_WCHAN.search(self.wchan) else Where.ELSEWHERE
+
+    def top(self) -> str:
+        what = "waiting" if self.where is Where.WAITING else "sleeping" if "sleep" in self.wchan else "blocked"
+        return f"{what} in the kernel ({self.wchan})"
+
+
+def parse_stack(text: str) -> Stack | None:
+    """The main thread of a faulthandler dump: its last thread block (threads are listed newest
+    first, and the main thread is the oldest)."""
+    blocks: list[list[tuple[str, int, str]]] = []
+    for line in text.splitlines():
+        if line.startswith(("Thread 0x", "Current thread 0x")):
+            blocks.append([])
+        elif blocks and (m := _FRAME.match(line)):
+            blocks[-1].append((m["file"], int(m["line"]), m["func"]))
+    return Stack(frames=tuple(blocks[-1])) if blocks else None
+
+
+def _library(path: str) -> bool:
+    return "/lib/python3" in path or "/site-packages/" in path or path.startswith("<frozen")
+
+
+def _short(path: str) -> str:
+    return path.rsplit("/", 1)[-1]
+
+
+@dataclass(frozen=True, kw_only=True)
+class Working:
+    """Busy, not hung: these ranks work without progress."""
+
+    ranks: tuple[int, ...]
+    detail: str
+
+
+@dataclass(frozen=True, kw_only=True)
+class NeedStacks:
+    """Nothing works: ask the agents where every rank is before naming anyone."""
+
+
+@dataclass(frozen=True, kw_only=True)
+class Hung:
+    culprits: tuple[int, ...]           # the ranks stuck elsewhere than their peers (empty: unknown)
+    node_evidence: tuple[str, ...]      # nodes the evidence points at (D state): suspects
+    detail: str
+
+
+Verdict = Working | NeedStacks | Hung
+
+
+def judge(evidence: Mapping[int, RankEvidence], stacks: Mapping[int, str], *, now: float,
+          stacks_asked_at: float | None, stacks_answered: bool, wchan: Mapping[int, str] | None = None) -> Verdict:
+    """The verdict on a suspect attempt (no progress through its allowance). `stacks_answered`:
+    every agent asked has answered (with the stacks its ranks could give, and every rank's kernel
+    wait channel, the evidence for a rank without a stack)."""
+    parsed: dict[int, Stack | KernelWait] = {r: s for r, text in stacks.items() if (s := parse_stack(text)) is not None}
+    for rank, channel in (wchan or {}).items():
+        parsed.setdefault(rank, KernelWait(wchan=channel))
+    working = []
+    for rank, ev in sorted(evidence.items()):
+        rates = ev.rates(now)
+        if rates is None or ev.state in ("T", "t", "Z"):
+            continue
+        cores, io = rates
+        waiting = rank in parsed and parsed[rank].where is Where.WAITING
+        if (cores >= CPU_FLOOR or io >= IO_FLOOR_BPS) and not waiting:
+            working.append((rank, cores, io))
+    if working:
+        shown = ", ".join(f"rank {r} ({c:.2f} cores, {io / 1024:.0f} KiB/s I/O)" for r, c, io in working)
+        return Working(ranks=tuple(r for r, _, _ in working), detail=f"working without progress: {shown}")
+    if stacks_asked_at is None:
+        return NeedStacks()
+    if not stacks_answered and now - stacks_asked_at < STACK_WAIT_S:
+        return NeedStacks()
+    return _name(evidence, parsed)
+
+
+def _name(evidence: Mapping[int, RankEvidence], parsed: Mapping[int, Stack | KernelWait]) -> Hung:
+    stuck_in_io = tuple(sorted({ev.node for ev in evidence.values() if ev.state == "D"}))
+    elsewhere = sorted(r for r, s in parsed.items() if s.where is Where.ELSEWHERE)
+    waiting = sorted(r for r, s in parsed.items() if s.where is Where.WAITING)
+    culprits = tuple(elsewhere) if elsewhere and (waiting or len(parsed) == 1) else ()
+    parts = []
+    for rank in culprits:
+        node = evidence[rank].node if rank in evidence else "?"
+        state = " (uninterruptible I/O, state D)" if rank in evidence and evidence[rank].state == "D" else ""
+        parts.append(f"rank {rank} on {node}: {parsed[rank].top()}{state}")
+    others = [r for r in sorted(parsed) if r not in culprits]
+    if others:
+        tops = {parsed[r].top() for r in others}
+        where = tops.pop() if len(tops) == 1 else "elsewhere"
+        parts.append(f"{_ranks(others)} {where}")
+    missing = sorted(set(evidence) - set(parsed))
+    if missing:
+        parts.append(f"{_ranks(missing)}: no stack (started cold without hooks, or not answering)")
+    return Hung(culprits=culprits, node_evidence=stuck_in_io, detail="; ".join(parts) or "no evidence of work")
+
+
+def _ranks(ranks: Iterable[int]) -> str:
+    rs = list(ranks)
+    return f"rank {rs[0]}" if len(rs) == 1 else "ranks " + ", ".join(str(r) for r in rs)
