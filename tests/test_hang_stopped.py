@@ -7,7 +7,7 @@ from ckptsup.supervisor.detection import RankView, detect_hang
 from ckptsup.supervisor.observations import FailureKind
 from ckptsup.wire import Phase
 
-CFG = SupervisorConfig()   # the defaults: hang_min_s 30 s, heartbeat_interval_s 1 s
+CFG = SupervisorConfig()   # the defaults: hang_min_s 10 s, heartbeat_interval_s 1 s
 
 
 def view(r, *, stopped_since=None, last=100.0):

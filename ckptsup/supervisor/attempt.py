@@ -352,8 +352,10 @@ class AttemptTracker:
             if self.marks.train_start is None:
                 self.marks.train_start = now
         st = body.get("step_time_s")
-        if isinstance(st, (int, float)) and step > self.resume_step:
-            self.step_window.add(float(st))  # the first step after a (re)start is warm-up
+        if isinstance(st, (int, float)) and step > self.resume_step and self.busy is None:
+            # not the first step after a (re)start (warm-up), nor the one a busy spell held up: an
+            # evaluation is not a step, and would raise the automatic hang timeout for 512 steps
+            self.step_window.add(float(st))
             view = self.node_views[node]
             if view.step_window is None:
                 view.step_window = StepWindow(size=128)
@@ -386,7 +388,8 @@ class AttemptTracker:
         previous = self.line_seen.get(rank)
         self.line_seen[rank] = now
         if previous is not None and not first_of_rank and (rv.last_step is None or step > rv.last_step):
-            self.step_window.add(now - previous)
+            if self.busy is None:   # a busy spell's gap is not a step (above)
+                self.step_window.add(now - previous)
         if rv.last_step is not None and step <= rv.last_step:
             return None
         return self._on_step({"rank": rank, "step": step}, node, now)

@@ -8,9 +8,9 @@ from the newest one), rank 0 prints `step N`. It knows nothing of the supervisor
 --exit0-on-sigterm: the way Lightning handles SIGTERM: finish the step, save, exit 0.
 Faults and quiet phases for the liveness tests (each once per run: a marker file in --ckpt-dir):
 --all-print: every rank prints its `step N` lines (rank 0 only by default);
---sleep-at S --sleep-rank R: rank R sleeps forever before step S (the others block in its all-reduce);
---busy-at S --busy-s T [--busy-rank R]: before step S, rank R (default: every rank) computes for T
-  seconds printing nothing; the others wait in dist.barrier() (an evaluation pass as users write it).
+--sleep-at S[,S] --sleep-rank R: rank R sleeps forever before step S (the others block in its all-reduce);
+--busy-at S[:R][,S[:R]] --busy-s T: before step S, rank R (no R: every rank) computes for T seconds
+  printing nothing; the others wait in dist.barrier() (an evaluation pass as users write it).
 """
 import argparse
 import os
@@ -59,11 +59,11 @@ def main():
     ap.add_argument("--step-s", type=float, default=0.1)
     ap.add_argument("--exit0-on-sigterm", action="store_true")
     ap.add_argument("--all-print", action="store_true")
-    ap.add_argument("--sleep-at", type=int, default=None)
+    ap.add_argument("--sleep-at", type=lambda t: [int(x) for x in t.split(",")], default=[])
     ap.add_argument("--sleep-rank", type=int, default=1)
-    ap.add_argument("--busy-at", type=int, default=None)
+    ap.add_argument("--busy-at", type=lambda t: dict((int(x.split(":")[0]), int(x.split(":")[1]) if ":" in x else None)
+                                                     for x in t.split(",")), default={})
     ap.add_argument("--busy-s", type=float, default=30.0)
-    ap.add_argument("--busy-rank", type=int, default=None)
     args = ap.parse_args()
 
     stop = {"flag": False}
@@ -85,12 +85,12 @@ def main():
         if rank == 0:
             print(f"resumed from step {start}", flush=True)
     for step in range(start, args.steps):
-        if step == args.sleep_at and rank == args.sleep_rank and once(args.ckpt_dir, f"sleep-{step}"):
+        if step in args.sleep_at and rank == args.sleep_rank and once(args.ckpt_dir, f"sleep-{step}"):
             print(f"rank {rank}: sleeping forever before step {step}", flush=True)
             while True:
                 time.sleep(3600)
-        if step == args.busy_at and once(args.ckpt_dir, f"busy-{step}-rank{rank}"):
-            if args.busy_rank in (None, rank):
+        if step in args.busy_at and once(args.ckpt_dir, f"busy-{step}-rank{rank}"):
+            if args.busy_at[step] in (None, rank):
                 busy(args.busy_s)
             dist.barrier()
         g = torch.Generator().manual_seed(step * 100 + rank)   # the data is a function of the step

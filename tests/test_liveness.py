@@ -1,0 +1,192 @@
+"""Busy or hung (supervisor/liveness.py): the pure verdict in milliseconds, the attempt tracker's
+stacks round in-process, and the evidence sources against real processes — /proc readings of a
+computing and a sleeping process, and a faulthandler dump taken from a process blocked in C."""
+import os
+import signal
+import subprocess
+import sys
+import textwrap
+import time
+from pathlib import Path
+
+from ckptsup.config import SupervisorConfig
+from ckptsup.stack_dump import STACK_SIGNAL, stack_file
+from ckptsup.supervisor import evidence
+from ckptsup.supervisor.agent_step import Message
+from ckptsup.supervisor.attempt import AttemptTracker
+from ckptsup.supervisor.liveness import (Hung, NeedStacks, RankEvidence, Where, Working, judge, parse_stack)
+from ckptsup.wire import MessageKind
+
+WAITING_DUMP = """Thread 0x00007f0000000002 (most recent call first):
+  File "/usr/lib/python3.11/threading.py", line 320 in wait
+  File "/work/ckptsup/hooks/rank_link.py", line 40 in _loop
+
+Current thread 0x00007f0000000001 (most recent call first):
+  File "/venv/lib/python3.11/site-packages/torch/distributed/distributed_c10d.py", line 2800 in all_reduce
+  File "/venv/lib/python3.11/site-packages/torch/distributed/c10d_logger.py", line 81 in wrapper
+  File "/job/train.py", line 70 in main
+  File "/job/train.py", line 90 in <module>
+"""
+SLEEPING_DUMP = """Current thread 0x00007f0000000001 (most recent call first):
+  File "/job/train.py", line 71 in main
+  File "/job/train.py", line 90 in <module>
+"""
+
+
+def idle(rank, node="n1", state="S", cpu_per_s=0.005, io_per_s=0):
+    ev = RankEvidence(rank=rank, node=node)
+    for t in range(0, 11):
+        ev.add(100.0 + t, 5.0 + cpu_per_s * t, 1000 + io_per_s * t, state)
+    return ev
+
+
+def test_a_rank_that_computes_makes_the_attempt_busy_and_idle_ranks_need_their_stacks_first():
+    ranks = {0: idle(0, cpu_per_s=0.9), 1: idle(1)}
+    verdict = judge(ranks, {}, now=110.0, stacks_asked_at=None, stacks_answered=False)
+    assert isinstance(verdict, Working) and verdict.ranks == (0,) and "rank 0 (0.90 cores" in verdict.detail
+    verdict = judge({0: idle(0, io_per_s=64 << 10), 1: idle(1)}, {}, now=110.0, stacks_asked_at=None, stacks_answered=False)
+    assert isinstance(verdict, Working) and verdict.ranks == (0,)   # reading a file: I/O, no CPU
+    assert isinstance(judge({0: idle(0), 1: idle(1)}, {}, now=110.0, stacks_asked_at=None, stacks_answered=False),
+                      NeedStacks)
+
+
+def test_the_rank_not_in_the_collective_its_peers_wait_in_is_named_and_no_node_suspected():
+    ranks = {0: idle(0), 1: idle(1, node="n2")}
+    stacks = {0: WAITING_DUMP, 1: SLEEPING_DUMP}
+    assert isinstance(judge(ranks, {0: WAITING_DUMP}, now=110.0, stacks_asked_at=109.5, stacks_answered=False), NeedStacks)
+    verdict = judge(ranks, stacks, now=110.0, stacks_asked_at=109.5, stacks_answered=True)
+    assert isinstance(verdict, Hung) and verdict.culprits == (1,) and verdict.node_evidence == ()
+    assert verdict.detail == ("rank 1 on n2: at train.py:71 in main; "
+                              "rank 0 waiting in all_reduce (distributed_c10d.py:2800)")
+
+
+def test_a_rank_spinning_inside_a_collective_is_waiting_not_working():
+    verdict = judge({0: idle(0, cpu_per_s=1.0), 1: idle(1)}, {0: WAITING_DUMP, 1: SLEEPING_DUMP}, now=110.0,
+                    stacks_asked_at=109.0, stacks_answered=True)
+    assert isinstance(verdict, Hung) and verdict.culprits == (1,)
+
+
+def test_without_a_python_stack_the_kernel_wait_channel_tells_sleeping_from_waiting():
+    verdict = judge({0: idle(0), 1: idle(1)}, {}, now=110.0, stacks_asked_at=109.0, stacks_answered=True,
+                    wchan={0: "futex_do_wait", 1: "hrtimer_nanosleep"})
+    assert isinstance(verdict, Hung) and verdict.culprits == (1,)
+    assert verdict.detail == "rank 1 on n1: sleeping in the kernel (hrtimer_nanosleep); rank 0 waiting in the kernel (futex_do_wait)"
+
+
+def test_a_rank_in_uninterruptible_io_points_at_its_node_and_no_evidence_names_nobody():
+    verdict = judge({0: idle(0), 1: idle(1, node="n2", state="D")}, {}, now=110.0, stacks_asked_at=109.0,
+                    stacks_answered=True, wchan={0: "futex_do_wait", 1: "nfs_wait_bit_killable"})
+    assert isinstance(verdict, Hung) and verdict.culprits == (1,) and verdict.node_evidence == ("n2",)
+    assert "state D" in verdict.detail
+    late = judge({0: idle(0), 1: idle(1)}, {}, now=112.0, stacks_asked_at=109.0, stacks_answered=False)
+    assert isinstance(late, Hung) and late.culprits == () and "no stack" in late.detail   # waited STACK_WAIT_S
+
+
+def test_a_restarted_rank_process_starts_its_evidence_over_and_too_short_a_window_proves_nothing():
+    ev = idle(0)
+    ev.add(111.0, 0.1, 0, "S")   # CPU time went down: another process
+    assert list(ev.samples) == [(111.0, 0.1, 0)] and ev.rates(111.0) is None
+
+
+def tracker():
+    return AttemptTracker(attempt=0, nodes=("n1",), nproc_per_node=2, config=SupervisorConfig(), started=0.0,
+                          expect_hello=False)
+
+
+def msg(t, m, **body):
+    return Message(recv=t, m=m, body={"node": "n1", **body}, step_id=1)
+
+
+def test_the_tracker_asks_for_stacks_then_names_the_rank_and_suspects_no_node():
+    t = tracker()
+    for second in range(0, 30):
+        now = float(second)
+        cpu = 1.0 + 0.005 * second
+        t.on_message(msg(now, MessageKind.HB, ranks_alive=[0, 1],
+                         evidence=[[0, cpu, 500, "S"], [1, cpu, 500, "S"]]))
+        if second <= 5:
+            t.on_message(msg(now, MessageKind.PROGRESS, rank=0, step=second))
+        assert t.check(now) is None
+        if t.want_stacks:
+            break
+    assert t.want_stacks and second == 16   # the last line at 5 s, hang_min_s = 10
+    t.asked_for_stacks(16.0, {"n1"})
+    assert t.check(16.1) is None   # waiting for the answer
+    t.on_message(msg(16.2, MessageKind.STACKS_TAKEN, stacks=[[0, WAITING_DUMP], [1, SLEEPING_DUMP]], wchan=[]))
+    failure = t.check(16.3)
+    assert failure.rank == 1 and failure.suspects == () and "rank 1 on n1: at train.py:71 in main" in failure.detail
+
+
+def test_the_tracker_records_one_busy_spell_and_keeps_its_gap_out_of_the_step_times():
+    t = tracker()
+    for second in range(0, 40):
+        now = float(second)
+        t.on_message(msg(now, MessageKind.HB, ranks_alive=[0, 1],
+                         evidence=[[0, 1.0 + 0.9 * second, 500, "R"], [1, 1.0, 500, "S"]]))
+        if second <= 5 or second >= 30:
+            t.on_message(msg(now, MessageKind.PROGRESS, rank=0, step=second))
+        assert t.check(now) is None
+    assert [w.ranks for w in t.busy_news] == [(0,)] and t.busy is None   # over once progress came back
+    assert t.step_window.p99() == 1.0   # the 25 s gap is no step
+
+
+def run_blocked(tmp_path: Path, body: str, *, install: bool = True) -> tuple[subprocess.Popen, Path]:
+    path = stack_file(tmp_path, 0, 3)
+    script = tmp_path / "blocked.py"
+    script.write_text(textwrap.dedent(f"""
+        import threading, time
+        from ckptsup.stack_dump import install
+        {"install()" if install else ""}
+        threading.Thread(target=threading.Event().wait, name="helper", daemon=True).start()
+        print("ready", flush=True)
+        {body}
+        """))
+    env = {**os.environ, "CKPTSUP_RUN_DIR": str(tmp_path), "CKPTSUP_ATTEMPT": "0", "RANK": "3"}
+    proc = subprocess.Popen([sys.executable, str(script)], env=env, stdout=subprocess.PIPE, text=True)
+    assert proc.stdout.readline().strip() == "ready"
+    return proc, path
+
+
+def test_a_process_blocked_in_c_dumps_its_main_thread_on_the_signal_and_is_not_harmed(tmp_path):
+    proc, path = run_blocked(tmp_path, "time.sleep(120)")
+    try:
+        assert evidence.catches(proc.pid, STACK_SIGNAL) and path.exists()
+        got = evidence.take_stacks({3: proc.pid}, {3: path})
+        stack = parse_stack(got[3])
+        line = next(i for i, text in enumerate((tmp_path / "blocked.py").read_text().splitlines(), 1) if "sleep(120)" in text)
+        assert stack.where is Where.ELSEWHERE and stack.top() == f"at blocked.py:{line} in <module>", got[3]
+        assert proc.poll() is None   # still sleeping: the dump did not end it
+        assert oct(path.stat().st_mode & 0o777) == "0o600" and oct(path.parent.stat().st_mode & 0o777) == "0o700"
+    finally:
+        proc.kill()
+        proc.wait()
+
+
+def test_a_process_without_the_handler_is_never_sent_the_signal(tmp_path):
+    proc, path = run_blocked(tmp_path, "time.sleep(120)", install=False)
+    try:
+        assert not evidence.catches(proc.pid, STACK_SIGNAL)
+        assert evidence.take_stacks({3: proc.pid}, {3: path}) == {}
+        time.sleep(0.2)
+        assert proc.poll() is None   # an unhandled real-time signal would have killed it
+    finally:
+        proc.kill()
+        proc.wait()
+
+
+def test_proc_readings_tell_a_computing_process_from_a_sleeping_one(tmp_path):
+    busy = subprocess.Popen([sys.executable, "-c", "while True: pass"])
+    calm = subprocess.Popen([sys.executable, "-c", "import time; time.sleep(60)"])
+    try:
+        time.sleep(0.3)
+        first = {p.pid: evidence.sample(p.pid) for p in (busy, calm)}
+        time.sleep(1.0)
+        second = {p.pid: evidence.sample(p.pid) for p in (busy, calm)}
+        assert second[busy.pid].cpu_s - first[busy.pid].cpu_s > 0.3 and second[busy.pid].state == "R"
+        assert second[calm.pid].cpu_s - first[calm.pid].cpu_s < 0.05 and second[calm.pid].state == "S"
+        assert second[calm.pid].io_bytes == first[calm.pid].io_bytes
+        assert evidence.sample(2 ** 22 + 12345) is None   # no such process
+    finally:
+        for p in (busy, calm):
+            p.send_signal(signal.SIGKILL)
+            p.wait()

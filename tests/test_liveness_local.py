@@ -1,0 +1,64 @@
+"""Busy is not hung, at the defaults (no hang knob set), with an unmodified 2-rank DDP script
+(tests/helpers/plain_ddp.py: only rank 0 prints) under `ckptsup launch` (docs/timeouts.md
+§Evidence): a rank sleeping forever is a hang within 15 s of its last step, named with where it
+sleeps, and no node is suspected; ranks computing without printing are busy, never killed."""
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+import torch
+
+from ckptsup.events import read_events
+
+from drop_in_helpers import SCRIPT, named, reference, same_model
+
+pytestmark = pytest.mark.integration
+
+CKPTSUP = [sys.executable, "-m", "ckptsup.cli"]
+STEPS = 60
+
+
+@pytest.fixture(scope="module")
+def uninterrupted(tmp_path_factory) -> dict:
+    return reference(tmp_path_factory.mktemp("liveness-reference"), STEPS)
+
+
+def launch(tmp: Path, *faults: str) -> tuple[subprocess.CompletedProcess, list[dict]]:
+    run = tmp / "run"
+    argv = [*CKPTSUP, "launch", "--nproc-per-node", "2", "--run-dir", str(run), str(SCRIPT), "--steps", str(STEPS),
+            "--ckpt-dir", str(tmp / "ckpt"), "--out", str(tmp / "final.pt"), *faults]
+    proc = subprocess.run(argv, capture_output=True, text=True, timeout=400, cwd=tmp)
+    return proc, read_events(run)
+
+
+def test_a_sleeping_rank_is_a_hang_named_where_it_sleeps_cold_and_warm_and_no_node_is_suspected(tmp_path, uninterrupted):
+    """Rank 1 sleeps forever before step 24 (attempt 0: cold ranks, no Python stack: its kernel
+    wait channel names it) and before step 45 (attempt 1: warm interpreters: its Python frame)."""
+    proc, events = launch(tmp_path, "--sleep-at", "24,45")
+    assert proc.returncode == 0, proc.stdout[-3000:] + proc.stderr[-3000:]
+    hangs = named(events, "failure_detected")
+    assert [(h["kind"], h["rank"]) for h in hangs] == [("hang", 1), ("hang", 1)], hangs
+    assert all(10.0 <= h["detect_s"] <= 15.0 for h in hangs), [h["detect_s"] for h in hangs]   # hang_min_s = 10
+    cold, warm = (h["detail"] for h in hangs)
+    assert "rank 1 on" in cold and "sleeping in the kernel" in cold and "rank 0 waiting" in cold, cold
+    line = next(i for i, text in enumerate(SCRIPT.read_text().splitlines(), 1) if "time.sleep(3600)" in text)
+    assert f"rank 1 on {hangs[1]['node']}: at plain_ddp.py:{line} in main" in warm and "rank 0 waiting in" in warm, warm
+    assert len(named(events, "health_check")) == 1   # the start's: a rank stuck in its own code suspects no node
+    assert not named(events, "node_excluded")
+    assert [r["warm"] for r in named(events, "restart_done")] == [True, True]
+    assert list((tmp_path / "run" / "attempt-1" / "stacks").glob("rank*.txt"))   # the stacks stay in the run dir
+    assert same_model(torch.load(tmp_path / "final.pt"), uninterrupted)
+
+
+def test_ranks_computing_without_printing_are_busy_and_never_killed(tmp_path, uninterrupted):
+    """25 s of silent computation on every rank at step 10, then 25 s on rank 0 alone while rank 1
+    waits in dist.barrier() at step 30: both past the 10 s hang timeout, neither a failure."""
+    proc, events = launch(tmp_path, "--busy-at", "10,30:0", "--busy-s", "25")
+    assert proc.returncode == 0, proc.stdout[-3000:] + proc.stderr[-3000:]
+    assert not named(events, "failure_detected"), [(f["kind"], f["detail"]) for f in named(events, "failure_detected")]
+    busy = named(events, "busy")
+    assert [b["ranks"] for b in busy] == [[0, 1], [0]], busy
+    assert "busy, not hung" in proc.stdout
+    assert [e["attempt"] for e in named(events, "launch")] == [0] and named(events, "run_complete")
+    assert same_model(torch.load(tmp_path / "final.pt"), uninterrupted)
