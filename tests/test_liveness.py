@@ -190,3 +190,26 @@ def test_proc_readings_tell_a_computing_process_from_a_sleeping_one(tmp_path):
         for p in (busy, calm):
             p.send_signal(signal.SIGKILL)
             p.wait()
+
+
+def test_status_shows_a_busy_spell_with_its_ranks_its_age_and_the_limit():
+    from ckptsup.supervisor.cli_status import render
+    from ckptsup.supervisor.status import Seen, build_status
+
+    t = tracker()
+    for second in range(0, 20):
+        t.on_message(msg(float(second), MessageKind.HB, ranks_alive=[0, 1],
+                         evidence=[[0, 1.0 + 0.9 * second, 500, "R"], [1, 1.0, 500, "S"]]))
+        if second <= 5:
+            t.on_message(msg(float(second), MessageKind.PROGRESS, rank=0, step=second))
+        t.check(float(second))
+    seen = Seen(now_mono=19.0, now_wall=0.0, heard={"n1": 19.0}, has_agent=lambda n: True, warm_nodes=frozenset(),
+                checkpoints={}, interval_s=None, last_commit_mono=None)
+    st = build_status(job_id="1", attempt=0, epoch=1, run_status="running", active=("n1",), spares=(), excluded={},
+                      tracker=t, config=t.config, seen=seen)
+    assert st["busy"] == {"ranks": [0], "detail": t.busy.detail, "for_s": 3.0, "limit_s": 600.0}
+    from rich.console import Console
+
+    console = Console(width=200, record=True)
+    console.print(render(st))
+    assert "busy for 3s (killed at busy_limit_s 600s): working without progress: rank 0" in console.export_text()

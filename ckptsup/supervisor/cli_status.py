@@ -82,6 +82,8 @@ def render(st: dict[str, Any]) -> Any:
             f"step {st.get('step', '-')}  step p50 {_s(st.get('step_p50_s'))} p99 {_s(st.get('step_p99_s'))}"
             f"  supervised at the {st.get('level') or '-'} level",
             f"hang timeout {_s(st.get('hang_timeout_s'))}: {st.get('hang_why', '-')}",
+            *([f"busy for {_s(busy.get('for_s'))} (killed at busy_limit_s {_s(busy.get('limit_s'))}): {busy.get('detail')}"]
+              if isinstance(busy := st.get("busy"), dict) else []),
             f"next save in {_s(st.get('next_save_in_s'))} (interval {_s(st.get('save_interval_s'))})"]
     ckpts = st.get("checkpoints") or {}
     head.append("checkpoints: " + ", ".join(f"{tier} step {ckpts[tier].get('step')}" for tier in

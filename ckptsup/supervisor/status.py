@@ -86,7 +86,11 @@ def build_status(*, job_id: str, attempt: int, epoch: int, run_status: str, acti
                    hang_timeout_s=round(tracker.hang_timeout_s(), 3), hang_why=hang_reason(config, tracker),
                    # every rank's process: pid as its node sees it, host_pid as the outermost pid
                    # namespace that node's /proc shows (docs/supervisor.md §Finding a rank)
-                   ranks=[{"rank": r, **v} for r, v in sorted(tracker.pids.items())])
+                   ranks=[{"rank": r, **v} for r, v in sorted(tracker.pids.items())],
+                   # working without progress past the hang timeout (liveness.py): not a hang
+                   busy=None if tracker.busy is None or tracker.busy_since is None else
+                   {"ranks": list(tracker.busy.ranks), "detail": tracker.busy.detail,
+                    "for_s": round(seen.now_mono - tracker.busy_since, 1), "limit_s": config.busy_limit_s})
     return out
 
 
