@@ -5,7 +5,10 @@ tracker and detectors, run by the same loop code as `ckptsup launch` (AgentStep 
 reports the supervisor process's CPU (% of one core, excluding the simulator, which is a separate
 process) and RSS, and the node-death detection latency against `node_silence_s`.
 
-usage: python bench/bench_supervisor_scale.py [--agents 2048] [--seconds 30]
+Each heartbeat carries its ranks' evidence (CPU time, I/O, state: supervisor/liveness.py) unless
+--no-evidence, so the two can be compared in one sitting.
+
+usage: python bench/bench_supervisor_scale.py [--agents 2048] [--seconds 30] [--ranks-per-node 1] [--no-evidence]
 """
 from __future__ import annotations
 
@@ -28,6 +31,7 @@ import sys, time
 sys.path.insert(0, sys.argv[4])
 from ckptsup import wire
 n, silent_after, secret = int(sys.argv[1]), float(sys.argv[2]), bytes.fromhex(sys.argv[3])
+per, with_evidence = int(sys.argv[5]), sys.argv[6] == "1"
 out = sys.stdout.buffer
 seq = [0] * n
 start = time.monotonic()
@@ -38,9 +42,12 @@ while True:
         if i == n - 1 and time.monotonic() - start > silent_after:
             continue  # this node died
         seq[i] += 1
-        out.write(wire.encode("hb", {"node": f"n{i}", "agent": "a", "ranks_alive": [i], "last_step": tick,
-                                     "phase": "train", "stopped_ranks": [], "torchrun": True},
-                              seq=seq[i], secret=secret))
+        ranks = list(range(i * per, (i + 1) * per))
+        body = {"node": f"n{i}", "agent": "a", "ranks_alive": ranks, "last_step": tick,
+                "phase": "train", "stopped_ranks": [], "torchrun": True}
+        if with_evidence:
+            body["evidence"] = [[r, round(10.0 + 0.9 * tick, 3), 1000 * tick, "R"] for r in ranks]
+        out.write(wire.encode("hb", body, seq=seq[i], secret=secret))
         if i % 256 == 255:
             out.flush()
             time.sleep(1.0 / (n / 256) * 0.9)
@@ -54,6 +61,8 @@ def main() -> int:
     p.add_argument("--agents", type=int, default=2048)
     p.add_argument("--seconds", type=float, default=30.0)
     p.add_argument("--silence-s", type=float, default=5.0)
+    p.add_argument("--ranks-per-node", type=int, default=1)
+    p.add_argument("--no-evidence", action="store_true")
     a = p.parse_args()
     secret = os.urandom(32)
     nodes = tuple(f"n{i}" for i in range(a.agents))
@@ -62,11 +71,12 @@ def main() -> int:
     silent_after = a.seconds * 0.6
     work = Path(tempfile.mkdtemp(prefix="ckptsup-scale-"))
     step = AgentStep(argv=[sys.executable, "-c", SIMULATOR, str(a.agents), str(silent_after), secret.hex(),
-                           str(Path(__file__).resolve().parents[1])],
+                           str(Path(__file__).resolve().parents[1]), str(a.ranks_per_node),
+                           "0" if a.no_evidence else "1"],
                      env=dict(os.environ), nodes=nodes, secret=secret, sender=CommandSender(secret), inbox=inbox,
                      log_path=work / "sim.log")
     start = time.monotonic()
-    tracker = AttemptTracker(attempt=0, nodes=nodes, nproc_per_node=1, config=config, started=start)
+    tracker = AttemptTracker(attempt=0, nodes=nodes, nproc_per_node=a.ranks_per_node, config=config, started=start)
     cpu0 = time.process_time()
     frames = 0
     detected = None
@@ -96,7 +106,8 @@ def main() -> int:
     step.abandon()
     rss_mb = resource.getrusage(resource.RUSAGE_SELF).ru_maxrss / 1024
     rate = (frames - (frames_warm if cpu_warm is not None else 0)) / span
-    print(f"agents {a.agents}, {rate:.0f} heartbeats/s received, {step.dropped} dropped")
+    print(f"agents {a.agents} x {a.ranks_per_node} ranks, evidence {'off' if a.no_evidence else 'on'}: "
+          f"{rate:.0f} heartbeats/s received, {step.dropped} dropped")
     print(f"supervisor CPU {100 * cpu / span:.1f}% of one core (target <= 10%), max RSS {rss_mb:.0f} MB")
     if detected:
         print(f"node death: {detected[0]} detected {detected[1]:.2f}s after it fell silent (node_silence_s = "

@@ -40,14 +40,27 @@ def idle(rank, node="n1", state="S", cpu_per_s=0.005, io_per_s=0):
     return ev
 
 
-def test_a_rank_that_computes_makes_the_attempt_busy_and_idle_ranks_need_their_stacks_first():
+BACKWARD_DUMP = """Current thread 0x00007f0000000001 (most recent call first):
+  File "/venv/lib/python3.11/site-packages/torch/autograd/graph.py", line 829 in _engine_run_backward
+  File "/venv/lib/python3.11/site-packages/torch/_tensor.py", line 625 in backward
+  File "/job/train.py", line 66 in main
+"""
+
+
+def test_no_verdict_before_the_stacks_then_a_rank_that_computes_makes_the_attempt_busy():
     ranks = {0: idle(0, cpu_per_s=0.9), 1: idle(1)}
-    verdict = judge(ranks, {}, now=110.0, stacks_asked_at=None, stacks_answered=False)
+    assert isinstance(judge(ranks, {}, now=110.0, stacks_asked_at=None, stacks_answered=False), NeedStacks)
+    assert isinstance(judge(ranks, {}, now=110.0, stacks_asked_at=109.5, stacks_answered=False), NeedStacks)
+    verdict = judge(ranks, {}, now=110.0, stacks_asked_at=109.5, stacks_answered=True)
     assert isinstance(verdict, Working) and verdict.ranks == (0,) and "rank 0 (0.90 cores" in verdict.detail
-    verdict = judge({0: idle(0, io_per_s=64 << 10), 1: idle(1)}, {}, now=110.0, stacks_asked_at=None, stacks_answered=False)
+    verdict = judge({0: idle(0, io_per_s=64 << 10), 1: idle(1)}, {}, now=110.0, stacks_asked_at=109.5,
+                    stacks_answered=True)
     assert isinstance(verdict, Working) and verdict.ranks == (0,)   # reading a file: I/O, no CPU
-    assert isinstance(judge({0: idle(0), 1: idle(1)}, {}, now=110.0, stacks_asked_at=None, stacks_answered=False),
-                      NeedStacks)
+    # a backward that computes is work (only a c10d call outweighs CPU time)
+    verdict = judge(ranks, {0: BACKWARD_DUMP}, now=110.0, stacks_asked_at=109.5, stacks_answered=True)
+    assert isinstance(verdict, Working) and verdict.ranks == (0,)
+    # a busy spell's stacks go stale: asked again
+    assert isinstance(judge(ranks, {}, now=140.0, stacks_asked_at=109.5, stacks_answered=True), NeedStacks)
 
 
 def test_the_rank_not_in_the_collective_its_peers_wait_in_is_named_and_no_node_suspected():
@@ -117,6 +130,13 @@ def test_the_tracker_asks_for_stacks_then_names_the_rank_and_suspects_no_node():
     assert failure.rank == 1 and failure.suspects == () and "rank 1 on n1: at train.py:71 in main" in failure.detail
 
 
+def answer_stacks(t, now):
+    """What the loop and an agent do when the tracker asks: the agent's answer (no stacks here)."""
+    if t.want_stacks:
+        t.asked_for_stacks(now, {"n1"})
+        t.on_message(msg(now, MessageKind.STACKS_TAKEN, stacks=[], wchan=[]))
+
+
 def test_the_tracker_records_one_busy_spell_and_keeps_its_gap_out_of_the_step_times():
     t = tracker()
     for second in range(0, 40):
@@ -126,6 +146,7 @@ def test_the_tracker_records_one_busy_spell_and_keeps_its_gap_out_of_the_step_ti
         if second <= 5 or second >= 30:
             t.on_message(msg(now, MessageKind.PROGRESS, rank=0, step=second))
         assert t.check(now) is None
+        answer_stacks(t, now)
     assert [w.ranks for w in t.busy_news] == [(0,)] and t.busy is None   # over once progress came back
     assert t.step_window.p99() == 1.0   # the 25 s gap is no step
 
@@ -203,13 +224,14 @@ def test_status_shows_a_busy_spell_with_its_ranks_its_age_and_the_limit():
         if second <= 5:
             t.on_message(msg(float(second), MessageKind.PROGRESS, rank=0, step=second))
         t.check(float(second))
+        answer_stacks(t, float(second))
     seen = Seen(now_mono=19.0, now_wall=0.0, heard={"n1": 19.0}, has_agent=lambda n: True, warm_nodes=frozenset(),
                 checkpoints={}, interval_s=None, last_commit_mono=None)
     st = build_status(job_id="1", attempt=0, epoch=1, run_status="running", active=("n1",), spares=(), excluded={},
                       tracker=t, config=t.config, seen=seen)
-    assert st["busy"] == {"ranks": [0], "detail": t.busy.detail, "for_s": 3.0, "limit_s": 600.0}
+    assert st["busy"] == {"ranks": [0], "detail": t.busy.detail, "for_s": 2.0, "limit_s": 600.0}
     from rich.console import Console
 
     console = Console(width=200, record=True)
     console.print(render(st))
-    assert "busy for 3s (killed at busy_limit_s 600s): working without progress: rank 0" in console.export_text()
+    assert "busy for 2s (killed at busy_limit_s 600s): working without progress: rank 0" in console.export_text()

@@ -455,14 +455,13 @@ class AttemptTracker:
                 self.busy_since = now
                 self.busy_news.append(verdict)
             self.busy = verdict
-            self.stacks, self.wchan, self.stacks_asked_at = {}, {}, None   # a later idle spell asks again
             if silence.detect_s < self.config.busy_limit_s:
                 return None
             return replace(silence, suspects=(), detail=f"busy without progress for {silence.detect_s:.0f}s, past "
                                                          f"supervisor.busy_limit_s={self.config.busy_limit_s:g}s: {verdict.detail}")
         if isinstance(verdict, NeedStacks):
-            if self.stacks_asked_at is None and not self.want_stacks:
-                self.want_stacks = True
+            if not self.stacks_waiting:
+                self.want_stacks = True   # none asked yet, or the last answers are stale
             return None
         return self._named(silence, verdict)
 
@@ -489,6 +488,7 @@ class AttemptTracker:
         self.want_stacks = False
         self.stacks_asked_at = now
         self.stacks_waiting = set(nodes)
+        self.stacks, self.wchan = {}, {}
 
     def _note_evidence(self, node: str, entries: Any, now: float) -> None:
         for entry in entries if isinstance(entries, list) else ():

@@ -1,11 +1,13 @@
 """Busy is not hung (docs/timeouts.md §Evidence): once an attempt has shown no progress for its
 allowance it is only *suspect*. Pure: from what the agents measured of every rank, the verdict.
 
+- first the agents are asked for every rank's stack (waited for at most STACK_WAIT_S, asked again
+  every STACKS_FRESH_S while the suspicion lasts);
 - a rank whose CPU time or I/O grew above the noise floor through the last EVIDENCE_WINDOW_S, and
-  that is not waiting in a collective (its stack, when there is one), is working: the attempt is
-  BUSY (an evaluation, a compile, a data phase), killed only past `busy_limit_s`;
-- otherwise the stacks decide who is stuck: asked for once per suspicion, waited for at most
-  STACK_WAIT_S; the culprit is the rank that is *not* in the collective the others wait in;
+  that is not blocked in a c10d call (a spinning wait), is working: the attempt is BUSY (an
+  evaluation, a compile, a data phase), killed only past `busy_limit_s`;
+- otherwise the stacks decide who is stuck: the culprit is the rank that is *not* in the
+  collective the others wait in;
 - a rank in uninterruptible sleep (D: a file system, a device) points at its node; a deadlock in
   user code is the job's own: no node is suspected for it.
 
@@ -24,12 +26,15 @@ from typing import Iterable, Mapping
 EVIDENCE_WINDOW_S = 5.0      # the last seconds of the silence that must show no work
 CPU_FLOOR = 0.05             # cores: 10 x an idle rank's
 IO_FLOOR_BPS = 4096.0        # bytes/s of rchar + wchar: an idle rank does none
-STACK_WAIT_S = 2.0           # how long a hang verdict waits for the stacks it asked for
+STACK_WAIT_S = 2.0           # how long a verdict waits for the stacks it asked for
+STACKS_FRESH_S = 30.0        # a busy spell's stacks are asked for again this often (has it stopped working?)
 KEEP_S = 30.0                # samples kept per rank
 
-# frames of a rank that waits for its peers, not works: c10d calls, and autograd (DDP's reducer
-# all-reduces inside backward)
+# frames of a rank that waits for its peers when nothing works: c10d calls, and autograd (DDP's
+# reducer all-reduces inside backward); only a c10d call outweighs CPU time (a spinning wait), as
+# a backward that computes is work
 _WAITING = re.compile(r"/torch/(distributed|autograd)/")
+_IN_C10D = re.compile(r"/torch/distributed/")
 # kernel wait channels of a main thread that waits for another thread or a peer (a gloo or NCCL
 # wait sits on a futex or polls a socket); anything else (a nanosleep, a pipe, a disk) is elsewhere
 _WAITING_WCHAN = re.compile(r"futex|poll|select|sk_wait|wait_woken")
@@ -77,6 +82,11 @@ class Stack:
     @property
     def where(self) -> Where:
         return Where.WAITING if any(_WAITING.search(f) for f, _, _ in self.frames[:12]) else Where.ELSEWHERE
+
+    @property
+    def in_c10d(self) -> bool:
+        """Blocked in a collective call: CPU time it burns is a spinning wait, not work."""
+        return any(_IN_C10D.search(f) for f, _, _ in self.frames[:12])
 
     def top(self) -> str:
         """The frame to name: the innermost one outside the standard library and ckptsup."""
@@ -157,22 +167,22 @@ def judge(evidence: Mapping[int, RankEvidence], stacks: Mapping[int, str], *, no
     parsed: dict[int, Stack | KernelWait] = {r: s for r, text in stacks.items() if (s := parse_stack(text)) is not None}
     for rank, channel in (wchan or {}).items():
         parsed.setdefault(rank, KernelWait(wchan=channel))
+    if stacks_asked_at is None or (stacks_answered and now - stacks_asked_at > STACKS_FRESH_S):
+        return NeedStacks()   # before any verdict: a rank spinning inside a collective is no worker
+    if not stacks_answered and now - stacks_asked_at < STACK_WAIT_S:
+        return NeedStacks()
     working = []
     for rank, ev in sorted(evidence.items()):
         rates = ev.rates(now)
         if rates is None or ev.state in ("T", "t", "Z"):
             continue
         cores, io = rates
-        waiting = rank in parsed and parsed[rank].where is Where.WAITING
-        if (cores >= CPU_FLOOR or io >= IO_FLOOR_BPS) and not waiting:
+        spinning = isinstance(stack := parsed.get(rank), Stack) and stack.in_c10d
+        if (cores >= CPU_FLOOR or io >= IO_FLOOR_BPS) and not spinning:
             working.append((rank, cores, io))
     if working:
         shown = ", ".join(f"rank {r} ({c:.2f} cores, {io / 1024:.0f} KiB/s I/O)" for r, c, io in working)
         return Working(ranks=tuple(r for r, _, _ in working), detail=f"working without progress: {shown}")
-    if stacks_asked_at is None:
-        return NeedStacks()
-    if not stacks_answered and now - stacks_asked_at < STACK_WAIT_S:
-        return NeedStacks()
     return _name(evidence, parsed)
 
 
