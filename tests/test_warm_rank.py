@@ -19,10 +19,11 @@ pytestmark = pytest.mark.integration
 SCRIPT = """
 import os, signal, sys, time
 import torch
+if sys.argv[1] == "wait":   # the handler before the first line: a test signals once it reads it
+    signal.signal(signal.SIGTERM, lambda *_: (print("got SIGTERM", flush=True), sys.exit(7)))
 print("rank", os.environ["RANK"], "cwd", os.getcwd(), "argv", sys.argv[1:], "torch", "torch" in sys.modules, flush=True)
 print("to stderr", file=sys.stderr, flush=True)
 if sys.argv[1] == "wait":
-    signal.signal(signal.SIGTERM, lambda *_: (print("got SIGTERM", flush=True), sys.exit(7)))
     time.sleep(60)
 sys.exit(int(sys.argv[1]))
 """

@@ -1,0 +1,97 @@
+"""Busy or hung at the defaults (docs/timeouts.md §Evidence): an unmodified 2-rank DDP script
+(tests/helpers/plain_ddp.py, gloo, only rank 0 prints) under `ckptsup launch` with no config, and
+the same script under plain torchrun as the baseline, in the same run:
+
+  sleep   rank 1 sleeps forever before step 24 (rank 0 blocks in its all-reduce): seconds from the
+          last progress line to failure_detected, and who was named; torchrun: is the job still
+          hung `--cap-s` after the fault (its gloo timeout is 30 min)?
+  busy    every rank computes 30 s without printing at step 10, then rank 0 alone 30 s while rank 1
+          waits in dist.barrier() at step 30: failures (target 0) and busy events
+
+usage: python bench/bench_liveness.py [--cap-s 40] [--busy-s 30]
+"""
+from __future__ import annotations
+
+import argparse
+import json
+import os
+import subprocess
+import sys
+import tempfile
+import time
+from pathlib import Path
+
+ROOT = Path(__file__).resolve().parents[1]
+SCRIPT = ROOT / "tests" / "helpers" / "plain_ddp.py"
+sys.path.insert(0, str(ROOT))
+from ckptsup.events import read_events  # noqa: E402
+
+
+def launch(work: Path, *faults: str, steps: int = 60) -> tuple[int, list[dict], float]:
+    run = work / "run"
+    t0 = time.monotonic()
+    proc = subprocess.run([sys.executable, "-m", "ckptsup.cli", "launch", "--nproc-per-node", "2", "--run-dir", str(run),
+                           str(SCRIPT), "--steps", str(steps), "--ckpt-dir", str(work / "ckpt"), "--out",
+                           str(work / "final.pt"), *faults], capture_output=True, text=True, timeout=900, cwd=work)
+    return proc.returncode, read_events(run), time.monotonic() - t0
+
+
+def torchrun_still_hung(work: Path, cap_s: float) -> bool:
+    """Plain torchrun, the same sleeping rank: True if nothing ended the job within cap_s of the
+    fault (the sleeping rank's own line)."""
+    proc = subprocess.Popen([sys.executable, "-m", "torch.distributed.run", "--nproc-per-node", "2", str(SCRIPT),
+                             "--steps", "60", "--ckpt-dir", str(work / "ckpt"), "--out", str(work / "final.pt"),
+                             "--sleep-at", "24"], stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True, cwd=work)
+    assert proc.stdout is not None
+    os.set_blocking(proc.stdout.fileno(), False)
+    seen, fault_at, deadline = "", None, time.monotonic() + 300
+    while time.monotonic() < deadline:
+        seen += proc.stdout.read() or ""
+        if fault_at is None and "sleeping forever" in seen:
+            fault_at = time.monotonic()
+        if proc.poll() is not None:
+            return False
+        if fault_at is not None and time.monotonic() - fault_at >= cap_s:
+            break
+        time.sleep(0.2)
+    proc.kill()
+    subprocess.run(["pkill", "-KILL", "-f", str(work / "ckpt")], check=False)
+    proc.wait()
+    return True
+
+
+def main() -> int:
+    p = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    p.add_argument("--cap-s", type=float, default=40.0)
+    p.add_argument("--busy-s", type=float, default=30.0)
+    a = p.parse_args()
+    base = Path(tempfile.mkdtemp(prefix="ckptsup-bench-liveness-"))
+    rows = []
+
+    (base / "sleep").mkdir()
+    rc, events, wall = launch(base / "sleep", "--sleep-at", "24")
+    failures = [e for e in events if e["event"] == "failure_detected"]
+    hang = failures[0] if failures else None
+    (base / "torchrun").mkdir()
+    baseline = torchrun_still_hung(base / "torchrun", a.cap_s)
+    detect = hang["detect_s"] if hang else None
+    rows.append({"case": "sleeping rank", "rc": rc, "detect_s": detect, "named_rank": hang and hang["rank"],
+                 "detail": hang and hang["detail"], "torchrun": f"> {a.cap_s:g} s (still hung)" if baseline else "ended"})
+    print(f"sleeping rank: ckptsup detected in {detect:.2f} s at the defaults (target <= 15 s), rank {hang['rank']} named: "
+          f"{hang['detail']}" if hang else "sleeping rank: NOT detected")
+    if baseline and detect:
+        print(f"  torchrun: still hung {a.cap_s:g} s after the fault -> ckptsup is < {detect / a.cap_s:.2f} x torchrun's time")
+
+    (base / "busy").mkdir()
+    rc, events, wall = launch(base / "busy", "--busy-at", "10,30:0", "--busy-s", str(a.busy_s))
+    failures = [e for e in events if e["event"] == "failure_detected"]
+    busy = [e for e in events if e["event"] == "busy"]
+    rows.append({"case": "busy", "rc": rc, "failures": len(failures), "busy": [b["ranks"] for b in busy], "wall_s": wall})
+    print(f"busy ({a.busy_s:g} s on every rank, then {a.busy_s:g} s on rank 0 while rank 1 waits in a barrier): "
+          f"{len(failures)} failures (target 0), busy spells {[b['ranks'] for b in busy]}, rc {rc}, {wall:.0f} s wall")
+    print(json.dumps(rows))
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())
