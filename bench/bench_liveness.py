@@ -14,7 +14,6 @@ from __future__ import annotations
 
 import argparse
 import json
-import os
 import subprocess
 import sys
 import tempfile
@@ -39,15 +38,14 @@ def launch(work: Path, *faults: str, steps: int = 60) -> tuple[int, list[dict], 
 def torchrun_still_hung(work: Path, cap_s: float) -> bool:
     """Plain torchrun, the same sleeping rank: True if nothing ended the job within cap_s of the
     fault (the sleeping rank's own line)."""
-    proc = subprocess.Popen([sys.executable, "-m", "torch.distributed.run", "--nproc-per-node", "2", str(SCRIPT),
-                             "--steps", "60", "--ckpt-dir", str(work / "ckpt"), "--out", str(work / "final.pt"),
-                             "--sleep-at", "24"], stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True, cwd=work)
-    assert proc.stdout is not None
-    os.set_blocking(proc.stdout.fileno(), False)
-    seen, fault_at, deadline = "", None, time.monotonic() + 300
+    log = work / "torchrun.log"
+    with open(log, "wb") as sink:
+        proc = subprocess.Popen([sys.executable, "-m", "torch.distributed.run", "--nproc-per-node", "2", str(SCRIPT),
+                                 "--steps", "60", "--ckpt-dir", str(work / "ckpt"), "--out", str(work / "final.pt"),
+                                 "--sleep-at", "24"], stdout=sink, stderr=subprocess.STDOUT, cwd=work)
+    fault_at, deadline = None, time.monotonic() + 300
     while time.monotonic() < deadline:
-        seen += proc.stdout.read() or ""
-        if fault_at is None and "sleeping forever" in seen:
+        if fault_at is None and b"sleeping forever" in log.read_bytes():
             fault_at = time.monotonic()
         if proc.poll() is not None:
             return False

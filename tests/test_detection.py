@@ -129,3 +129,25 @@ def test_torchrun_failing_after_every_rank_of_the_node_finished_is_a_teardown_er
         assert failure.kind is FailureKind.CRASH and not t.complete and not t.teardown_errors
     else:
         assert failure is None and t.complete and t.teardown_errors == [{"node": "n1", "rc": 1}]
+
+
+def test_the_node_down_check_reads_only_the_silent_front_yet_finds_what_a_full_scan_would():
+    """heard_order keeps nodes oldest-heard first (bench_supervisor_scale.py: 16,384 views are not
+    read every tick): a silent node is found wherever it started, also after frames out of order."""
+    from ckptsup.config import SupervisorConfig
+    from ckptsup.supervisor.agent_step import Message
+    from ckptsup.supervisor.attempt import AttemptTracker
+    from ckptsup.wire import MessageKind
+
+    t = AttemptTracker(attempt=0, nodes=("n1", "n2", "n3", "n4"), nproc_per_node=1, config=SupervisorConfig(),
+                       started=0.0)
+    for second in range(0, 9):
+        for node in ("n4", "n1", "n2", "n3"):
+            if node != "n3" or second <= 2:
+                t.on_message(Message(recv=float(second), m=MessageKind.HB, body={"node": node, "ranks_alive": []},
+                                     step_id=1))
+    assert list(t.heard_order)[0] == "n3"
+    failure = t.check(8.0)
+    assert failure is not None and failure.node == "n3" and failure.kind.value == "node_down"
+    t.on_message(Message(recv=1.0, m=MessageKind.HB, body={"node": "n4", "ranks_alive": []}, step_id=1))   # far older
+    assert list(t.heard_order)[:2] == ["n4", "n3"] and t.check(8.0).node == "n4"
