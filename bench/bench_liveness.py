@@ -8,12 +8,16 @@ the same script under plain torchrun as the baseline, in the same run:
   busy    every rank computes 30 s without printing at step 10, then rank 0 alone 30 s while rank 1
           waits in dist.barrier() at step 30: failures (target 0) and busy events
 
-usage: python bench/bench_liveness.py [--cap-s 40] [--busy-s 30]
+  stacks  one stack collection of 8 ranks on a node (processes with torch imported and the dump
+          installed), and the cost of one /proc evidence sample per rank (target: <= 1 s)
+
+usage: python bench/bench_liveness.py [--cap-s 40] [--busy-s 30] [--stacks-only]
 """
 from __future__ import annotations
 
 import argparse
 import json
+import os
 import subprocess
 import sys
 import tempfile
@@ -24,6 +28,40 @@ ROOT = Path(__file__).resolve().parents[1]
 SCRIPT = ROOT / "tests" / "helpers" / "plain_ddp.py"
 sys.path.insert(0, str(ROOT))
 from ckptsup.events import read_events  # noqa: E402
+from ckptsup.stack_dump import stack_file  # noqa: E402
+from ckptsup.supervisor import evidence  # noqa: E402
+
+HOLDER = "import time\nfrom ckptsup.stack_dump import install\ninstall()\nimport torch\nprint('ready', flush=True)\ntime.sleep(120)\n"
+
+
+def stacks_of_eight(base: Path) -> None:
+    procs = []
+    for rank in range(8):
+        env = {**os.environ, "CKPTSUP_RUN_DIR": str(base), "CKPTSUP_ATTEMPT": "0", "RANK": str(rank),
+               "PYTHONPATH": str(ROOT)}
+        procs.append(subprocess.Popen([sys.executable, "-c", HOLDER], env=env, stdout=subprocess.PIPE, text=True))
+    try:
+        for proc in procs:
+            assert proc.stdout is not None and proc.stdout.readline().strip() == "ready"
+        pids = {rank: proc.pid for rank, proc in enumerate(procs)}
+        files = {rank: stack_file(base, 0, rank) for rank in pids}
+        took = []
+        for _ in range(5):
+            t0 = time.monotonic()
+            got = evidence.take_stacks(pids, files)
+            took.append(time.monotonic() - t0)
+            assert len(got) == 8
+        t0 = time.monotonic()
+        for _ in range(100):
+            for pid in pids.values():
+                evidence.sample(pid)
+        per = (time.monotonic() - t0) / 800
+        print(f"stacks of 8 ranks: {', '.join(f'{x * 1000:.0f} ms' for x in took)} (target <= 1 s); "
+              f"one /proc evidence sample {per * 1e6:.0f} us per rank per heartbeat")
+    finally:
+        for proc in procs:
+            proc.kill()
+            proc.wait()
 
 
 def launch(work: Path, *faults: str, steps: int = 60) -> tuple[int, list[dict], float]:
@@ -62,9 +100,13 @@ def main() -> int:
     p = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     p.add_argument("--cap-s", type=float, default=40.0)
     p.add_argument("--busy-s", type=float, default=30.0)
+    p.add_argument("--stacks-only", action="store_true")
     a = p.parse_args()
     base = Path(tempfile.mkdtemp(prefix="ckptsup-bench-liveness-"))
     rows = []
+    stacks_of_eight(base)
+    if a.stacks_only:
+        return 0
 
     (base / "sleep").mkdir()
     rc, events, wall = launch(base / "sleep", "--sleep-at", "24")
