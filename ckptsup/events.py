@@ -76,6 +76,7 @@ class Event(str, enum.Enum):
     PREEMPTION = "preemption"              # signal, budget_s, emergency_save: bool
     HEALTH_CHECK = "health_check"          # node, name, ok, detail
     TEARDOWN_ERROR = "teardown_error"      # node, rc: torchrun failed after every rank of the node finished
+    RESTORE_LOSS_JUMP = "restore_loss_jump"  # step, loss, before, basis, detail: after a restore rank 0's loss is not where it was (a warning)
     BUSY = "busy"                          # ranks, detail, silent_s: no progress past the hang timeout, but ranks work (not a hang)
     TEARDOWN_HANG = "teardown_hang"        # ranks [{node, rank, pid, host_pid, wchan, stack}], nodes, exit_grace_s, waited_s: rank processes killed after the ranks finished
     SUPERVISION_LEVEL = "supervision_level"  # level: hooks | heartbeat | progress | process, detail: how the attempt is watched

@@ -45,7 +45,7 @@ class MessageKind(enum.StrEnum):
 
     # rank → agent
     HELLO = "hello"                  # {rank, local_rank, world_size, node, pid, checkpoints}
-    STEP = "step"                    # {rank, step, step_time_s, loss_finite}
+    STEP = "step"                    # {rank, step, step_time_s, loss_finite, compute_s?, loss? (rank 0's, finite)}
     PHASE = "phase"                  # {rank, phase: Phase, step}; the phase the rank is already in again: a heartbeat in it
     NAN = "nan"                      # {rank, step, loss}
     SDC = "sdc"                      # {rank, step, copies, disputed: [rank], majority, fingerprint}: replicas disagree (docs/sdc.md)

@@ -23,6 +23,8 @@ Flags (the supervisor's and the checkpoint tests use them):
   --hold-at-step S --hold-file F  before step S every rank waits, inside ckptsup.phase("eval")
                           (signs of life, no step), until F exists (at most 300 s): a test holds
                           the run there until it has found the rank it will signal
+  --damage-after-resume   after a resume, re-initialise the first layer on every rank alike: a
+                          restore that went wrong (the loss jumps; the supervisor warns)
   --out DIR               write DIR/samples_rank<r>.jsonl (sample ids of every step, appended as
                           the run goes) and, at the end, DIR/final_rank<r>.pt (model + optimizer
                           state) and DIR/final.json (sha256 of the parameters, final step)
@@ -82,6 +84,7 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
     p.add_argument("--slow-rank", type=int, default=None, help="this rank sleeps --slow-factor x --step-sleep-s")
     p.add_argument("--slow-factor", type=float, default=1.0)
     p.add_argument("--slow-from-step", type=int, default=0)
+    p.add_argument("--damage-after-resume", action="store_true")
     p.add_argument("--hold-at-step", type=int, default=None)
     p.add_argument("--hold-file", default=None)
     p.add_argument("--out", default=None)
@@ -146,6 +149,11 @@ def main(argv: list[str] | None = None) -> int:
                          extra={"progress": progress}, checkpoint_dir=args.checkpoint_dir,     # ckptsup
                          save_every_steps=args.save_every_steps)                               # ckptsup
     step = run.resume()                                                                        # ckptsup
+    if args.damage_after_resume and step > 0:
+        with torch.no_grad():   # the same on every rank: DDP's replicas stay equal, the loss jumps
+            first = (model.module if distributed else model)[0]
+            first.weight.fill_(3.0)
+            first.bias.fill_(3.0)
     marker_dir = Path(args.out) if args.out else run.settings.checkpoint_dir.parent
 
     samples_log = None

@@ -171,6 +171,10 @@ def run_blocked(tmp_path: Path, body: str, *, install: bool = True) -> tuple[sub
 def test_a_process_blocked_in_c_dumps_its_main_thread_on_the_signal_and_is_not_harmed(tmp_path):
     proc, path = run_blocked(tmp_path, "time.sleep(120)")
     try:
+        deadline = time.monotonic() + 10   # past its print, into the sleep (the line after "ready")
+        while "sleep" not in Path(f"/proc/{proc.pid}/wchan").read_text():
+            assert time.monotonic() < deadline
+            time.sleep(0.01)
         assert evidence.catches(proc.pid, STACK_SIGNAL) and path.exists()
         got = evidence.take_stacks({3: proc.pid}, {3: path})
         stack = parse_stack(got[3])
@@ -235,3 +239,22 @@ def test_status_shows_a_busy_spell_with_its_ranks_its_age_and_the_limit():
     console = Console(width=200, record=True)
     console.print(render(st))
     assert "busy for 2s (killed at busy_limit_s 600s): working without progress: rank 0" in console.export_text()
+
+
+def test_a_restore_is_compared_at_the_same_steps_first_then_with_the_window_and_warns_once():
+    from ckptsup.supervisor.restore_check import keep, loss_jump
+
+    before = {s: 1.0 - 0.01 * s for s in range(10, 30)}
+    assert loss_jump(before, 20, before[20]) is None and loss_jump(before, 20, before[20] * 1.05) is None
+    jump = loss_jump(before, 20, 3.0)
+    assert jump.basis == "same step" and jump.before == before[20] and "step 20 had loss 0.8" in jump.detail
+    assert loss_jump(before, 40, 0.8) is None and loss_jump(before, 40, 0.4) is None   # within the window's noise
+    assert loss_jump(before, 40, 2.5).basis == "window" and loss_jump(before, 40, 0.2).before == before[29]
+    assert loss_jump({}, 5, 9.0) is None and loss_jump(before, 20, float("nan")) is None
+    assert list(keep({s: 1.0 for s in range(300)}, {299: 2.0})) == list(range(44, 300))
+    t = AttemptTracker(attempt=1, nodes=("n1",), nproc_per_node=2, config=SupervisorConfig(), started=0.0,
+                       resume_step=20, loss_before=before)
+    for step, loss in ((20, before[20]), (21, 9.0), (22, 9.0)):
+        t.on_message(msg(1.0, MessageKind.STEP, rank=0, step=step, loss=loss))
+        t.on_message(msg(1.0, MessageKind.STEP, rank=1, step=step, loss=99.0))   # only rank 0's counts
+    assert [(j.step, j.loss) for j in t.restore_news] == [(21, 9.0)] and t.losses == {20: before[20], 21: 9.0, 22: 9.0}

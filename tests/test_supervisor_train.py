@@ -123,6 +123,7 @@ def test_rank_sigkill_restarts_fast_and_ends_bit_identical(tmp_path, reference):
     loaded = [e for e in named(events, "checkpoint_loaded") if e.get("step") == restart["resume_step"]]
     assert loaded and loaded[0]["read_local_files"] > 0 and loaded[0]["local_fallback_files"] == 0, loaded
     assert list(local.glob("*/*/local_rank_1/step_*")), "no local copy under <node>/<job_id>"
+    assert not named(events, "restore_loss_jump")   # the whole state came back: the replayed losses match
     assert params(out) == reference
     assert no_rank_left(out)
 
@@ -155,6 +156,22 @@ def test_nan_once_rolls_back_to_the_last_checkpoint_and_ends_bit_identical(tmp_p
     [restart] = named(events, "restart_done")
     assert restart["resume_step"] == 15
     assert params(out) == reference
+
+
+def test_a_restore_whose_loss_jumps_is_a_warning_and_training_goes_on(tmp_path):
+    """docs/sdc.md §After a restore: the script damages its model after resuming (a wrong restore);
+    rank 0's loss at the first replayed step is far from the one before the crash: one warning,
+    no failure, the run completes."""
+    proc, run, out = start(tmp_path, "--crash-at-step", "17", "--crash-rank", "1", "--damage-after-resume")
+    rc, log = finish(proc)
+    assert rc == 0, log
+    events = read_events(run)
+    assert [f["kind"] for f in named(events, "failure_detected")] == ["crash"]
+    [jump] = named(events, "restore_loss_jump")
+    resumed = named(events, "restart_done")[0]["resume_step"]
+    assert jump["step"] == resumed and jump["basis"] == "same step" and abs(jump["loss"] - jump["before"]) > 0.1 * jump["before"]
+    assert "warning: after the restore rank 0's loss at step" in log
+    assert named(events, "run_complete")
 
 
 def test_nan_at_the_same_step_every_time_gives_up_and_drains_nothing(tmp_path):

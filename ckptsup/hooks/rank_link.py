@@ -149,13 +149,17 @@ class StepLink:
         return (f"replicas disagree after step {step} ({verdict.copies} copies: {who}): silent data corruption "
                 f"(docs/sdc.md)")
 
-    def step(self, step: int, step_time: float | None, *, compute_s: float | None = None) -> bool:
+    def step(self, step: int, step_time: float | None, *, compute_s: float | None = None,
+             loss: float | None = None) -> bool:
         """The `step` frame, sent at every step (the supervisor's crash-loop rule compares the exact
         step of a failure), and the collective timeouts. True at the first step. `compute_s`: the
-        step time minus the time blocked in collectives, when measured (hooks/compute_time.py)."""
-        body = {"rank": self.rank, "step": step, "step_time_s": step_time, "loss_finite": True}
+        step time minus the time blocked in collectives, when measured (hooks/compute_time.py).
+        `loss` (rank 0's, finite): the supervisor compares a restore's first steps with it."""
+        body: dict[str, Any] = {"rank": self.rank, "step": step, "step_time_s": step_time, "loss_finite": True}
         if compute_s is not None:
             body["compute_s"] = round(compute_s, 6)
+        if loss is not None and math.isfinite(loss):
+            body["loss"] = loss
         self.channel.send(MessageKind.STEP, body)
         self.phases.stepped(step)
         first = not self.first_step_seen

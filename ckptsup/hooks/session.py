@@ -21,6 +21,7 @@ group on the background thread (writer.py).
 from __future__ import annotations
 
 import logging
+import math
 import os
 import random
 import time
@@ -42,7 +43,8 @@ from ..wire import Phase
 from .memory_tier import (MemoryClient, MemorySaveResult, MemorySaver, available_bytes, fit_budget,
                           memory_checkpoint_id, newest_common)
 from .resume_sources import Candidate, Source, candidates as resume_candidates, fetch, files_by_source, object_tier
-from .rank_link import Hooks, NonFiniteLossError, ReplicasDisagreeError, StepLink, claim_hooks, exit_rank, is_finite
+from .rank_link import (Hooks, NonFiniteLossError, ReplicasDisagreeError, StepLink, claim_hooks, exit_rank,
+                        loss_value)
 from . import fingerprint
 from .signals import StopFlag, emergency_save_fits
 from .state import TrainingState, check_dataloader, isolate_loader_rng
@@ -384,7 +386,8 @@ class Run:
         step_time = self.link.tick(now)
         blocked = self.comm.take_blocked()
         compute = None if step_time is None or blocked is None else max(0.0, step_time - blocked)
-        if not is_finite(loss):
+        value = loss_value(loss)   # one host read: the NaN check and rank 0's report share it
+        if value is not None and not math.isfinite(value):
             self._nan(step, loss)
         if step_time is not None:
             self.step_time_ema = step_time if self.step_time_ema is None else 0.9 * self.step_time_ema + 0.1 * step_time
@@ -393,7 +396,7 @@ class Run:
         if step >= self.next_sync:
             save = self._sync(step, now) or save
         stop = self.agreed_stop is not None and step >= self.agreed_stop
-        if self.link.step(step, step_time, compute_s=compute):
+        if self.link.step(step, step_time, compute_s=compute, loss=value if self.rank == 0 else None):
             self.reporter.emit(Event.FIRST_STEP, step=step)
         if self.rank == 0 and step_time is not None and now - self.last_progress >= PROGRESS_EVERY_S:
             self.last_progress = now

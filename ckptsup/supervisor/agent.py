@@ -181,6 +181,7 @@ def _rank_body_ok(m: MessageKind, body: dict[str, Any]) -> bool:
         return (_is_int(body.get("step"), low=0)
                 and (body.get("step_time_s") is None or _is_number(body["step_time_s"]))
                 and (body.get("compute_s") is None or _is_number(body["compute_s"]))
+                and (body.get("loss") is None or _is_number(body["loss"]))
                 and body.get("loss_finite", True) in (True, False))
     if m == MessageKind.PHASE:
         return isinstance(body.get("phase"), str) and (body.get("step") is None or _is_int(body["step"]))

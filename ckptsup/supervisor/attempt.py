@@ -23,6 +23,8 @@ from .detection import (NodeView, RankView, StepWindow, TeardownHang, classify_r
 from .observations import Failure, FailureKind, SupervisionLevel
 from .stragglers import Straggler, StragglerDetector
 from .liveness import Hung, NeedStacks, RankEvidence, Working, judge
+from . import restore_check
+from .restore_check import LossJump
 
 
 @dataclass(kw_only=True)
@@ -106,6 +108,11 @@ class AttemptTracker:
     # nodes by when their agent was last heard, oldest first: the node-down check reads only the
     # silent front, not 16,384 views every tick (bench_supervisor_scale.py)
     heard_order: dict[str, None] = field(default_factory=dict)
+    # restore_check.py: rank 0's losses before this attempt, and this attempt's (the next one's before)
+    loss_before: dict[int, float] = field(default_factory=dict)
+    losses: dict[int, float] = field(default_factory=dict)
+    restore_compared: int = 0
+    restore_news: list[LossJump] = field(default_factory=list)   # for the loop to record (a warning)
     heard_latest: float = float("-inf")
 
     def __post_init__(self) -> None:
@@ -354,6 +361,9 @@ class AttemptTracker:
         rv = self._rank(body, node, now)
         step = int(body.get("step", -1))
         rv.last_step, rv.last_progress = step, now
+        loss = body.get("loss")
+        if rv.rank == 0 and isinstance(loss, (int, float)) and not isinstance(loss, bool):
+            self._note_loss(step, float(loss))
         closing = rv.phase is Phase.STOPPING and bool(self.exited_ok)   # a peer without hooks exited 0
         if rv.phase is not Phase.TRAIN and not closing:   # closing: its lines push exit_grace_s, not the hang timeout
             rv.phase, rv.phase_since = Phase.TRAIN, now
@@ -515,6 +525,19 @@ class AttemptTracker:
         else:
             suspects = silence.suspects
         return replace(silence, rank=rank, node=node, suspects=suspects, detail=f"{silence.detail}; {verdict.detail}")
+
+    def _note_loss(self, step: int, loss: float) -> None:
+        """Rank 0's loss: kept for the next attempt, and the first steps after a restore compared
+        with the same steps before it (restore_check.py)."""
+        self.losses[step] = loss
+        if len(self.losses) > restore_check.KEEP_STEPS:
+            del self.losses[min(self.losses)]
+        if self.loss_before and self.restore_compared < restore_check.CHECK_STEPS:
+            self.restore_compared += 1
+            jump = restore_check.loss_jump(self.loss_before, step, loss)
+            if jump is not None:
+                self.restore_news.append(jump)
+                self.restore_compared = restore_check.CHECK_STEPS   # one warning a restore
 
     def _suspicion_over(self) -> None:
         if self.busy is not None or self.stacks_asked_at is not None or self.stacks:

@@ -37,6 +37,7 @@ from .external_resume import ExternalResume
 from .external_watch import ExternalCheckpoints, resolve_dir
 from .memory_peers import MemoryPeers
 from .attempt import AttemptTracker, Marks
+from . import restore_check
 from .interval_tuner import SCHEDULE_KEYS, IntervalChange, IntervalTuner
 from .nccl import Timeouts
 from .observations import (AttemptResult, Failure, FailureKind, History, Observation, Outcome, RecoveryPath,
@@ -100,6 +101,7 @@ class Supervisor:
         self.writer: EventWriter | None = None
         self.agents = AgentSet()
         self.tracker: AttemptTracker | None = None
+        self.losses: dict[int, float] = {}   # rank 0's, across attempts (restore_check.py)
         self.history: list[AttemptResult] = [AttemptResult.from_record(r) for r in self.state.failures
                                              if isinstance(r, dict)]
         self.active: tuple[str, ...] = ()
@@ -264,20 +266,26 @@ class Supervisor:
             if failure is None:
                 failure = tracker.check(self.clock())
                 self._report_level(tracker)
-                self._weigh_silence(tracker)
+                self._carry_out_tracker_news(tracker)
             if failure is None:
                 continue
             status = self._recover(failure)
             if status is not None:
                 return status
 
-    def _weigh_silence(self, tracker: AttemptTracker) -> None:
-        """What the liveness verdict asks for (liveness.py): the ranks' stacks from their agents,
-        and a `busy` event when ranks work without progress (not a hang)."""
+    def _carry_out_tracker_news(self, tracker: AttemptTracker) -> None:
+        """What the tracker's verdicts ask for: the ranks' stacks from their agents (liveness.py),
+        a `restore_loss_jump` warning (restore_check.py), a `busy` event when ranks work without
+        progress (not a hang)."""
         if tracker.want_stacks:
             nodes = {n for n in tracker.nodes if n not in tracker.done_nodes}
             self.agents.send(MessageKind.STACKS, nodes=sorted(nodes))
             tracker.asked_for_stacks(self.clock(), nodes)
+        while tracker.restore_news:
+            jump = tracker.restore_news.pop(0)
+            self.emit(Event.RESTORE_LOSS_JUMP, step=jump.step, loss=jump.loss, before=jump.before, basis=jump.basis,
+                      detail=jump.detail)
+            print(f"ckptsup: warning: {jump.detail}", flush=True)
         while tracker.busy_news:
             news = tracker.busy_news.pop(0)
             self.emit(Event.BUSY, ranks=list(news.ranks), detail=news.detail)
@@ -776,9 +784,12 @@ class Supervisor:
         spec, spec_path = self._spec(nodes, resume_from, timeouts)
         now = self.clock()
         hooked_before = any(a.level in (SupervisionLevel.HOOKS, SupervisionLevel.HEARTBEAT) for a in self.history)
+        if self.tracker is not None:   # rank 0's losses so far: the restore's first steps are compared with them
+            self.losses = restore_check.keep(self.losses, self.tracker.losses)
         self.tracker = AttemptTracker(attempt=self.state.attempt, nodes=nodes, nproc_per_node=self.sup.nproc_per_node,
                                       config=self.sup, started=now, resume_step=recovery.resume_step(resume_from),
-                                      hang_cap_s=timeouts.hang_cap_s, expect_hello=self.job.expects_hello or hooked_before)
+                                      hang_cap_s=timeouts.hang_cap_s, expect_hello=self.job.expects_hello or hooked_before,
+                                      loss_before=dict(self.losses))
         self.attempt_wall_start = time.time()
         if marks_from is not None:
             self.tracker.marks = marks_from
