@@ -1,7 +1,7 @@
 """Busy is not hung, at the defaults (no hang knob set), with an unmodified 2-rank DDP script
 (tests/helpers/plain_ddp.py: only rank 0 prints) under `ckptsup launch` (docs/timeouts.md
 §Evidence): a rank sleeping forever is a hang within 15 s of its last step, named with where it
-sleeps, and no node is suspected; ranks computing without printing are busy, never killed."""
+sleeps, and no node is suspected; ranks computing or reading without printing are busy, never killed."""
 import subprocess
 import sys
 from pathlib import Path
@@ -51,14 +51,16 @@ def test_a_sleeping_rank_is_a_hang_named_where_it_sleeps_cold_and_warm_and_no_no
     assert same_model(torch.load(tmp_path / "final.pt"), uninterrupted)
 
 
-def test_ranks_computing_without_printing_are_busy_and_never_killed(tmp_path, uninterrupted):
-    """25 s of silent computation on every rank at step 10, then 25 s on rank 0 alone while rank 1
-    waits in dist.barrier() at step 30: both past the 10 s hang timeout, neither a failure."""
-    proc, events = launch(tmp_path, "--busy-at", "10,30:0", "--busy-s", "25")
+def test_ranks_computing_or_reading_without_printing_are_busy_and_never_killed(tmp_path, uninterrupted):
+    """20 s of silent computation on every rank at step 10, 20 s on rank 0 alone while rank 1 waits
+    in dist.barrier() at step 25, then 20 s of rank 0 reading a file slowly (I/O, next to no CPU)
+    at step 40: each past the 10 s hang timeout and its 5 s evidence window, none a failure."""
+    proc, events = launch(tmp_path, "--busy-at", "10,25:0", "--read-at", "40:0", "--busy-s", "20")
     assert proc.returncode == 0, proc.stdout[-3000:] + proc.stderr[-3000:]
     assert not named(events, "failure_detected"), [(f["kind"], f["detail"]) for f in named(events, "failure_detected")]
     busy = named(events, "busy")
-    assert [b["ranks"] for b in busy] == [[0, 1], [0]], busy
+    assert [b["ranks"] for b in busy] == [[0, 1], [0], [0]], busy
+    assert "KiB/s I/O" in busy[2]["detail"] and "(0.0" in busy[2]["detail"], busy[2]   # I/O, not CPU
     assert "busy, not hung" in proc.stdout
     assert [e["attempt"] for e in named(events, "launch")] == [0] and named(events, "run_complete")
     assert same_model(torch.load(tmp_path / "final.pt"), uninterrupted)

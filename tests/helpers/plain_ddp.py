@@ -10,7 +10,9 @@ Faults and quiet phases for the liveness tests (each once per run: a marker file
 --all-print: every rank prints its `step N` lines (rank 0 only by default);
 --sleep-at S[,S] --sleep-rank R: rank R sleeps forever before step S (the others block in its all-reduce);
 --busy-at S[:R][,S[:R]] --busy-s T: before step S, rank R (no R: every rank) computes for T seconds
-  printing nothing; the others wait in dist.barrier() (an evaluation pass as users write it).
+  printing nothing; the others wait in dist.barrier() (an evaluation pass as users write it);
+--read-at S[:R] (with --busy-s T): the same, but rank R reads a file slowly (64 KiB every 0.1 s):
+  I/O progressing, next to no CPU (a data phase waiting on storage).
 """
 import argparse
 import os
@@ -50,6 +52,19 @@ def busy(seconds):
         a = torch.tanh(a @ a)
 
 
+def read_slowly(seconds):
+    """Read 64 KiB every 0.1 s (from this script's own interpreter binary, never cached away from
+    rchar): I/O grows, CPU time hardly does."""
+    import sys
+
+    end = time.monotonic() + seconds
+    with open(sys.executable, "rb", buffering=0) as fh:
+        while time.monotonic() < end:
+            if not fh.read(64 << 10):
+                fh.seek(0)
+            time.sleep(0.1)
+
+
 def main():
     ap = argparse.ArgumentParser()
     ap.add_argument("--steps", type=int, required=True)
@@ -62,6 +77,8 @@ def main():
     ap.add_argument("--sleep-at", type=lambda t: [int(x) for x in t.split(",")], default=[])
     ap.add_argument("--sleep-rank", type=int, default=1)
     ap.add_argument("--busy-at", type=lambda t: dict((int(x.split(":")[0]), int(x.split(":")[1]) if ":" in x else None)
+                                                     for x in t.split(",")), default={})
+    ap.add_argument("--read-at", type=lambda t: dict((int(x.split(":")[0]), int(x.split(":")[1]) if ":" in x else None)
                                                      for x in t.split(",")), default={})
     ap.add_argument("--busy-s", type=float, default=30.0)
     args = ap.parse_args()
@@ -92,6 +109,10 @@ def main():
         if step in args.busy_at and once(args.ckpt_dir, f"busy-{step}-rank{rank}"):
             if args.busy_at[step] in (None, rank):
                 busy(args.busy_s)
+            dist.barrier()
+        if step in args.read_at and once(args.ckpt_dir, f"read-{step}-rank{rank}"):
+            if args.read_at[step] in (None, rank):
+                read_slowly(args.busy_s)
             dist.barrier()
         g = torch.Generator().manual_seed(step * 100 + rank)   # the data is a function of the step
         x = torch.randn(16, 8, generator=g)
