@@ -138,6 +138,9 @@ SLURM_JOB_NAME = "SLURM_JOB_NAME"
 SLURM_SUBMIT_DIR = "SLURM_SUBMIT_DIR"
 SLURM_GPUS_ON_NODE = "SLURM_GPUS_ON_NODE"
 SLURM_JOB_GPUS = "SLURM_JOB_GPUS"
+SLURM_STEP_ID = "SLURM_STEP_ID"
+SLURM_PROCID = "SLURM_PROCID"
+SLURM_STEP_NUM_TASKS = "SLURM_STEP_NUM_TASKS"
 SLURM_STEP_GPUS = "SLURM_STEP_GPUS"
 CUDA_VISIBLE_DEVICES = "CUDA_VISIBLE_DEVICES"
 SLURM_CONF = "SLURM_CONF"
@@ -174,6 +177,9 @@ EXTERNAL_VARS: tuple[Var, ...] = (
     Var(name=SLURM_SUBMIT_DIR, set_by="Slurm", read_by="supervisor (allocation)", meaning="directory sbatch was run from"),
     Var(name=SLURM_GPUS_ON_NODE, set_by="Slurm", read_by="supervisor (allocation), health checks", meaning="GPUs of this node in the allocation; the supervisor's GPUs per node (else SLURM_JOB_GPUS, else scontrol show job -d)"),
     Var(name=SLURM_JOB_GPUS, set_by="Slurm", read_by="supervisor (allocation)", meaning="GPU indices of the batch host (a comma list), counted when SLURM_GPUS_ON_NODE is unset"),
+    Var(name=SLURM_STEP_ID, set_by="Slurm (srun)", read_by="ckptsup launch", meaning="set inside a job step, not in the batch script: with more than one task, `srun ckptsup launch` would start a supervisor per task (refused)"),
+    Var(name=SLURM_PROCID, set_by="Slurm (srun)", read_by="ckptsup launch", meaning="this task's index in its step: task 0 says why `srun ckptsup launch` is refused"),
+    Var(name=SLURM_STEP_NUM_TASKS, set_by="Slurm (srun)", read_by="ckptsup launch", meaning="tasks of this step: more than one under `srun ckptsup launch` is refused"),
     Var(name=SLURM_STEP_GPUS, set_by="Slurm", read_by="health checks", meaning="GPU indices a step got on its node, counted when SLURM_GPUS_ON_NODE is unset"),
     Var(name=CUDA_VISIBLE_DEVICES, set_by="user, Slurm", read_by="supervisor (local mode), health checks", meaning="outside Slurm, the GPUs of this machine (a count of the list; unset, empty or -1 = none)"),
     Var(name=SLURM_CONF, set_by="user, ckptsup dev-cluster", read_by="Slurm commands (slurm.client)", meaning="slurm.conf to use; the dev cluster is reached through it"),

@@ -156,3 +156,12 @@ def test_scontrol_failure_is_a_ckptsup_error():
     with pytest.raises(SlurmCommandError) as err:
         client.job_gpus_per_node("1")
     assert isinstance(err.value, CkptsupError)
+
+
+def test_only_a_step_of_several_tasks_is_an_srun_in_front_of_launch():
+    from ckptsup.slurm.allocation import srun_task
+
+    assert srun_task({"SLURM_JOB_ID": "7", "SLURM_PROCID": "0"}) is None   # the batch script: no step id
+    assert srun_task({"SLURM_STEP_ID": "0", "SLURM_STEP_NUM_TASKS": "1", "SLURM_PROCID": "0"}) is None  # srun --pty bash
+    assert srun_task({"SLURM_STEP_ID": "3", "SLURM_STEP_NUM_TASKS": "2", "SLURM_PROCID": "1"}) == (1, 2)
+    assert srun_task({"SLURM_STEP_ID": "3", "SLURM_STEP_NUM_TASKS": "two"}) is None

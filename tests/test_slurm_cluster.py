@@ -175,3 +175,17 @@ def test_no_kill_job_survives_node_death_and_an_overlap_step_runs_on_the_rest(de
                     what="overlap step on the surviving nodes")
         assert fx.job_state(job) is JobState.RUNNING
     fx.client.cancel(job)
+
+
+def test_srun_in_front_of_ckptsup_launch_is_refused_on_every_task_in_one_line(dev_cluster, tmp_path):
+    """`srun -N2 ckptsup launch` would start two supervisors, each launching the whole job: every
+    task exits 2 and task 0 says why and what to write instead (docs/drop-in.md §srun)."""
+    script = tmp_path / "train.py"
+    script.write_text("print('the script ran')\n")
+    job = dev_cluster.submit(f"#!/bin/bash\nsrun -N2 {sys.executable} -m ckptsup.cli launch {script}\necho rc=$?\n",
+                             "-N", "2")
+    done = dev_cluster.wait_for(lambda: (i := dev_cluster.job(job)) and i.state.finished and i, 60, what="job finished")
+    text = dev_cluster.output(job)
+    assert text.count("ckptsup launch: started by srun as 2 tasks") == 1, text
+    assert "without srun in front" in text and "the script ran" not in text and "rc=2" in text, text
+    assert "Traceback" not in text and done.state is JobState.COMPLETED   # the batch script itself ended 0

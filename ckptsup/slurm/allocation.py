@@ -45,6 +45,20 @@ def in_allocation(env: Mapping[str, str]) -> bool:
     return bool(env.get(envvars.SLURM_JOB_ID))
 
 
+def srun_task(env: Mapping[str, str]) -> tuple[int, int] | None:
+    """(this task, the step's tasks) when this process is one of several tasks of an srun step
+    (SLURM_STEP_ID is set in steps, not in the batch script); None otherwise, including a
+    one-task step such as an interactive `srun --pty bash`."""
+    if not env.get(envvars.SLURM_STEP_ID):
+        return None
+    try:
+        tasks = int(env.get(envvars.SLURM_STEP_NUM_TASKS) or "1")
+        task = int(env.get(envvars.SLURM_PROCID) or "0")
+    except ValueError:
+        return None
+    return (task, tasks) if tasks > 1 else None
+
+
 def _int(env: Mapping[str, str], name: str, default: int | None) -> int | None:
     raw = env.get(name, "")
     if raw == "":

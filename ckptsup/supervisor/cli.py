@@ -7,12 +7,12 @@ import dataclasses
 import os
 import sys
 from pathlib import Path
-from typing import TYPE_CHECKING
+from typing import TYPE_CHECKING, Mapping
 
 import click
 
 from ..config import Resolved, load_config
-from ..env import SLURM_JOB_ID
+from ..env import SLURM_JOB_ID, SLURM_STEP_ID
 from .torchrun_args import UsageError
 
 if TYPE_CHECKING:
@@ -82,6 +82,7 @@ def launch(nproc_per_node: str | None, nodes: str | None, module: bool, no_pytho
 
     if script.startswith("-") and len(script) > 1:
         raise refusal(script)  # an option click does not know landed where SCRIPT goes
+    refuse_srun_tasks(os.environ)
     check_tee(bool(tee), script)
     ignored = rendezvous_ignored(rendezvous)
     if ignored:
@@ -112,6 +113,22 @@ def launch(nproc_per_node: str | None, nodes: str | None, module: bool, no_pytho
               expects_hello=uses_hooks(target.script, module=target.module, no_python=target.no_python))
     status = Supervisor(resolved=resolved, job=job, run_dir=run, placement=placement).run()
     sys.exit(int(status))
+
+
+def refuse_srun_tasks(env: Mapping[str, str]) -> None:
+    """`srun ckptsup launch` (one task per node) would start a supervisor per node, each launching
+    the whole job: every task exits 2, task 0 says why and what to do instead."""
+    from ..slurm.allocation import srun_task
+
+    found = srun_task(env)
+    if found is None:
+        return
+    task, tasks = found
+    if task == 0:
+        click.echo(f"ckptsup launch: started by srun as {tasks} tasks (SLURM_STEP_ID={env.get(SLURM_STEP_ID)}): "
+                   "it is the job's one supervisor and starts its own srun step for the nodes; call it once from "
+                   "the batch script, without srun in front (`ckptsup sbatch` writes such a script)", err=True)
+    sys.exit(2)
 
 
 def with_ranks_per_node(resolved: Resolved, placement: Placement) -> Resolved:
