@@ -91,7 +91,7 @@ def test_a_rank_in_uninterruptible_io_points_at_its_node_and_no_evidence_names_n
                     stacks_answered=True, wchan={0: "futex_do_wait", 1: "nfs_wait_bit_killable"})
     assert isinstance(verdict, Hung) and verdict.culprits == (1,) and verdict.node_evidence == ("n2",)
     assert "state D" in verdict.detail
-    late = judge({0: idle(0), 1: idle(1)}, {}, now=112.0, stacks_asked_at=109.0, stacks_answered=False)
+    late = judge({0: idle(0), 1: idle(1)}, {}, now=114.0, stacks_asked_at=109.0, stacks_answered=False)
     assert isinstance(late, Hung) and late.culprits == () and "no stack" in late.detail   # waited STACK_WAIT_S
 
 

@@ -26,7 +26,7 @@ from typing import Iterable, Mapping
 EVIDENCE_WINDOW_S = 5.0      # the last seconds of the silence that must show no work
 CPU_FLOOR = 0.05             # cores: 10 x an idle rank's
 IO_FLOOR_BPS = 4096.0        # bytes/s of rchar + wchar: an idle rank does none
-STACK_WAIT_S = 2.0           # how long a verdict waits for the stacks it asked for
+STACK_WAIT_S = 4.0           # how long a verdict waits for the stacks it asked for (agents on a loaded box answer late)
 STACKS_FRESH_S = 30.0        # a busy spell's stacks are asked for again this often (has it stopped working?)
 KEEP_S = 30.0                # samples kept per rank
 
