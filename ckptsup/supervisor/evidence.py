@@ -17,7 +17,7 @@ from typing import Mapping
 from ..stack_dump import STACK_SIGNAL
 
 _TICK = os.sysconf("SC_CLK_TCK") if hasattr(os, "sysconf") else 100
-STACK_WAIT_S = 0.5        # faulthandler writes at once; a process in D state or stopped never does
+DUMP_POLL_S = 0.5         # the agent's wait for the dumps (faulthandler writes at once; a process in D state or stopped never does)
 STACK_MAX_BYTES = 16 << 10
 
 
@@ -67,7 +67,7 @@ def catches(pid: int, signum: int = STACK_SIGNAL) -> bool:
 
 
 def take_stacks(rank_pids: Mapping[int, int], files: Mapping[int, Path], *,
-                wait_s: float = STACK_WAIT_S) -> dict[int, str]:
+                wait_s: float = DUMP_POLL_S) -> dict[int, str]:
     """Ask every rank that installed the dump (stack_dump.install) for its stacks; the new text of
     each one's file, by rank. Ranks without the handler, stopped or gone are left out."""
     asked: dict[int, int] = {}
