@@ -1,5 +1,5 @@
 """Supervisor cost at scale: N simulated agents (default 2,048) each send one heartbeat a second
-(HMAC'd wire frames, as through `srun -u`) into the supervisor's real channel reader, attempt
+(HMAC'd wire frames, as through srun, with the pids and evidence a real agent's carry) into the supervisor's real channel reader, attempt
 tracker and detectors, run by the same loop code as `ckptsup launch` (AgentStep + AttemptTracker
 .on_message/.check at the loop's tick). After a warm-up one simulated node falls silent; the run
 reports the supervisor process's CPU (% of one core, excluding the simulator, which is a separate
@@ -29,7 +29,7 @@ from ckptsup.supervisor.agent_step import AgentStep, CommandSender  # noqa: E402
 SIMULATOR = r'''
 import sys, time
 sys.path.insert(0, sys.argv[4])
-from ckptsup import wire
+from ckptsup import step_lines, wire
 n, silent_after, secret = int(sys.argv[1]), float(sys.argv[2]), bytes.fromhex(sys.argv[3])
 per, with_evidence = int(sys.argv[5]), sys.argv[6] == "1"
 out = sys.stdout.buffer
@@ -43,11 +43,14 @@ while True:
             continue  # this node died
         seq[i] += 1
         ranks = list(range(i * per, (i + 1) * per))
-        body = {"node": f"n{i}", "agent": "a", "ranks_alive": ranks, "last_step": tick,
-                "phase": "train", "stopped_ranks": [], "torchrun": True}
+        # what Agent.heartbeat sends (supervisor/agent.py): the pids too (an O(nodes) bookkeeping
+        # of them made a heartbeat cost 5 ms at 16,384 nodes, hidden while the bench left them out)
+        body = {"node": f"n{i}", "agent": "a1b2c3d4e5f6", "ranks_alive": ranks, "last_step": tick,
+                "phase": "train", "stopped_ranks": [], "torchrun": True, "dropped": 0, "attempt": 0,
+                "pids": [{"rank": r, "pid": 1000 + r % per, "host_pid": 50000 + r} for r in ranks]}
         if with_evidence:
             body["evidence"] = [[r, round(10.0 + 0.9 * tick, 3), 1000 * tick, "R"] for r in ranks]
-        out.write(wire.encode("hb", body, seq=seq[i], secret=secret))
+        out.write(step_lines.pieces(wire.encode("hb", body, seq=seq[i], secret=secret), f"n{i}/a".encode()))
         if i % 256 == 255:
             out.flush()
             time.sleep(1.0 / (n / 256) * 0.9)
@@ -87,7 +90,8 @@ def main() -> int:
             msg = inbox.get(timeout=0.05)
             tracker.on_message(msg)
             frames += 1
-            while True:
+            drain_until = time.monotonic() + 0.2   # a supervisor that cannot keep up still checks (backlog below)
+            while time.monotonic() < drain_until:
                 msg = inbox.get_nowait()
                 tracker.on_message(msg)
                 frames += 1
@@ -107,7 +111,8 @@ def main() -> int:
     rss_mb = resource.getrusage(resource.RUSAGE_SELF).ru_maxrss / 1024
     rate = (frames - (frames_warm if cpu_warm is not None else 0)) / span
     print(f"agents {a.agents} x {a.ranks_per_node} ranks, evidence {'off' if a.no_evidence else 'on'}: "
-          f"{rate:.0f} heartbeats/s received, {step.dropped} dropped")
+          f"{rate:.0f} heartbeats/s received, {step.dropped} dropped, {inbox.qsize()} still queued at the end "
+          f"(a backlog: the supervisor did not keep up)")
     print(f"supervisor CPU {100 * cpu / span:.1f}% of one core (target <= 10%), max RSS {rss_mb:.0f} MB")
     if detected:
         print(f"node death: {detected[0]} detected {detected[1]:.2f}s after it fell silent (node_silence_s = "

@@ -129,3 +129,27 @@ def test_nesting_past_the_bound_never_reaches_the_parser(text: str) -> None:
 def test_a_finite_json_value_round_trips(value: object) -> None:
     assume(depth(value) <= MAX_JSON_DEPTH)
     assert loads_json(json.dumps(value), what="state", error=_Err) == value
+
+
+def _walk_depth_ok(data: bytes, max_depth: int) -> bool:
+    """The byte-by-byte walk json_depth_ok falls back to: the reference its fast path must equal."""
+    depth_now, in_string, escaped = 0, False, False
+    for byte in data:
+        if in_string:
+            escaped, in_string = (False, True) if escaped else (byte == 0x5C, byte != 0x22)
+        elif byte == 0x22:
+            in_string = True
+        elif byte in (0x5B, 0x7B):
+            depth_now += 1
+            if depth_now > max_depth:
+                return False
+        elif byte in (0x5D, 0x7D):
+            depth_now -= 1
+    return True
+
+
+@given(st.one_of(json_bytes(), st.text(alphabet='[]{}"a,:\\', max_size=200).map(str.encode)), st.integers(0, 20))
+def test_the_depth_check_in_c_says_what_the_walk_says(data: bytes, max_depth: int) -> None:
+    # the fast path (no escapes: strings stripped by a regex, innermost pairs peeled a level a
+    # pass) must agree with the exact walk on anything, balanced or not
+    assert json_depth_ok(data, max_depth) == _walk_depth_ok(data, max_depth)

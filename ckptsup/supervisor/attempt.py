@@ -92,7 +92,7 @@ class AttemptTracker:
     teardown_errors: list[dict[str, Any]] = field(default_factory=list)  # for the loop to record
     teardown_since: float | None = None  # every rank said bye, or (without hooks) one exited 0: exit_grace_s runs
     exited_ok: set[int] = field(default_factory=set)          # ranks without hooks whose process exited 0
-    pids: dict[int, dict[str, Any]] = field(default_factory=dict)  # rank -> {node, pid, host_pid} (agents' heartbeats)
+    node_pids: dict[str, dict[int, dict[str, Any]]] = field(default_factory=dict)  # node -> rank -> {pid, host_pid} (heartbeats)
     stragglers: StragglerDetector | None = None
     straggler_flags: list[Straggler] = field(default_factory=list)       # for the loop to record
     # liveness.py: a silence is weighed against what the agents measure of every rank
@@ -283,14 +283,19 @@ class AttemptTracker:
         return None
 
     def _note_pids(self, node: str, pids: Any) -> None:
+        """The heartbeat lists the node's live rank processes: the others are gone. Per node, so
+        that a heartbeat costs the same at 16,384 nodes as at 2 (bench_supervisor_scale.py)."""
         if not isinstance(pids, list):
             return
-        for old in [r for r, v in self.pids.items() if v["node"] == node]:
-            del self.pids[old]   # the heartbeat lists the node's live rank processes: the others are gone
-        for entry in pids:
-            if isinstance(entry, dict) and all(isinstance(entry.get(k), int) and not isinstance(entry.get(k), bool)
-                                               for k in ("rank", "pid", "host_pid")):
-                self.pids[entry["rank"]] = {"node": node, "pid": entry["pid"], "host_pid": entry["host_pid"]}
+        self.node_pids[node] = {entry["rank"]: {"pid": entry["pid"], "host_pid": entry["host_pid"]} for entry in pids
+                                if isinstance(entry, dict) and all(isinstance(entry.get(k), int) and
+                                                                   not isinstance(entry.get(k), bool)
+                                                                   for k in ("rank", "pid", "host_pid"))}
+
+    @property
+    def pids(self) -> dict[int, dict[str, Any]]:
+        """rank -> {node, pid, host_pid}, every node's (for status: built when asked)."""
+        return {rank: {"node": node, **v} for node, ranks in self.node_pids.items() for rank, v in ranks.items()}
 
     def _exited_ok(self, rank: int, node: str, now: float) -> None:
         """A rank without hooks exited 0: its loop is over, so the others are closing too (the

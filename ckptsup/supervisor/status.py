@@ -68,8 +68,7 @@ def build_status(*, job_id: str, attempt: int, epoch: int, run_status: str, acti
             window = view.step_window
             row.update(ranks_alive=list(view.ranks_alive), step=steps.get(node),
                        step_p50_s=window.p50() if window else None, step_p99_s=window.p99() if window else None,
-                       pids=[{"rank": r, "pid": v["pid"], "host_pid": v["host_pid"]}
-                             for r, v in sorted(tracker.pids.items()) if v["node"] == node])
+                       pids=[{"rank": r, **v} for r, v in sorted(tracker.node_pids.get(node, {}).items())])
         nodes[node] = row
     out: dict[str, Any] = {
         "v": STATUS_VERSION, "written": round(seen.now_wall, 3), "job_id": job_id, "attempt": attempt, "epoch": epoch,
