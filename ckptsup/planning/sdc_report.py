@@ -106,13 +106,15 @@ def _who(ev: dict[str, Any]) -> tuple[tuple[int, ...], tuple[str, ...]]:
 
 SHOWN_INCIDENTS = 20   # the report's rows: the last ones (the JSON lists every one)
 
-# events whose `step` says how far the run got after a restart
-_PAST = (Event.STEP_PROGRESS, Event.RUN_COMPLETE, Event.RUN_CANCELLED, Event.CHECKPOINT_COMMITTED)
+# events whose `step` says how far the run got after a restart (the next failure's too)
+_PAST = (Event.STEP_PROGRESS, Event.RUN_COMPLETE, Event.RUN_CANCELLED, Event.CHECKPOINT_COMMITTED,
+         Event.FAILURE_DETECTED)
 
 
 def _outcome(kind: FailureKind, step: int | None, nodes_before: tuple[str, ...],
              after: list[dict[str, Any]]) -> tuple[Outcome, int | None, tuple[str, ...]]:
-    """(outcome, resume step, nodes excluded for it) from the events after one failure, up to the next."""
+    """(outcome, resume step, nodes excluded for it) from the events after one failure, up to and
+    with the next one (whose step says how far the replay got)."""
     prefix = f"{kind.value}:"
     excluded = tuple(n for n in (e.get("node") for e in after if e.get("event") == Event.NODE_EXCLUDED
                                  and str(e.get("reason") or "").startswith(prefix)) if isinstance(n, str))
@@ -176,7 +178,7 @@ def incidents(events: Iterable[dict[str, Any]]) -> list[Incident]:
         step = _int(ev.get("step"))
         step = step if step is not None and step >= 0 else None
         end = failures[n + 1] if n + 1 < len(failures) else len(events)
-        outcome, resume, excluded = _outcome(kind, step, nodes_before, events[index + 1:end])
+        outcome, resume, excluded = _outcome(kind, step, nodes_before, events[index + 1:end + 1])
         ranks, nodes = _who(ev)
         agreed, basis = None, None
         if kind is FailureKind.SDC:
