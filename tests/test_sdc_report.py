@@ -285,3 +285,14 @@ def test_the_loop_writes_the_incident_and_rank_0s_fingerprint_cost_and_status_sh
     st = snapshot(tmp_path / "run")
     assert st["sdc"]["incidents"] == 1 and st["sdc"]["by_outcome"] == {"excluded": 1}
     assert not math.isnan(st["sdc"]["fingerprint_s"])
+
+
+def test_contracts_md_lists_exactly_the_sdc_metrics():
+    from pathlib import Path
+
+    text = (Path(__file__).resolve().parents[1] / "docs" / "contracts.md").read_text(encoding="utf-8")
+    section = text.split("\n## Prometheus metrics\n", 1)[1].split("\n## ", 1)[0]
+    documented = re.findall(r"^\| `ckptsup_([a-z_]+)` \| (counter|gauge) \|", section, re.M)
+    assert documented == [(name, kind) for name, _, kind, _ in prom_metrics(sdc_summary([]))]
+    for outcome in Outcome:
+        assert f"`{outcome.value}`" in section
