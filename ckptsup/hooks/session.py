@@ -401,8 +401,8 @@ class Run:
             self.reporter.emit(Event.FIRST_STEP, step=step)
         if self.rank == 0 and step_time is not None and now - self.last_progress >= PROGRESS_EVERY_S:
             self.last_progress = now
-            self.reporter.emit(Event.STEP_PROGRESS, step=step, step_time_s=round(step_time, 6),
-                               **({} if sdc_s is None else {"sdc_s": round(sdc_s, 6)}))
+            cost: dict[str, Any] = {} if sdc_s is None else {"sdc_s": round(sdc_s, 6)}
+            self.reporter.emit(Event.STEP_PROGRESS, step=step, step_time_s=round(step_time, 6), **cost)
         memory_due = self.memory is not None and (step + 1) % self.memory_every == 0
         if self.replicas is not None and not save and not stop and (memory_due or self.replicas.due(step)):
             self._check_replicas(step)   # a save checks for itself (save())
@@ -619,8 +619,8 @@ class Run:
             self.keeper.close(timeout_s=self.settings.save_timeout_s)  # drain promotions and test loads
             self.keeper = None
         if not self.channel.connected and self.rank == 0:
-            self.reporter.emit(Event.RUN_COMPLETE, step=self.next_step,
-                               **({} if self.replicas is None else {"sdc_s": round(self.replicas.seconds, 6)}))
+            cost: dict[str, Any] = {} if self.replicas is None else {"sdc_s": round(self.replicas.seconds, 6)}
+            self.reporter.emit(Event.RUN_COMPLETE, step=self.next_step, **cost)
         self._shutdown(status=int(ExitStatus.DONE))
 
     def __enter__(self) -> "Run":

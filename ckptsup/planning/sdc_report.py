@@ -291,7 +291,7 @@ def sdc_lines(summary: dict[str, Any]) -> list[tuple[str, str]]:
                         and not isinstance(share, bool) else "")))
     else:
         rows.append(("fingerprint cost (rank 0)", "not measured (no replicas compared)"))
-    nan = summary.get("nan") if isinstance(summary.get("nan"), dict) else {}
+    nan = _nan_of(summary)
     outcomes = _outcomes_text(nan.get("by_outcome"))
     rows.append(("NaN incidents", f"{nan.get('incidents', 0)}" + (f" ({outcomes})" if outcomes else "")))
     rows.append(("restore-loss jumps", f"{summary.get('restore_loss_jumps', 0)}"))
@@ -318,10 +318,15 @@ def sdc_line(summary: Any) -> str:
             f" ({float(share):.2%} of train)" if isinstance(share, (int, float)) and not isinstance(share, bool) else ""))
     else:
         parts.append("fingerprints not measured")
-    nan = summary.get("nan") if isinstance(summary.get("nan"), dict) else {}
+    nan = _nan_of(summary)
     outcomes = _outcomes_text(nan.get("by_outcome"))
     return (", ".join(parts) + f"; NaN {nan.get('incidents', 0)}" + (f" ({outcomes})" if outcomes else "")
             + f"; restore-loss jumps {summary.get('restore_loss_jumps', 0)}")
+
+
+def _nan_of(summary: dict[str, Any]) -> dict[str, Any]:
+    value = summary.get("nan")
+    return value if isinstance(value, dict) else {}
 
 
 def _outcomes_text(by: Any) -> str:
@@ -340,7 +345,7 @@ def prom_metrics(summary: dict[str, Any]) -> list[tuple[str, str, str, list[tupl
     Values that are None are left out by the renderers."""
     if not isinstance(summary, dict):
         return []
-    nan = summary.get("nan") if isinstance(summary.get("nan"), dict) else {}
+    nan = _nan_of(summary)
 
     def outcomes(by: Any) -> list[tuple[str, Any]]:
         return [(f',outcome="{Outcome(k).value}"', v) for k, v in sorted(by.items())
