@@ -146,7 +146,7 @@ def _outcome(kind: FailureKind, step: int | None, nodes_before: tuple[str, ...],
         outcome = Outcome.GAVE_UP
     elif requeued:
         outcome = Outcome.REQUEUED
-    elif nodes_after is not None and nodes_before and set(nodes_after) != set(nodes_before):
+    elif kind is FailureKind.SDC and nodes_after is not None and nodes_before and set(nodes_after) != set(nodes_before):
         outcome = Outcome.SWAPPED
     elif resume is not None:
         outcome = Outcome.TRANSIENT if passed else Outcome.REPLAYED
