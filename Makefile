@@ -50,7 +50,8 @@ test: setup typecheck
 SLURM_SUITES ?= trixie sid
 # the Slurm tests that need no torch: CI runs them on every version
 SLURM_TORCH_FREE := tests/test_devcluster.py tests/test_gpu_health_cluster.py tests/test_health_cluster.py \
-  tests/test_requeue_cluster.py tests/test_requeue_template.py tests/test_slurm_cluster.py tests/test_watchdog_cluster.py
+  tests/test_requeue_cluster.py tests/test_requeue_template.py tests/test_slurm_cluster.py tests/test_step_lines.py \
+  tests/test_watchdog_cluster.py
 # with the torch tests marked `matrix` (node death with a spare, requeue with a spare partition,
 # preemption, the watchdog)
 SLURM_MATRIX_TORCH := tests/test_supervisor_slurm.py tests/test_watchdog_template.py

@@ -249,7 +249,8 @@ def test_a_restore_is_compared_at_the_same_steps_first_then_with_the_window_and_
     jump = loss_jump(before, 20, 3.0)
     assert jump.basis == "same step" and jump.before == before[20] and "step 20 had loss 0.8" in jump.detail
     assert loss_jump(before, 40, 0.8) is None and loss_jump(before, 40, 0.4) is None   # within the window's noise
-    assert loss_jump(before, 40, 2.5).basis == "window" and loss_jump(before, 40, 0.2).before == before[29]
+    assert loss_jump(before, 40, 2.5).basis == "window" and loss_jump(before, 40, 2.5).before == before[10]
+    assert loss_jump(before, 40, 0.05) is None   # far below the window: training, never a bad restore
     assert loss_jump({}, 5, 9.0) is None and loss_jump(before, 20, float("nan")) is None
     assert list(keep({s: 1.0 for s in range(300)}, {299: 2.0})) == list(range(44, 300))
     t = AttemptTracker(attempt=1, nodes=("n1",), nproc_per_node=2, config=SupervisorConfig(), started=0.0,

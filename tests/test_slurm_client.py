@@ -97,7 +97,7 @@ def test_cancel_with_signal_to_the_batch_shell_only():
 
 def test_srun_argv_is_one_task_per_node_overlapping_with_stdin_to_all():
     argv = SlurmClient.srun_argv(nodes=["n1", "n3", "n4"], command=["ckptsup", "agent", "--attempt", "2"], job_id="7")
-    assert argv == ["srun", "-u", "--overlap", "--input=all", "--jobid=7", "--nodes=3", "--ntasks=3",
+    assert argv == ["srun", "--overlap", "--input=all", "--jobid=7", "--nodes=3", "--ntasks=3",
                     "--ntasks-per-node=1", "--nodelist=n[1,3-4]", "ckptsup", "agent", "--attempt", "2"]
 
 

@@ -321,18 +321,26 @@ def rank_pid(run: Path, rank: int) -> int:
 
 
 def test_a_hung_rank_on_a_cluster_node_restarts_on_the_fast_path(dev_cluster, tmp_path, reference):
-    # a SIGKILLed rank on the fast path: the flipped-memory test below (chained: one run fewer)
-    job, run, out = submit(tmp_path, nodes=2, spares=0)
+    """Two hangs in one run: rank 1 SIGSTOPped (a hang at once, pinned on the stopped process),
+    then rank 1 sleeping forever at step 40 (hang_min_s 10: a silence with no rank working, named
+    from its Python stack with its node: the rank's own code, so no node is suspected). Both restart
+    on the fast path, nothing excluded, and the run ends as an uninterrupted one. (The stacks of
+    both nodes' agents arrive at once through one srun step: the frames go in pieces,
+    step_lines.py; whole, they interleaved and were lost.)"""
+    job, run, out = submit(tmp_path, nodes=2, spares=0, extra=("--hang-at-step", "40", "--hang-rank", "1"))
     dev_cluster.wait_for(lambda: committed(run, 10), 120, what="a checkpoint at step 10")
     hit = time.time()
     os.kill(rank_pid(run, 1), signal.SIGSTOP)
     dev_cluster.wait_for(lambda: named(read_events(run), "run_complete"), 240, what="the run to complete")
     events = read_events(run)
-    [failure] = named(events, "failure_detected")
-    assert failure["kind"] == "hang" and failure["rank"] == 1
-    assert ts(failure) - hit <= 10.0 + 2.0  # hang_min_s = 10 in job_config
-    [restart] = named(events, "restart_done")
-    assert restart["path"] == "fast" and not named(events, "node_excluded")
+    stopped, asleep = named(events, "failure_detected")
+    assert stopped["kind"] == "hang" and stopped["rank"] == 1 and "state T" in stopped["detail"]
+    assert ts(stopped) - hit <= 10.0 + 2.0
+    assert asleep["kind"] == "hang" and asleep["rank"] == 1 and asleep["detect_s"] <= 15.0
+    line = next(i for i, text in enumerate(TRAIN.read_text().splitlines(), 1) if "time.sleep(3600)" in text)
+    assert f"rank 1 on {asleep['node']}: at train.py:{line} in main" in asleep["detail"], asleep["detail"]
+    assert [r["path"] for r in named(events, "restart_done")] == ["fast", "fast"] and not named(events, "node_excluded")
+    assert not named(events, "restore_loss_jump")   # both restores were whole: no warning (training lowers the loss)
     assert json.loads((out / "final.json").read_text())["params_sha256"] == reference
 
 

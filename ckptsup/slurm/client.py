@@ -277,16 +277,16 @@ class SlurmClient:
 
     @staticmethod
     def srun_argv(*, nodes: Sequence[str], command: Sequence[str], ntasks_per_node: int = 1,
-                  overlap: bool = True, input_all: bool = True, unbuffered: bool = True,
+                  overlap: bool = True, input_all: bool = True,
                   job_id: str | None = None, extra: Sequence[str] = ()) -> list[str]:
         """argv of `srun` for a step of one task per node on `nodes` (e.g. the agents):
         `--overlap` so it starts while an old step on a dead node is still completing;
         `--input=all` so the supervisor can write commands to every agent's stdin;
-        `-u` so heartbeat lines arrive at once. The caller Popens it (never blocking here)."""
+        never `-u`: without it srun keeps each task's lines of up to 1 KiB whole (with it, tasks
+        write to a pty and any line may be cut and interleaved with another task's; lines arrive
+        at once either way, measured: step_lines.py). The caller Popens it (never blocking here)."""
         count = len(nodes)
         argv = ["srun"]
-        if unbuffered:
-            argv.append("-u")
         if overlap:
             argv.append("--overlap")
         if input_all:

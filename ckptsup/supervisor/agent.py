@@ -40,7 +40,7 @@ from typing import IO, Any, BinaryIO, Callable, TypeGuard
 
 import psutil
 
-from .. import wire
+from .. import step_lines, wire
 from ..config import MAX_REPLICAS
 from ..errors import CkptsupError
 from ..wire import Hop, MessageKind, Phase
@@ -278,7 +278,8 @@ class Agent:
             return
         self.seq += 1
         try:
-            self.out.write(frame)
+            # srun merges every agent's stdout: a long frame goes in pieces that name this agent
+            self.out.write(step_lines.pieces(frame, f"{self.node}/{self.instance}".encode()))
             self.out.flush()
         except BrokenPipeError:
             self.exit_requested = True  # the supervisor is gone

@@ -1,7 +1,8 @@
 """Supervisor side of the agent channel: one `AgentStep` per srun step (or per local agent child).
 
-Agents write frames on stdout (srun -u merges every task's stdout into one pipe); one reader
-thread per step decodes them, drops forged or replayed ones, and queues (recv_mono, m, body).
+Agents write frames on stdout (srun merges every task's stdout into one pipe: a long frame comes
+in pieces, step_lines.py); one reader thread per step joins and decodes them, drops forged or
+replayed ones, and queues (recv_mono, m, body).
 Commands go down as frames on the step's stdin (srun --input=all hands them to every task; a
 `nodes` list in the body addresses a subset).
 """
@@ -18,7 +19,7 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any, Sequence
 
-from .. import wire
+from .. import step_lines, wire
 from ..wire import MessageKind
 from .processes import terminate
 
@@ -77,14 +78,16 @@ class AgentStep:
         finally:
             os.close(fd)
         self.guard = wire.ReplayGuard()
+        self.joiner = step_lines.Joiner(max_bytes=wire.MAX_FRAME_BYTES)   # pieces it could not join: joiner.dropped
         self.reader = threading.Thread(target=self._read, name=f"agent-step-{self.step_id}", daemon=True)
         self.reader.start()
 
     def _read(self) -> None:
         assert self.proc.stdout is not None
-        for line in self.proc.stdout:
+        for piece in self.proc.stdout:
             recv = time.monotonic()
-            if not line.strip():
+            line = self.joiner.feed(piece)
+            if line is None or not line.strip():
                 continue
             try:
                 m, seq, body = wire.decode(line, secret=self.secret)

@@ -37,6 +37,7 @@ from dataclasses import asdict, dataclass, field
 from pathlib import Path
 from typing import Any, Callable, Iterable, Mapping, Sequence
 
+from .. import step_lines
 from ..config import Config, load_config, read_config_json
 from ..env import NODE, SLURM_JOB_ID, node_name
 from ..errors import CkptsupError
@@ -282,8 +283,12 @@ def step_timeout_s(config: Config) -> float:
 def parse_node_results(stdout: str, nodes: Iterable[str], *, failure: str = "") -> dict[str, NodeHealth]:
     """One JSON line per node → {node: NodeHealth}; nodes without a line are unhealthy."""
     found: dict[str, NodeHealth] = {}
-    for line in stdout.splitlines():
-        line = line.strip()
+    joiner = step_lines.Joiner(max_bytes=1 << 20)
+    for piece in stdout.splitlines():
+        whole = joiner.feed(piece.encode(errors="replace"))
+        if whole is None:
+            continue
+        line = whole.decode(errors="replace").strip()
         if not line.startswith("{"):
             continue
         try:
@@ -350,12 +355,19 @@ def _main(argv: Sequence[str] | None = None) -> int:
     try:
         config = effective_config(args.run_dir)
     except CkptsupError as err:  # reported as this node's result, one line
-        print(json.dumps(NodeHealth(node=node, error=f"config unreadable: {err}").to_dict()), flush=True)
+        _say_result(NodeHealth(node=node, error=f"config unreadable: {err}"))
         return 1
     paths = check_paths(config, args.run_dir, node=node, job_id=job_id)
     health = NodeHealth(node=node, results=tuple(run_local_checks(config, paths, node=node, gpus_per_node=args.gpus)))
-    print(json.dumps(health.to_dict()), flush=True)
+    _say_result(health)
     return 0 if health.ok else 1
+
+
+def _say_result(health: NodeHealth) -> None:
+    """This node's one JSON line; long, it goes in pieces (srun merges every node's stdout)."""
+    line = (json.dumps(health.to_dict()) + "\n").encode()
+    sys.stdout.buffer.write(step_lines.pieces(line, health.node.encode()))
+    sys.stdout.buffer.flush()
 
 
 if __name__ == "__main__":
