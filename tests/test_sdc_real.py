@@ -5,6 +5,8 @@ ending with the uninterrupted run's parameters on every replica; a flip just bef
 a checkpoint that is never validated nor resumed from; and no false alarm with fingerprints at
 every step."""
 import json
+import os
+import re
 import shutil
 import subprocess
 import sys
@@ -22,11 +24,11 @@ TRAIN = ROOT / "tests" / "helpers" / "sdc_train.py"
 RANKS = 3
 
 
-def launch(tmp: Path, *args: str, every_steps: int, timeout: float = 600) -> tuple[Path, Path, str]:
+def launch(tmp: Path, *args: str, every_steps: int, timeout: float = 600, extra: str = "") -> tuple[Path, Path, str]:
     tmp.mkdir(parents=True, exist_ok=True)
     cfg = tmp / "job.toml"
     cfg.write_text("[supervisor]\nhang_min_s = 10.0\nheartbeat_interval_s = 0.5\n[checkpoint]\nadaptive_interval = false\n"
-                   f"keep_daily_days = 0\ntest_load_every = 0\nkeep_last = 10\n[sdc]\nevery_steps = {every_steps}\n")
+                   f"keep_daily_days = 0\ntest_load_every = 0\nkeep_last = 10\n[sdc]\nevery_steps = {every_steps}\n{extra}")
     run, out = tmp / "run", tmp / "out"
     proc = subprocess.run([sys.executable, "-m", "ckptsup.cli", "launch", "--nproc-per-node", str(RANKS), "--config",
                            str(cfg), "--run-dir", str(run), str(TRAIN), *args, "--out", str(out)],
@@ -55,7 +57,9 @@ def test_a_flipped_bit_is_caught_the_rank_named_and_the_run_ends_as_if_it_never_
     # two faults chained in one run: a flip after step 23 on rank 1 (caught by the every-5-steps
     # check at step 24, no save there), then a flip after step 39 on rank 2, just before the save
     # of step_40: that checkpoint is written disagreeing, refused, and the run resumes from step_30
-    run, out, _ = launch(tmp_path, "--steps", "60", "--flip", "23:1", "--flip", "39:2", every_steps=5)
+    live = tmp_path / "live.prom"
+    run, out, _ = launch(tmp_path, "--steps", "60", "--flip", "23:1", "--flip", "39:2", every_steps=5,
+                         extra=f'[report]\nprom_textfile = "{live}"\n')
     failures = named(run, "failure_detected")
     assert [(f["kind"], f["rank"], f["step"]) for f in failures] == [("sdc", 1, 24), ("sdc", 2, 39)]
     assert "rank(s) 1" in failures[0]["detail"] and "majority of 3 copies" in failures[0]["detail"]
@@ -84,6 +88,36 @@ def test_a_flipped_bit_is_caught_the_rank_named_and_the_run_ends_as_if_it_never_
         for name, value in got[r]["params"].items():
             assert torch.equal(value, got[0]["params"][name]), (r, name)
             torch.testing.assert_close(value, reference[r]["params"][name], rtol=1e-6, atol=1e-7)
+    the_run_reports_its_sdc(run, live, tmp_path)
+
+
+def the_run_reports_its_sdc(run: Path, live: Path, tmp: Path) -> None:
+    """ckptsup report (JSON, terminal, --prom), ckptsup status --json and the live textfile on the
+    chained run above (docs/sdc.md §Where to see it): two incidents, each caught within 5 steps of
+    the last agreeing check (the every-5-steps schedule), 5 + 10 steps run again, one checkpoint
+    refused, and a fingerprint cost that was measured."""
+    prom = tmp / "report.prom"
+    cli = [sys.executable, "-m", "ckptsup.cli"]
+    done = subprocess.run([*cli, "report", str(run), "--json", "--prom", str(prom)], capture_output=True, text=True)
+    assert done.returncode == 0, done.stderr
+    sdc = json.loads(done.stdout)["sdc"]
+    assert [(i["step"], i["ranks"], i["agreed_step"], i["detect_lag_steps"], i["resume_step"], i["rolled_back_steps"],
+             i["outcome"]) for i in sdc["list"]] == [(24, [1], 19, 5, 20, 5, "transient"),
+                                                      (39, [2], 34, 5, 30, 10, "transient")]
+    assert sdc["incidents"] == 2 and sdc["detect_lag_steps_max"] == 5 and sdc["rolled_back_steps"] == 15
+    assert sdc["checkpoints_refused"] == 1 and sdc["nan"]["incidents"] == 0
+    assert sdc["fingerprint_s"] > 0 and 0 < sdc["fingerprint_share"] < 1
+    terminal = subprocess.run([*cli, "report", str(run)], capture_output=True, text=True, env={**os.environ,
+                                                                                              "COLUMNS": "200"})
+    assert "SDC incidents" in terminal.stdout and "2 (transient 2)" in terminal.stdout, terminal.stdout
+    status = subprocess.run([*cli, "status", str(run), "--json"], capture_output=True, text=True)
+    assert status.returncode == 0, status.stderr
+    assert json.loads(status.stdout)["sdc"]["list"] == sdc["list"]
+    for text in (prom.read_text(), live.read_text()):
+        assert re.search(r'^ckptsup_sdc_incidents_total\{job_id="[^"]*"\} 2$', text, re.M), text
+        assert re.search(r'^ckptsup_sdc_rolled_back_steps_total\{job_id="[^"]*"\} 15$', text, re.M)
+        assert re.search(r'^ckptsup_sdc_detect_lag_steps\{job_id="[^"]*"\} 5$', text, re.M)
+        assert float(re.search(r'^ckptsup_sdc_fingerprint_seconds_total\{[^}]*\} (\S+)$', text, re.M).group(1)) > 0
 
 
 def test_no_false_alarm_over_2000_steps_with_fingerprints_at_every_step(tmp_path):

@@ -39,7 +39,7 @@ class Clock:
 
 @dataclass
 class Fault:
-    kind: str              # crash | nan | hang | node_death | preempt | exit0 | teardown (bye, then never exits)
+    kind: str              # crash | nan | sdc | hang | node_death | preempt | exit0 | teardown (bye, then never exits)
     step: int
     node: str = "n1"
 
@@ -59,6 +59,7 @@ class World:
     steps_made: list[int] = field(default_factory=list)  # how many step factories were called
     sent: list[tuple[int, MessageKind, dict[str, Any], Any]] = field(default_factory=list)  # step, kind, body, nodes
     hung: list[tuple[str, int]] = field(default_factory=list)  # (node, rank) whose processes outlive their bye
+    fingerprint_s: float | None = None   # rank 0's step frames carry sdc_s = this x steps done (docs/sdc.md)
 
     def factory(self, *, nodes, inbox, argv, **_: Any) -> "FakeStep":
         self.steps_made.append(len(self.steps_made))
@@ -104,7 +105,8 @@ class FakeStep:
             if fault is not None and step == fault.step:
                 return self.strike(fault, ranks)
             for node, rank in ranks:
-                self.put(MessageKind.STEP, node, rank=rank, step=step, step_time_s=0.01, loss_finite=True)
+                cost = {"sdc_s": world.fingerprint_s * step} if world.fingerprint_s is not None and rank == 0 else {}
+                self.put(MessageKind.STEP, node, rank=rank, step=step, step_time_s=0.01, loss_finite=True, **cost)
         if fault is not None and fault.kind == "exit0":
             return
         if fault is not None and fault.kind == "teardown":
@@ -123,6 +125,10 @@ class FakeStep:
             self.put(MessageKind.RANK_EXIT, fault.node, rank=rank, rc=1, detail=f"rank {rank} exited rc=1")
         elif fault.kind == "nan":
             self.put(MessageKind.STEP, fault.node, rank=rank, step=fault.step, step_time_s=0.01, loss_finite=False)
+        elif fault.kind == "sdc":   # the majority outvotes this rank; the replicas agreed 2 steps before
+            for node, r in ranks:
+                self.put(MessageKind.SDC, node, rank=r, step=fault.step, copies=len(ranks), disputed=[rank],
+                         majority=True, fingerprint="0" * 32, agreed_step=fault.step - 2)
         elif fault.kind == "node_death":
             self.dead.add(fault.node)  # silent from now on; a peer's crash is the first symptom
             peer_node, peer = next((n, r) for n, r in ranks if n != fault.node)

@@ -217,7 +217,8 @@ class ReplicaCheck:
         self.every_steps = every_steps
         self.last: tuple[int, Verdict] | None = None   # (state after N steps, its verdict): one check per state
         self.checks = 0
-        self.seconds = 0.0     # fingerprinting + exchange, all checks together (the cost in events)
+        self.seconds = 0.0     # fingerprinting + exchange, all checks together (rank 0's `step` frames: sdc_s)
+        self.agreed: int | None = None   # steps done at the last check that agreed (the sdc frame's agreed_step + 1)
 
     def due(self, step: int) -> bool:
         return self.every_steps > 0 and (step + 1) % self.every_steps == 0
@@ -239,6 +240,8 @@ class ReplicaCheck:
         self.seconds += time.perf_counter() - t0
         self.checks += 1
         self.last = (steps_done, result)
+        if result.agree:
+            self.agreed = steps_done
         return result
 
 

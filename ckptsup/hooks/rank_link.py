@@ -139,25 +139,32 @@ class StepLink:
         self.channel.send(MessageKind.NAN, {"rank": self.rank, "step": step, "loss": str(value)})
         return f"rank {self.rank} saw a non-finite loss ({value}) at step {step}"
 
-    def report_sdc(self, step: int, verdict: Any) -> str:
-        """The `sdc` frame (hooks/fingerprint.py Verdict); returns the line that says what happened."""
-        self.channel.send(MessageKind.SDC, {"rank": self.rank, "step": step, "copies": verdict.copies,
-                                            "disputed": list(verdict.disputed), "majority": verdict.majority,
-                                            "fingerprint": verdict.fingerprint})
+    def report_sdc(self, step: int, verdict: Any, *, agreed_step: int | None = None) -> str:
+        """The `sdc` frame (hooks/fingerprint.py Verdict); returns the line that says what happened.
+        `agreed_step`: the last step after which this attempt's replicas agreed (None: no check agreed yet)."""
+        body: dict[str, Any] = {"rank": self.rank, "step": step, "copies": verdict.copies,
+                                "disputed": list(verdict.disputed), "majority": verdict.majority,
+                                "fingerprint": verdict.fingerprint}
+        if agreed_step is not None and 0 <= agreed_step < step:
+            body["agreed_step"] = agreed_step
+        self.channel.send(MessageKind.SDC, body)
         who = (f"rank(s) {list(verdict.odd)} differ from the majority" if verdict.majority
                else "no majority to say which")
         return (f"replicas disagree after step {step} ({verdict.copies} copies: {who}): silent data corruption "
                 f"(docs/sdc.md)")
 
     def step(self, step: int, step_time: float | None, *, compute_s: float | None = None,
-             loss: float | None = None) -> bool:
+             loss: float | None = None, sdc_s: float | None = None) -> bool:
         """The `step` frame, sent at every step (the supervisor's crash-loop rule compares the exact
         step of a failure), and the collective timeouts. True at the first step. `compute_s`: the
         step time minus the time blocked in collectives, when measured (hooks/compute_time.py).
-        `loss` (rank 0's, finite): the supervisor compares a restore's first steps with it."""
+        `loss` (rank 0's, finite): the supervisor compares a restore's first steps with it.
+        `sdc_s` (rank 0's): seconds spent on replica fingerprints so far in this attempt."""
         body: dict[str, Any] = {"rank": self.rank, "step": step, "step_time_s": step_time, "loss_finite": True}
         if compute_s is not None:
             body["compute_s"] = round(compute_s, 6)
+        if sdc_s is not None:
+            body["sdc_s"] = round(sdc_s, 6)
         if loss is not None and math.isfinite(loss):
             body["loss"] = loss
         self.channel.send(MessageKind.STEP, body)

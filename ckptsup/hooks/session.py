@@ -396,11 +396,13 @@ class Run:
         if step >= self.next_sync:
             save = self._sync(step, now) or save
         stop = self.agreed_stop is not None and step >= self.agreed_stop
-        if self.link.step(step, step_time, compute_s=compute, loss=value if self.rank == 0 else None):
+        sdc_s = self.replicas.seconds if self.replicas is not None and self.rank == 0 else None
+        if self.link.step(step, step_time, compute_s=compute, loss=value if self.rank == 0 else None, sdc_s=sdc_s):
             self.reporter.emit(Event.FIRST_STEP, step=step)
         if self.rank == 0 and step_time is not None and now - self.last_progress >= PROGRESS_EVERY_S:
             self.last_progress = now
-            self.reporter.emit(Event.STEP_PROGRESS, step=step, step_time_s=round(step_time, 6))
+            cost: dict[str, Any] = {} if sdc_s is None else {"sdc_s": round(sdc_s, 6)}
+            self.reporter.emit(Event.STEP_PROGRESS, step=step, step_time_s=round(step_time, 6), **cost)
         memory_due = self.memory is not None and (step + 1) % self.memory_every == 0
         if self.replicas is not None and not save and not stop and (memory_due or self.replicas.due(step)):
             self._check_replicas(step)   # a save checks for itself (save())
@@ -472,7 +474,8 @@ class Run:
         """Every rank knows the verdict: each reports it (the supervisor takes the first) and exits;
         no checkpoint of this state is ever resumed from."""
         self.writer.wait()
-        message = self.link.report_sdc(step, verdict)
+        agreed = self.replicas.agreed if self.replicas is not None else None
+        message = self.link.report_sdc(step, verdict, agreed_step=None if agreed is None else agreed - 1)
         if self.channel.connected:
             self._exit(ExitStatus.FAILURE, message)
         self._shutdown(status=int(ExitStatus.FAILURE))
@@ -616,7 +619,8 @@ class Run:
             self.keeper.close(timeout_s=self.settings.save_timeout_s)  # drain promotions and test loads
             self.keeper = None
         if not self.channel.connected and self.rank == 0:
-            self.reporter.emit(Event.RUN_COMPLETE, step=self.next_step)
+            cost: dict[str, Any] = {} if self.replicas is None else {"sdc_s": round(self.replicas.seconds, 6)}
+            self.reporter.emit(Event.RUN_COMPLETE, step=self.next_step, **cost)
         self._shutdown(status=int(ExitStatus.DONE))
 
     def __enter__(self) -> "Run":

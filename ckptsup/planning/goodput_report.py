@@ -23,6 +23,7 @@ from .accounting import CATEGORIES, account
 from .adaptive import posterior
 from .interval import daly_interval, young_interval
 from .phase_time import phase_times, phases_line
+from .sdc_report import prom_metrics, sdc_lines, sdc_summary
 from .units import format_duration, format_pct, format_size, format_usd
 
 BAR_COLOURS = (0, 1, 2, 3, 6, 7, 8, 9, 10, 11, 12, 13, 14, 15, 16, 17, 18, 19)  # tab20 without its greens
@@ -63,6 +64,7 @@ def build_report(events: Iterable[dict[str, Any]], *, price_per_gpu_hour: float,
     out["memory_intervals_changed"] = acc.timeline.get("memory_intervals", [])
     out["loads_by_source"] = loads_by_source(events)
     out["time_per_phase_s"] = phase_times(events)   # rank 0's wall time in init, load, train, eval, save, stopping
+    out["sdc"] = sdc_summary(events, train_s=out["time_per_phase_s"].get("train"))   # planning/sdc_report.py
     return out
 
 
@@ -136,6 +138,10 @@ def render_terminal(rep: dict[str, Any], console: Any = None) -> None:
         table.add_row(safe_text(label), f"{hours:,.3f}", format_pct(share), format_usd(usd))
     table.add_row("paid (total)", f"{rep['paid_device_hours']:,.3f}", "100.00%", format_usd(rep["paid_usd"]))
     console.print(table)
+    sdc = Table(title="silent data corruption (SDC), NaN and restores", show_header=False)
+    for label, value in sdc_lines(rep.get("sdc") or {}):
+        sdc.add_row(safe_text(label), safe_text(value))
+    console.print(sdc)
     for note in rep["notes"]:
         console.print(Text.assemble(("note:", "yellow"), " ", safe_text(note)))
 
@@ -282,6 +288,7 @@ def render_html(rep: dict[str, Any], path: str | os.PathLike[str]) -> None:
                        f"<td>{a['active_devices']:g} + {a['spare_devices']:g}</td><td>{a['failures']}</td>"
                        f"<td>{esc(', '.join(a.get('levels') or ['-']))}</td>"
                        f"<td>{esc(a['end_reason'])}</td></tr>" for a in rep["attempt_rows"])
+    sdc = "".join(f"<tr><th>{esc(k)}</th><td>{esc(v)}</td></tr>" for k, v in sdc_lines(rep.get("sdc") or {}))
     notes = "".join(f"<li>{esc(n)}</li>" for n in rep["notes"])
     page = f"""<!doctype html>
 <html lang="en"><head><meta charset="utf-8"><title>ckptsup report {esc(rep['job_id'])}</title>
@@ -297,6 +304,8 @@ td:nth-child(n+2){{text-align:right}}img{{max-width:100%}}</style></head><body>
 <h2>Allocations</h2>
 <table><tr><th>attempts</th><th>wall</th><th>devices (active + spare)</th><th>failures</th><th>supervision (attempt: level)</th><th>ended</th></tr>{attempts}</table>
 <p>Queue time after requeues (not paid): {esc(format_duration(rep['queue_s']))}.</p>
+<h2>Silent data corruption (SDC), NaN and restores</h2>
+<table>{sdc}</table>
 {f'<h2>Notes</h2><ul>{notes}</ul>' if notes else ''}
 </body></html>
 """
@@ -335,7 +344,13 @@ def prom_text(rep: dict[str, Any]) -> str:
     metric("measured_restart_seconds", "Mean restart time.", [("", rep["measured_restart_s"])])
     metric("recommended_interval_seconds", "Daly interval from measured stall and posterior MTBF.",
            [("", rep["recommended"].get("interval_daly_s"))])
+    for name, help_text, kind, samples in prom_metrics(rep.get("sdc") or {}):   # the live textfile's too
+        metric(name, help_text, [(labels, _number(v)) for labels, v in samples], kind)
     return "\n".join(lines) + "\n"
+
+
+def _number(value: Any) -> float | None:
+    return float(value) if isinstance(value, (int, float)) and not isinstance(value, bool) else None
 
 
 def render_prom(rep: dict[str, Any], path: str | os.PathLike[str]) -> None:

@@ -181,6 +181,7 @@ def _rank_body_ok(m: MessageKind, body: dict[str, Any]) -> bool:
         return (_is_int(body.get("step"), low=0)
                 and (body.get("step_time_s") is None or _is_number(body["step_time_s"]))
                 and (body.get("compute_s") is None or _is_number(body["compute_s"]))
+                and (body.get("sdc_s") is None or _is_number(body["sdc_s"]))
                 and (body.get("loss") is None or _is_number(body["loss"]))
                 and body.get("loss_finite", True) in (True, False))
     if m == MessageKind.PHASE:
@@ -191,7 +192,8 @@ def _rank_body_ok(m: MessageKind, body: dict[str, Any]) -> bool:
         disputed = body.get("disputed")
         return (_is_int(body.get("step"), low=0) and _is_int(body.get("copies"), low=1)
                 and isinstance(disputed, list) and len(disputed) <= 1 << 16 and all(_is_int(r, low=0) for r in disputed)
-                and body.get("majority") in (True, False))
+                and body.get("majority") in (True, False)
+                and (body.get("agreed_step") is None or _is_int(body["agreed_step"], low=0)))
     if m == MessageKind.EVENT:
         return isinstance(body.get("record"), dict)
     if m == MessageKind.BYE:

@@ -113,6 +113,7 @@ class AttemptTracker:
     losses: dict[int, float] = field(default_factory=dict)
     restore_compared: int = 0
     restore_news: list[LossJump] = field(default_factory=list)   # for the loop to record (a warning)
+    sdc_s: float | None = None   # rank 0's seconds on replica fingerprints in this attempt (its step frames)
     heard_latest: float = float("-inf")
 
     def __post_init__(self) -> None:
@@ -369,6 +370,9 @@ class AttemptTracker:
         loss = body.get("loss")
         if rv.rank == 0 and isinstance(loss, (int, float)) and not isinstance(loss, bool):
             self._note_loss(step, float(loss))
+        sdc_s = body.get("sdc_s")
+        if rv.rank == 0 and isinstance(sdc_s, (int, float)) and not isinstance(sdc_s, bool) and sdc_s >= 0:
+            self.sdc_s = max(float(sdc_s), self.sdc_s or 0.0)   # cumulative: a late frame never lowers it
         closing = rv.phase is Phase.STOPPING and bool(self.exited_ok)   # a peer without hooks exited 0
         if rv.phase is not Phase.TRAIN and not closing:   # closing: its lines push exit_grace_s, not the hang timeout
             rv.phase, rv.phase_since = Phase.TRAIN, now

@@ -44,6 +44,7 @@ from .observations import (AttemptResult, Failure, FailureKind, History, Observa
                            SupervisionLevel)
 from .placement import Placement
 from .rank_output import print_console
+from .sdc import sdc_cost, sdc_fields
 from .unhooked import level_detail, progress_dir_newer
 from .policy import Action, CheckHealth, Continue, GiveUp, Requeue, RestartInAllocation, attributed, blamed, decide
 from .preemption import StopKind, plan_stop, stop_kind
@@ -223,7 +224,8 @@ class Supervisor:
         """An operator's stop: the ranks agree on a stop step and save unless told not to (within
         save_timeout_s), then the run ends CANCELLED: no requeue, by the template or anyone."""
         step = self._stop_ranks(reason="cancelled", save=request.save, budget_s=self.sup.save_timeout_s)
-        self.emit(Event.RUN_CANCELLED, step=step, saved=request.save, request=request.id)
+        self.emit(Event.RUN_CANCELLED, step=step, saved=request.save, request=request.id,
+                  **sdc_cost(self.tracker.sdc_s if self.tracker is not None else None))
         self.state.status = RunStatus.CANCELLED
         self._save_state()
         say(f"ckptsup: stopped on request {request.id} at step {step}; not requeueing")
@@ -254,7 +256,7 @@ class Supervisor:
             if failure is None and tracker.complete and self.stop_signal is None:
                 hooked = tracker.hooked or tracker.expect_hello
                 self.emit(Event.RUN_COMPLETE, step=tracker.last_step if tracker.last_step is not None
-                          else (tracker.resume_step - 1 if hooked else None))
+                          else (tracker.resume_step - 1 if hooked else None), **sdc_cost(tracker.sdc_s))
                 self.state.status = RunStatus.DONE
                 self._save_state()
                 return ExitStatus.DONE
@@ -447,7 +449,7 @@ class Supervisor:
             st = msg.body.get("step_time_s")
             self.emit(Event.STEP_PROGRESS, step=tracker.last_step, step_time_s=st,
                       step_p99_s=None if p99 is None else round(p99, 6),
-                      hang_timeout_s=round(tracker.hang_timeout_s(), 3))
+                      hang_timeout_s=round(tracker.hang_timeout_s(), 3), **sdc_cost(tracker.sdc_s))
 
     def _set_steady_timeout(self, tracker: AttemptTracker) -> None:
         """A launch that knew no step time ran with steady = init (docs/timeouts.md §3): once this
@@ -521,7 +523,8 @@ class Supervisor:
         assert tracker is not None
         t_detect = self.clock()
         self.emit(Event.FAILURE_DETECTED, kind=failure.kind, node=failure.node, rank=failure.rank,
-                  step=failure.step, detect_s=round(failure.detect_s, 4), detail=failure.detail)
+                  step=failure.step, detect_s=round(failure.detect_s, 4), detail=failure.detail,
+                  **sdc_fields(failure), **sdc_cost(tracker.sdc_s))
         if failure.kind is FailureKind.PREEMPTED:
             return self._carry_out(self._decide(self._observe(failure)))
         if failure.kind is FailureKind.HANG:

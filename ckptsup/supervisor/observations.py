@@ -11,7 +11,7 @@ from dataclasses import dataclass, field
 
 from ..events import FailureKind
 
-__all__ = ["FailureKind", "Failure", "Outcome", "AttemptResult", "Observation", "RecoveryPath", "SupervisionLevel"]
+__all__ = ["FailureKind", "Dispute", "Failure", "Outcome", "AttemptResult", "Observation", "RecoveryPath", "SupervisionLevel"]
 
 
 class SupervisionLevel(str, enum.Enum):
@@ -41,6 +41,15 @@ class Outcome(str, enum.Enum):
 
 
 @dataclass(frozen=True, kw_only=True)
+class Dispute:
+    """What an sdc failure knows beyond a Failure's fields (docs/sdc.md): every rank in dispute, and
+    the last step after which this attempt's replicas agreed (None: no check of the attempt had)."""
+
+    ranks: tuple[int, ...] = ()
+    agreed_step: int | None = None
+
+
+@dataclass(frozen=True, kw_only=True)
 class Failure:
     """One detected failure. `node`/`rank` are None when it cannot be pinned on one."""
 
@@ -51,6 +60,7 @@ class Failure:
     detect_s: float = 0.0         # fault (or last sign of life) → detection, seconds
     detail: str = ""
     suspects: tuple[str, ...] = ()  # nodes to health-check (and exclude if they fail)
+    dispute: Dispute | None = None  # sdc: the ranks in dispute, the last agreed step
 
     @property
     def blamed_node(self) -> str | None:

@@ -66,6 +66,7 @@ class Operator:
         self.status_published = -float("inf")
         self.replace: PendingReplace | None = None   # an operator's replace, waiting for its checkpoint
         self.goodput: float | None = None         # so far, for the live Prometheus textfile
+        self.sdc: dict[str, Any] = {}             # planning/sdc_report.py, from the same read of the log
         self.goodput_at = -float("inf")
         self.goodput_commit: float | None = None
         self.said: set[str] = set()
@@ -121,13 +122,16 @@ class Operator:
         # goodput moves at commits (progress is useful once saved): recompute then, else seldom
         if force or now - self.goodput_at >= prom_live.GOODPUT_EVERY_S or self.goodput_commit != self.last_commit_mono:
             from ..planning.accounting import account
+            from ..planning.sdc_report import sdc_summary
 
             self.goodput_at, self.goodput_commit = now, self.last_commit_mono
-            acc = account(read_events(self.run_dir.path))
+            events = read_events(self.run_dir.path)
+            acc = account(events)
             self.goodput = acc.useful_device_s / acc.paid_device_s if acc.paid_device_s else None
+            self.sdc = sdc_summary(events)
         path = Path(self.config.report.prom_textfile.replace("{job_id}", self.job_id))
         try:
-            prom_live.write_textfile(path, prom_live.live_text(current, self.goodput))
+            prom_live.write_textfile(path, prom_live.live_text(current, self.goodput, self.sdc))
         except OSError as err:
             self.once(f"cannot write the Prometheus textfile {path}: {err.strerror or err}")
 

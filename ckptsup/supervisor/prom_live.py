@@ -2,7 +2,8 @@
 (`[report] prom_textfile`), rewritten with status.json (supervisor/status.py) while the job runs.
 Conventional names and units (`_seconds`, `_ratio`); every sample has `job_id`. Goodput is the
 restart log's (planning/accounting.py), recomputed after each commit (progress counts as useful
-once saved) and otherwise every GOODPUT_EVERY_S: it reads the whole log. `ckptsup report --prom` writes the end-of-run figures (planning/goodput_report.py)."""
+once saved) and otherwise every GOODPUT_EVERY_S: it reads the whole log; the SDC, NaN and
+restore figures (planning/sdc_report.py) come from the same read. `ckptsup report --prom` writes the end-of-run figures (planning/goodput_report.py)."""
 
 from __future__ import annotations
 
@@ -12,21 +13,23 @@ from pathlib import Path
 from typing import Any
 
 from ..planning.goodput_report import prom_label
+from ..planning.sdc_report import prom_metrics
 
 GOODPUT_EVERY_S = 60.0
 
 
-def live_text(status: dict[str, Any], goodput: float | None) -> str:
+def live_text(status: dict[str, Any], goodput: float | None, sdc: dict[str, Any] | None = None) -> str:
+    """`sdc`: planning/sdc_report.sdc_summary of the restart log, recomputed with goodput."""
     job = prom_label(status.get("job_id", ""))
     lines: list[str] = []
 
-    def metric(name: str, help_text: str, samples: list[tuple[str, Any]]) -> None:
+    def metric(name: str, help_text: str, samples: list[tuple[str, Any]], kind: str = "gauge") -> None:
         good = [(labels, float(v)) for labels, v in samples
                 if isinstance(v, (int, float)) and not isinstance(v, bool) and math.isfinite(v)]
         if not good:
             return
         lines.append(f"# HELP ckptsup_{name} {help_text}")
-        lines.append(f"# TYPE ckptsup_{name} gauge")
+        lines.append(f"# TYPE ckptsup_{name} {kind}")
         lines.extend(f'ckptsup_{name}{{job_id="{job}"{labels}}} {value:.9g}' for labels, value in good)
 
     nodes = {n: r for n, r in (status.get("nodes") or {}).items() if isinstance(r, dict)}
@@ -52,6 +55,8 @@ def live_text(status: dict[str, Any], goodput: float | None) -> str:
     metric("next_save_seconds", "Seconds until the next time-based save is due.", [("", status.get("next_save_in_s"))])
     metric("hang_timeout_seconds", "The hang timeout in force.", [("", status.get("hang_timeout_s"))])
     metric("goodput_ratio", "Useful over paid device-time so far.", [("", goodput)])
+    for name, help_text, kind, samples in prom_metrics(sdc or {}):   # the same as `ckptsup report --prom`
+        metric(name, help_text, samples, kind)
     return "\n".join(lines) + "\n"
 
 

@@ -6,7 +6,7 @@ from __future__ import annotations
 
 from typing import Any, Mapping
 
-from .observations import Failure, FailureKind
+from .observations import Dispute, Failure, FailureKind
 
 
 def sdc_failure(body: Mapping[str, Any], *, node: str, nodes_of: Mapping[int, str]) -> Failure:
@@ -17,6 +17,9 @@ def sdc_failure(body: Mapping[str, Any], *, node: str, nodes_of: Mapping[int, st
     copies = int(body.get("copies", 0))
     disputed = [int(r) for r in body.get("disputed") or []]
     majority = bool(body.get("majority"))
+    agreed = body.get("agreed_step")
+    dispute = Dispute(ranks=tuple(disputed),
+                      agreed_step=agreed if isinstance(agreed, int) and not isinstance(agreed, bool) else None)
     where = sorted({nodes_of.get(r, node) for r in disputed})
     ranks = ", ".join(str(r) for r in disputed)
     if majority:
@@ -24,12 +27,29 @@ def sdc_failure(body: Mapping[str, Any], *, node: str, nodes_of: Mapping[int, st
         detail = (f"replicas disagree at step {step}: rank(s) {ranks} on {', '.join(where)} differ from the majority of "
                   f"{copies} copies")
         return Failure(kind=FailureKind.SDC, node=nodes_of.get(first, node) if first is not None else None,
-                       rank=first, step=step, suspects=tuple(where), detail=detail)
+                       rank=first, step=step, suspects=tuple(where), detail=detail, dispute=dispute)
     detail = (f"replicas disagree at step {step}: {copies} copies and no majority (ranks {ranks} on "
               f"{', '.join(where)}); rerun from the last agreed checkpoint to tell")
-    return Failure(kind=FailureKind.SDC, step=step, suspects=tuple(where), detail=detail)
+    return Failure(kind=FailureKind.SDC, step=step, suspects=tuple(where), detail=detail, dispute=dispute)
 
 
 def is_majority(failure: Failure | None) -> bool:
     """An sdc failure pinned on a node (the majority named it)."""
     return failure is not None and failure.kind is FailureKind.SDC and failure.node is not None
+
+
+def sdc_fields(failure: Failure) -> dict[str, Any]:
+    """The `failure_detected` fields of an sdc failure beyond the common ones (docs/contracts.md):
+    `ranks` and `nodes` in dispute, and `agreed_step` when a check of the attempt had agreed."""
+    if failure.kind is not FailureKind.SDC or failure.dispute is None:
+        return {}
+    out: dict[str, Any] = {"ranks": list(failure.dispute.ranks), "nodes": list(failure.suspects)}
+    if failure.dispute.agreed_step is not None:
+        out["agreed_step"] = failure.dispute.agreed_step
+    return out
+
+
+def sdc_cost(sdc_s: float | None) -> dict[str, Any]:
+    """`sdc_s` for the events that close or sample an attempt (step_progress, failure_detected,
+    run_complete, run_cancelled): rank 0's fingerprint seconds so far in it; {} when not measured."""
+    return {} if sdc_s is None else {"sdc_s": round(sdc_s, 6)}
