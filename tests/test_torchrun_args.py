@@ -411,3 +411,61 @@ def test_the_loop_puts_the_jobs_module_flag_in_the_spec(tmp_path, monkeypatch):
 
     written, path = sv._spec(("n1",), "", derive_timeouts(resolved.config, step_times=[], save_times=[]))
     assert LaunchSpec.read(path).module is True and not written.no_python  # what every agent reads
+
+
+def test_pass_options_reach_torchrun_before_ckptsups_tee_and_log_dir():
+    agent = Agent.__new__(Agent)
+    agent.spec, agent.node = spec(monitor_interval_s=1.0, shutdown_timeout_s=20, torchrun_log_dir="/logs",
+                                  torchrun_options=["--start-method=spawn", "--virtual-local-rank"]), "n1"
+    argv = agent.torchrun_argv()
+    assert argv[argv.index("--monitor-interval") + 1] == "1" and argv[argv.index("--shutdown-timeout") + 1] == "20"
+    at = argv.index("--tee")
+    assert argv[at - 2:at + 4] == ["--start-method=spawn", "--virtual-local-rank", "--tee", "3", "--log-dir", "/logs"]
+    assert argv.count("--tee") == 1 and "--redirects" not in " ".join(argv)   # the relay reads every rank
+    default = Agent.__new__(Agent)
+    default.spec, default.node = spec(), "n1"
+    argv = default.torchrun_argv()
+    assert argv[argv.index("--monitor-interval") + 1] == "0.1" and argv[argv.index("--log-dir") + 1] == "/tmp/torchrun-n1"
+
+
+@pytest.mark.parametrize("field, value, says", [
+    ("torchrun_options", ["--log-dir=/x"], "a list of torchrun options ckptsup passes on"),
+    ("torchrun_options", ["--role"], "a list of torchrun options ckptsup passes on"),
+    ("torchrun_options", ["--nproc-per-node=9"], "a list of torchrun options ckptsup passes on"),
+    ("console_local_ranks", [-1], "null or a list of local ranks"),
+    ("monitor_interval_s", 0, "a number of seconds > 0"),
+])
+def test_the_spec_checks_the_torchrun_fields(field, value, says):
+    from ckptsup.errors import ConfigError
+
+    data = spec(torchrun_options=["--role=trainer", "--virtual-local-rank"], console_local_ranks=[0]).to_json()
+    assert LaunchSpec.from_json(data).torchrun_options == ["--role=trainer", "--virtual-local-rank"]
+    with pytest.raises(ConfigError, match=says):
+        LaunchSpec.from_json({**data, field: value})
+
+
+def test_the_loop_hands_the_launch_lines_torchrun_options_to_the_spec(tmp_path, monkeypatch):
+    from ckptsup.config import load_config
+    from ckptsup.rundir import RunDir
+    from ckptsup.supervisor.nccl import derive_timeouts
+
+    monkeypatch.setenv("CKPTSUP_SITE_CONFIG", str(tmp_path / "site.toml"))
+    (tmp_path / "site.toml").write_text("")
+    resolved = load_config(flags={"supervisor.nproc_per_node": 2})
+    line = interpret({"monitor_interval": "2", "shutdown_timeout": "7", "log_dir": "L", "role": "r",
+                      "local_ranks_filter": "1"}, cwd=tmp_path)
+    job = loop.Job(script="pkg.train", script_args=[], cwd=str(tmp_path), nodes_needed=1, module=True, torchrun=line)
+    sv = loop.Supervisor(resolved=resolved, job=job, run_dir=RunDir.create(tmp_path / "run"),
+                         placement=Placement(job_id="1", nodes=("n1",), addrs={"n1": "127.0.0.1"}))
+    written, path = sv._spec(("n1",), "", derive_timeouts(resolved.config, step_times=[], save_times=[]))
+    read = LaunchSpec.read(path)
+    assert (read.monitor_interval_s, read.shutdown_timeout_s, read.torchrun_log_dir) == (2.0, 7.0, str(tmp_path / "L"))
+    assert read.torchrun_options == ["--role=r"] and read.console_local_ranks == [1]
+
+
+def test_virtual_local_rank_with_a_node_local_cache_is_one_line(launched, capsys, tmp_path):
+    (tmp_path / "job.toml").write_text(f'[storage]\nnode_local = "{tmp_path}/local"\n')
+    code, seen = launched("--config", str(tmp_path / "job.toml"), "--virtual-local-rank", "train.py")
+    err = capsys.readouterr().err.strip().splitlines()
+    assert code == ExitStatus.USAGE and not seen
+    assert err[-1].startswith("ckptsup: error: --virtual-local-rank makes LOCAL_RANK 0 on every rank")
