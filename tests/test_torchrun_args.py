@@ -207,9 +207,15 @@ def test_harmless_values_are_info_lines(tmp_path):
     assert interpret({"virtual_local_rank": True}, cwd=tmp_path).passed == ("--virtual-local-rank",)
 
 
-def test_the_table_has_one_handling_per_option_and_says_what_ckptsup_does():
+def test_the_table_has_one_handling_per_option_and_docs_show_it():
+    from pathlib import Path
+
+    from ckptsup.supervisor.torchrun_args import options_table
+
     assert {o.handling for o in OPTIONS} == set(Handling)
     assert all(o.does and "\n" not in o.does for o in OPTIONS)
+    page = (Path(__file__).resolve().parents[1] / "docs" / "drop-in.md").read_text()
+    assert options_table() in page, "docs/drop-in.md's option table is not torchrun_args.options_table()"
 
 
 def test_a_script_file_becomes_absolute_a_module_stays_a_name(tmp_path):

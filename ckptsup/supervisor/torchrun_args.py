@@ -131,6 +131,14 @@ OPTIONS: tuple[Option, ...] = (
               "(its cache is per LOCAL_RANK, which this makes 0 on every rank)"),
 )
 BY_DEST: dict[str, Option] = {o.dest: o for o in OPTIONS}
+
+
+def options_table() -> str:
+    """docs/drop-in.md's table: option -> what ckptsup does with it (a test holds the page to it)."""
+    rows = [f"| {', '.join(f'`{s}`' for s in o.spellings)} | {o.handling.value} | {o.does} |" for o in OPTIONS]
+    return "\n".join(["| torchrun option | ckptsup | what ckptsup does with it |", "|---|---|---|", *rows])
+
+
 BY_SPELLING: dict[str, Option] = {s: o for o in OPTIONS for s in o.spellings}
 
 RENDEZVOUS = ("standalone", "rdzv_backend", "rdzv_endpoint", "rdzv_id", "rdzv_conf", "master_addr", "master_port",
@@ -314,13 +322,13 @@ def interpret(given: Mapping[str, str | bool | None], *, cwd: str | os.PathLike[
     if "log_dir" in values:
         kw["log_dir"] = _log_dir(str(values["log_dir"]), cwd)
     for dest, flag in (("redirects", "-r/--redirects"), ("tee", "-t/--tee")):
-        raw = values.get(dest)
-        if raw is None or (dest == "tee" and raw == TEE_ALL):
+        std = values.get(dest)
+        if std is None or (dest == "tee" and std == TEE_ALL):
             continue
-        if not is_std(str(raw)):
-            raise UsageError(f"{flag} {str(raw)[:40]!r}: a value is 0-3 (1 stdout, 2 stderr, 3 both) for every "
+        if not is_std(str(std)):
+            raise UsageError(f"{flag} {str(std)[:40]!r}: a value is 0-3 (1 stdout, 2 stderr, 3 both) for every "
                              "local rank, or LOCAL:0-3 pairs such as 0:3,1:1")
-        kw[dest] = str(raw)
+        kw[dest] = str(std)
     if "tee" in values:
         kw["tee_all"] = True   # bare or with a value: the teed ranks' output on the console
     if "local_ranks_filter" in values:
