@@ -78,6 +78,17 @@ def test_every_torchrun_option_is_in_the_table_and_accepted_by_the_command():
             assert accepted[spelling] == row.value, spelling
 
 
+def test_the_checked_choices_are_torchs_own():
+    run = pytest.importorskip("torch.distributed.run")
+    from torch.distributed.elastic.events import handlers
+
+    from ckptsup.supervisor.torchrun_args import EVENT_LOG_HANDLERS, NUMA_MODES, START_METHODS
+
+    choices = {a.dest: tuple(a.choices) for a in run.get_args_parser()._actions if a.choices}
+    assert choices["start_method"] == START_METHODS and choices["numa_binding"] == NUMA_MODES
+    assert set(EVENT_LOG_HANDLERS) == set(handlers._log_handlers)
+
+
 def _launch():
     from ckptsup.supervisor.cli import launch
 
@@ -475,3 +486,18 @@ def test_virtual_local_rank_with_a_node_local_cache_is_one_line(launched, capsys
     err = capsys.readouterr().err.strip().splitlines()
     assert code == ExitStatus.USAGE and not seen
     assert err[-1].startswith("ckptsup: error: --virtual-local-rank makes LOCAL_RANK 0 on every rank")
+
+
+def test_nnodes_beyond_the_allocation_names_both(launched, capsys, monkeypatch):
+    """--nnodes 4 in a 2-node allocation: one line with the request and the allocation's count;
+    --nnodes 1 there is 1 active node and 1 hot spare."""
+    monkeypatch.setenv("SLURM_JOB_ID", "812")
+    monkeypatch.setattr(Placement, "from_slurm", classmethod(
+        lambda cls, env, slurm: Placement(job_id="812", nodes=("a", "b"), addrs={"a": "10.0.0.1", "b": "10.0.0.2"})))
+    code, seen = launched("--nnodes", "4", "train.py")
+    err = capsys.readouterr().err.strip().splitlines()
+    assert code == ExitStatus.USAGE and not seen
+    assert err == ["ckptsup: error: --nnodes 4 active nodes requested but the allocation has 2 (job 812); "
+                   "pass --nnodes 2 or fewer (the rest are hot spares), or allocate more"]
+    code, seen = launched("--nnodes=1", "train.py")
+    assert code == 0 and seen["job"].nodes_needed == 1

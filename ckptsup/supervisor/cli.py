@@ -73,7 +73,7 @@ def torchrun_options(f: Callable[..., Any]) -> Callable[..., Any]:
               help=f"restart budget of the whole run, all attempts {_NOT_TORCHRUN}; supervisor.max_restarts")
 @click.option("-t", "--tee", "tee", metavar="[VALUE]", default=None,
               help="every rank's output on the console, prefixed [rankN]: (supervisor.tee; default: rank 0's); "
-                   "torchrun's -t VALUE also names the streams whose files --log-dir gets")
+                   "torchrun's -t VALUE means the same here (torchrun's files get every stream)")
 @torchrun_options
 @click.option("--config", "job_config", type=click.Path(dir_okay=False), default=None, help="job TOML")
 @click.option("--run-dir", type=click.Path(file_okay=False), default=None,
