@@ -191,6 +191,7 @@ def test_console_local_ranks_follow_redirects_tee_and_the_filter(tmp_path, given
 
 @pytest.mark.parametrize("given, says", [
     ({"tee": "4"}, "-t/--tee '4': a value is 0-3"),
+    ({"tee": "10:3"}, "-t/--tee '10:3': a value is 0-3"),   # torchrun's regex: one-digit local ranks
     ({"redirects": "0:1,x"}, "-r/--redirects '0:1,x': a value is 0-3"),
     ({"local_ranks_filter": "a"}, "--local-ranks-filter 'a': pass local ranks"),
     ({"monitor_interval": "0"}, "--monitor-interval '0' must be seconds > 0"),
@@ -319,9 +320,11 @@ def test_module_and_no_python_reach_the_job(launched, tmp_path):
 
 
 def test_tee_sets_supervisor_tee_bare_or_with_a_value(launched):
-    for args in (["--tee"], ["--tee", "3"], ["-t", "3"], ["-t3"]):
+    for args in (["--tee"], ["--tee", "3"], ["-t", "3"], ["-t3"], ["-t", "0:0,1:2"]):
         code, seen = launched(*args, "train.py")
         assert code == 0 and seen["resolved"].config.supervisor.tee is True, args
+    code, seen = launched("-t", "0", "train.py")   # tees nothing: the default console (rank 0)
+    assert code == 0 and seen["resolved"].config.supervisor.tee is False
     code, seen = launched("train.py")
     assert seen["resolved"].config.supervisor.tee is False
 

@@ -103,9 +103,10 @@ OPTIONS: tuple[Option, ...] = (
          does="a local rank whose stdout and stderr are redirected (and not teed) is left off ckptsup's "
               "console; the files are written as with `-t 3`; the relay still reads every line"),
     _opt("tee", "-t", "--tee", handling=Handling.RELAY,
-         does="`-t VALUE`: every rank's output on ckptsup's console (`[rankN]: ` lines), its files in the "
-              "log directory; a bare `--tee` (no tee value after it) = every rank's output ([supervisor] tee); "
-              "torchrun always gets `--tee 3`, so a VALUE below 3 still writes every file (info line)"),
+         does="`-t VALUE` (one that tees a stream): every rank's output on ckptsup's console (`[rankN]: ` "
+              "lines), its files in the log directory; a bare `--tee` (no tee value after it) = every rank's "
+              "output ([supervisor] tee); torchrun always gets `--tee 3`, so a VALUE below 3 still writes every "
+              "file (info line with `--log-dir`)"),
     _opt("local_ranks_filter", handling=Handling.RELAY,
          does="only these local ranks' lines on ckptsup's console (files and relay keep every rank)"),
     _opt("duplicate_stdout_filters", handling=Handling.PASS,
@@ -144,7 +145,7 @@ BY_SPELLING: dict[str, Option] = {s: o for o in OPTIONS for s in o.spellings}
 RENDEZVOUS = ("standalone", "rdzv_backend", "rdzv_endpoint", "rdzv_id", "rdzv_conf", "master_addr", "master_port",
               "node_rank", "local_addr")
 TEE_ALL = "all"   # a bare --tee, as `normalize` writes it for click
-_STD = re.compile(r"^[0-3]$|^\d+:[0-3](,\d+:[0-3])*$")   # torchrun's Std.from_str: 3, or 0:3,1:0
+_STD = re.compile(r"^[0-3]$|^\d:[0-3](,\d:[0-3])*$")   # torchrun's Std.from_str: 3, or 0:3,1:0 (one digit)
 _DOTTED = re.compile(r"^[^\W\d]\w*(\.[^\W\d]\w*)*$")
 _NUMBER = re.compile(r"^-\d+$|^-\d*\.\d+$")            # argparse: a negative number is a value
 EVENT_LOG_HANDLERS = ("console", "dynamic_rendezvous", "null")   # torch 2.13 elastic/events/handlers.py
@@ -329,8 +330,8 @@ def interpret(given: Mapping[str, str | bool | None], *, cwd: str | os.PathLike[
             raise UsageError(f"{flag} {str(std)[:40]!r}: a value is 0-3 (1 stdout, 2 stderr, 3 both) for every "
                              "local rank, or LOCAL:0-3 pairs such as 0:3,1:1")
         kw[dest] = str(std)
-    if "tee" in values:
-        kw["tee_all"] = True   # bare or with a value: the teed ranks' output on the console
+    if values.get("tee") == TEE_ALL or any(std_map(kw.get("tee", ""), 1).values()):
+        kw["tee_all"] = True   # bare, or a value that tees a stream: every rank's output on the console
     if "local_ranks_filter" in values:
         kw["local_ranks_filter"] = _local_ranks(str(values["local_ranks_filter"]))
     if "log_dir" in values and "3" not in (kw.get("redirects"), kw.get("tee")):
