@@ -3,6 +3,7 @@ replaced and nothing else changed (real torchrun, gloo, CPU, 2 ranks, tests/help
 each ending equal to torchrun's own run of the same script. One torchrun reference run (the
 `--log-dir` line, which also writes the log dir to compare with) serves the four lines: the
 script's model does not depend on how the ranks were launched."""
+import json
 import os
 import shlex
 import subprocess
@@ -83,4 +84,8 @@ def test_a_torchrun_line_under_ckptsup_launch_ends_as_torchruns_own_run(tmp_path
     # --local-ranks-filter 0: local rank 0's lines on the console, rank 1's only in its files (as torchrun)
     assert f"[rank0]: step {STEPS} loss" in console and "[rank1]:" not in console, console[-3000:]
     assert f"[default0]:step {STEPS} loss" in torchrun_console and "[default1]:" not in torchrun_console
-    assert not list((tmp_path / "run" / "ckptsup-runs" / "local" / "attempt-0").glob("torchrun-*"))  # not ours: DIR
+    run = tmp_path / "run" / "ckptsup-runs" / "local"
+    assert not list((run / "attempt-0").glob("torchrun-*"))  # torchrun's files went to DIR instead
+    spec = json.loads((run / "attempt-0" / "launch.json").read_text())   # what every node's torchrun got
+    assert spec["monitor_interval_s"] == 1 and spec["torchrun_log_dir"] == str(logs) and spec["console_local_ranks"] == [0]
+    assert json.loads((run / "config.json").read_text())["config"]["supervisor"]["max_restarts"] == 3
