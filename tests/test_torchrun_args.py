@@ -325,6 +325,9 @@ def test_tee_sets_supervisor_tee_bare_or_with_a_value(launched):
         assert code == 0 and seen["resolved"].config.supervisor.tee is True, args
     code, seen = launched("-t", "0", "train.py")   # tees nothing: the default console (rank 0)
     assert code == 0 and seen["resolved"].config.supervisor.tee is False
+    for args in (["--local-ranks-filter", "1"], ["-r", "0:3"]):   # torchrun's console: every rank, less these
+        code, seen = launched(*args, "train.py")
+        assert code == 0 and seen["resolved"].config.supervisor.tee is True, args
     code, seen = launched("train.py")
     assert seen["resolved"].config.supervisor.tee is False
 

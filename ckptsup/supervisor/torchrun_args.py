@@ -100,15 +100,17 @@ OPTIONS: tuple[Option, ...] = (
               "torchrun makes its `<rdzv_id>_<random>/attempt_0/<local_rank>/` there, with every rank's "
               "stdout.log and stderr.log (ckptsup tees them all, see `-t`)"),
     _opt("redirects", "-r", "--redirects", handling=Handling.RELAY,
-         does="a local rank whose stdout and stderr are redirected (and not teed) is left off ckptsup's "
-              "console; the files are written as with `-t 3`; the relay still reads every line"),
+         does="ckptsup's console shows torchrun's: every rank's lines but a local rank's whose stdout and "
+              "stderr are redirected (and not teed); the files are written as with `-t 3`; the relay still reads "
+              "every line"),
     _opt("tee", "-t", "--tee", handling=Handling.RELAY,
          does="`-t VALUE` (one that tees a stream): every rank's output on ckptsup's console (`[rankN]: ` "
               "lines), its files in the log directory; a bare `--tee` (no tee value after it) = every rank's "
               "output ([supervisor] tee); torchrun always gets `--tee 3`, so a VALUE below 3 still writes every "
               "file (info line with `--log-dir`)"),
     _opt("local_ranks_filter", handling=Handling.RELAY,
-         does="only these local ranks' lines on ckptsup's console (files and relay keep every rank)"),
+         does="ckptsup's console shows these local ranks' lines, on every node, as torchrun's does (the "
+              "files, the rank log and the relay keep every rank)"),
     _opt("duplicate_stdout_filters", handling=Handling.PASS,
          does="passed on: matching lines also in the log directory's filtered_stdout.log"),
     _opt("duplicate_stderr_filters", handling=Handling.PASS,
@@ -330,10 +332,13 @@ def interpret(given: Mapping[str, str | bool | None], *, cwd: str | os.PathLike[
             raise UsageError(f"{flag} {str(std)[:40]!r}: a value is 0-3 (1 stdout, 2 stderr, 3 both) for every "
                              "local rank, or LOCAL:0-3 pairs such as 0:3,1:1")
         kw[dest] = str(std)
-    if values.get("tee") == TEE_ALL or any(std_map(kw.get("tee", ""), 1).values()):
-        kw["tee_all"] = True   # bare, or a value that tees a stream: every rank's output on the console
     if "local_ranks_filter" in values:
         kw["local_ranks_filter"] = _local_ranks(str(values["local_ranks_filter"]))
+    # a bare --tee: every rank's output; -r, a -t that tees a stream or --local-ranks-filter: torchrun's
+    # console (every rank's, less the filtered and the redirected-only local ranks: console_local_ranks)
+    if (values.get("tee") == TEE_ALL or any(std_map(kw.get("tee", ""), 1).values()) or "redirects" in kw
+            or "local_ranks_filter" in kw):
+        kw["tee_all"] = True
     if "log_dir" in values and "3" not in (kw.get("redirects"), kw.get("tee")):
         infos.append("--log-dir gets every local rank's stdout.log and stderr.log: ckptsup runs torchrun with "
                      "--tee 3 (its relay reads every line)")
