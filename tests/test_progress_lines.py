@@ -79,6 +79,22 @@ def test_rank_output_logs_every_byte_matches_unhooked_ranks_and_sends_rank_0_to_
     assert oct(os.stat(log).st_mode & 0o777) == "0o600"
 
 
+def test_the_launch_lines_local_ranks_filter_keeps_ranks_off_the_console_not_the_log(tmp_path):
+    """--local-ranks-filter 1 (and -r): a rank's local rank is rank % ranks per node; torchrun's
+    own lines (no prefix) stay with tee; progress lines of every rank still count."""
+    log = tmp_path / "ranks.log"
+    out = RankOutput.open(str(log), pattern="plain", tee=True, nproc_per_node=2, console_local_ranks=[1])
+    out.feed(b"[rank0]: step 1\n[rank1]: step 1\n[rank2]: step 1\n[rank3]: step 2\ntorchrun says\n")
+    assert out.take_console() == (["[rank1]: step 1\n", "[rank3]: step 2\n", "torchrun says\n"], 0)
+    assert out.take_progress() == {0: 1, 1: 1, 2: 1, 3: 2}
+    out.close()
+    assert log.read_bytes().count(b"\n") == 5
+    quiet = RankOutput.open(str(tmp_path / "r2.log"), pattern="off", nproc_per_node=2, console_local_ranks=[])
+    quiet.feed(b"[rank0]: step 1\n")   # -r 3: rank 0 redirected to its files only
+    assert quiet.take_console() is None
+    quiet.close()
+
+
 def test_a_flood_costs_console_lines_not_the_log_and_the_console_says_so(tmp_path):
     log = tmp_path / "ranks.log"
     out = RankOutput.open(str(log), pattern="off", tee=True)

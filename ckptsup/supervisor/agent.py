@@ -308,13 +308,13 @@ class Agent:
                     "--node-rank", str(list(spec.node_addrs).index(self.node))]
         else:
             rdzv = ["--rdzv-backend", "c10d", "--rdzv-endpoint", spec.rdzv_endpoint, "--rdzv-id", spec.rdzv_id]
-        # --tee 3: every rank's stdout and stderr reach torchrun's (our pipe) with RANK_LINE_PREFIX;
-        # torchrun also keeps a file per rank under --log-dir
+        # --tee 3, whatever the launch line's -r/-t: every rank's stdout and stderr reach torchrun's
+        # (our pipe) with RANK_LINE_PREFIX; torchrun also keeps a file per rank under --log-dir
+        log_dir = spec.torchrun_log_dir or os.path.join(spec.log_dir, f"torchrun-{self.node}")
         return ["--nnodes", str(spec.nnodes), "--nproc-per-node", str(spec.nproc_per_node), *rdzv,
-                "--local-addr", addr, "--max-restarts", "0", "--monitor-interval", "0.1",
-                "--shutdown-timeout", str(int(spec.shutdown_timeout_s)), "--tee", "3",
-                "--log-dir", os.path.join(spec.log_dir, f"torchrun-{self.node}"),
-                *self._entrypoint(warm), *spec.script_args]
+                "--local-addr", addr, "--max-restarts", "0", "--monitor-interval", f"{spec.monitor_interval_s:g}",
+                "--shutdown-timeout", str(int(spec.shutdown_timeout_s)), *spec.torchrun_options, "--tee", "3",
+                "--log-dir", log_dir, *self._entrypoint(warm), *spec.script_args]
 
     def _entrypoint(self, warm: bool) -> list[str]:
         spec = self.spec
@@ -397,6 +397,8 @@ class Agent:
         self.output_pipe = self.torchrun.stdout
         os.set_blocking(self.output_pipe.fileno(), False)
         self.output = RankOutput.open(log, pattern=self.spec.progress_pattern, tee=self.spec.tee,
+                                      nproc_per_node=self.spec.nproc_per_node,
+                                      console_local_ranks=self.spec.console_local_ranks,
                                       hooked=lambda rank: rank in self.hooked_ranks, clock=time.monotonic)
         self.sel.register(self.output_pipe, selectors.EVENT_READ, "output")
 

@@ -7,7 +7,7 @@ import dataclasses
 import os
 import sys
 from pathlib import Path
-from typing import TYPE_CHECKING, Mapping
+from typing import TYPE_CHECKING, Any, Callable, Mapping
 
 import click
 
@@ -22,32 +22,59 @@ if TYPE_CHECKING:
 _NOT_TORCHRUN = "(ckptsup's, not torchrun's)"
 
 
-@click.command(context_settings={"ignore_unknown_options": True, "allow_interspersed_args": False,
+class TorchrunCommand(click.Command):
+    """`ckptsup launch`: torchrun's command line goes through torchrun_args.normalize (torchrun's
+    spellings, abbreviations, `-t/--tee VALUE` or a bare `--tee`, unknown options in torchrun's
+    words) before click parses it."""
+
+    def parse_args(self, ctx: click.Context, args: list[str]) -> list[str]:
+        from .torchrun_args import normalize
+
+        tokens = normalize(args, known_options(self.get_params(ctx)))
+        script_at = next((i for i, t in enumerate(tokens) if not t.startswith("-")), len(tokens))
+        # the spelling of the node count, for the error that compares it with the allocation
+        ctx.meta["ckptsup.nodes_flag"] = next((t.split("=")[0] for t in tokens[:script_at]
+                                               if t.split("=")[0] in ("--nodes", "--nnodes")), "--nnodes")
+        return super().parse_args(ctx, tokens)
+
+
+def known_options(params: list[click.Parameter]) -> dict[str, bool]:
+    """Every option spelling of a command -> whether it takes a value."""
+    return {spelling: not (p.is_flag or p.count) for p in params if isinstance(p, click.Option)
+            for spelling in (*p.opts, *p.secondary_opts)}
+
+
+def torchrun_options(f: Callable[..., Any]) -> Callable[..., Any]:
+    """torchrun's options that are not ckptsup's own (torchrun_args.OPTIONS: passed on, relayed,
+    ignored), declared hidden; docs/drop-in.md's table says what each does."""
+    from .torchrun_args import OPTIONS, Handling
+
+    for opt in reversed(OPTIONS):
+        if opt.handling is not Handling.OWN and opt.dest != "tee":
+            f = click.option(*opt.spellings, opt.dest, is_flag=not opt.value, default=False if not opt.value else None,
+                             hidden=True)(f)
+    return f
+
+
+@click.command(cls=TorchrunCommand,
+               context_settings={"ignore_unknown_options": True, "allow_interspersed_args": False,
                                  "help_option_names": ["-h", "--help"]})
 @click.option("--nproc-per-node", "--nproc_per_node", "nproc_per_node", metavar="N|gpu|auto", default=None,
               help="ranks per node (supervisor.nproc_per_node): a number; gpu = the allocation's GPUs per node; "
                    "auto (default) = its GPUs per node, else 1")
 @click.option("--nodes", "--nnodes", "nodes", metavar="N", default=None,
               help="active nodes; the rest of the allocation are hot spares (supervisor.nodes); "
-                   "no elastic MIN:MAX")
+                   "no elastic MIN:MAX yet")
 @click.option("-m", "--module", "module", is_flag=True, default=False,
               help="SCRIPT is a module name, run as `python -m SCRIPT` (torchrun's -m)")
 @click.option("--no-python", "--no_python", "no_python", is_flag=True, default=False,
               help="SCRIPT is an executable, run without python (torchrun's --no-python)")
 @click.option("--max-restarts", "--max_restarts", "max_restarts", type=int, default=None,
               help=f"restart budget of the whole run, all attempts {_NOT_TORCHRUN}; supervisor.max_restarts")
-@click.option("--tee", "tee", flag_value=True, default=None,
-              help=f"every rank's output on the console, prefixed [rankN]: {_NOT_TORCHRUN}, no value; "
-                   "default: rank 0's; supervisor.tee")
-@click.option("--standalone", "standalone", is_flag=True, default=False, hidden=True)
-@click.option("--rdzv-backend", "--rdzv_backend", "rdzv_backend", default=None, hidden=True)
-@click.option("--rdzv-endpoint", "--rdzv_endpoint", "rdzv_endpoint", default=None, hidden=True)
-@click.option("--rdzv-id", "--rdzv_id", "rdzv_id", default=None, hidden=True)
-@click.option("--rdzv-conf", "--rdzv_conf", "rdzv_conf", default=None, hidden=True)
-@click.option("--master-addr", "--master_addr", "master_addr", default=None, hidden=True)
-@click.option("--master-port", "--master_port", "master_port", default=None, hidden=True)
-@click.option("--node-rank", "--node_rank", "node_rank", default=None, hidden=True)
-@click.option("--local-addr", "--local_addr", "local_addr", default=None, hidden=True)
+@click.option("-t", "--tee", "tee", metavar="[VALUE]", default=None,
+              help="every rank's output on the console, prefixed [rankN]: (supervisor.tee; default: rank 0's); "
+                   "torchrun's -t VALUE means the same here (torchrun's files get every stream)")
+@torchrun_options
 @click.option("--config", "job_config", type=click.Path(dir_okay=False), default=None, help="job TOML")
 @click.option("--run-dir", type=click.Path(file_okay=False), default=None,
               help="run directory (run.run_dir; {job_id} expands); reuse it to resume a run")
@@ -65,33 +92,37 @@ _NOT_TORCHRUN = "(ckptsup's, not torchrun's)"
 @click.argument("script")
 @click.argument("script_args", nargs=-1, type=click.UNPROCESSED)
 def launch(nproc_per_node: str | None, nodes: str | None, module: bool, no_python: bool, max_restarts: int | None,
-           tee: bool | None, job_config: str | None, run_dir: str | None, resume: bool | None, spares: int | None,
+           tee: str | None, job_config: str | None, run_dir: str | None, resume: bool | None, spares: int | None,
            signal_lead_s: int | None, memory_every_steps: int | None, gpus_per_node: int | None, script: str,
-           script_args: tuple[str, ...], **rendezvous: str | bool | None) -> None:
+           script_args: tuple[str, ...], **torchrun: str | bool | None) -> None:
     """Run SCRIPT under the supervisor: inside a Slurm allocation (one agent per active node),
     or locally on this machine. Everything after SCRIPT reaches the script untouched.
 
-    torchrun's command line works as it is; its rendezvous flags (--standalone, --rdzv-*,
-    --master-*, --node-rank, --local-addr) are ignored with one line: ckptsup picks the rendezvous."""
+    torchrun's whole command line works as it is (docs/drop-in.md: what ckptsup does with each of
+    its options); its rendezvous flags (--standalone, --rdzv-*, --master-*, --node-rank,
+    --local-addr) are ignored with one line: ckptsup picks the rendezvous."""
     from ..rundir import RunDir
     from .loop import Job, Supervisor
     from .placement import Placement
     from .relaunch import prepare
     from .unhooked import uses_hooks
-    from .torchrun_args import check_target, check_tee, node_count, nproc_choice, refusal, rendezvous_ignored
+    from .torchrun_args import check_target, interpret, node_count, nproc_choice
 
-    if script.startswith("-") and len(script) > 1:
-        raise refusal(script)  # an option click does not know landed where SCRIPT goes
     refuse_srun_tasks(os.environ)
-    check_tee(bool(tee), script)
-    ignored = rendezvous_ignored(rendezvous)
-    if ignored:
-        click.echo(f"ckptsup: {ignored}", err=True)
+    line = interpret({**torchrun, "tee": tee}, cwd=os.getcwd())
+    for info in line.infos:
+        click.echo(f"ckptsup: {info}", err=True)
+    if line.run_path:   # torchrun's --run-path wins over -m and --no-python: SCRIPT is a python file
+        module = no_python = False
     flags = {"supervisor.nproc_per_node": nproc_choice(nproc_per_node), "supervisor.nodes": node_count(nodes),
-             "supervisor.max_restarts": max_restarts, "supervisor.tee": tee, "run.run_dir": run_dir,
+             "supervisor.max_restarts": max_restarts, "supervisor.tee": line.tee_all, "run.run_dir": run_dir,
+             "supervisor.warm_ranks": False if line.cold_ranks else None,
              "sbatch.spares": spares, "sbatch.signal_lead_s": signal_lead_s, "sbatch.gpus_per_node": gpus_per_node,
              "memory.every_steps": memory_every_steps}
     resolved = load_config(job_config=job_config, flags=flags)
+    if line.virtual_local_rank and resolved.config.storage.node_local:
+        raise UsageError("--virtual-local-rank makes LOCAL_RANK 0 on every rank, and the [storage] node_local cache "
+                         "keeps one directory per LOCAL_RANK; drop the flag or the node_local tier")
     target = check_target(script, module=module, no_python=no_python, cwd=os.getcwd())
     in_slurm = bool(os.environ.get(SLURM_JOB_ID))
     placement = Placement.from_slurm(os.environ, resolved.config.slurm) if in_slurm else Placement.local()
@@ -99,8 +130,12 @@ def launch(nproc_per_node: str | None, nodes: str | None, module: bool, no_pytho
     sup = resolved.config.supervisor
     needed = sup.nodes or max(1, len(placement.nodes) - (resolved.config.sbatch.spares if in_slurm else 0))
     if needed > len(placement.nodes):
-        where = f"the allocation has {len(placement.nodes)}" if in_slurm else "local mode runs one node"
-        raise UsageError(f"--nodes {needed} active nodes requested but {where}; lower --nodes or allocate more")
+        flag = click.get_current_context().meta.get("ckptsup.nodes_flag", "--nnodes")
+        asked = f"{flag} {needed}" if nodes is not None else f"supervisor.nodes = {needed}:"
+        where = (f"the allocation has {len(placement.nodes)} (job {placement.job_id})" if in_slurm
+                 else "local mode runs 1 node")
+        raise UsageError(f"{asked} active nodes requested but {where}; pass {flag} {len(placement.nodes)} or fewer "
+                         "(the rest are hot spares), or allocate more")
     prom = resolved.config.report.prom_textfile.replace("{job_id}", placement.job_id)
     if prom and not Path(prom).parent.is_dir():
         raise UsageError(f"report.prom_textfile = {prom!r}: its directory does not exist; point it into "
@@ -109,7 +144,7 @@ def launch(nproc_per_node: str | None, nodes: str | None, module: bool, no_pytho
     prepare(rd_path, resolved.config, job_id=placement.job_id, resume=resume)  # refuse, move aside, or resume
     run = RunDir.create(rd_path)
     job = Job(script=target.script, script_args=list(script_args), cwd=os.getcwd(), nodes_needed=needed,
-              module=target.module, no_python=target.no_python,
+              module=target.module, no_python=target.no_python, torchrun=line,
               expects_hello=uses_hooks(target.script, module=target.module, no_python=target.no_python))
     status = Supervisor(resolved=resolved, job=job, run_dir=run, placement=placement).run()
     sys.exit(int(status))

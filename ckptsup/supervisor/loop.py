@@ -17,7 +17,7 @@ import signal
 import socket
 import threading
 import time
-from dataclasses import dataclass, replace
+from dataclasses import dataclass, field, replace
 from pathlib import Path
 from typing import Any, Callable
 
@@ -45,6 +45,8 @@ from .observations import (AttemptResult, Failure, FailureKind, History, Observa
 from .placement import Placement
 from .rank_output import print_console
 from .sdc import sdc_cost, sdc_fields
+from .spec import MONITOR_INTERVAL_S
+from .torchrun_args import TorchrunLine
 from .unhooked import level_detail, progress_dir_newer
 from .policy import Action, CheckHealth, Continue, GiveUp, Requeue, RestartInAllocation, attributed, blamed, decide
 from .preemption import StopKind, plan_stop, stop_kind
@@ -66,6 +68,7 @@ class Job:
     expects_hello: bool = True   # the script uses ckptsup's hooks (recovery.uses_hooks): no hello in time is a hang
     module: bool = False   # torchrun -m
     no_python: bool = False  # torchrun --no-python: `script` is an executable
+    torchrun: TorchrunLine = field(default_factory=TorchrunLine)   # torchrun's other options (torchrun_args.py)
 
 
 def load_by_source(load_s: Any, files: dict[str, Any]) -> dict[str, float]:
@@ -750,6 +753,7 @@ class Supervisor:
     # ---- launching ----------------------------------------------------------------------------
     def _spec(self, nodes: tuple[str, ...], resume_from: str, timeouts: Timeouts) -> tuple[LaunchSpec, Path]:
         attempt_dir = self.run_dir.attempt_dir(self.state.attempt)
+        line = self.job.torchrun
         env = recovery.rank_env(self.config, run_dir=self.run_dir.path, config_json=self.run_dir.config_json_path,
                                 secret_path=self.run_dir.secret_path, ckpt_dir=self.ckpt_dir,
                                 job_id=self.placement.job_id, attempt=self.state.attempt, epoch=self.state.epoch,
@@ -762,7 +766,11 @@ class Supervisor:
                           rdzv_id=f"ckptsup-{self.placement.job_id}-{self.state.attempt}",
                           node_addrs={n: self.placement.addrs.get(n, n) for n in nodes}, env=env,
                           log_dir=str(attempt_dir), heartbeat_interval_s=self.sup.heartbeat_interval_s,
-                          shutdown_timeout_s=max(60.0, self.sup.kill_grace_s, self.interval.preempt_window_s()),
+                          shutdown_timeout_s=max(60.0, self.sup.kill_grace_s, self.interval.preempt_window_s())
+                          if line.shutdown_timeout_s is None else float(line.shutdown_timeout_s),
+                          monitor_interval_s=line.monitor_interval_s or MONITOR_INTERVAL_S,
+                          torchrun_log_dir=line.log_dir, torchrun_options=list(line.passed),
+                          console_local_ranks=line.console_local_ranks(self.sup.nproc_per_node),
                           kill_grace_s=self.sup.kill_grace_s, cwd=self.job.cwd, rdzv_backend=self.sup.rdzv_backend,
                           progress_pattern=self.sup.progress_pattern, tee=self.sup.tee,
                           module=self.job.module, no_python=self.job.no_python, warm_ranks=self.sup.warm_ranks,

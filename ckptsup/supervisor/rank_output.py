@@ -3,7 +3,8 @@ prefix, its stdout and stderr one pipe to the agent).
 
 Every byte goes to the node's rank log (attempt-N/ranks-<node>.log) as it arrives; each line
 (split on \\n and \\r, colour codes stripped) may be a progress line of a rank that did not say
-hello, and rank 0's lines (every rank's with `tee`) go to the supervisor's console, rate-limited:
+hello, and rank 0's lines (every rank's with `tee`; only some local ranks' with the launch line's
+`--local-ranks-filter` or `-r`) go to the supervisor's console, rate-limited:
 a flood costs lines on the console, never the log or the agent's loop.
 
 The console relay passes the ranks' bytes through as torchrun would print them: the rank's own
@@ -53,6 +54,8 @@ class RankOutput:
     log_fd: int
     pattern: str
     tee: bool = False
+    nproc_per_node: int = 1
+    console_local_ranks: list[int] | None = None   # --local-ranks-filter / -r: only these local ranks on the console
     hooked: Callable[[int], bool] = lambda rank: False
     clock: Callable[[], float] = lambda: 0.0
     splitter: LineSplitter = field(default_factory=LineSplitter)
@@ -92,12 +95,21 @@ class RankOutput:
                 step = self.matcher.match(rank, text)
                 if step is not None:
                     self.progress[rank] = step
-            if rank == 0 or self.tee:
+            if self._on_console(rank):
                 if self.bucket.take(now):
                     raw = seg.raw.decode("utf-8", "surrogateescape")   # bytes that are not UTF-8 survive the frame
                     self.console.append(raw[:CONSOLE_LINE_CHARS] + seg.end.decode("ascii"))
                 else:
                     self.dropped += 1
+
+    def _on_console(self, rank: int | None) -> bool:
+        """Rank 0's lines (every rank's with tee), less the local ranks the launch line keeps off
+        the console (a global rank's local rank: rank % ranks per node)."""
+        if rank is None:
+            return self.tee   # torchrun's own lines (no rank prefix)
+        if not (rank == 0 or self.tee):
+            return False
+        return self.console_local_ranks is None or rank % max(1, self.nproc_per_node) in self.console_local_ranks
 
     def take_progress(self) -> dict[int, int]:
         out, self.progress = self.progress, {}

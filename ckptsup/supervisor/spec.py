@@ -11,8 +11,10 @@ from typing import Any, Callable
 from ..errors import ConfigError
 from ..progress import pattern_problem
 from ..safe_io import read_json
+from .torchrun_args import passed_option
 
 MAX_SPEC_BYTES = 4 << 20   # the script's argv and the ranks' environment; far below this
+MONITOR_INTERVAL_S = 0.1   # torchrun --monitor-interval unless the launch line gives one: a dead worker seen in 0.1 s
 
 
 @dataclass(kw_only=True)
@@ -42,6 +44,11 @@ class LaunchSpec:
     memory_keep: int = 0                # [memory]: bundles the agent's memory store keeps per rank; 0 = no store
     memory_max_bytes: int = 0           # [memory] max_bytes: a larger bundle is refused; 0 = no limit
     memory_addrs: dict[str, str] = dataclasses.field(default_factory=dict)  # every usable node -> the address its replica listener binds
+    # torchrun's own options from the launch line (supervisor/torchrun_args.py)
+    monitor_interval_s: float = MONITOR_INTERVAL_S    # torchrun --monitor-interval
+    torchrun_log_dir: str = ""                       # torchrun --log-dir; "" = <log_dir>/torchrun-<node>
+    torchrun_options: list[str] = dataclasses.field(default_factory=list)   # PASS options, `--opt=value`/`--flag`
+    console_local_ranks: list[int] | None = None     # only these local ranks on the console (None: no filter)
 
     def to_json(self) -> dict[str, Any]:
         return dict(self.__dict__)
@@ -131,4 +138,10 @@ _CHECKS: dict[str, tuple[Callable[[Any], bool], str]] = {
     "memory_keep": (_count(0), "an integer >= 0"),
     "memory_max_bytes": (_count(0), "an integer >= 0"),
     "memory_addrs": (_str_map, "an object of node -> address"),
+    "monitor_interval_s": (lambda v: _seconds(v) and v > 0, "a number of seconds > 0"),
+    "torchrun_log_dir": (_str, "a path"),
+    "torchrun_options": (lambda v: isinstance(v, list) and all(passed_option(a) for a in v),
+                         "a list of torchrun options ckptsup passes on"),
+    "console_local_ranks": (lambda v: v is None or (isinstance(v, list) and all(_count(0)(r) for r in v)),
+                            "null or a list of local ranks"),
 }
