@@ -71,6 +71,12 @@ def test_the_rank_not_in_the_collective_its_peers_wait_in_is_named_and_no_node_s
     assert isinstance(verdict, Hung) and verdict.culprits == (1,) and verdict.node_evidence == ()
     assert verdict.detail == ("rank 1 on n2: at train.py:71 in main; "
                               "rank 0 waiting in all_reduce (distributed_c10d.py:2800)")
+    # every rank's evidence, for failure_detected.ranks_seen (ckptsup log --json)
+    assert [r.to_record() for r in verdict.ranks] == [
+        {"rank": 0, "node": "n1", "where": "waiting", "top": "waiting in all_reduce (distributed_c10d.py:2800)",
+         "state": "S", "cores": 0.005, "io_bps": 0},
+        {"rank": 1, "node": "n2", "where": "elsewhere", "top": "at train.py:71 in main", "state": "S", "cores": 0.005,
+         "io_bps": 0}]
 
 
 def test_a_rank_spinning_inside_a_collective_is_waiting_not_working():

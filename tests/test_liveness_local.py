@@ -48,6 +48,15 @@ def test_a_sleeping_rank_is_a_hang_named_where_it_sleeps_cold_and_warm_and_no_no
     assert not named(events, "node_excluded")
     assert [r["warm"] for r in named(events, "restart_done")] == [True, True]
     assert list((tmp_path / "run" / "attempt-1" / "stacks").glob("rank*.txt"))   # the stacks stay in the run dir
+    # the whole evidence rides the event (ckptsup log --json), the named line the log's table
+    seen = {r["rank"]: r for r in hangs[1]["ranks_seen"]}
+    assert hangs[1]["stacks"] == "attempt-1/stacks" and set(seen) == {0, 1}, hangs[1]
+    assert seen[1]["where"] == "elsewhere" and seen[1]["top"] == f"at plain_ddp.py:{line} in main"
+    assert seen[0]["where"] == "waiting" and seen[1]["cores"] < 0.05 and seen[1]["state"] == "S", seen
+    shown = subprocess.run([*CKPTSUP, "log", str(tmp_path / "run")], capture_output=True, text=True, timeout=60)
+    assert f"plain_ddp.py:{line} in main" in " ".join(shown.stdout.split()) and "ranks_seen" not in shown.stdout, shown.stdout
+    as_json = subprocess.run([*CKPTSUP, "log", "--json", str(tmp_path / "run")], capture_output=True, text=True, timeout=60)
+    assert '"ranks_seen"' in as_json.stdout and '"elsewhere"' in as_json.stdout, as_json.stdout[-2000:]
     assert same_model(torch.load(tmp_path / "final.pt"), uninterrupted)
 
 

@@ -533,7 +533,8 @@ class AttemptTracker:
             suspects = ()
         else:
             suspects = silence.suspects
-        return replace(silence, rank=rank, node=node, suspects=suspects, detail=f"{silence.detail}; {verdict.detail}")
+        return replace(silence, rank=rank, node=node, suspects=suspects, detail=f"{silence.detail}; {verdict.detail}",
+                       ranks_seen=tuple(seen.to_record() for seen in verdict.ranks))
 
     def _note_loss(self, step: int, loss: float) -> None:
         """Rank 0's loss: kept for the next attempt, and the first steps after a restore compared

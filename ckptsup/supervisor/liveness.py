@@ -150,10 +150,30 @@ class NeedStacks:
 
 
 @dataclass(frozen=True, kw_only=True)
+class RankSeen:
+    """What one rank was doing when its attempt was judged hung: `failure_detected.ranks_seen`
+    (docs/contracts.md), for `ckptsup log --json` and whoever reads the stacks after."""
+
+    rank: int
+    node: str
+    where: str            # Where, or "no stack"
+    top: str              # the frame (or kernel wait) that names it
+    state: str            # /proc state letter ("" unknown)
+    cores: float | None   # CPU over the evidence window
+    io_bps: float | None  # rchar + wchar per second over it
+
+    def to_record(self) -> dict[str, object]:
+        return {"rank": self.rank, "node": self.node, "where": self.where, "top": self.top, "state": self.state,
+                "cores": None if self.cores is None else round(self.cores, 3),
+                "io_bps": None if self.io_bps is None else round(self.io_bps)}
+
+
+@dataclass(frozen=True, kw_only=True)
 class Hung:
     culprits: tuple[int, ...]           # the ranks stuck elsewhere than their peers (empty: unknown)
     node_evidence: tuple[str, ...]      # nodes the evidence points at (D state): suspects
     detail: str
+    ranks: tuple[RankSeen, ...] = ()    # every rank's evidence, by rank
 
 
 Verdict = Working | NeedStacks | Hung
@@ -183,10 +203,22 @@ def judge(evidence: Mapping[int, RankEvidence], stacks: Mapping[int, str], *, no
     if working:
         shown = ", ".join(f"rank {r} ({c:.2f} cores, {io / 1024:.0f} KiB/s I/O)" for r, c, io in working)
         return Working(ranks=tuple(r for r, _, _ in working), detail=f"working without progress: {shown}")
-    return _name(evidence, parsed)
+    return _name(evidence, parsed, now)
 
 
-def _name(evidence: Mapping[int, RankEvidence], parsed: Mapping[int, Stack | KernelWait]) -> Hung:
+def _seen(evidence: Mapping[int, RankEvidence], parsed: Mapping[int, Stack | KernelWait], now: float) -> tuple[RankSeen, ...]:
+    out = []
+    for rank in sorted(set(evidence) | set(parsed)):
+        ev, where = evidence.get(rank), parsed.get(rank)
+        rates = ev.rates(now) if ev is not None else None
+        out.append(RankSeen(rank=rank, node=ev.node if ev is not None else "?",
+                            where=where.where.value if where is not None else "no stack",
+                            top=where.top() if where is not None else "no stack", state=ev.state if ev is not None else "",
+                            cores=rates[0] if rates else None, io_bps=rates[1] if rates else None))
+    return tuple(out)
+
+
+def _name(evidence: Mapping[int, RankEvidence], parsed: Mapping[int, Stack | KernelWait], now: float) -> Hung:
     stuck_in_io = tuple(sorted({ev.node for ev in evidence.values() if ev.state == "D"}))
     elsewhere = sorted(r for r, s in parsed.items() if s.where is Where.ELSEWHERE)
     waiting = sorted(r for r, s in parsed.items() if s.where is Where.WAITING)
@@ -204,7 +236,8 @@ def _name(evidence: Mapping[int, RankEvidence], parsed: Mapping[int, Stack | Ker
     missing = sorted(set(evidence) - set(parsed))
     if missing:
         parts.append(f"{_ranks(missing)}: no stack (started cold without hooks, or not answering)")
-    return Hung(culprits=culprits, node_evidence=stuck_in_io, detail="; ".join(parts) or "no evidence of work")
+    return Hung(culprits=culprits, node_evidence=stuck_in_io, detail="; ".join(parts) or "no evidence of work",
+                ranks=_seen(evidence, parsed, now))
 
 
 def _ranks(ranks: Iterable[int]) -> str:

@@ -21,6 +21,7 @@ from dataclasses import dataclass, field, replace
 from pathlib import Path
 from typing import Any, Callable
 
+from .. import stack_dump
 from ..config import AUTO, Resolved, write_config_json
 from ..env import ExitStatus
 from ..errors import CkptsupError
@@ -521,13 +522,20 @@ class Supervisor:
         return action
 
     # ---- recovery -----------------------------------------------------------------------------
+    def _hang_fields(self, failure: Failure) -> dict[str, Any]:
+        """A hang judged from evidence: every rank's (`ranks_seen`) and where its stacks stay."""
+        if not failure.ranks_seen:
+            return {}
+        return {"ranks_seen": list(failure.ranks_seen),
+                "stacks": f"attempt-{self.state.attempt}/{stack_dump.STACKS_DIR}"}
+
     def _recover(self, failure: Failure) -> ExitStatus | None:
         tracker = self.tracker
         assert tracker is not None
         t_detect = self.clock()
         self.emit(Event.FAILURE_DETECTED, kind=failure.kind, node=failure.node, rank=failure.rank,
                   step=failure.step, detect_s=round(failure.detect_s, 4), detail=failure.detail,
-                  **sdc_fields(failure), **sdc_cost(tracker.sdc_s))
+                  **sdc_fields(failure), **sdc_cost(tracker.sdc_s), **self._hang_fields(failure))
         if failure.kind is FailureKind.PREEMPTED:
             return self._carry_out(self._decide(self._observe(failure)))
         if failure.kind is FailureKind.HANG:

@@ -61,6 +61,7 @@ class Failure:
     detail: str = ""
     suspects: tuple[str, ...] = ()  # nodes to health-check (and exclude if they fail)
     dispute: Dispute | None = None  # sdc: the ranks in dispute, the last agreed step
+    ranks_seen: tuple[dict[str, object], ...] = ()   # hang: every rank's evidence (liveness.RankSeen records)
 
     @property
     def blamed_node(self) -> str | None:

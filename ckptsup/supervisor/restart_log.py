@@ -67,7 +67,7 @@ def describe(event: Mapping[str, Any]) -> str:
                                       f"rank {g('rank')}" if g("rank") is not None else "") if x)
         detect_s = g("detect_s")
         latency = f", detected in {float(detect_s):.2f}s" if isinstance(detect_s, (int, float)) else ""
-        extra = _extras(e, ("kind", "node", "rank", "detect_s"))
+        extra = _extras(e, ("kind", "node", "rank", "detect_s", "ranks_seen"))   # ranks_seen: in --json (the detail names them)
         return f"{g('kind', '?')} {where}{latency}".replace("  ", " ") + (f" ({extra})" if extra else "")
     if name == Event.FAILURE_ATTRIBUTED:
         node = f" on {g('node')}" if g("node") else ""
