@@ -734,13 +734,16 @@ class Agent:
         self._expire_unauthenticated(now)
 
     def heartbeat(self) -> None:
-        for pid, rank in self._scan_workers().items():   # ranks without hello: seen as processes
-            try:
-                if rank not in self.hooked_ranks and psutil.Process(pid).status() == psutil.STATUS_STOPPED:
-                    self.stopped_ranks.add(rank)
-            except psutil.Error:
-                pass
+        workers = self._scan_workers()   # ranks without hello: seen as processes
         pids = self.pid_list()
+        samples = {entry["rank"]: got for entry in pids if (got := evidence.sample(entry["pid"])) is not None}
+        for pid, rank in workers.items():
+            if rank in self.hooked_ranks:
+                continue
+            # one /proc read a rank a heartbeat: the evidence's state says stopped (T) too
+            got = samples.get(rank) if self.rank_pids.get(rank) == pid else evidence.sample(pid)
+            if got is not None and got.state == "T":
+                self.stopped_ranks.add(rank)
         # a rank is alive if it talks to us (hooks) or its real process runs (no hooks: a worker
         # or the warm interpreter it became)
         ranks = sorted({c.rank for c in self.conns.values() if c.rank is not None} | {p["rank"] for p in pids})
@@ -748,12 +751,8 @@ class Agent:
         self.send(MessageKind.HB, {"ranks_alive": ranks, "last_step": self.last_step, "phase": self.phase,
                          "stopped_ranks": sorted(self.stopped_ranks), "torchrun": running,
                          "dropped": self.dropped, "attempt": self.attempt, "pids": pids,
-                         "evidence": self._evidence(pids)})
-
-    @staticmethod
-    def _evidence(pids: list[dict[str, int]]) -> list[list[Any]]:
-        """Each live rank's CPU time, I/O and state (supervisor/liveness.py: busy or hung)."""
-        return [[entry["rank"], *got.to_wire()] for entry in pids if (got := evidence.sample(entry["pid"])) is not None]
+                         # each live rank's CPU time, I/O and state (supervisor/liveness.py: busy or hung)
+                         "evidence": [[rank, *got.to_wire()] for rank, got in samples.items()]})
 
     def _stacks(self) -> None:
         """Every local rank's Python stacks, for a suspected hang (stack_dump.py)."""
