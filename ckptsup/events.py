@@ -78,6 +78,7 @@ class Event(str, enum.Enum):
     TEARDOWN_ERROR = "teardown_error"      # node, rc: torchrun failed after every rank of the node finished
     RESTORE_LOSS_JUMP = "restore_loss_jump"  # step, loss, before, basis, detail: after a restore rank 0's loss is not where it was (a warning)
     BUSY = "busy"                          # ranks, detail, silent_s: no progress past the hang timeout, but ranks work (not a hang)
+    BUSY_OVER = "busy_over"                # ranks, busy_s: progress again after a busy spell (busy_s: from its last progress)
     TEARDOWN_HANG = "teardown_hang"        # ranks [{node, rank, pid, host_pid, wchan, stack}], nodes, exit_grace_s, waited_s: rank processes killed after the ranks finished
     SUPERVISION_LEVEL = "supervision_level"  # level: hooks | heartbeat | progress | process, detail: how the attempt is watched
     WARM_READY = "warm_ready"              # node, interpreters: that node's next launch starts its ranks warm

@@ -265,3 +265,22 @@ def test_a_restore_is_compared_at_the_same_steps_first_then_with_the_window_and_
         t.on_message(msg(1.0, MessageKind.STEP, rank=0, step=step, loss=loss))
         t.on_message(msg(1.0, MessageKind.STEP, rank=1, step=step, loss=99.0))   # only rank 0's counts
     assert [(j.step, j.loss) for j in t.restore_news] == [(21, 9.0)] and t.losses == {20: before[20], 21: 9.0, 22: 9.0}
+
+
+def test_busy_spells_are_timed_from_their_last_progress_to_progress_again_or_the_failure():
+    from ckptsup.planning.phase_time import busy_line, busy_time
+
+    def ev(name, t, **kw):
+        return {"event": name, "ts": f"2026-12-03T10:00:{t:06.3f}+00:00", "mono": 1000.0 + t, "job_id": "1",
+                "attempt": 0, **kw}
+
+    events = [ev("supervisor_start", 0), ev("launch", 1), ev("first_step", 3),
+              ev("busy", 20, ranks=[0], silent_s=15.0), ev("busy_over", 30, ranks=[0], busy_s=25.0),
+              ev("busy", 50, ranks=[0, 1], silent_s=16.0), ev("failure_detected", 55, kind="hang", detect_s=21.0),
+              ev("busy", 58, ranks=[0], silent_s="junk")]
+    got = busy_time(events)
+    assert got == {"spells": 3, "busy_s": 25.0 + (55 - 34) + 0.0}   # the last spell is open at the log's end
+    assert busy_line(got) == "3 spells, 46.0s in all" and busy_line({}) == "none" and busy_line("junk") == "none"
+    import datetime as dt
+    later = dt.datetime(2026, 12, 3, 10, 1, 8, tzinfo=dt.timezone.utc).timestamp()   # 10 s after the last event
+    assert busy_time(events, until=later)["busy_s"] == 56.0   # a live run's open spell runs on

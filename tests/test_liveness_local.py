@@ -2,6 +2,7 @@
 (tests/helpers/plain_ddp.py: only rank 0 prints) under `ckptsup launch` (docs/timeouts.md
 §Evidence): a rank sleeping forever is a hang within 15 s of its last step, named with where it
 sleeps, and no node is suspected; ranks computing or reading without printing are busy, never killed."""
+import json
 import subprocess
 import sys
 from pathlib import Path
@@ -71,5 +72,13 @@ def test_ranks_computing_or_reading_without_printing_are_busy_and_never_killed(t
     assert [b["ranks"] for b in busy] == [[0, 1], [0], [0]], busy
     assert "KiB/s I/O" in busy[2]["detail"] and "(0.0" in busy[2]["detail"], busy[2]   # I/O, not CPU
     assert "busy, not hung" in proc.stdout
+    # each spell ends when progress comes back, timed from its last progress (>= the 10 s timeout)
+    over = named(events, "busy_over")
+    assert [o["ranks"] for o in over] == [[0, 1], [0], [0]] and all(12.0 <= o["busy_s"] <= 40.0 for o in over), over
+    report = subprocess.run([*CKPTSUP, "report", "--json", str(tmp_path / "run")], capture_output=True, text=True,
+                            timeout=120)
+    assert report.returncode == 0, report.stderr
+    busy_report = json.loads(report.stdout)["busy"]
+    assert busy_report["spells"] == 3 and busy_report["busy_s"] == pytest.approx(sum(o["busy_s"] for o in over), abs=0.01)
     assert [e["attempt"] for e in named(events, "launch")] == [0] and named(events, "run_complete")
     assert same_model(torch.load(tmp_path / "final.pt"), uninterrupted)

@@ -22,7 +22,7 @@ from ..textsafe import literal, mathtext, text as safe_text
 from .accounting import CATEGORIES, account
 from .adaptive import posterior
 from .interval import daly_interval, young_interval
-from .phase_time import phase_times, phases_line
+from .phase_time import busy_line, busy_time, phase_times, phases_line
 from .sdc_report import prom_metrics, sdc_lines, sdc_summary
 from .units import format_duration, format_pct, format_size, format_usd
 
@@ -64,6 +64,7 @@ def build_report(events: Iterable[dict[str, Any]], *, price_per_gpu_hour: float,
     out["memory_intervals_changed"] = acc.timeline.get("memory_intervals", [])
     out["loads_by_source"] = loads_by_source(events)
     out["time_per_phase_s"] = phase_times(events)   # rank 0's wall time in init, load, train, eval, save, stopping
+    out["busy"] = busy_time(events)   # quiet work past the hang timeout (liveness.py): spells, seconds
     out["sdc"] = sdc_summary(events, train_s=out["time_per_phase_s"].get("train"))   # planning/sdc_report.py
     return out
 
@@ -176,6 +177,7 @@ def _summary_pairs(rep: dict[str, Any]) -> list[tuple[str, str]]:
             f"{format_duration(row['load_s'])})"
             for source, row in sorted(rep.get("loads_by_source", {}).items())) or "none"),
         ("time per phase (rank 0, wall)", phases_line(rep.get("time_per_phase_s") or {})),
+        ("busy without progress (working, not hung)", busy_line(rep.get("busy"))),
     ]
     if "interval_daly_s" in rec:
         text = (f"Daly {format_duration(rec['interval_daly_s'])} (Young {format_duration(rec['interval_young_s'])})"

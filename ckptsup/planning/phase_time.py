@@ -72,3 +72,44 @@ def phases_line(times: dict[str, Any]) -> str:
     if total <= 0:
         return "-"
     return ", ".join(f"{phase} {format_duration(s)} ({s / total:.1%})" for phase, s in values.items())
+
+
+def busy_time(events: Iterable[dict[str, Any]], *, until: float | None = None) -> dict[str, float | int]:
+    """Busy spells (supervisor/liveness.py: no progress past the hang timeout while ranks work:
+    a quiet evaluation, a compile, a data phase; never a hang): {"spells", "busy_s"}. A spell runs
+    from its last progress to `busy_over`; one still open ends at the failure or the end of its
+    allocation (or `until`: a live run's status)."""
+    spells, total = 0, 0.0
+    groups = group_allocations(events)
+    for index, group in enumerate(groups):
+        placed = place_events(group)
+        open_at: float | None = None   # the open spell's last progress
+        for t, ev in placed:
+            name = Event.parse(ev.get("event"))
+            if name is Event.BUSY and open_at is None:
+                spells += 1
+                open_at = t - max(0.0, num(ev, "silent_s", 0.0) or 0.0)
+            elif name is Event.BUSY_OVER and open_at is not None:
+                total += max(0.0, num(ev, "busy_s", 0.0) or (t - open_at))
+                open_at = None
+            elif open_at is not None and (name is Event.FAILURE_DETECTED or name in TERMINAL or name is Event.LAUNCH):
+                total += max(0.0, t - open_at)
+                open_at = None
+        if open_at is not None and placed:
+            end = placed[-1][0]
+            if until is not None and index == len(groups) - 1:
+                end = max(end, until)
+            total += max(0.0, end - open_at)
+    return {"spells": spells, "busy_s": round(total, 3)}
+
+
+def busy_line(busy: Any) -> str:
+    """"2 spells, 45s in all" for a terminal; "none" without one."""
+    from .units import format_duration
+
+    spells = busy.get("spells") if isinstance(busy, dict) else None
+    seconds = busy.get("busy_s") if isinstance(busy, dict) else None
+    if not isinstance(spells, int) or isinstance(spells, bool) or spells <= 0:
+        return "none"
+    total = format_duration(float(seconds)) if isinstance(seconds, (int, float)) and not isinstance(seconds, bool) else "?"
+    return f"{spells} spell{'s' if spells != 1 else ''}, {total} in all"

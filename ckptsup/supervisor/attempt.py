@@ -105,6 +105,8 @@ class AttemptTracker:
     busy: Working | None = None        # working without progress now (status, the busy event)
     busy_since: float | None = None
     busy_news: list[Working] = field(default_factory=list)  # for the loop to record (one per busy spell)
+    busy_quiet_since: float | None = None   # the spell's last progress (its silence began there)
+    busy_over_news: list[tuple[tuple[int, ...], float]] = field(default_factory=list)   # (ranks, busy_s) of spells over
     # nodes by when their agent was last heard, oldest first: the node-down check reads only the
     # silent front, not 16,384 views every tick (bench_supervisor_scale.py)
     heard_order: dict[str, None] = field(default_factory=dict)
@@ -501,7 +503,7 @@ class AttemptTracker:
             return stopped
         silence = detect_silence(ranks, now=now, config=self.config, train_timeout_s=train_timeout_s)
         if silence is None:
-            self._suspicion_over()
+            self._suspicion_over(now)
             return None
         if not self.evidence:
             return silence   # agents that measure nothing (an old agent, a test's stand-in): the silence alone
@@ -509,7 +511,7 @@ class AttemptTracker:
                         stacks_answered=not self.stacks_waiting, wchan=self.wchan)
         if isinstance(verdict, Working):
             if self.busy is None:
-                self.busy_since = now
+                self.busy_since, self.busy_quiet_since = now, now - silence.detect_s
                 self.busy_news.append(verdict)
             self.busy = verdict
             if silence.detect_s < self.config.busy_limit_s:
@@ -549,9 +551,11 @@ class AttemptTracker:
                 self.restore_news.append(jump)
                 self.restore_compared = restore_check.CHECK_STEPS   # one warning a restore
 
-    def _suspicion_over(self) -> None:
+    def _suspicion_over(self, now: float) -> None:
         if self.busy is not None or self.stacks_asked_at is not None or self.stacks:
-            self.busy, self.busy_since = None, None
+            if self.busy is not None and self.busy_quiet_since is not None:
+                self.busy_over_news.append((self.busy.ranks, now - self.busy_quiet_since))
+            self.busy, self.busy_since, self.busy_quiet_since = None, None, None
             self.stacks, self.wchan, self.stacks_asked_at, self.stacks_waiting = {}, {}, None, set()
 
     def asked_for_stacks(self, now: float, nodes: set[str]) -> None:

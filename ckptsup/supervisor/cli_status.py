@@ -13,7 +13,7 @@ import click
 from ..config import load_config
 from ..errors import ConfigError
 from ..events import read_events
-from ..planning.phase_time import phases_line
+from ..planning.phase_time import busy_line, phases_line
 from ..planning.sdc_report import sdc_line
 from ..textsafe import text as safe_text
 from .cli_ops import _run_dir_files
@@ -41,7 +41,7 @@ def goodput(run: Path, *, live: bool = False) -> dict[str, Any]:
     """Goodput so far, the time per phase (planning/phase_time.py; `live`: the open phase runs to
     now) and the SDC, NaN and restore figures (planning/sdc_report.py)."""
     from ..planning.accounting import account
-    from ..planning.phase_time import phase_times
+    from ..planning.phase_time import busy_time, phase_times
     from ..planning.sdc_report import sdc_summary
 
     events = read_events(run)
@@ -50,7 +50,8 @@ def goodput(run: Path, *, live: bool = False) -> dict[str, Any]:
     phases = phase_times(events, until=time.time() if live else None)
     return {"goodput": acc.useful_device_s / paid if paid else None, "paid_device_s": round(paid, 1),
             "badput_device_s": {k: round(v, 1) for k, v in acc.badput_device_s.items() if round(v, 1) > 0},
-            "time_per_phase_s": phases, "sdc": sdc_summary(events, train_s=phases.get("train"))}
+            "time_per_phase_s": phases, "sdc": sdc_summary(events, train_s=phases.get("train")),
+            "busy": busy_time(events, until=time.time() if live else None)}
 
 
 def snapshot(run: Path) -> dict[str, Any]:
@@ -96,7 +97,8 @@ def render(st: dict[str, Any]) -> Any:
     bad = ", ".join(f"{k} {v:g}s" for k, v in sorted((st.get("badput_device_s") or {}).items()))
     head.append(f"goodput {'-' if gp is None else f'{gp:.1%}'} of {_s(st.get('paid_device_s'))} device-time"
                 + (f"; badput: {bad}" if bad else ""))
-    head.append(f"time per phase (rank 0): {phases_line(st.get('time_per_phase_s') or {})}")
+    head.append(f"time per phase (rank 0): {phases_line(st.get('time_per_phase_s') or {})}; "
+                f"busy without progress: {busy_line(st.get('busy'))}")
     head.append(sdc_line(st.get("sdc")))
     if isinstance(st.get("excluded"), dict) and st["excluded"]:
         head.append("excluded: " + ", ".join(f"{n} ({why})" for n, why in st["excluded"].items()))

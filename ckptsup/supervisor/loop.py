@@ -294,9 +294,13 @@ class Supervisor:
             print(f"ckptsup: warning: {jump.detail}", flush=True)
         while tracker.busy_news:
             news = tracker.busy_news.pop(0)
-            self.emit(Event.BUSY, ranks=list(news.ranks), detail=news.detail)
+            self.emit(Event.BUSY, ranks=list(news.ranks), detail=news.detail,
+                      silent_s=None if tracker.busy_quiet_since is None else round(self.clock() - tracker.busy_quiet_since, 3))
             print(f"ckptsup: no progress past the hang timeout, but the ranks work: busy, not hung ({news.detail}; "
                   f"killed only after supervisor.busy_limit_s={self.sup.busy_limit_s:g}s)", flush=True)
+        while tracker.busy_over_news:
+            ranks, busy_s = tracker.busy_over_news.pop(0)
+            self.emit(Event.BUSY_OVER, ranks=list(ranks), busy_s=round(busy_s, 3))
 
     def _pump(self) -> Failure | None:
         """Fold in every queued message (waiting up to one tick); the first failure wins."""
