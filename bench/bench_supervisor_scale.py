@@ -25,13 +25,14 @@ sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 from ckptsup.config import SupervisorConfig  # noqa: E402
 from ckptsup.supervisor.attempt import AttemptTracker  # noqa: E402
 from ckptsup.supervisor.agent_step import AgentStep, CommandSender  # noqa: E402
+from ckptsup.supervisor.detection import at_scale  # noqa: E402
 
 SIMULATOR = r'''
 import sys, time
 sys.path.insert(0, sys.argv[4])
 from ckptsup import step_lines, wire
 n, silent_after, secret = int(sys.argv[1]), float(sys.argv[2]), bytes.fromhex(sys.argv[3])
-per, with_evidence = int(sys.argv[5]), sys.argv[6] == "1"
+per, with_evidence, interval = int(sys.argv[5]), sys.argv[6] == "1", float(sys.argv[7])
 out = sys.stdout.buffer
 seq = [0] * n
 start = time.monotonic()
@@ -53,9 +54,9 @@ while True:
         out.write(step_lines.pieces(wire.encode("hb", body, seq=seq[i], secret=secret), f"n{i}/a".encode()))
         if i % 256 == 255:
             out.flush()
-            time.sleep(1.0 / (n / 256) * 0.9)
+            time.sleep(interval / (n / 256) * 0.9)
     out.flush()
-    time.sleep(max(0.0, start + tick - time.monotonic()))
+    time.sleep(max(0.0, start + tick * interval - time.monotonic()))
 '''
 
 
@@ -66,16 +67,20 @@ def main() -> int:
     p.add_argument("--silence-s", type=float, default=5.0)
     p.add_argument("--ranks-per-node", type=int, default=1)
     p.add_argument("--no-evidence", action="store_true")
+    p.add_argument("--fixed-rate", action="store_true", help="1 heartbeat a second whatever the node count (before at_scale)")
     a = p.parse_args()
     secret = os.urandom(32)
     nodes = tuple(f"n{i}" for i in range(a.agents))
-    config = SupervisorConfig(node_silence_s=a.silence_s)
+    # what `ckptsup launch` does with this many nodes: beyond 2,048 the agents beat less often
+    config = SupervisorConfig(node_silence_s=a.silence_s) if a.fixed_rate else \
+        at_scale(SupervisorConfig(node_silence_s=a.silence_s), a.agents)
     inbox: "queue.Queue" = queue.Queue()
     silent_after = a.seconds * 0.6
+    print(f"heartbeat every {config.heartbeat_interval_s:g}s, node_silence_s {config.node_silence_s:g}")
     work = Path(tempfile.mkdtemp(prefix="ckptsup-scale-"))
     step = AgentStep(argv=[sys.executable, "-c", SIMULATOR, str(a.agents), str(silent_after), secret.hex(),
                            str(Path(__file__).resolve().parents[1]), str(a.ranks_per_node),
-                           "0" if a.no_evidence else "1"],
+                           "0" if a.no_evidence else "1", str(config.heartbeat_interval_s)],
                      env=dict(os.environ), nodes=nodes, secret=secret, sender=CommandSender(secret), inbox=inbox,
                      log_path=work / "sim.log")
     start = time.monotonic()
@@ -85,7 +90,7 @@ def main() -> int:
     detected = None
     warm = start + 5.0
     cpu_warm = None
-    while time.monotonic() - start < a.seconds + a.silence_s * 2:
+    while time.monotonic() - start < a.seconds + config.node_silence_s * 2:
         try:
             msg = inbox.get(timeout=0.05)
             tracker.on_message(msg)
@@ -111,12 +116,12 @@ def main() -> int:
     rss_mb = resource.getrusage(resource.RUSAGE_SELF).ru_maxrss / 1024
     rate = (frames - (frames_warm if cpu_warm is not None else 0)) / span
     print(f"agents {a.agents} x {a.ranks_per_node} ranks, evidence {'off' if a.no_evidence else 'on'}: "
-          f"{rate:.0f} heartbeats/s received, {step.dropped} dropped, {inbox.qsize()} still queued at the end "
-          f"(a backlog: the supervisor did not keep up)")
+          f"{rate:.0f} heartbeats/s received, {step.dropped} dropped, {inbox.qsize()} still queued at the end"
+          + (" (a backlog: the supervisor did not keep up)" if inbox.qsize() > a.agents // 10 else ""))
     print(f"supervisor CPU {100 * cpu / span:.1f}% of one core (target <= 10%), max RSS {rss_mb:.0f} MB")
     if detected:
         print(f"node death: {detected[0]} detected {detected[1]:.2f}s after it fell silent (node_silence_s = "
-              f"{a.silence_s:g}, counted from its last heartbeat, which came up to 1 s earlier); compare with "
+              f"{config.node_silence_s:g}, counted from its last heartbeat, up to one period earlier); compare with "
               f"--agents 8 for the latency without load")
     else:
         print("node death NOT detected")

@@ -151,3 +151,16 @@ def test_the_node_down_check_reads_only_the_silent_front_yet_finds_what_a_full_s
     assert failure is not None and failure.node == "n3" and failure.kind.value == "node_down"
     t.on_message(Message(recv=1.0, m=MessageKind.HB, body={"node": "n4", "ranks_alive": []}, step_id=1))   # far older
     assert list(t.heard_order)[:2] == ["n4", "n3"] and t.check(8.0).node == "n4"
+
+
+def test_beyond_2048_nodes_agents_beat_less_often_and_a_dead_node_takes_as_many_missed_beats():
+    from ckptsup.supervisor.detection import HEARTBEATS_PER_S, MISSED_HEARTBEATS, at_scale
+
+    base = SupervisorConfig()
+    assert at_scale(base, 8) is base and at_scale(base, HEARTBEATS_PER_S) is base
+    big = at_scale(base, 16_384)
+    assert big.heartbeat_interval_s == 8.0 and big.node_silence_s == MISSED_HEARTBEATS * 8.0 == 24.0
+    assert big.hang_min_s == base.hang_min_s and big.busy_limit_s == base.busy_limit_s   # nothing else moves
+    assert at_scale(base, 16_384, interval_chosen=True) is base   # a period the user set is kept
+    patient = SupervisorConfig(node_silence_s=60.0)
+    assert at_scale(patient, 4096).node_silence_s == 60.0 and at_scale(patient, 4096).heartbeat_interval_s == 2.0

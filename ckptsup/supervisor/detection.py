@@ -2,9 +2,10 @@
 clock) and return a `Failure` or None; they never sleep, signal or log.
 
 Hang timeout (documented reasoning): NCCL's own watchdog waits minutes (10 min collective timeout,
-8 min heartbeat). A training step is regular, so "no progress for ten times the slowest normal
-step" (p99 over the recent window) is far outside normal jitter yet seconds, not minutes; the
-floor `hang_min_s` (30 s) keeps a fast model from being killed by one GC pause or a slow batch.
+8 min heartbeat). A training step is regular, so "no progress for three times the slowest normal
+step" (p99 over the recent window) is outside normal jitter yet seconds, not minutes; the floor
+`hang_min_s` (10 s) keeps a fast model from being killed by one GC pause or a slow batch, and a
+silence past it is only suspect until the evidence says no rank works (liveness.py).
 Init, checkpoint load, blocking save and evaluation are not steps: each phase has its own, longer
 allowance (an eval phase's runs from its last heartbeat: a framework callback beats per batch).
 """
@@ -12,13 +13,30 @@ allowance (an eval phase's runs from its last heartbeat: a framework callback be
 from __future__ import annotations
 
 import math
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, replace
 from typing import Iterable, Mapping, Sequence
 
 from ..config import AUTO, SupervisorConfig
 from ..env import ExitStatus
 from ..wire import Phase
 from .observations import Failure, FailureKind
+
+
+HEARTBEATS_PER_S = 2048   # what the supervisor folds in for ~12 % of a core (BENCHMARKS.md §Liveness)
+MISSED_HEARTBEATS = 3     # at scale: this many missed beats (at least node_silence_s) mean a dead node
+
+
+def at_scale(config: SupervisorConfig, nodes: int, *, interval_chosen: bool = False) -> SupervisorConfig:
+    """The heartbeat period and node silence for an allocation of `nodes`: beyond
+    HEARTBEATS_PER_S nodes every agent beats less often, so the supervisor's cost stays flat
+    (one core cannot decode 16,384 heartbeats a second), and the silence that means a dead node
+    grows with the period. A period the user chose (`interval_chosen`) is kept. `config` itself
+    when nothing changes."""
+    interval = nodes / HEARTBEATS_PER_S
+    if interval_chosen or interval <= config.heartbeat_interval_s:
+        return config
+    return replace(config, heartbeat_interval_s=round(interval, 3),
+                   node_silence_s=round(max(config.node_silence_s, MISSED_HEARTBEATS * interval), 3))
 
 
 @dataclass(kw_only=True)

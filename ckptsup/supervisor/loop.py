@@ -22,7 +22,7 @@ from pathlib import Path
 from typing import Any, Callable
 
 from .. import stack_dump
-from ..config import AUTO, Resolved, write_config_json
+from ..config import AUTO, Resolved, set_explicitly, write_config_json
 from ..env import ExitStatus
 from ..errors import CkptsupError
 from ..events import Event, EventWriter, read_events
@@ -43,6 +43,7 @@ from .interval_tuner import SCHEDULE_KEYS, IntervalChange, IntervalTuner
 from .nccl import Timeouts
 from .observations import (AttemptResult, Failure, FailureKind, History, Observation, Outcome, RecoveryPath,
                            SupervisionLevel)
+from .detection import HEARTBEATS_PER_S, at_scale
 from .placement import Placement
 from .rank_output import print_console
 from .sdc import sdc_cost, sdc_fields
@@ -88,8 +89,12 @@ class Supervisor:
                  step_factory: StepFactory = AgentStep,
                  health_checker: recovery.HealthChecker | None = None) -> None:
         self.resolved = resolved
-        self.config = resolved.config
-        self.sup = resolved.config.supervisor
+        # beyond 2,048 nodes the agents beat less often (detection.at_scale): one config for all
+        scaled = at_scale(resolved.config.supervisor, len(placement.nodes),
+                          interval_chosen=set_explicitly(resolved.provenance, "supervisor.heartbeat_interval_s"))
+        self.config = resolved.config if scaled is resolved.config.supervisor else \
+            replace(resolved.config, supervisor=scaled)
+        self.sup = self.config.supervisor
         self.job = job
         self.run_dir = run_dir
         self.placement = placement
@@ -215,6 +220,10 @@ class Supervisor:
                   gpus_per_node=self.placement.gpus_per_node,
                   spares=max(0, len(usable) - self.job.nodes_needed), ranks_per_node=self.sup.nproc_per_node,
                   active=self.job.nodes_needed)
+        if self.sup is not self.resolved.config.supervisor:
+            say(f"ckptsup: {len(self.placement.nodes)} nodes: agents beat every {self.sup.heartbeat_interval_s:g}s and "
+                f"a node silent {self.sup.node_silence_s:g}s is down (one supervisor core folds in "
+                f"{HEARTBEATS_PER_S} heartbeats a second; set supervisor.heartbeat_interval_s to choose)")
 
     def _node_order(self) -> tuple[str, ...]:
         """The allocation's nodes in the order they are picked to train: Slurm's, or with
