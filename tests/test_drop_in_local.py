@@ -3,13 +3,14 @@ hello, so it is supervised at the process level, and its own `step N` lines are 
 Faults come from outside, as on a cluster: SIGKILL and SIGSTOP of a rank process."""
 import signal
 import subprocess
+from pathlib import Path
 
 import pytest
 import torch
 
 from ckptsup.events import read_events
 
-from drop_in_helpers import CKPTSUP, SCRIPT, named, newest_step, rank_process, reference, same_model, wait_for
+from drop_in_helpers import CKPTSUP, SCRIPT, named, rank_process, reference, same_model, wait_for
 
 pytestmark = pytest.mark.integration
 
@@ -20,20 +21,24 @@ def test_an_unmodified_ddp_script_survives_three_rank_sigkills_and_a_sigstop(tmp
     of rank 1 at step 150 (a hang, seen from rank 0's progress lines, pinned on the stopped
     process): rc 0, every restart in warm interpreters, and the final model equals an
     uninterrupted run's."""
-    steps = 200   # room for four faults, each once the warm interpreters are up (~3 s)
+    steps = 200
+    hold = tmp_path / "hold"   # each fault while the ranks are held at its step (plain_ddp.py --hold-at)
     cfg = tmp_path / "job.toml"
     cfg.write_text("[supervisor]\ninit_timeout_s = 2.0\nheartbeat_interval_s = 0.5\nhang_min_s = 8.0\n")
     run, ckpt = tmp_path / "run", tmp_path / "ckpt"
     argv = [*CKPTSUP, "launch", "--nproc-per-node", "2", "--config", str(cfg), "--run-dir", str(run),
-            str(SCRIPT), "--steps", str(steps), "--ckpt-dir", str(ckpt), "--out", str(tmp_path / "final.pt")]
+            str(SCRIPT), "--steps", str(steps), "--ckpt-dir", str(ckpt), "--out", str(tmp_path / "final.pt"),
+            "--hold-at", "15,60,105,150", "--hold-file", str(hold)]
     proc = subprocess.Popen(argv, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, cwd=tmp_path)
     try:
         for at, sig in ((15, signal.SIGKILL), (60, signal.SIGKILL), (105, signal.SIGKILL), (150, signal.SIGSTOP)):
-            wait_for(lambda: newest_step(run) >= at, 120, f"step {at}")
+            wait_for(lambda: Path(f"{hold}.held-{at}").exists(), 120, f"the ranks held at step {at}")
             ready = len(named(read_events(run), "launch"))   # each launch's warm interpreters for the next
             wait_for(lambda: len(named(read_events(run), "warm_ready")) >= ready, 120, "warm interpreters")
             victim = rank_process(SCRIPT, ckpt, 1)
             victim.send_signal(sig)
+            with open(hold, "a") as fh:
+                fh.write(f"{at}\n")
             launches = len(named(read_events(run), "launch"))
             wait_for(lambda: len(named(read_events(run), "launch")) > launches, 60, f"the restart after step {at}")
         console, _ = proc.communicate(timeout=180)

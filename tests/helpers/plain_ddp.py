@@ -12,7 +12,10 @@ Faults and quiet phases for the liveness tests (each once per run: a marker file
 --busy-at S[:R][,S[:R]] --busy-s T: before step S, rank R (no R: every rank) computes for T seconds
   printing nothing; the others wait in dist.barrier() (an evaluation pass as users write it);
 --read-at S[:R] (with --busy-s T): the same, but rank R reads a file slowly (64 KiB every 0.1 s):
-  I/O progressing, next to no CPU (a data phase waiting on storage).
+  I/O progressing, next to no CPU (a data phase waiting on storage);
+--hold-at S[,S] --hold-file F: before step S every rank computes (busy, not hung) until F holds
+  the line S (at most 300 s); rank 0 first writes F.held-S: a test signals a rank while it is
+  there, whatever the machine's speed, then releases it.
 """
 import argparse
 import os
@@ -52,6 +55,23 @@ def busy(seconds):
         a = torch.tanh(a @ a)
 
 
+def hold(path, step, rank):
+    """Compute until `path` holds the line `step` (a test's release), at most 300 s."""
+    if rank == 0:
+        with open(f"{path}.held-{step}", "w") as fh:
+            fh.write(f"{step}\n")
+    a = torch.randn(64, 64)
+    end = time.monotonic() + 300
+    while time.monotonic() < end:
+        a = torch.tanh(a @ a)
+        try:
+            with open(path) as fh:
+                if str(step) in fh.read().split():
+                    return
+        except FileNotFoundError:
+            pass
+
+
 def read_slowly(seconds):
     """Read 64 KiB every 0.1 s (from this script's own interpreter binary, never cached away from
     rchar): I/O grows, CPU time hardly does."""
@@ -81,6 +101,8 @@ def main():
     ap.add_argument("--read-at", type=lambda t: dict((int(x.split(":")[0]), int(x.split(":")[1]) if ":" in x else None)
                                                      for x in t.split(",")), default={})
     ap.add_argument("--busy-s", type=float, default=30.0)
+    ap.add_argument("--hold-at", type=lambda t: [int(x) for x in t.split(",")], default=[])
+    ap.add_argument("--hold-file", default="")
     args = ap.parse_args()
 
     stop = {"flag": False}
@@ -106,6 +128,8 @@ def main():
             print(f"rank {rank}: sleeping forever before step {step}", flush=True)
             while True:
                 time.sleep(3600)
+        if step in args.hold_at and once(args.ckpt_dir, f"hold-{step}-rank{rank}"):
+            hold(args.hold_file, step, rank)
         if step in args.busy_at and once(args.ckpt_dir, f"busy-{step}-rank{rank}"):
             if args.busy_at[step] in (None, rank):
                 busy(args.busy_s)
