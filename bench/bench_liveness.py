@@ -11,7 +11,13 @@ the same script under plain torchrun as the baseline, in the same run:
   stacks  one stack collection of 8 ranks on a node (processes with torch imported and the dump
           installed), and the cost of one /proc evidence sample per rank (target: <= 1 s)
 
-usage: python bench/bench_liveness.py [--cap-s 40] [--busy-s 30] [--stacks-only]
+  nvrx    (with --nvrx DIR: where nvidia_resiliency_ext imports from, e.g. its wheel unpacked)
+          NVRx's ft_launcher on the same sleeping rank: the unmodified script at its defaults, and
+          the script with NVRx heartbeats after every optimizer step (a wrapper, nothing else
+          changed) at its default 45 min heartbeat timeout and at 10 s: seconds from the fault to
+          ft_launcher stopping the workers, or still hung at --cap-s
+
+usage: python bench/bench_liveness.py [--cap-s 40] [--busy-s 30] [--stacks-only] [--nvrx DIR [--nvrx-only]]
 """
 from __future__ import annotations
 
@@ -96,15 +102,77 @@ def torchrun_still_hung(work: Path, cap_s: float) -> bool:
     return True
 
 
+NVRX_WRAPPER = """import runpy, sys
+from nvidia_resiliency_ext.fault_tolerance import RankMonitorClient
+from torch.optim.optimizer import register_optimizer_step_post_hook
+client = RankMonitorClient()
+client.init_workload_monitoring()
+register_optimizer_step_post_hook(lambda opt, args, kwargs: client.send_heartbeat())   # every rank, every step
+script, sys.argv = sys.argv[1], sys.argv[1:]
+runpy.run_path(script, run_name="__main__")
+"""
+
+
+def nvrx_detect_s(work: Path, nvrx: str, cap_s: float, *, heartbeats: bool, ft_args: tuple[str, ...] = ()) -> float | None:
+    """NVRx's ft_launcher, the same sleeping rank: seconds from the fault (the sleeping rank's
+    line) to ft_launcher closing the workers; None if still hung at cap_s."""
+    work.mkdir(parents=True, exist_ok=True)
+    wrapper = work / "nvrx_wrap.py"
+    wrapper.write_text(NVRX_WRAPPER)
+    entry = [str(wrapper), str(SCRIPT)] if heartbeats else [str(SCRIPT)]
+    log = work / "ft_launcher.log"
+    env = {**os.environ, "PYTHONPATH": os.pathsep.join([nvrx, os.environ.get("PYTHONPATH", "")])}
+    with open(log, "wb") as sink:
+        proc = subprocess.Popen([sys.executable, "-m", "nvidia_resiliency_ext.fault_tolerance.launcher", "--standalone",
+                                 "--nproc-per-node", "2", "--max-restarts", "1", *ft_args, *entry, "--steps", "60",
+                                 "--ckpt-dir", str(work / "ckpt"), "--out", str(work / "final.pt"), "--sleep-at", "24"],
+                                stdout=sink, stderr=subprocess.STDOUT, cwd=work, env=env, start_new_session=True)
+    fault_at, found, deadline = None, None, time.monotonic() + 300 + cap_s
+    while time.monotonic() < deadline and found is None:
+        text = log.read_bytes()
+        if fault_at is None and b"sleeping forever" in text:
+            fault_at = time.monotonic()
+        elif fault_at is not None:
+            after = text[text.index(b"sleeping forever"):]
+            if any(w in after for w in (b"closing signal", b"Worker group FAILED", b"subsequent heartbeat")) \
+                    or proc.poll() is not None:
+                found = time.monotonic() - fault_at
+            elif time.monotonic() - fault_at >= cap_s:
+                break
+        time.sleep(0.1)
+    try:
+        os.killpg(proc.pid, 9)
+    except ProcessLookupError:
+        pass   # it ended by itself
+    subprocess.run(["pkill", "-KILL", "-f", str(work / "ckpt")], check=False)
+    proc.wait()
+    return found
+
+
+def nvrx_rows(base: Path, nvrx: str, cap_s: float, ckptsup_detect: float | None) -> None:
+    for name, heartbeats, ft_args in (("unmodified script, defaults", False, ()),
+                                      ("NVRx heartbeats each step, defaults (45 min timeout)", True, ()),
+                                      ("NVRx heartbeats each step, --ft-rank-heartbeat-timeout 10", True,
+                                       ("--ft-rank-heartbeat-timeout", "10"))):
+        got = nvrx_detect_s(base / f"nvrx-{len(name)}", nvrx, cap_s, heartbeats=heartbeats, ft_args=ft_args)
+        ratio = f" -> ckptsup {ckptsup_detect / got:.2f} x NVRx's time" if got and ckptsup_detect else \
+            (f" -> ckptsup < {ckptsup_detect / cap_s:.2f} x" if ckptsup_detect and got is None else "")
+        print(f"NVRx ft_launcher, {name}: " + (f"workers stopped {got:.2f} s after the fault" if got is not None
+                                                 else f"still hung {cap_s:g} s after the fault") + ratio)
+
+
 def main() -> int:
     p = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     p.add_argument("--cap-s", type=float, default=40.0)
     p.add_argument("--busy-s", type=float, default=30.0)
     p.add_argument("--stacks-only", action="store_true")
+    p.add_argument("--nvrx", default="", help="a directory nvidia_resiliency_ext imports from")
+    p.add_argument("--nvrx-only", action="store_true", help="with --nvrx: ckptsup's sleeping rank and NVRx only")
     a = p.parse_args()
     base = Path(tempfile.mkdtemp(prefix="ckptsup-bench-liveness-"))
     rows = []
-    stacks_of_eight(base)
+    if not a.nvrx_only:
+        stacks_of_eight(base)
     if a.stacks_only:
         return 0
 
@@ -121,6 +189,10 @@ def main() -> int:
           f"{hang['detail']}" if hang else "sleeping rank: NOT detected")
     if baseline and detect:
         print(f"  torchrun: still hung {a.cap_s:g} s after the fault -> ckptsup is < {detect / a.cap_s:.2f} x torchrun's time")
+    if a.nvrx:
+        nvrx_rows(base, a.nvrx, a.cap_s, detect)
+    if a.nvrx_only:
+        return 0
 
     (base / "busy").mkdir()
     rc, events, wall = launch(base / "busy", "--busy-at", "10,30:0", "--busy-s", str(a.busy_s))
