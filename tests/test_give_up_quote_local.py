@@ -29,3 +29,7 @@ def test_a_crash_loop_gives_up_quoting_the_failed_ranks_traceback(tmp_path):
     assert quote[0] == "Traceback (most recent call last):" and "in load" in "\n".join(quote)
     assert quote[-1] == "ValueError: bad batch 7", proc.stdout   # colour codes stripped
     assert "ChildFailedError" not in "\n".join(quote) and "(no error" not in proc.stdout
+    # torchrun's summary stays (the quote reads it); its own Python traceback does not reach the user
+    logs = "".join(p.read_text(errors="replace") for p in (tmp_path / "run").glob("attempt-*/ranks-*.log"))
+    assert "Root Cause (first observed failure)" in logs
+    assert 'distributed/run.py", line' not in logs + proc.stdout + proc.stderr

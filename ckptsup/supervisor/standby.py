@@ -43,6 +43,7 @@ class Standby:
 def main() -> int:
     # Until a request arrives this process is idle; the agent kills it with SIGKILL if unused.
     import torch.distributed.run as torchrun  # the expensive import, done ahead of need
+    from torch.distributed.elastic.multiprocessing.errors import ChildFailedError
 
     line = sys.stdin.readline()
     if not line.strip():
@@ -58,7 +59,13 @@ def main() -> int:
     os.chdir(request["cwd"])
     signal.signal(signal.SIGTERM, signal.SIG_DFL)
     sys.argv = ["torchrun", *request["argv"]]
-    torchrun.main(request["argv"])
+    try:
+        torchrun.main(request["argv"])
+    except ChildFailedError as err:
+        # A failed rank is the supervisor's to handle and report (error_quote reads this summary);
+        # torchrun's own Python traceback above it would only tell the user where torchrun raised.
+        print(f"torchrun: {type(err).__name__}: {err}", file=sys.stderr, flush=True)
+        return 1
     return 0
 
 
