@@ -37,8 +37,28 @@ def test_step_window_p99_ignores_bad_samples_and_stays_bounded():
 def test_phases_have_their_own_allowances():
     assert allowance(Phase.INIT, CFG, 30.0) == 300.0
     assert allowance(Phase.LOAD, CFG, 30.0) == 600.0
-    assert allowance(Phase.SAVE, CFG, 30.0) == 630.0
+    assert allowance(Phase.SAVE, CFG, 30.0) == 600.0   # no save measured: the whole save_timeout_s
     assert allowance(Phase.TRAIN, CFG, 30.0) == 30.0
+
+
+@pytest.mark.parametrize("saves", [[], [2.0], [50.0], [900.0]])
+def test_the_save_allowance_detection_applies_is_the_one_the_collective_timeout_was_derived_from(saves):
+    """docs/timeouts.md: min(save_timeout_s, max(hang_s, 3 x slowest save)); one figure for the
+    detector and for the ranks' collective timeout (nccl.derive_timeouts), not two."""
+    from ckptsup.config import Config
+    from ckptsup.supervisor import nccl
+
+    config = Config()
+    t = nccl.derive_timeouts(config, step_times=[0.5] * 20, save_times=saves)
+    expected = min(config.supervisor.save_timeout_s, max(t.hang_s, 3 * max(saves))) if saves \
+        else config.supervisor.save_timeout_s
+    assert t.save_allowance_s == expected
+    assert allowance(Phase.SAVE, config.supervisor, t.hang_s, save_allowance_s=t.save_allowance_s) == expected
+    saving = [rank(0, step=9, last=100.0, phase=Phase.SAVE)]
+    assert detect_hang(saving, now=100.0 + expected - 0.5, config=config.supervisor, train_timeout_s=t.hang_s,
+                       save_allowance_s=t.save_allowance_s) is None
+    assert detect_hang(saving, now=100.0 + expected + 0.5, config=config.supervisor, train_timeout_s=t.hang_s,
+                       save_allowance_s=t.save_allowance_s).kind is FailureKind.HANG
 
 
 def rank(r, *, step, last, phase=Phase.TRAIN, stopped=False, node="n1"):

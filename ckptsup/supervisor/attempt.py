@@ -69,6 +69,7 @@ class AttemptTracker:
     started: float
     resume_step: int = 0
     hang_cap_s: float = float("inf")    # keeps the supervisor before torch's collective timeout (nccl.py)
+    save_allowance_s: float | None = None  # a blocking save's allowance (nccl.Timeouts); None: save_timeout_s
     step_window: StepWindow = field(default_factory=StepWindow)
     marks: Marks = field(default_factory=Marks)
     node_views: dict[str, NodeView] = field(default_factory=dict)
@@ -501,7 +502,8 @@ class AttemptTracker:
         stopped = detect_stopped(ranks, now=now, config=self.config)
         if stopped is not None:
             return stopped
-        silence = detect_silence(ranks, now=now, config=self.config, train_timeout_s=train_timeout_s)
+        silence = detect_silence(ranks, now=now, config=self.config, train_timeout_s=train_timeout_s,
+                                 save_allowance_s=self.save_allowance_s)
         if silence is None:
             self._suspicion_over(now)
             return None

@@ -101,10 +101,13 @@ def hang_timeout(config: SupervisorConfig, step_p99_s: float | None) -> float:
     return max(config.hang_min_s, config.hang_step_factor * step_p99_s)
 
 
-def allowance(phase: Phase, config: SupervisorConfig, train_timeout_s: float, *, peer_in_eval: bool = False) -> float:
+def allowance(phase: Phase, config: SupervisorConfig, train_timeout_s: float, *, peer_in_eval: bool = False,
+              save_allowance_s: float | None = None) -> float:
     """How long a rank may show no progress in `phase`. `peer_in_eval`: another rank of the
     attempt is in an eval phase, so a training rank may be waiting for it in a collective (rank
-    0 evaluating while the others sit in a barrier): it gets the eval allowance too."""
+    0 evaluating while the others sit in a barrier): it gets the eval allowance too.
+    `save_allowance_s`: the attempt's `Timeouts.save_allowance_s` (docs/timeouts.md), the figure
+    its ranks' collective timeout was derived from; None (not derived): `save_timeout_s`."""
     if phase is Phase.EVAL:
         return config.eval_timeout_s
     if phase is Phase.TRAIN and peer_in_eval:
@@ -114,7 +117,7 @@ def allowance(phase: Phase, config: SupervisorConfig, train_timeout_s: float, *,
     if phase is Phase.LOAD:
         return config.load_timeout_s
     if phase is Phase.SAVE:
-        return config.save_timeout_s + train_timeout_s
+        return config.save_timeout_s if save_allowance_s is None else save_allowance_s
     if phase is Phase.STOPPING:
         return config.save_timeout_s + config.kill_grace_s
     if phase is Phase.DONE:
@@ -123,13 +126,14 @@ def allowance(phase: Phase, config: SupervisorConfig, train_timeout_s: float, *,
 
 
 def detect_hang(ranks: Iterable[RankView], *, now: float, config: SupervisorConfig,
-                train_timeout_s: float) -> Failure | None:
+                train_timeout_s: float, save_allowance_s: float | None = None) -> Failure | None:
     """A rank with no progress beyond its phase's allowance. Blame: a process seen stopped first,
     then the rank furthest behind (a hung rank holds the others in their collective). The
     tracker weighs a silence against the ranks' evidence of work first (liveness.py)."""
     every = list(ranks)
     return detect_stopped(every, now=now, config=config) or \
-        detect_silence(every, now=now, config=config, train_timeout_s=train_timeout_s)
+        detect_silence(every, now=now, config=config, train_timeout_s=train_timeout_s,
+                       save_allowance_s=save_allowance_s)
 
 
 def detect_stopped(ranks: Iterable[RankView], *, now: float, config: SupervisorConfig) -> Failure | None:
@@ -149,14 +153,15 @@ def detect_stopped(ranks: Iterable[RankView], *, now: float, config: SupervisorC
 
 
 def detect_silence(ranks: Iterable[RankView], *, now: float, config: SupervisorConfig,
-                   train_timeout_s: float) -> Failure | None:
+                   train_timeout_s: float, save_allowance_s: float | None = None) -> Failure | None:
     """No progress beyond a phase's allowance: a suspect attempt (hung only if nothing works)."""
     every = list(ranks)
     in_eval = any(v.phase is Phase.EVAL for v in every)
     overdue = []
     for view in every:
         silent = now - view.last_sign_of_life
-        if silent > allowance(view.phase, config, train_timeout_s, peer_in_eval=in_eval):
+        if silent > allowance(view.phase, config, train_timeout_s, peer_in_eval=in_eval,
+                              save_allowance_s=save_allowance_s):
             overdue.append((view, silent))
     if not overdue:
         return None

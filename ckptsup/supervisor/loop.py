@@ -478,7 +478,7 @@ class Supervisor:
         if self.timeouts is None or steady.collective_s >= self.timeouts.collective_s:
             return
         self.agents.send(MessageKind.SET_TIMEOUT, {"collective_s": round(steady.collective_s, 3)})
-        tracker.hang_cap_s = steady.hang_cap_s
+        tracker.hang_cap_s, tracker.save_allowance_s = steady.hang_cap_s, steady.save_allowance_s
         self.emit(Event.COLLECTIVE_TIMEOUT_SET, collective_s=round(steady.collective_s, 3),
                   was_s=round(self.timeouts.collective_s, 3), steps=len(tracker.step_window.samples))
         self.timeouts = steady
@@ -820,7 +820,8 @@ class Supervisor:
             self.losses = restore_check.keep(self.losses, self.tracker.losses)
         self.tracker = AttemptTracker(attempt=self.state.attempt, nodes=nodes, nproc_per_node=self.sup.nproc_per_node,
                                       config=self.sup, started=now, resume_step=recovery.resume_step(resume_from),
-                                      hang_cap_s=timeouts.hang_cap_s, expect_hello=self.job.expects_hello or hooked_before,
+                                      hang_cap_s=timeouts.hang_cap_s, save_allowance_s=timeouts.save_allowance_s,
+                                      expect_hello=self.job.expects_hello or hooked_before,
                                       loss_before=dict(self.losses))
         self.attempt_wall_start = time.time()
         if marks_from is not None:
