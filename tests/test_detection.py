@@ -7,7 +7,7 @@ from ckptsup.config import SupervisorConfig
 from ckptsup.env import ExitStatus
 from ckptsup.wire import Phase
 from ckptsup.supervisor.detection import (NodeView, RankView, StepWindow, allowance, classify_rank_exit,
-                                          detect_hang, detect_node_down, hang_timeout, percentile)
+                                          detect_hang, detect_node_down, HangTimeout, percentile)
 from ckptsup.supervisor.observations import FailureKind
 
 CFG = SupervisorConfig(hang_min_s=30.0, hang_step_factor=10.0, init_timeout_s=300.0, load_timeout_s=600.0,
@@ -15,13 +15,16 @@ CFG = SupervisorConfig(hang_min_s=30.0, hang_step_factor=10.0, init_timeout_s=30
 
 
 def test_automatic_hang_timeout_is_ten_times_p99_step_with_a_30s_floor():
-    assert hang_timeout(CFG, None) == 30.0
-    assert hang_timeout(CFG, 0.5) == 30.0
-    assert hang_timeout(CFG, 7.0) == 70.0
+    assert HangTimeout.of(CFG, None).s == 30.0
+    assert HangTimeout.of(CFG, 0.5).s == 30.0
+    assert HangTimeout.of(CFG, 7.0).s == 70.0
+    assert HangTimeout.of(CFG, 7.0).reason() == "max(hang_min_s 30s, 10 x p99 step 7.000s)"
+    assert HangTimeout.of(CFG, 7.0, cap_s=40.0).s == 40.0
+    assert HangTimeout.of(CFG, 7.0, cap_s=40.0).reason().endswith("capped below the ranks' collective timeout (40s)")
 
 
 def test_configured_hang_timeout_wins_over_auto():
-    assert hang_timeout(SupervisorConfig(hang_timeout_s=12), 100.0) == 12.0
+    assert HangTimeout.of(SupervisorConfig(hang_timeout_s=12), 100.0).s == 12.0
 
 
 def test_step_window_p99_ignores_bad_samples_and_stays_bounded():
@@ -50,14 +53,14 @@ def test_the_save_allowance_detection_applies_is_the_one_the_collective_timeout_
 
     config = Config()
     t = nccl.derive_timeouts(config, step_times=[0.5] * 20, save_times=saves)
-    expected = min(config.supervisor.save_timeout_s, max(t.hang_s, 3 * max(saves))) if saves \
+    expected = min(config.supervisor.save_timeout_s, max(t.hang.s, 3 * max(saves))) if saves \
         else config.supervisor.save_timeout_s
     assert t.save_allowance_s == expected
-    assert allowance(Phase.SAVE, config.supervisor, t.hang_s, save_allowance_s=t.save_allowance_s) == expected
+    assert allowance(Phase.SAVE, config.supervisor, t.hang.s, save_allowance_s=t.save_allowance_s) == expected
     saving = [rank(0, step=9, last=100.0, phase=Phase.SAVE)]
-    assert detect_hang(saving, now=100.0 + expected - 0.5, config=config.supervisor, train_timeout_s=t.hang_s,
+    assert detect_hang(saving, now=100.0 + expected - 0.5, config=config.supervisor, train_timeout_s=t.hang.s,
                        save_allowance_s=t.save_allowance_s) is None
-    assert detect_hang(saving, now=100.0 + expected + 0.5, config=config.supervisor, train_timeout_s=t.hang_s,
+    assert detect_hang(saving, now=100.0 + expected + 0.5, config=config.supervisor, train_timeout_s=t.hang.s,
                        save_allowance_s=t.save_allowance_s).kind is FailureKind.HANG
 
 
@@ -130,7 +133,7 @@ def test_the_hang_timeout_is_clamped_below_the_attempts_collective_timeout():
     t = AttemptTracker(attempt=0, nodes=("n1",), nproc_per_node=1, config=CFG, started=0.0, hang_cap_s=40.0)
     for _ in range(50):
         t.step_window.add(9.0)  # steps slowed down: 10 x p99 = 90 s
-    assert t.hang_timeout_s() == 40.0
+    assert t.hang_timeout().s == 40.0
 
 
 @pytest.mark.parametrize("finished, crash", [((0, 1), False), ((1,), True), ((), True)])

@@ -23,30 +23,30 @@ QUICK = {"busy_limit_s": 1.0}
 
 
 def test_auto_hang_timeout_is_floor_before_any_step_is_measured() -> None:
-    assert nccl.hang_timeout_s(Config(), []) == 10.0
+    assert nccl.derive_timeouts(Config(), step_times=[]).hang.s == 10.0
 
 
 def test_auto_hang_timeout_is_three_times_p99_step_when_that_is_larger() -> None:
     steps = [1.0] * 98 + [5.0, 6.0]  # p99 (nearest rank) = 5.0
-    assert nccl.hang_timeout_s(Config(), steps) == pytest.approx(15.0)
+    assert nccl.derive_timeouts(Config(), step_times=steps).hang.s == pytest.approx(15.0)
 
 
 def test_auto_hang_timeout_ignores_non_finite_and_negative_samples() -> None:
-    assert nccl.hang_timeout_s(Config(), [float("nan"), float("inf"), -1.0, 0.5]) == 10.0
+    assert nccl.derive_timeouts(Config(), step_times=[float("nan"), float("inf"), -1.0, 0.5]).hang.s == 10.0
 
 
 def test_configured_hang_timeout_wins_over_auto() -> None:
-    assert nccl.hang_timeout_s(cfg(supervisor={"hang_timeout_s": 12.0}), [100.0]) == 12.0
+    assert nccl.derive_timeouts(cfg(supervisor={"hang_timeout_s": 12.0}), step_times=[100.0]).hang.s == 12.0
 
 
 def test_steady_collective_timeout_exceeds_hang_and_save_deadlines_by_the_dump_margin() -> None:
     config = cfg(supervisor={"hang_min_s": 30.0, **QUICK})
     t = nccl.derive_timeouts(config, step_times=[0.2] * 50, save_times=[4.0, 6.0])
-    assert t.hang_s == 30.0
+    assert t.hang.s == 30.0
     assert t.save_allowance_s == pytest.approx(30.0)  # 3 x 6 s = 18 s < hang
     margin = 2 * config.supervisor.heartbeat_interval_s + nccl.DUMP_WAIT_S + config.supervisor.kill_grace_s
-    assert t.collective_s == pytest.approx(max(t.hang_s, t.save_allowance_s) + margin)
-    assert t.collective_s > t.hang_s + t.dump_wait_s + config.supervisor.kill_grace_s
+    assert t.collective_s == pytest.approx(max(t.hang.s, t.save_allowance_s) + margin)
+    assert t.collective_s > t.hang.s + t.dump_wait_s + config.supervisor.kill_grace_s
     assert t.collective_s < 600  # far below NCCL's 10 min default
 
 
@@ -98,7 +98,7 @@ def test_the_collective_timeout_outlasts_the_busy_limit() -> None:
     timeout must not end them before the supervisor's busy_limit_s would."""
     config = Config()
     t = nccl.derive_timeouts(config, step_times=[0.1] * 50, save_times=[1.0])
-    assert t.hang_s == 10.0 and t.save_allowance_s == 10.0
+    assert t.hang.s == 10.0 and t.save_allowance_s == 10.0
     assert t.collective_s == pytest.approx(config.supervisor.busy_limit_s + t.margin_s)
     t = nccl.derive_timeouts(cfg(supervisor={"busy_limit_s": 1200.0}), step_times=[0.1], save_times=[1.0])
     assert t.collective_s == pytest.approx(1200.0 + t.margin_s)
@@ -107,7 +107,7 @@ def test_the_collective_timeout_outlasts_the_busy_limit() -> None:
 @pytest.mark.parametrize("p99", [0.01, 0.5, 3.0, 20.0, 90.0])
 def test_ordering_holds_for_any_step_time(p99: float) -> None:
     t = nccl.derive_timeouts(Config(), step_times=[p99] * 10, save_times=[p99 * 2])
-    assert p99 < t.hang_s < t.collective_s
+    assert p99 < t.hang.s < t.collective_s
     assert t.save_allowance_s < t.collective_s
     assert t.collective_init_s > Config().supervisor.init_timeout_s
 
@@ -158,6 +158,6 @@ def test_derived_rows_show_every_exported_variable_with_its_origin() -> None:
 def test_hang_cap_keeps_the_supervisor_first_if_steps_slow_down_mid_attempt() -> None:
     config = cfg(supervisor={"hang_min_s": 30.0, "hang_step_factor": 10.0, **QUICK})
     t = nccl.derive_timeouts(config, step_times=[0.2] * 20, save_times=[1.0])  # launched: hang 30 s
-    later_hang = nccl.hang_timeout_s(config, [5.0] * 20)  # steps slowed to 5 s: auto hang 50 s
+    later_hang = nccl.derive_timeouts(config, step_times=[5.0] * 20).hang.s  # steps slowed to 5 s: auto hang 50 s
     assert later_hang > t.hang_cap_s  # unclamped, torch's timeout would fire first
     assert min(later_hang, t.hang_cap_s) + t.margin_s <= t.collective_s

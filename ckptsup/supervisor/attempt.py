@@ -18,8 +18,8 @@ from ..env import ExitStatus
 from .agent_step import Message
 from ..wire import MessageKind, Phase
 from .sdc import sdc_failure
-from .detection import (NodeView, RankView, StepWindow, TeardownHang, classify_rank_exit, detect_hang, detect_silence, detect_stopped,
-                        detect_node_down, detect_teardown_hang, hang_timeout, nan_failure)
+from .detection import (HangTimeout, NodeView, RankView, StepWindow, TeardownHang, classify_rank_exit, detect_hang, detect_silence, detect_stopped,
+                        detect_node_down, detect_teardown_hang, nan_failure)
 from .observations import Failure, FailureKind, SupervisionLevel
 from .stragglers import Straggler, StragglerDetector
 from .liveness import Hung, NeedStacks, RankEvidence, Working, judge
@@ -169,10 +169,10 @@ class AttemptTracker:
             positions.append(self.resume_step)
         return min(positions)
 
-    def hang_timeout_s(self) -> float:
-        """The automatic hang timeout, clamped so that it stays below the collective timeout this
+    def hang_timeout(self) -> HangTimeout:
+        """The hang timeout now, clamped so that it stays below the collective timeout this
         attempt was launched with even if steps slow down mid-attempt."""
-        return min(hang_timeout(self.config, self.step_window.p99()), self.hang_cap_s)
+        return HangTimeout.of(self.config, self.step_window.p99(), cap_s=self.hang_cap_s)
 
     # ---- messages -----------------------------------------------------------------------------
     def on_message(self, msg: Message) -> Failure | None:
@@ -474,7 +474,7 @@ class AttemptTracker:
                                detail=f"only {self.hellos} of {self.world_size} ranks started within "
                                       f"supervisor.init_timeout_s={self.config.init_timeout_s:g}s")
             return None
-        hang = self._hang(ranks, now, self.hang_timeout_s())
+        hang = self._hang(ranks, now, self.hang_timeout().s)
         if hang is not None:
             return replace(hang, step=self.current_step())
         return None
@@ -490,7 +490,7 @@ class AttemptTracker:
             held = [v for v in ranks if v.stopped]
             return replace(hang, step=None) if held and (hang := detect_hang(held, now=now, config=self.config,
                                                                              train_timeout_s=math.inf)) else None
-        hang = self._hang(ranks, now, self.hang_timeout_s())
+        hang = self._hang(ranks, now, self.hang_timeout().s)
         if hang is not None:
             return replace(hang, step=self.current_step(),
                            detail=f"{hang.detail} (no progress line; supervisor.progress_pattern)")

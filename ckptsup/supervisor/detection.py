@@ -91,14 +91,47 @@ def percentile(values: Sequence[float], q: float) -> float | None:
     return ordered[index]
 
 
-def hang_timeout(config: SupervisorConfig, step_p99_s: float | None) -> float:
-    """The hang timeout in the train phase: the configured number, or
-    max(hang_min_s, hang_step_factor × p99 step) when it is "auto"."""
-    if config.hang_timeout_s != AUTO:
-        return float(config.hang_timeout_s)
-    if step_p99_s is None:
-        return config.hang_min_s
-    return max(config.hang_min_s, config.hang_step_factor * step_p99_s)
+@dataclass(frozen=True, kw_only=True)
+class HangTimeout:
+    """The train phase's hang timeout, and why it is what it is (docs/timeouts.md): the one value
+    that detection applies, the collective timeouts are derived from (nccl.Timeouts.hang),
+    `ckptsup status` shows and the events record. `HangTimeout.of` builds it."""
+
+    configured_s: float | None    # supervisor.hang_timeout_s when a number; None: "auto"
+    min_s: float                  # hang_min_s
+    step_factor: float            # hang_step_factor
+    p99_s: float | None = None    # the measured p99 step; None: none measured yet
+    cap_s: float = math.inf       # below the attempt's collective timeout (nccl.Timeouts.hang_cap_s)
+
+    @classmethod
+    def of(cls, config: SupervisorConfig, step_p99_s: float | None = None, *, cap_s: float = math.inf) -> "HangTimeout":
+        configured = None if config.hang_timeout_s == AUTO else float(config.hang_timeout_s)
+        return cls(configured_s=configured, min_s=config.hang_min_s, step_factor=config.hang_step_factor,
+                   p99_s=step_p99_s, cap_s=cap_s)
+
+    @property
+    def uncapped_s(self) -> float:
+        """The configured number, or max(hang_min_s, hang_step_factor x p99 step) when "auto"."""
+        if self.configured_s is not None:
+            return self.configured_s
+        if self.p99_s is None:
+            return self.min_s
+        return max(self.min_s, self.step_factor * self.p99_s)
+
+    @property
+    def s(self) -> float:
+        return min(self.uncapped_s, self.cap_s)
+
+    def reason(self) -> str:
+        if self.configured_s is not None:
+            why = f"supervisor.hang_timeout_s = {self.configured_s:g}s"
+        elif self.p99_s is None:
+            why = f"hang_min_s {self.min_s:g}s: no step measured yet"
+        else:
+            why = f"max(hang_min_s {self.min_s:g}s, {self.step_factor:g} x p99 step {self.p99_s:.3f}s)"
+        if self.s < self.uncapped_s:
+            why += f", capped below the ranks' collective timeout ({self.cap_s:g}s)"
+        return why
 
 
 def allowance(phase: Phase, config: SupervisorConfig, train_timeout_s: float, *, peer_in_eval: bool = False,

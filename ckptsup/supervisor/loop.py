@@ -466,7 +466,7 @@ class Supervisor:
             st = msg.body.get("step_time_s")
             self.emit(Event.STEP_PROGRESS, step=tracker.last_step, step_time_s=st,
                       step_p99_s=None if p99 is None else round(p99, 6),
-                      hang_timeout_s=round(tracker.hang_timeout_s(), 3), **sdc_cost(tracker.sdc_s))
+                      hang_timeout_s=round(tracker.hang_timeout().s, 3), **sdc_cost(tracker.sdc_s))
 
     def _set_steady_timeout(self, tracker: AttemptTracker) -> None:
         """A launch that knew no step time ran with steady = init (docs/timeouts.md §3): once this

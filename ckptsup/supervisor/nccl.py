@@ -42,7 +42,7 @@ from typing import Any, Iterable
 
 from .. import env as envvars
 from ..config import AUTO, Config
-from .detection import hang_timeout, percentile
+from .detection import HangTimeout, percentile
 
 SAVE_FACTOR = 3.0           # a blocking save may take this x the slowest one measured
 DUMP_WAIT_S = 15.0          # time ranks get to write the flight recorder (torch's default wait)
@@ -54,27 +54,18 @@ def _finite(values: Iterable[float] | None) -> list[float]:
     return [float(v) for v in (values or ()) if v is not None and math.isfinite(float(v)) and float(v) >= 0]
 
 
-def hang_timeout_s(config: Config, step_times: Iterable[float] | None = ()) -> float:
-    """The supervisor's steady hang timeout: the configured number, or (auto)
-    max(hang_min_s, hang_step_factor x p99 of the measured step times); hang_min_s before any
-    step was measured."""
-    steps = _finite(step_times)
-    return hang_timeout(config.supervisor, percentile(steps, 0.99))
-
-
-def save_allowance_s(config: Config, save_times: Iterable[float] | None = (),
-                     step_times: Iterable[float] | None = ()) -> float:
+def save_allowance_s(config: Config, hang: HangTimeout, save_times: Iterable[float] | None = ()) -> float:
     """How long the supervisor lets a blocking save run without progress."""
     cap = float(config.supervisor.save_timeout_s)
     saves = _finite(save_times)
     if not saves:
         return cap
-    return min(cap, max(hang_timeout_s(config, step_times), SAVE_FACTOR * max(saves)))
+    return min(cap, max(hang.s, SAVE_FACTOR * max(saves)))
 
 
 @dataclass(frozen=True, kw_only=True)
 class Timeouts:
-    hang_s: float
+    hang: HangTimeout
     save_allowance_s: float
     collective_init_s: float
     collective_s: float
@@ -95,8 +86,9 @@ def derive_timeouts(config: Config, *, step_times: Iterable[float] | None = (),
                     save_times: Iterable[float] | None = ()) -> Timeouts:
     sup, nccl = config.supervisor, config.nccl
     steps = _finite(step_times)
-    hang = hang_timeout_s(config, steps)
-    save_allow = save_allowance_s(config, save_times, steps)
+    hang_timeout = HangTimeout.of(sup, percentile(steps, 0.99))   # hang_min_s before a step is measured
+    hang = hang_timeout.s
+    save_allow = save_allowance_s(config, hang_timeout, save_times)
     margin = DETECTION_SLACK_HEARTBEATS * sup.heartbeat_interval_s + DUMP_WAIT_S + sup.kill_grace_s
     notes: list[str] = []
 
@@ -126,7 +118,7 @@ def derive_timeouts(config: Config, *, step_times: Iterable[float] | None = (),
     if nccl.async_error_handling == 1 and nccl.flight_recorder_entries > 0:
         notes.append("async_error_handling=1 aborts communicators, which breaks flight-recorder dumps "
                      "(pytorch#121055); 3 is recommended")
-    return Timeouts(hang_s=hang, save_allowance_s=save_allow, collective_init_s=init,
+    return Timeouts(hang=hang_timeout, save_allowance_s=save_allow, collective_init_s=init,
                     collective_s=steady, heartbeat_s=float(nccl.heartbeat_timeout_s),
                     dump_wait_s=DUMP_WAIT_S, margin_s=margin, notes=tuple(notes))
 
@@ -174,7 +166,7 @@ def derived_rows(config: Config, *, run_dir: str | Path = "<run_dir>", attempt: 
     t = derive_timeouts(config, step_times=step_times, save_times=save_times)
     hang_source = ("configured supervisor.hang_timeout_s" if config.supervisor.hang_timeout_s != AUTO
                    else "derived: max(hang_min_s, hang_step_factor x p99 step)")
-    rows = [{"key": "supervisor.hang_timeout_s (effective)", "value": t.hang_s, "source": hang_source},
+    rows = [{"key": "supervisor.hang_timeout_s (effective)", "value": t.hang.s, "source": hang_source},
             {"key": "supervisor.save_allowance_s (effective)", "value": t.save_allowance_s,
              "source": "derived: min(save_timeout_s, max(hang, 3 x slowest save))"},
             {"key": "nccl.collective_timeout_init_s (effective)", "value": t.collective_init_s,

@@ -1,7 +1,7 @@
 """The live status of a run, as its supervisor publishes it: `<run_dir>/status.json` (0600 in the
 0700 run dir, written whole and renamed in every STATUS_EVERY_S and at the end), read by
 `ckptsup status` (supervisor/cli_status.py) — no listener. `build_status` is pure: the loop
-hands it what it knows; `hang_reason` says which rule set the hang timeout in force.
+hands it what it knows; `HangTimeout.reason` (detection.py) says which rule set the hang timeout in force.
 """
 
 from __future__ import annotations
@@ -10,12 +10,11 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any, Callable, Mapping
 
-from ..config import AUTO, SupervisorConfig
+from ..config import SupervisorConfig
 from ..errors import ConfigError
 from ..rundir import atomic_write_json
 from ..safe_io import read_json
 from .attempt import AttemptTracker
-from .detection import hang_timeout
 
 STATUS_FILE = "status.json"
 STATUS_EVERY_S = 2.0
@@ -35,19 +34,6 @@ class Seen:
     checkpoints: Mapping[str, dict[str, Any]]  # committed | validated | durable -> {step, ts, ...}
     interval_s: float | None                 # the checkpoint interval in force
     last_commit_mono: float | None
-
-
-def hang_reason(config: SupervisorConfig, tracker: AttemptTracker) -> str:
-    p99 = tracker.step_window.p99()
-    if config.hang_timeout_s != AUTO:
-        why = f"supervisor.hang_timeout_s = {config.hang_timeout_s:g}s"
-    elif p99 is None:
-        why = f"hang_min_s {config.hang_min_s:g}s: no step measured yet"
-    else:
-        why = f"max(hang_min_s {config.hang_min_s:g}s, {config.hang_step_factor:g} x p99 step {p99:.3f}s)"
-    if tracker.hang_timeout_s() < hang_timeout(config, p99):
-        why += f", capped below the ranks' collective timeout ({tracker.hang_cap_s:g}s)"
-    return why
 
 
 def build_status(*, job_id: str, attempt: int, epoch: int, run_status: str, active: tuple[str, ...],
@@ -82,7 +68,7 @@ def build_status(*, job_id: str, attempt: int, epoch: int, run_status: str, acti
         level = tracker.level
         out.update(level=level.value if level else None, step=tracker.last_step,
                    step_p50_s=tracker.step_window.p50(), step_p99_s=tracker.step_window.p99(),
-                   hang_timeout_s=round(tracker.hang_timeout_s(), 3), hang_why=hang_reason(config, tracker),
+                   hang_timeout_s=round(tracker.hang_timeout().s, 3), hang_why=tracker.hang_timeout().reason(),
                    # every rank's process: pid as its node sees it, host_pid as the outermost pid
                    # namespace that node's /proc shows (docs/supervisor.md §Finding a rank)
                    ranks=[{"rank": r, **v} for r, v in sorted(tracker.pids.items())],
