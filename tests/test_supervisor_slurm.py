@@ -625,7 +625,7 @@ def test_a_flipped_bit_on_one_of_three_replicas_drains_that_node_and_the_spare_t
     import torch
 
     job, run, out = submit(tmp_path, nodes=3, spares=1, extra=(*SDC_ARGS, *FLIP))
-    dev_cluster.wait_for(lambda: finished(dev_cluster, job), 180, what=f"job {job} to finish")
+    dev_cluster.wait_for(lambda: finished(dev_cluster, job), 240, what=f"job {job} to finish")
     victim = flipped_on(run)
     try:
         info = dev_cluster.client.node_info()[victim]   # ckptsup drained it ([slurm] drain_bad_nodes)
@@ -661,7 +661,7 @@ def test_two_replicas_that_disagree_rerun_on_the_same_nodes_and_a_transient_blam
     nodes; the flip does not recur there (a transient): nothing excluded, nothing drained, and the
     run ends bit for bit as the uninterrupted one."""
     job, run, out = submit(tmp_path, nodes=2, spares=0, extra=FLIP)
-    dev_cluster.wait_for(lambda: finished(dev_cluster, job), 180, what=f"job {job} to finish")
+    dev_cluster.wait_for(lambda: finished(dev_cluster, job), 240, what=f"job {job} to finish")
     events = read_events(run)
     [failure] = named(events, "failure_detected")
     nodes = named(events, "launch")[0]["nodes"]
