@@ -18,6 +18,9 @@ Flags (the supervisor's and the checkpoint tests use them):
   --nan-at-step S[,S...]  rank --nan-rank (default 0) reports a NaN loss at step S (each listed)
   --crash-at-step S[,S]   rank --crash-rank (default 0) raises at step S (exit 1)
   --hang-at-step S[,S]    rank --hang-rank (default 0) sleeps forever at step S
+  --flip-at-step S[,S]    rank --flip-rank (default 0) flips one bit of a first-layer weight right
+                          after step S's optimizer step, as a memory error would (the loss stays
+                          finite; ckptsup's replica fingerprints catch it: docs/sdc.md)
   --fault-mode once|always  `once` (default) fires each injected fault only the first time:
                           a marker file in --out (else next to the checkpoint dir) records it
   --hold-at-step S --hold-file F  before step S every rank waits, inside ckptsup.phase("eval")
@@ -46,6 +49,7 @@ from torch import nn
 from torchdata.stateful_dataloader import StatefulDataLoader
 
 import ckptsup
+from ckptsup.hooks.fingerprint import flip_bit
 from ckptsup.hooks.sampler import ResumableDistributedSampler
 
 
@@ -77,7 +81,7 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
     p.add_argument("--seed", type=int, default=0)
     p.add_argument("--lr", type=float, default=1e-2)
     p.add_argument("--warmup-steps", type=int, default=10)
-    for fault in ("nan", "crash", "hang"):
+    for fault in ("nan", "crash", "hang", "flip"):
         p.add_argument(f"--{fault}-at-step", type=steps, default=())
         p.add_argument(f"--{fault}-rank", type=int, default=0)
     p.add_argument("--fault-mode", choices=("once", "always"), default="once")
@@ -175,6 +179,9 @@ def main(argv: list[str] | None = None) -> int:
         loss.backward()
         opt.step()
         sched.step()
+        if fault_fires(args, "flip", step, rank, marker_dir):   # silent data corruption, for tests
+            flip_bit(model.module if distributed else model, param=0, index=3, bit=12)
+            print(f"rank {rank}: flipped a bit after step {step}", flush=True)
         progress["samples_seen"] += len(ids)
         if samples_log is not None:
             os.write(samples_log, (json.dumps({"step": step, "ids": ids.tolist()}) + "\n").encode())

@@ -7,8 +7,8 @@ import torch
 
 from ckptsup.checkpoint.manifest import Manifest
 from ckptsup.checkpoint.validate import REPLICAS_KEY, replica_problem
-from ckptsup.hooks.fingerprint import (ROW, Replication, fingerprint, flip_bit, record, replication, state_tensors,
-                                      verdict)
+from ckptsup.hooks.fingerprint import (ROW, Replication, fingerprint, flip_bit, grouped_verdict, record, replica_group,
+                                      replication, state_tensors, verdict)
 
 pytestmark = pytest.mark.torch
 
@@ -123,3 +123,57 @@ def test_a_manifest_of_disagreeing_replicas_is_refused_and_one_without_the_recor
     assert "replicas disagreed at step 30 (ranks 1 in dispute)" in replica_problem(bad)
     assert replica_problem(manifest({REPLICAS_KEY: record(verdict([(1,), (1,)]))})) is None
     assert replica_problem(manifest({})) is None
+
+
+def test_hsdp_compares_each_shard_across_its_replica_groups():
+    """grouped_verdict: the ranks with the same key hold the same shard. A 2x2 (replicate, shard)
+    mesh with rank 3's copy flipped: shard 1's pair (ranks 1, 3) is in dispute with no majority,
+    shard 0's pair (0, 2) is not; 3x2 names rank 3 alone; other shards are never compared."""
+    shard0, shard1, bad = (1, 2), (3, 4), (5, 6)
+    assert grouped_verdict([shard0, shard1, shard0, shard1], [0, 1, 0, 1]).agree
+    v = grouped_verdict([shard0, shard1, shard0, bad], [0, 1, 0, 1])
+    assert not v.agree and not v.majority and v.disputed == (1, 3) and v.copies == 2
+    v = grouped_verdict([shard0, shard1, shard0, bad, shard0, shard1], [0, 1, 0, 1, 0, 1])
+    assert not v.agree and v.majority and v.odd == v.disputed == (3,) and v.copies == 3 and v.fingerprint
+    v = grouped_verdict([bad, shard1, shard0, bad, shard0, shard1], [0, 1, 0, 1, 0, 1])
+    assert v.majority and v.odd == (0, 3)            # both groups outvote one rank each
+    v = grouped_verdict([bad, shard1, shard0, bad], [0, 1, 0, 1])
+    assert not v.majority and v.disputed == (0, 1, 2, 3)
+    assert grouped_verdict([shard0, shard1, bad], [-1, -1, -1]).agree   # nobody has a replica
+    assert grouped_verdict([shard0, bad], [0, 0]) == verdict([shard0, bad])   # one group of all: DDP's
+    # the record of an agreeing HSDP state: the groups' majorities folded into one fingerprint
+    same = grouped_verdict([shard0, shard1, shard0, shard1], [0, 1, 0, 1]).fingerprint
+    assert same and same != grouped_verdict([shard0, bad, shard0, bad], [0, 1, 0, 1]).fingerprint
+
+
+class Placement:
+    def __init__(self, replicate: bool) -> None:
+        self.replicate = replicate
+
+    def is_replicate(self) -> bool:
+        return self.replicate
+
+
+class Mesh:
+    def __init__(self, ranks: list[list[int]]) -> None:
+        self.mesh = torch.tensor(ranks)
+
+
+def test_the_replica_group_comes_from_the_parameters_mesh():
+    """replica_group: the ranks whose coordinates differ only along the dimension every parameter
+    is replicated on (a fake mesh: the real one runs in tests/test_sdc_hsdp.py)."""
+    model, _ = trained()
+    mesh = Mesh([[0, 1], [2, 3], [4, 5]])
+    for p in model.parameters():
+        p.device_mesh, p.placements, p.to_local = mesh, (Placement(True), Placement(False)), lambda: None
+    assert replication(model) is Replication.HYBRID
+    assert [replica_group(model, r) for r in range(6)] == [(0, 2, 4), (1, 3, 5)] * 3
+    next(model.parameters()).placements = (Placement(False), Placement(False))   # one parameter sharded on both
+    assert replication(model) is Replication.SHARDS and replica_group(model, 3) == (3,)
+    flat = Mesh([[0, 1, 2, 3]])
+    for p in model.parameters():
+        p.device_mesh, p.placements = flat, (Placement(True), Placement(False))
+    assert replication(model) is Replication.SHARDS   # a replicated dimension of size 1 holds no replicas
+    for p in model.parameters():
+        p.device_mesh, p.placements = Mesh([[0, 1], [2, 3]]), (Placement(True), Placement(False))
+    assert replication(model) is Replication.SHARDS   # parameters on several meshes: not compared

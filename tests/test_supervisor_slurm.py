@@ -344,28 +344,42 @@ def test_a_hung_rank_on_a_cluster_node_restarts_on_the_fast_path(dev_cluster, tm
     assert json.loads((out / "final.json").read_text())["params_sha256"] == reference
 
 
-def test_a_nan_replays_on_the_same_nodes_and_a_second_nan_on_that_node_moves_it_to_the_spare(
+def test_a_nan_replays_on_the_same_nodes_a_second_nan_on_that_node_moves_it_to_the_spare_then_two_replicas_rerun(
         dev_cluster, tmp_path, reference):
     """Replay before blame (docs/sdc.md), both halves in one run: the NaN at step 17 on rank 1 is
     replayed on the same nodes from step 15 and does not recur there (a transient: no blame); the
     NaN at step 23 on the same rank's node is a second at another step: that node is excluded and
-    drained, the spare takes it, and the run ends as an uninterrupted one."""
-    job, run, out = submit(tmp_path, nodes=2, spares=1, extra=("--nan-at-step", "17,23", "--nan-rank", "1"))
-    dev_cluster.wait_for(lambda: named(read_events(run), "run_complete"), 240, what="the run to complete")
+    drained, the spare takes it. Then a bit flipped on rank 1 after step 32: two copies have no
+    majority, so the run goes back to the last agreed checkpoint (step_30; step_35 was written
+    disagreeing) on the same nodes, the flip does not recur (a transient): nobody blamed, nothing
+    drained, and the NaNs before count nothing toward it. The run ends as an uninterrupted one."""
+    job, run, out = submit(tmp_path, nodes=2, spares=1, extra=("--nan-at-step", "17,23", "--nan-rank", "1",
+                                                               "--flip-at-step", "32", "--flip-rank", "1"))
+    dev_cluster.wait_for(lambda: named(read_events(run), "run_complete"), 300, what="the run to complete")
     events = read_events(run)
-    first_nan, second_nan = named(events, "failure_detected")
+    first_nan, second_nan, sdc = named(events, "failure_detected")
     assert (first_nan["kind"], first_nan["rank"], first_nan["step"]) == ("nan", 1, 17)
     assert (second_nan["kind"], second_nan["rank"], second_nan["step"]) == ("nan", 1, 23)
     assert second_nan["node"] == first_nan["node"]
     launches = named(events, "launch")
-    assert len(launches) == 3 and launches[1]["nodes"] == launches[0]["nodes"]   # the replay: same nodes
-    [excluded] = named(events, "node_excluded")
+    assert len(launches) == 4 and launches[1]["nodes"] == launches[0]["nodes"]   # the replay: same nodes
+    [excluded] = named(events, "node_excluded")   # the NaN's node only: the two copies blamed nobody
     assert excluded["node"] == first_nan["node"] and excluded["drained"]
     assert excluded["reason"] == "nan: non-finite loss at steps 17 and 23 on this node"   # the drain's reason too
     dev_cluster.give_back(excluded["node"])  # give the drained node back to later tests
     assert launches[2]["path"] == "node" and first_nan["node"] not in launches[2]["nodes"] \
         and launches[0]["spares"][0] in launches[2]["nodes"]
-    assert [r["resume_step"] for r in named(events, "restart_done")] == [15, 20]
+    pair = sorted(launches[2]["nodes"])
+    assert (sdc["kind"], sdc["step"], sdc["ranks"], sdc["nodes"], sdc["agreed_step"]) == ("sdc", 34, [0, 1], pair, 29)
+    assert sdc.get("node") is None and "2 copies and no majority" in sdc["detail"], sdc
+    assert launches[3]["nodes"] == launches[2]["nodes"] and launches[3]["path"] == "fast"   # the rerun: same nodes
+    assert [r["resume_step"] for r in named(events, "restart_done")] == [15, 20, 30]
+    [rejected] = named(events, "checkpoint_rejected")
+    assert rejected["step"] == 35 and "replicas disagreed at step 35" in rejected["reason"], rejected
+    assert all(not i.reason.startswith("ckptsup") for n, i in dev_cluster.client.node_info().items() if n in pair)
+    report = subprocess.run([*CKPTSUP, "report", str(run), "--json"], capture_output=True, text=True, timeout=60)
+    [incident] = json.loads(report.stdout)["sdc"]["list"]
+    assert (incident["outcome"], incident["detect_lag_steps"], incident["rolled_back_steps"]) == ("transient", 5, 5)
     assert json.loads((out / "final.json").read_text())["params_sha256"] == reference
 
 
@@ -583,3 +597,74 @@ def test_a_node_and_its_buddy_lost_together_fall_back_to_disk_and_the_object_sto
     assert sorted(named(events, "launch")[-1]["nodes"]) == sorted([first["spares"][0], batch_host])
     assert "a node and its buddy lost together" in (run / f"slurm-{job}.out").read_text()   # rank 0's console line
     assert json.loads((out / "final.json").read_text())["params_sha256"] == reference
+
+
+# Silent data corruption (docs/sdc.md) on the dev cluster, at the default [sdc] settings: the
+# every-5-steps saves check the replicas. One bit flipped after step 17 is caught at the save of
+# step_20 (written as evidence, never resumed from), and the run resumes from step_15. (Two copies:
+# chained into the NaN run above.)
+FLIP = ("--flip-at-step", "17", "--flip-rank", "1")
+SDC_ARGS = ["--steps", "40", "--save-every-steps", "5"]
+
+
+@pytest.fixture(scope="module")
+def reference_3_ranks(tmp_path_factory) -> dict:
+    """Final parameters of the uninterrupted 3-rank run (local mode; the step sleep changes nothing)."""
+    tmp = tmp_path_factory.mktemp("sdc-reference")
+    proc = subprocess.run([*CKPTSUP, "launch", "--nproc-per-node", "3", "--config", str(job_config(tmp)),
+                           "--run-dir", str(tmp / "run"), str(TRAIN), *SDC_ARGS, "--out", str(tmp / "out")],
+                          capture_output=True, text=True, timeout=300, cwd=tmp)
+    assert proc.returncode == 0, proc.stdout + proc.stderr
+    return torch_load(tmp / "out" / "final_rank0.pt")["model"]
+
+
+def torch_load(path: Path) -> dict:
+    import torch
+
+    return torch.load(path, weights_only=True)
+
+
+def flipped_on(run: Path, attempt: int = 0) -> str:
+    """The node whose rank log has the flip (the rank's own line: where it really ran)."""
+    [node] = [p.name[len("ranks-"):-len(".log")] for p in (run / f"attempt-{attempt}").glob("ranks-*.log")
+              if "rank 1: flipped a bit after step 17" in p.read_text(errors="replace")]
+    return node
+
+
+def test_a_flipped_bit_on_one_of_three_replicas_drains_that_node_and_the_spare_takes_its_place(
+        dev_cluster, tmp_path, reference_3_ranks):
+    """3 active + 1 spare, one rank per node: the majority names rank 1 and its node; that node is
+    excluded and drained for SDC, the spare takes its place, the run resumes from the newest
+    checkpoint whose replicas agreed (step_15: step_20 was written disagreeing), and every replica
+    ends equal to the uninterrupted run's parameters."""
+    import torch
+
+    job, run, out = submit(tmp_path, nodes=3, spares=1, extra=(*SDC_ARGS, *FLIP))
+    dev_cluster.wait_for(lambda: finished(dev_cluster, job), 240, what=f"job {job} to finish")
+    victim = flipped_on(run)
+    try:
+        info = dev_cluster.client.node_info()[victim]   # ckptsup drained it ([slurm] drain_bad_nodes)
+        assert info.state.value in ("drained", "draining") and info.reason.startswith("ckptsup: sdc:"), info
+    finally:
+        dev_cluster.give_back(victim)   # give the node back to later tests
+    events = read_events(run)
+    first = named(events, "launch")[0]
+    [spare] = first["spares"]
+    [failure] = named(events, "failure_detected")
+    assert (failure["kind"], failure["rank"], failure["step"], failure["node"]) == ("sdc", 1, 19, victim), failure
+    assert (failure["ranks"], failure["nodes"], failure["agreed_step"]) == ([1], [victim], 14), failure
+    assert f"rank(s) 1 on {victim} differ from the majority of 3 copies" in failure["detail"]
+    [excluded] = named(events, "node_excluded")
+    assert excluded["node"] == victim and excluded["drained"], excluded
+    assert excluded["reason"] == "sdc: replicas disagreed at step 19; the majority outvoted this node's"
+    [rejected] = named(events, "checkpoint_rejected")
+    assert rejected["step"] == 20 and "replicas disagreed at step 20" in rejected["reason"], rejected
+    restart = named(events, "restart_done")[-1]
+    assert restart["path"] == "node" and restart["resume_step"] == 15, restart
+    assert named(events, "launch")[-1]["nodes"] == [n for n in first["nodes"] if n != victim] + [spare]
+    assert not named(events, "requeue") and named(events, "run_complete")
+    assert dev_cluster.job(job) is None or dev_cluster.job(job).state == JobState.COMPLETED
+    finals = [torch_load(out / f"final_rank{r}.pt")["model"] for r in range(3)]
+    for name, value in finals[0].items():   # every replica identical, and the uninterrupted run's
+        assert all(torch.equal(f[name], value) for f in finals[1:]), name
+        torch.testing.assert_close(value, reference_3_ranks[name], rtol=1e-6, atol=1e-7)

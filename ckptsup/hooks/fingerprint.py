@@ -11,7 +11,9 @@ bit changes a word by ±2^k, which an odd weight keeps non-zero mod 2^64, so a s
 shows. No host copy of a tensor is made: only the few int64 lanes leave the device.
 
 `verdict` is pure: from every rank's fingerprint, whether the replicas agree and, with three or
-more copies, which rank(s) the majority outvotes.
+more copies, which rank(s) the majority outvotes. `grouped_verdict` does it per replica group: with
+HSDP (FSDP2 on a mesh with a replicated dimension) the ranks that hold the same shard form a group,
+and each group is compared on its own (`replica_group`).
 """
 
 from __future__ import annotations
@@ -138,9 +140,11 @@ def fingerprint(tensors: Iterable[tuple[str, Any]]) -> list[int]:
 
 
 class Replication(Enum):
-    """What the ranks' copies of a model are to each other: only REPLICAS are compared."""
+    """What the ranks' copies of a model are to each other: REPLICAS and HYBRID are compared."""
 
     REPLICAS = "replicas"   # DistributedDataParallel: every rank holds the same bytes, kept so by DDP
+    HYBRID = "hybrid"       # HSDP: DTensor parameters replicated along a mesh dimension; the ranks that
+                            # hold the same shard are replicas of each other (`replica_group`)
     SHARDS = "shards"       # FSDP / FSDP2 / tensor parallel: every rank holds other bytes by design
     UNKNOWN = "unknown"     # a plain module: nothing says the ranks keep it in sync (pipeline stages,
                             # per-rank models, manual parallelism): comparing would be a false alarm
@@ -150,13 +154,50 @@ def replication(model: Any) -> Replication:
     import torch
 
     if any(hasattr(p, "to_local") or hasattr(p, "_local_tensor") for p in model.parameters()):
-        return Replication.SHARDS   # DTensor parameters (FSDP2, tensor parallel, HSDP)
+        # DTensor parameters: FSDP2, tensor parallel, HSDP
+        return Replication.HYBRID if replicated_dims(model) else Replication.SHARDS
     fsdp = getattr(getattr(torch.distributed, "fsdp", None), "FullyShardedDataParallel", None)
     if fsdp is not None and any(isinstance(m, fsdp) for m in model.modules()):
-        return Replication.SHARDS   # FSDP1: flat parameters, a shard per rank
+        return Replication.SHARDS   # FSDP1 (HYBRID_SHARD too: its flat parameters are not compared)
     if isinstance(model, torch.nn.parallel.DistributedDataParallel):
         return Replication.REPLICAS
     return Replication.UNKNOWN
+
+
+def replicated_dims(model: Any) -> tuple[int, ...]:
+    """The mesh dimensions of size > 1 along which every parameter is replicated (HSDP's replicate
+    dimension), when every parameter is a DTensor on one and the same mesh; () otherwise: a model
+    whose parameters live on several meshes, or with plain parameters beside DTensors, is not
+    compared (a wrong group would be a false alarm)."""
+    meshes, placements = [], []
+    for p in model.parameters():
+        mesh, where = getattr(p, "device_mesh", None), getattr(p, "placements", None)
+        if mesh is None or where is None:
+            return ()
+        meshes.append(mesh)
+        placements.append(tuple(where))
+    if not meshes or any(m is not meshes[0] and m != meshes[0] for m in meshes[1:]):
+        return ()
+    shape = tuple(meshes[0].mesh.shape)
+    return tuple(d for d in range(len(shape))
+                 if shape[d] > 1 and all(len(w) == len(shape) and w[d].is_replicate() for w in placements))
+
+
+def replica_group(model: Any, rank: int) -> tuple[int, ...]:
+    """The global ranks that hold the same bytes as `rank` (itself included), from the parameters'
+    mesh: those whose mesh coordinates differ from its own only along the replicated dimensions.
+    (rank,) when nothing is replicated or `rank` is not on the mesh."""
+    dims = replicated_dims(model)
+    if not dims:
+        return (rank,)
+    mesh = next(iter(model.parameters())).device_mesh
+    ranks = mesh.mesh
+    where = (ranks == rank).nonzero()
+    if where.numel() == 0:
+        return (rank,)
+    coordinate = where[0].tolist()
+    index = tuple(slice(None) if d in dims else coordinate[d] for d in range(ranks.dim()))
+    return tuple(sorted(int(r) for r in ranks[index].reshape(-1).tolist()))
 
 
 @dataclass(frozen=True, kw_only=True)
@@ -195,6 +236,40 @@ def verdict(fingerprints: list[tuple[int, ...]]) -> Verdict:
     return Verdict(copies=copies, agree=False, disputed=tuple(range(copies)))
 
 
+def grouped_verdict(fingerprints: list[tuple[int, ...]], keys: list[int]) -> Verdict:
+    """`verdict` per replica group: the ranks with the same key hold the same bytes (HSDP: the
+    same shard; DDP: one group of every rank); a negative key, or a group of one, has nothing to
+    be compared with. The replicas agree when every group does. The ranks in dispute are every
+    group's, as global ranks; there is a majority only when every group in dispute had one.
+    `copies` is the smallest group's size, and the fingerprint the groups' majorities folded into one."""
+    groups: dict[int, list[int]] = {}
+    for rank, key in enumerate(keys):
+        if key >= 0:
+            groups.setdefault(key, []).append(rank)
+    groups = {k: ranks for k, ranks in groups.items() if len(ranks) > 1}
+    if not groups:
+        return Verdict(copies=1, agree=True)
+    if len(groups) == 1 and len(next(iter(groups.values()))) == len(fingerprints):
+        return verdict(fingerprints)   # one group of every rank (DDP): the plain verdict
+    copies = min(len(ranks) for ranks in groups.values())
+    folded, odd, disputed, majority = [0] * LANES, [], [], True
+    for key, ranks in sorted(groups.items()):
+        v = verdict([fingerprints[r] for r in ranks])
+        if v.fingerprint:
+            for k in range(LANES):
+                folded[k] = _signed(folded[k] + int(v.fingerprint[16 * k:16 * k + 16], 16) * _odd(key, 2))
+        if not v.agree:
+            disputed += [ranks[i] for i in v.disputed]
+            odd += [ranks[i] for i in v.odd]
+            majority = majority and v.majority
+    if not disputed:
+        return Verdict(copies=copies, agree=True, fingerprint=fp_hex(folded))
+    if majority:
+        return Verdict(copies=copies, agree=False, odd=tuple(sorted(odd)), disputed=tuple(sorted(odd)),
+                       fingerprint=fp_hex(folded))
+    return Verdict(copies=copies, agree=False, disputed=tuple(sorted(disputed)))
+
+
 def flip_bit(model: Any, *, param: int = 0, index: int = 0, bit: int = 20) -> None:
     """Flip one bit of one parameter in place (test fault injection: CKPTSUP_TEST_FLIP_BIT)."""
     import torch
@@ -206,13 +281,15 @@ def flip_bit(model: Any, *, param: int = 0, index: int = 0, bit: int = 20) -> No
 
 
 class ReplicaCheck:
-    """One rank's side of the comparison: fingerprint what it holds, all-gather the LANES int64
-    with every replica on the session's gloo group, judge. Collective: every rank calls `check`
-    at the same step (step-based, or at a save every rank takes)."""
+    """One rank's side of the comparison: fingerprint what it holds, all-gather the LANES int64 and
+    its replica group's key with every rank on the session's gloo group, judge each group.
+    Collective: every rank calls `check` at the same step (step-based, or at a save every rank
+    takes). `key`: the same on every rank that must hold the same bytes (the group's lowest rank;
+    0 for DDP), negative for a rank with no replica."""
 
     def __init__(self, *, model: Any, optimizer: Any, rank: int, world_size: int, group: Any,
-                 every_steps: int) -> None:
-        self.model, self.optimizer = model, optimizer
+                 every_steps: int, key: int = 0) -> None:
+        self.model, self.optimizer, self.key = model, optimizer, key
         self.rank, self.world_size, self.group = rank, world_size, group
         self.every_steps = every_steps
         self.last: tuple[int, Verdict] | None = None   # (state after N steps, its verdict): one check per state
@@ -233,10 +310,11 @@ class ReplicaCheck:
         import torch.distributed as dist
 
         t0 = time.perf_counter()
-        mine = torch.tensor(fingerprint(state_tensors(self.model, self.optimizer)), dtype=torch.int64)
+        mine = torch.tensor([*fingerprint(state_tensors(self.model, self.optimizer)), self.key], dtype=torch.int64)
         gathered = [torch.empty_like(mine) for _ in range(self.world_size)]
         dist.all_gather(gathered, mine, group=self.group)
-        result = verdict([tuple(t.tolist()) for t in gathered])
+        rows = [t.tolist() for t in gathered]
+        result = grouped_verdict([tuple(r[:LANES]) for r in rows], [int(r[LANES]) for r in rows])
         self.seconds += time.perf_counter() - t0
         self.checks += 1
         self.last = (steps_done, result)

@@ -166,12 +166,16 @@ class Run:
         self.replicas = self._replica_check(model, optimizer, replicas)
 
     def _replica_check(self, model: Any, optimizer: Any, replicas: bool | None) -> fingerprint.ReplicaCheck | None:
-        """[sdc]: DDP replicas compare fingerprints (docs/sdc.md); shards have nothing to compare,
-        and a plain module is compared only when the script says every rank holds the same bytes."""
+        """[sdc]: DDP replicas compare fingerprints, and HSDP's ranks that hold the same shard
+        (docs/sdc.md); shards have nothing to compare, and a plain module is compared only when
+        the script says every rank holds the same bytes."""
         config = self.settings.config
         if config is None or not config.sdc.enabled or self.control_pg is None or model is None or replicas is False:
             return None
         kind = fingerprint.replication(model)
+        group = fingerprint.replica_group(model, self.rank) if kind is fingerprint.Replication.HYBRID else ()
+        if kind is fingerprint.Replication.HYBRID and len(group) < 2:
+            kind = fingerprint.Replication.SHARDS   # on the mesh's replicated dimension alone: nothing to compare
         if kind is fingerprint.Replication.SHARDS or (kind is fingerprint.Replication.UNKNOWN and not replicas):
             if self.rank == 0:
                 log.warning("ckptsup: no replica fingerprints: %s (docs/sdc.md)",
@@ -180,8 +184,12 @@ class Run:
                             "the model is not DistributedDataParallel, so nothing says every rank holds the same "
                             "bytes; pass attach(replicas=True) if it does")
             return None
+        if kind is fingerprint.Replication.HYBRID and self.rank == 0:
+            log.warning("ckptsup: replica fingerprints: HSDP, each shard compared across its %d replicas "
+                        "(docs/sdc.md)", len(group))
         return fingerprint.ReplicaCheck(model=model, optimizer=optimizer, rank=self.rank, world_size=self.world_size,
-                                        group=self.control_pg, every_steps=config.sdc.every_steps)
+                                        group=self.control_pg, every_steps=config.sdc.every_steps,
+                                        key=min(group) if group else 0)
 
     def _memory_saver(self) -> tuple[MemorySaver | None, int]:
         """The memory tier (memory_tier.py): on when [memory] enabled and an agent holds the bundles."""
