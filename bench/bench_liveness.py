@@ -17,7 +17,13 @@ the same script under plain torchrun as the baseline, in the same run:
           changed) at its default 45 min heartbeat timeout and at 10 s: seconds from the fault to
           ft_launcher stopping the workers, or still hung at --cap-s
 
+  soak    (--soak-min M, alone) false positives: >= M minutes of the unmodified script alternating
+          --soak-phase-s (60) s of silent computation on every rank, training, the same on rank 0
+          alone while rank 1 waits in dist.barrier(), training; counts failure_detected events
+          (target 0) and busy spells from the run's events.jsonl
+
 usage: python bench/bench_liveness.py [--cap-s 40] [--busy-s 30] [--stacks-only] [--nvrx DIR [--nvrx-only]]
+       python bench/bench_liveness.py --soak-min 30 [--soak-phase-s 60]
 """
 from __future__ import annotations
 
@@ -70,12 +76,12 @@ def stacks_of_eight(base: Path) -> None:
             proc.wait()
 
 
-def launch(work: Path, *faults: str, steps: int = 60) -> tuple[int, list[dict], float]:
+def launch(work: Path, *faults: str, steps: int = 60, timeout: float = 900) -> tuple[int, list[dict], float]:
     run = work / "run"
     t0 = time.monotonic()
     proc = subprocess.run([sys.executable, "-m", "ckptsup.cli", "launch", "--nproc-per-node", "2", "--run-dir", str(run),
                            str(SCRIPT), "--steps", str(steps), "--ckpt-dir", str(work / "ckpt"), "--out",
-                           str(work / "final.pt"), *faults], capture_output=True, text=True, timeout=900, cwd=work)
+                           str(work / "final.pt"), *faults], capture_output=True, text=True, timeout=timeout, cwd=work)
     return proc.returncode, read_events(run), time.monotonic() - t0
 
 
@@ -161,6 +167,29 @@ def nvrx_rows(base: Path, nvrx: str, cap_s: float, ckptsup_detect: float | None)
                                                  else f"still hung {cap_s:g} s after the fault") + ratio)
 
 
+SOAK_TRAIN_STEPS = 20   # steps of 0.5 s between quiet phases (~10 s of training, p99 step measured)
+
+
+def soak(base: Path, minutes: float, phase_s: float) -> None:
+    """False positives: quiet phases (all ranks, then rank 0 alone with rank 1 in a barrier) with
+    training between them, for >= `minutes`, at the defaults; every failure_detected is a false hang."""
+    phases = int(minutes * 60 // phase_s) + 1
+    at = [f"{SOAK_TRAIN_STEPS * (i + 1)}" + ("" if i % 2 == 0 else ":0") for i in range(phases)]
+    steps = SOAK_TRAIN_STEPS * (phases + 1)
+    (base / "soak").mkdir()
+    print(f"soak: {phases} quiet phases of {phase_s:g} s ({', '.join(at)}), {steps} steps of 0.5 s; load: "
+          f"{os.getloadavg()}", flush=True)
+    rc, events, wall = launch(base / "soak", "--busy-at", ",".join(at), "--busy-s", str(phase_s), "--step-s", "0.5",
+                              steps=steps, timeout=phases * phase_s * 3 + 1800)
+    failures = [e for e in events if e["event"] == "failure_detected"]
+    busy = [e for e in events if e["event"] == "busy"]
+    over = [e for e in events if e["event"] == "busy_over"]
+    print(f"soak: {wall / 60:.1f} min wall, rc {rc}; failure_detected {len(failures)} (target 0) "
+          f"{[(e.get('kind'), e.get('detail')) for e in failures]}; busy spells {len(busy)} "
+          f"(ranks {[b['ranks'] for b in busy]}), ended {len(over)} "
+          f"(busy_s {[round(o['busy_s'], 1) for o in over]}); load at the end {os.getloadavg()}; run dir {base / 'soak'}")
+
+
 def main() -> int:
     p = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     p.add_argument("--cap-s", type=float, default=40.0)
@@ -168,8 +197,13 @@ def main() -> int:
     p.add_argument("--stacks-only", action="store_true")
     p.add_argument("--nvrx", default="", help="a directory nvidia_resiliency_ext imports from")
     p.add_argument("--nvrx-only", action="store_true", help="with --nvrx: ckptsup's sleeping rank and NVRx only")
+    p.add_argument("--soak-min", type=float, default=0.0, help="run only the false-positive soak, this long")
+    p.add_argument("--soak-phase-s", type=float, default=60.0)
     a = p.parse_args()
     base = Path(tempfile.mkdtemp(prefix="ckptsup-bench-liveness-"))
+    if a.soak_min:
+        soak(base, a.soak_min, a.soak_phase_s)
+        return 0
     rows = []
     if not a.nvrx_only:
         stacks_of_eight(base)
