@@ -100,15 +100,33 @@ def launch(work: Path, *faults: str, steps: int = 60, timeout: float = 900) -> t
 
 
 # the faults, each injected once at step 24 of a 60-step run: (what, the script's flags, the line
-# the culprit prints as it goes wrong; None: the bench SIGSTOPs rank 1 once rank 0 printed STOP_AFTER)
+# the culprit prints as it goes wrong; None: the bench SIGSTOPs rank 1 while the ranks are held at
+# step 24 (plain_ddp.py --hold-at; a 0.1 s step leaves no time to aim at a printed line), then
+# releases them)
 FAULTS = {
     "sleep": ("rank 1 sleeps forever before step 24 (rank 0 blocks in DDP's all-reduce)", ("--sleep-at", "24"),
               b"sleeping forever"),
-    "stop": ("rank 1's process SIGSTOPped after rank 0's step-24 line", (), None),
+    "stop": ("rank 1's process SIGSTOPped at step 24", ("--hold-at", "24"), None),
     "collective": ("rank 1 blocked in an all-reduce of a second group before step 24 (rank 0 in DDP's all-reduce)",
                    ("--collective-at", "24"), b"blocked forever"),
 }
-STOP_AFTER = b"step 24 loss"
+
+def held(work: Path) -> Path:
+    return work / "hold"
+
+
+def release(work: Path) -> None:
+    with open(held(work), "a") as fh:
+        fh.write("24\n")
+
+
+def wait_for_path(path: Path, proc: subprocess.Popen, limit_s: float = 300) -> bool:
+    deadline = time.monotonic() + limit_s
+    while time.monotonic() < deadline and proc.poll() is None:
+        if path.exists():
+            return True
+        time.sleep(0.05)
+    return False
 # what NVRx's ft_launcher and torchrun print when they act on a failed worker group
 ACTED = (b"closing signal", b"Worker group FAILED", b"subsequent heartbeat")
 
@@ -162,10 +180,9 @@ def ckptsup_case(work: Path, fault: str) -> dict:
     SIGSTOP) and as ckptsup's own detect_s (from the last progress line). A script fault comes
     again at WARM_AT in the restarted attempt (warm ranks: named from Python stacks, not only
     kernel wait channels)."""
-    _, flags, _ = FAULTS[fault]
-    if flags:
-        flags = (flags[0], f"{flags[1]},{WARM_AT}")
+    _, given, line = FAULTS[fault]
     work.mkdir(parents=True)
+    flags = [given[0], f"{given[1]},{WARM_AT}"] if line else [*given, "--hold-file", str(held(work))]
     run, ckpt, log = work / "run", work / "ckpt", work / "ckptsup.log"
     with open(log, "wb") as sink:
         proc = subprocess.Popen([sys.executable, "-m", "ckptsup.cli", "launch", "--nproc-per-node", "2", "--run-dir",
@@ -175,20 +192,21 @@ def ckptsup_case(work: Path, fault: str) -> dict:
     try:
         if wait_for_bytes(log, b"step 20 loss", proc):
             timeout_in_force = status_json(run).get("hang_timeout_s")
-        if fault == "stop" and wait_for_bytes(log, STOP_AFTER, proc):
+        if line is None and wait_for_path(Path(f"{held(work)}.held-24"), proc):
             os.kill(rank_pid(run, 1), signal.SIGSTOP)
             stopped_at = time.monotonic()
+            release(work)
         proc.wait(timeout=900)
     finally:
         if proc.poll() is None:
             kill_tree(proc)
     events = read_events(run)
     hangs = [e for e in events if e["event"] == "failure_detected"]
-    for hang, step in zip(hangs, (24, WARM_AT)):
-        hang["after_fault_s"] = None
+    for hang, step in zip(hangs, (24, WARM_AT) if line else (24,)):
+        hang["injected"] = True
         if stopped_at is not None:
             hang["after_fault_s"] = hang["mono"] - stopped_at
-        elif flags and (marker := ckpt / f".once-{flags[0][2:-3]}-{step}").exists():
+        elif (marker := ckpt / f".once-{flags[0][2:-3]}-{step}").exists():
             hang["after_fault_s"] = datetime.fromisoformat(hang["ts"]).timestamp() - marker.stat().st_mtime
     return {"rc": proc.returncode, "hangs": hangs, "hang_timeout_s": timeout_in_force,
             "completed": any(e["event"] == "run_complete" for e in events),
@@ -210,24 +228,26 @@ def rank_process(root: int, rank: int) -> psutil.Process:
 def other_case(work: Path, fault: str, argv: list[str], env: dict[str, str], cap_s: float) -> float | None:
     """Another launcher (torchrun, NVRx's ft_launcher), the same fault: seconds from the fault to the
     launcher acting on it (its own words in the log, or its exit); None if still hung at cap_s."""
-    _, flags, line = FAULTS[fault]
+    _, given, line = FAULTS[fault]
     work.mkdir(parents=True, exist_ok=True)
     log = work / "launcher.log"
+    flags = [*given, "--hold-file", str(held(work))] if line is None else list(given)
     with open(log, "wb") as sink:
         proc = subprocess.Popen([*argv, "--steps", "60", "--ckpt-dir", str(work / "ckpt"), "--out",
                                  str(work / "final.pt"), *flags], stdout=sink, stderr=subprocess.STDOUT, cwd=work,
                                 env=env, start_new_session=True)
-    marker = line or STOP_AFTER
     fault_at, offset, found = None, 0, None
     deadline = time.monotonic() + 300 + cap_s
     try:
         while time.monotonic() < deadline and found is None:
             text = log.read_bytes()
             if fault_at is None:
-                if marker in text:
-                    if line is None:
-                        rank_process(proc.pid, 1).send_signal(signal.SIGSTOP)
-                    fault_at, offset = time.monotonic(), text.index(marker)
+                if line is None and Path(f"{held(work)}.held-24").exists():
+                    rank_process(proc.pid, 1).send_signal(signal.SIGSTOP)
+                    fault_at, offset = time.monotonic(), len(text)
+                    release(work)
+                elif line is not None and line in text:
+                    fault_at, offset = time.monotonic(), text.index(line)
                 elif proc.poll() is not None:
                     raise RuntimeError(f"{argv[2:4]} ended before the fault: {log}")
             elif any(w in text[offset:] for w in ACTED) or proc.poll() is not None:
@@ -275,13 +295,18 @@ def detection(base: Path, fault: str, nvrx: str, cap_s: float) -> dict:
     what = FAULTS[fault][0]
     mine = ckptsup_case(base / fault / "ckptsup", fault)
     hangs = mine["hangs"]
-    after = hangs[0]["after_fault_s"] if hangs else None
+    after = hangs[0].get("after_fault_s") if hangs else None
     target = None if mine["hang_timeout_s"] is None else mine["hang_timeout_s"] + EVIDENCE_WINDOW_S
     print(f"{what}:", flush=True)
     if not hangs:
         print(f"  ckptsup launch, defaults, unmodified: NOT detected (rc {mine['rc']}) -> target MISSED")
-    for hang, which in zip(hangs, ("cold ranks", f"again at step {WARM_AT}, warm ranks")):
-        a = hang["after_fault_s"]
+    labels = ("cold ranks", f"again at step {WARM_AT}, warm ranks") if FAULTS[fault][2] else ("cold ranks",)
+    for i, hang in enumerate(hangs):
+        if not hang.get("injected"):
+            print(f"  ckptsup: another failure, not injected (attempt {hang['attempt']}): {hang['kind']}, detect_s "
+                  f"{hang['detect_s']:.2f}, rank {hang['rank']} blamed: {hang['detail']}; ranks_seen {hang.get('ranks_seen')}")
+            continue
+        which, a = labels[i], hang["after_fault_s"]
         met = "met" if a is not None and target is not None and a <= target else "MISSED"
         print(f"  ckptsup launch, defaults, unmodified ({which}): {hang['kind']} "
               + (f"{a:.2f} s after the fault" if a is not None else "(fault time unknown)")
@@ -295,7 +320,8 @@ def detection(base: Path, fault: str, nvrx: str, cap_s: float) -> dict:
         print(f"  {name}: " + (f"acted {got:.2f} s after the fault" if got is not None
                                  else f"still hung {cap_s:g} s after the fault") + ratio, flush=True)
         rows.append({"launcher": name, "after_fault_s": got})
-    return {"fault": fault, "ckptsup": [{k: h.get(k) for k in ("after_fault_s", "detect_s", "rank", "detail")} for h in hangs],
+    return {"fault": fault, "ckptsup": [{k: h.get(k) for k in ("injected", "after_fault_s", "detect_s", "rank", "detail")}
+                                        for h in hangs],
             "target_s": target, "rc": mine["rc"], "health_checks": mine["health_checks"], "others": rows}
 
 
