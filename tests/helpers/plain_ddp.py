@@ -9,6 +9,9 @@ from the newest one), rank 0 prints `step N`. It knows nothing of the supervisor
 Faults and quiet phases for the liveness tests (each once per run: a marker file in --ckpt-dir):
 --all-print: every rank prints its `step N` lines (rank 0 only by default);
 --sleep-at S[,S] --sleep-rank R: rank R sleeps forever before step S (the others block in its all-reduce);
+--collective-at S[,S] (with --sleep-rank R): rank R blocks forever before step S in an all-reduce
+  of a second process group that its peers never enter (a collective only some ranks reach);
+  the others block in DDP's all-reduce;
 --busy-at S[:R][,S[:R]] --busy-s T: before step S, rank R (no R: every rank) computes for T seconds
   printing nothing; the others wait in dist.barrier() (an evaluation pass as users write it);
 --read-at S[:R] (with --busy-s T): the same, but rank R reads a file slowly (64 KiB every 0.1 s):
@@ -96,6 +99,7 @@ def main():
     ap.add_argument("--all-print", action="store_true")
     ap.add_argument("--sleep-at", type=lambda t: [int(x) for x in t.split(",")], default=[])
     ap.add_argument("--sleep-rank", type=int, default=1)
+    ap.add_argument("--collective-at", type=lambda t: [int(x) for x in t.split(",")], default=[])
     ap.add_argument("--busy-at", type=lambda t: dict((int(x.split(":")[0]), int(x.split(":")[1]) if ":" in x else None)
                                                      for x in t.split(",")), default={})
     ap.add_argument("--read-at", type=lambda t: dict((int(x.split(":")[0]), int(x.split(":")[1]) if ":" in x else None)
@@ -110,6 +114,7 @@ def main():
         signal.signal(signal.SIGTERM, lambda *_: stop.update(flag=True))
     dist.init_process_group("gloo")
     rank = dist.get_rank()
+    side = dist.new_group(backend="gloo") if args.collective_at else None   # every rank creates it
     torch.manual_seed(0)
     model = torch.nn.parallel.DistributedDataParallel(torch.nn.Linear(8, 1))
     opt = torch.optim.SGD(model.parameters(), lr=0.05, momentum=0.9)
@@ -128,6 +133,9 @@ def main():
             print(f"rank {rank}: sleeping forever before step {step}", flush=True)
             while True:
                 time.sleep(3600)
+        if step in args.collective_at and rank == args.sleep_rank and once(args.ckpt_dir, f"collective-{step}"):
+            print(f"rank {rank}: blocked forever in an all-reduce of a second group before step {step}", flush=True)
+            dist.all_reduce(torch.zeros(1), group=side)
         if step in args.hold_at and once(args.ckpt_dir, f"hold-{step}-rank{rank}"):
             hold(args.hold_file, step, rank)
         if step in args.busy_at and once(args.ckpt_dir, f"busy-{step}-rank{rank}"):
