@@ -172,3 +172,11 @@ class FrameworkCheckpoints:
             if manifest is not None:
                 out.append((manifest.step, other))
         return sorted(out, key=lambda pair: (pair[0], pair[1].name), reverse=True)
+
+    def forget_missing(self, directory: Path, present: list[str]) -> None:
+        """Forget the manifests of `directory`'s checkpoints that are gone (HF's save_total_limit)."""
+        here = set(present)
+        for name in ext.known_names(self.root):
+            if name not in here and not os.path.lexists(Path(directory) / name) and \
+                    self.manifest(Path(directory) / name) is not None:
+                self.forget(Path(directory) / name)
