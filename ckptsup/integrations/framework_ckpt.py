@@ -18,8 +18,9 @@ from __future__ import annotations
 import logging
 import os
 import stat
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from pathlib import Path
+from typing import Callable
 
 from ..checkpoint import external as ext
 from ..checkpoint.manifest import FileEntry, Manifest
@@ -180,3 +181,54 @@ class FrameworkCheckpoints:
             if name not in here and not os.path.lexists(Path(directory) / name) and \
                     self.manifest(Path(directory) / name) is not None:
                 self.forget(Path(directory) / name)
+
+
+@dataclass
+class Pick:
+    """Rank 0's choice, broadcast: the `.ckpt` Lightning loads (None: none), its step, what was
+    refused on the way ((name, step, reason, where it went)) and how the winner was checked."""
+
+    path: str | None = None
+    step: int = 0
+    rejected: list[tuple[str, int | None, str, str]] = field(default_factory=list)
+    checked: str = ""
+    error: str | None = None
+
+
+def pick(requested: str, recorder: FrameworkCheckpoints, ckptsup_step: int,
+         test_load: Callable[[Path], int]) -> Pick:
+    """Rank 0: the `.ckpt` to load in place of `requested` (Lightning's resolved ckpt_path), or
+    None when ckptsup's own checkpoint of `ckptsup_step` is at least as new. `test_load` returns
+    the loaded file's global_step or raises."""
+    first = Path(requested)
+    out = Pick()
+    known = recorder.step_of(first)
+    if known is not None and known <= ckptsup_step:
+        return out   # ckptsup's own is as new: no need to read the file
+    candidates = [first] + [p for s, p in recorder.recorded_beside(first) if p != first and (known is None or s <= known)]
+    for path in candidates:
+        verdict = recorder.verify(path)
+        if verdict.step is not None and verdict.step <= ckptsup_step:
+            return out
+        problems = list(verdict.problems)
+        step = verdict.step
+        if not problems:
+            try:
+                step = test_load(path)
+            except Exception as err:  # noqa: BLE001 - any failure to load is a bad checkpoint
+                lines = [line for line in str(err).splitlines() if line.strip()]
+                problems = [f"{path.name}: test load failed: {type(err).__name__}: {(lines[-1] if lines else '')[:200]}"]
+        if problems:
+            reason = problems[0] + (f" (and {len(problems) - 1} more)" if len(problems) > 1 else "")
+            out.rejected.append((path.name, step, reason, recorder.reject(path, reason)))
+            continue
+        assert step is not None
+        recorder.set_step(path, step)
+        if step <= ckptsup_step:
+            return out
+        out.path, out.step, out.checked = str(path), step, verdict.how
+        return out
+    if ckptsup_step <= 0:
+        out.error = (f"ckpt_path {requested} failed validation and no older .ckpt of its folder passed (see above); "
+                     "the bad files were moved aside: rerun to start fresh, or pass another ckpt_path")
+    return out

@@ -1,13 +1,17 @@
-"""ckptsup as Lightning's checkpointer: `Trainer(callbacks=[CkptsupCallback()], enable_checkpointing=False)`.
+"""ckptsup as Lightning's checkpointer: `Trainer(callbacks=[CkptsupCallback()])`.
 
-    trainer = lightning.pytorch.Trainer(..., callbacks=[CkptsupCallback()], enable_checkpointing=False)
-    trainer.fit(model, datamodule)      # no ckpt_path: ckptsup resumes from its newest validated checkpoint
+    trainer = lightning.pytorch.Trainer(..., callbacks=[CkptsupCallback()])
+    trainer.fit(model, datamodule)      # ckptsup resumes from its newest validated checkpoint
+
+Lightning's own ModelCheckpoint may stay on: its .ckpt files are hashed at write and validated
+before Lightning resumes from one (setup(): lightning_ckpt.py); the newest valid of either kind wins.
 
 The callback (docs/integrations.md §Lightning; the hooks' own rules in docs/training.md):
 - on_fit_start (the strategy has wrapped the model, the optimizers and schedulers exist): attach
   with the DDP-wrapped model (so the comm-hook timer measures compute time), every optimizer,
-  every LR scheduler, Lightning's fit-loop position, the callbacks' and precision plugin's state
-  and the data position; then resume, before `fit_loop.run()` reads the loop state;
+  every LR scheduler, Lightning's fit-loop position, the callbacks' and precision plugin's state,
+  the DataModule's state and on_save_checkpoint extras (lightning_state.Hooks) and the data
+  position; then resume, before `fit_loop.run()` reads the loop state;
 - on_train_start (the train loader and its iterator exist; Lightning's signal handlers are in):
   the data position (lightning_data.py), ckptsup's SIGTERM/USR1/HUP handlers back in place of
   Lightning's, and the RNG restored again, undoing what setup_data drew since the resume;
