@@ -27,9 +27,9 @@ from __future__ import annotations
 
 import logging
 import signal
-from pathlib import Path
 import threading
 import warnings
+from pathlib import Path
 from typing import Any
 
 try:
@@ -57,6 +57,7 @@ class CkptsupCallback(Callback):
     save_every_steps, save_every_s and any other [checkpoint] key."""
 
     ckptsup_own = True   # lightning_state.Callbacks leaves this one out
+
     def __init__(self, *, checkpoint_dir: str | None = None, save_every_steps: int | None = None,
                  save_every_s: float | None = None, **attach_options: Any) -> None:
         super().__init__()
