@@ -5,7 +5,7 @@ transformers 5.24, 2 gloo ranks on CPU under plain torchrun (tests/helpers/hf_tr
 
 - ckptsup's own checkpoints too rare to exist: the newest checkpoint-N corrupted after rank 1's
   SIGKILL is refused and moved aside, HF resumes from the older one;
-- ckptsup's own checkpoint newer than HF's newest folder: ckptsup's is used.
+- ckptsup's own checkpoint (step 12) newer than HF's newest folder (checkpoint-10): ckptsup's is used.
 
 Both end on the samples and parameters of an uninterrupted run without ckptsup."""
 from __future__ import annotations
@@ -76,7 +76,8 @@ def test_a_corrupt_newest_checkpoint_folder_is_refused_and_the_older_one_resumed
 def test_ckptsups_own_newer_checkpoint_wins_over_an_older_checkpoint_folder(tmp_path, reference):
     tmp = private_dir(tmp_path)
     out, ck = tmp / "out", tmp / "ck"
-    args = ("--save-every-steps", "4", "--hf-save-steps", "10", "--die-at", "14", "--step-sleep-s", "0.2",
+    # rank 1 dies at step 15: 3 steps of 0.3 s after ckptsup's async save of step 12 began
+    args = ("--save-every-steps", "4", "--hf-save-steps", "10", "--die-at", "15", "--step-sleep-s", "0.3",
             "--checkpoint-dir", str(ck))
     first = torchrun(out, *args)
     assert first.returncode != 0 and (out / "died").exists(), first.stderr[-3000:]

@@ -74,9 +74,10 @@ def test_datamodule_callback_and_on_save_checkpoint_state_come_back_from_ckptsup
         tmp_path: Path, reference: Path) -> None:
     tmp = private_dir(tmp_path)
     out, ckpt = tmp / "out", tmp / "ck"
-    # ckptsup every 4 steps, ModelCheckpoint every 10, fit(ckpt_path="last"); rank 1 dies at step 14
-    args = ("--every", "4", "--pl-every", "10", "--model-checkpoint", "--ckpt-path", "last", "--die-at", "14",
-            "--step-s", "0.2")
+    # ckptsup every 4 steps, ModelCheckpoint every 10, fit(ckpt_path="last"); rank 1 dies at step 15
+    # (3 steps of 0.3 s after ckptsup's async save of step 12 began: time for it to commit)
+    args = ("--every", "4", "--pl-every", "10", "--model-checkpoint", "--ckpt-path", "last", "--die-at", "15",
+            "--step-s", "0.3")
     first = torchrun(out, ckpt, *args)
     assert first.returncode != 0 and (out / "died").exists(), first.stderr[-3000:]
     assert (ckpt / "step_12").is_dir() and (ckpt / "pl" / "last.ckpt").is_file()
