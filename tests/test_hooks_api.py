@@ -93,8 +93,10 @@ def test_attach_keywords_win_over_the_environment_which_wins_over_the_config(tmp
 
 def test_json_state_round_trips_tensors_tuples_arrays_bytes_and_non_finite_numbers() -> None:
     state = {"a": (1, 2.5, None), 3: [b"\x00\xff", float("inf")], "t": torch.arange(6, dtype=torch.int16).reshape(2, 3),
-             "n": np.arange(4, dtype=np.uint32), "nested": {"empty": torch.empty(0)}}
+             "n": np.arange(4, dtype=np.uint32), "nested": {"empty": torch.empty(0)},
+             "scalar": torch.tensor(0.25)}   # 0-dim, as ModelCheckpoint's best_model_score
     back = jsontensor.from_tensor(jsontensor.to_tensor(state))
+    assert back["scalar"].shape == () and back["scalar"].item() == 0.25
     assert back["a"] == (1, 2.5, None) and back[3][0] == b"\x00\xff" and math.isinf(back[3][1])
     assert torch.equal(back["t"], state["t"]) and back["t"].dtype == torch.int16
     assert back["n"].dtype == np.uint32 and (back["n"] == state["n"]).all()

@@ -37,7 +37,8 @@ def _encode(obj: Any) -> Any:
         return {_TAG: "bytes", "v": base64.b64encode(bytes(obj)).decode()}
     if isinstance(obj, torch.Tensor):
         t = obj.detach().cpu().contiguous()
-        raw = t.view(torch.uint8).numpy().tobytes() if t.numel() else b""
+        # reshape(-1): a 0-dim tensor (ModelCheckpoint's best_model_score) has no byte view of its own
+        raw = t.reshape(-1).view(torch.uint8).numpy().tobytes() if t.numel() else b""
         return {_TAG: "tensor", "dtype": str(t.dtype).removeprefix("torch."), "shape": list(t.shape),
                 "v": base64.b64encode(raw).decode()}
     np = _numpy()

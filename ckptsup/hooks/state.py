@@ -236,6 +236,8 @@ class TrainingState:
         for name, obj in self.extra.items():
             key = EXTRA_PREFIX + name
             if key not in loaded:
+                if getattr(obj, "optional_extra", False):
+                    continue   # added to the checkpoint later than this one was written
                 raise CheckpointError(f"checkpoint holds no extra {name!r}; it was saved without it")
             _load_into(obj, jsontensor.from_tensor(loaded[key]), name)
         saved_world = int(meta.get("world_size", self.world_size))

@@ -48,8 +48,8 @@ from ..errors import CheckpointError, ConfigError
 from ..hooks.memory_tier import newest_common
 from ..hooks.phase import Hold
 from ..wire import Phase
-from .hf_state import (STATE_EXTRA, Choice, TrainerStateExtra, choose_checkpoint, held_steps, memory_client,
-                       prefer_memory, read_memory_trainer_state, write_state_folder)
+from .hf_state import (STATE_EXTRA, Choice, TrainerStateExtra, choose_checkpoint, held_steps, hf_folders, memory_client,
+                       prefer_hf_folder, prefer_memory, read_memory_trainer_state, write_state_folder)
 
 log = logging.getLogger("ckptsup.integrations.hf")
 
@@ -78,7 +78,7 @@ class CkptsupCallback(_Base):
         self.rng_mid_epoch = False
         self.loss: Any = None             # this step's micro-batch losses, summed (resume_path's tap)
         self.logged_loss: Any = None      # without the tap: the last logged loss
-        self.warned_save_strategy = False
+        self.recorder: Any = None          # HF's checkpoint-N folders' manifests (framework_ckpt.py)
         self.eval = Hold(Phase.EVAL)      # evaluate() and predict()
 
     # ---- lifecycle ----------------------------------------------------------------------------
@@ -96,6 +96,10 @@ class CkptsupCallback(_Base):
         if self.run.rank == 0:
             for path, reason in choice.rejected:
                 self.run._reject(Path(path), CheckpointError(reason))   # quarantined already: reported here
+            self._report_hf_folders(choice)
+        if choice.framework:
+            self.run.resume(candidates=[])   # HF loaded its own newer checkpoint-N: nothing of ckptsup's to load
+            return
         if choice.memory_step is not None:   # the memory copy resume_path read HF's TrainerState from
             step = self.run.resume(candidates=[], memory_step=choice.memory_step)
         else:
@@ -153,6 +157,42 @@ class CkptsupCallback(_Base):
         if self.run is not None:
             self.run.close()
 
+    # ---- HF's own checkpoint-N folders (save_strategy other than "no") --------------------------
+    def on_save(self, args: Any, state: Any, control: Any, **_: Any) -> None:
+        """HF wrote output_dir/checkpoint-<global_step> (every rank its part): once every rank is
+        past its save, rank 0 records the folder's hashes and forgets the folders HF rotated away."""
+        if self.run is None:
+            return
+        self.run.all_ok(True)   # a barrier: each rank writes its own rng_state file
+        if self.run.rank != 0:
+            return
+        recorder = self.recorder_for(self.run.settings)
+        output_dir = Path(args.output_dir)
+        folder = output_dir / f"checkpoint-{state.global_step}"
+        if folder.is_dir():
+            recorder.record_quietly(folder, int(state.global_step))
+        recorder.forget_missing(output_dir, [f.name for _, f in hf_folders(output_dir)])
+
+    def recorder_for(self, settings: Any) -> Any:
+        from .framework_ckpt import FrameworkCheckpoints
+
+        if self.recorder is None:
+            self.recorder = FrameworkCheckpoints(settings.checkpoint_dir, settings.hash_algorithm)
+        return self.recorder
+
+    def _report_hf_folders(self, choice: Choice) -> None:
+        from ..events import Event
+
+        for name, step, reason, where in choice.external:
+            self.run.reporter.emit(Event.CHECKPOINT_REJECTED, step=step, level=1, external=name, reason=reason[:400],
+                                   quarantined=where)
+        if choice.framework and choice.path:
+            name = Path(choice.path).name
+            self.run.reporter.emit(Event.CHECKPOINT_VALIDATED, step=choice.step, level=1, external=name,
+                                   checked=choice.framework)
+            self.run.reporter.emit(Event.CHECKPOINT_LOADED, step=choice.step, path=choice.path, load_s=0.0,
+                                   source="shared", files_by_source={"shared": 1}, external=name)
+
     # ---- helpers ------------------------------------------------------------------------------
     def _agreed_choice(self) -> Choice:
         if self.choice is not _NOT_CALLED:
@@ -175,10 +215,6 @@ class CkptsupCallback(_Base):
         if getattr(self.trainer, "is_deepspeed_enabled", False):
             raise ConfigError("CkptsupCallback does not support DeepSpeed (its engine loads its own checkpoints); "
                               "use DDP or FSDP, or drop the callback")
-        if str(getattr(args, "save_strategy", "no")).lower() not in ("no", "savestrategy.no") and not self.warned_save_strategy:
-            self.warned_save_strategy = True
-            log.warning("ckptsup: TrainingArguments(save_strategy=%r) writes HF's own checkpoints as well; ckptsup "
-                        "keeps the run's checkpoints, so set save_strategy=\"no\"", str(args.save_strategy))
         if getattr(args, "ignore_data_skip", False):
             log.warning("ckptsup: TrainingArguments(ignore_data_skip=True): a resumed run restarts its epoch's data")
 
@@ -202,19 +238,36 @@ def resume_path(trainer: Any) -> str | None:
     # the memory tier first, as Run.resume: the newest copy every rank's agent (or its peers) holds
     client = memory_client(settings, env, _rank())
     common = newest_common(_all_gather(held_steps(client)))
-    choice = _broadcast(lambda: prefer_memory(choose_checkpoint(settings.checkpoint_dir, env.resume_from), common,
-                                              lambda step: read_memory_trainer_state(client, step)))
+    recorder = callback.recorder_for(settings)
+
+    def decide() -> Choice:
+        choice = prefer_memory(choose_checkpoint(settings.checkpoint_dir, env.resume_from), common,
+                               lambda step: read_memory_trainer_state(client, step))
+        if hf_saves(trainer.args):   # HF's own checkpoint-N folders too: the newest valid of either kind
+            choice = prefer_hf_folder(choice, Path(trainer.args.output_dir), recorder)
+        return choice
+
+    choice = _broadcast(decide)
     if choice.error:
         raise CheckpointError(choice.error)
     callback.choice = choice
     if choice.path is None:
         return None
+    if choice.framework:   # HF's own folder, newer than ckptsup's: HF loads all of it itself
+        log.info("ckptsup: resuming HF from its own %s (global_step %d, validated: %s)", choice.path, choice.step,
+                 choice.framework)
+        return choice.path
     if choice.state is None:   # choose_checkpoint reads the state of what it picks
         raise CheckpointError(f"{choice.path}: chosen without its TrainerState; move it aside or report a bug")
     folder = write_state_folder(settings.checkpoint_dir, _rank(), choice.state)
     _skip_weights_load(trainer, folder)
     log.info("ckptsup: resuming HF from %s (global_step %d) through %s", choice.path, choice.step, folder)
     return str(folder)
+
+
+def hf_saves(args: Any) -> bool:
+    """HF writes checkpoint-N folders of its own (save_strategy "steps", "epoch", "best")."""
+    return str(getattr(args, "save_strategy", "no")).lower() not in ("no", "savestrategy.no")
 
 
 def _find_callback(trainer: Any) -> CkptsupCallback:

@@ -15,6 +15,7 @@ import dataclasses
 import json
 import logging
 import os
+import re
 import warnings
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -63,6 +64,9 @@ class Choice:
     rejected: list[tuple[str, str]] = field(default_factory=list)   # (path, reason): corrupt, quarantined
     error: str | None = None                # a failure every rank raises (one line)
     memory_step: int | None = None          # the memory tier's copy of this step (path: memory:step_N)
+    framework: str = ""                     # path is HF's own checkpoint-N, HF loads it (how it was validated)
+    external: list[tuple[str, int | None, str, str]] = field(default_factory=list)   # checkpoint-N refused:
+                                            # (name, step, reason, where it was moved)
 
 
 def candidates(checkpoint_dir: Path, resume_from: str | None) -> list[str]:
@@ -244,3 +248,67 @@ def prefer_memory(disk: Choice, common: tuple[int, str] | None, read_state: Any)
                     step, state["global_step"])
         return disk
     return Choice(path=f"memory:step_{step}", step=step, state=state, rejected=disk.rejected, memory_step=step)
+
+
+# ---- HF's own checkpoint-N folders (save_strategy other than "no"; framework_ckpt.py) -------------
+
+HF_FOLDER = re.compile(r"checkpoint-(\d{1,18})")   # transformers.trainer_utils.PREFIX_CHECKPOINT_DIR
+
+
+def hf_folders(output_dir: Path) -> list[tuple[int, Path]]:
+    """(step, folder) of HF's checkpoint-N folders in output_dir, newest first."""
+    try:
+        names = [entry.name for entry in os.scandir(output_dir) if entry.is_dir(follow_symlinks=False)]
+    except OSError:
+        return []
+    found = [(int(m.group(1)), Path(output_dir) / name) for name in names if (m := HF_FOLDER.fullmatch(name))]
+    return sorted(found, reverse=True)
+
+
+def test_load_hf_folder(folder: Path) -> dict[str, Any]:
+    """Read back what HF's resume reads, without unpickling anything: every safetensors file in
+    full, every torch.save archive's members (their CRC-32s checked by zipfile), the TrainerState.
+    Returns the TrainerState; raises on anything unreadable."""
+    import zipfile
+
+    from safetensors.torch import load_file
+
+    state: dict[str, Any] | None = None
+    for path in sorted(folder.iterdir()):
+        if path.suffix == ".safetensors":
+            load_file(str(path), device="cpu")
+        elif path.suffix in (".pt", ".pth", ".bin") and zipfile.is_zipfile(path):
+            with zipfile.ZipFile(path) as archive:
+                bad = archive.testzip()
+                if bad is not None:
+                    raise CheckpointError(f"{path.name}: member {bad} fails its CRC-32")
+        elif path.name == STATE_NAME:
+            state = json.loads(path.read_text(encoding="utf-8"))
+    if not isinstance(state, dict) or not isinstance(state.get("global_step"), int):
+        raise CheckpointError(f"{folder.name} has no {STATE_NAME} with an integer global_step")
+    return state
+
+
+def prefer_hf_folder(choice: Choice, output_dir: Path, recorder: Any) -> Choice:
+    """Rank 0: HF's newest checkpoint-N newer than ckptsup's choice that passes its hashes (none
+    recorded: hashed now, adopted) and a test load wins; a bad one is moved aside and the next tried."""
+    if choice.error:
+        return choice
+    for step, folder in hf_folders(output_dir):
+        if step <= choice.step:
+            break
+        verdict = recorder.verify(folder)
+        problems = list(verdict.problems)
+        state: dict[str, Any] | None = None
+        if not problems:
+            try:
+                state = test_load_hf_folder(folder)
+            except Exception as err:  # noqa: BLE001 - anything unreadable is a bad checkpoint
+                problems = [f"{folder.name}: test load failed: {type(err).__name__}: {str(err)[:200]}"]
+        if problems or state is None:
+            reason = problems[0] + (f" (and {len(problems) - 1} more)" if len(problems) > 1 else "")
+            choice.external.append((folder.name, step, reason, recorder.reject(folder, reason)))
+            continue
+        return dataclasses.replace(choice, path=str(folder), step=int(state["global_step"]), state=state,
+                                   memory_step=None, framework=verdict.how)
+    return choice

@@ -1,13 +1,17 @@
-"""ckptsup as Lightning's checkpointer: `Trainer(callbacks=[CkptsupCallback()], enable_checkpointing=False)`.
+"""ckptsup as Lightning's checkpointer: `Trainer(callbacks=[CkptsupCallback()])`.
 
-    trainer = lightning.pytorch.Trainer(..., callbacks=[CkptsupCallback()], enable_checkpointing=False)
-    trainer.fit(model, datamodule)      # no ckpt_path: ckptsup resumes from its newest validated checkpoint
+    trainer = lightning.pytorch.Trainer(..., callbacks=[CkptsupCallback()])
+    trainer.fit(model, datamodule)      # ckptsup resumes from its newest validated checkpoint
+
+Lightning's own ModelCheckpoint may stay on: its .ckpt files are hashed at write and validated
+before Lightning resumes from one (setup(): lightning_ckpt.py); the newest valid of either kind wins.
 
 The callback (docs/integrations.md §Lightning; the hooks' own rules in docs/training.md):
 - on_fit_start (the strategy has wrapped the model, the optimizers and schedulers exist): attach
   with the DDP-wrapped model (so the comm-hook timer measures compute time), every optimizer,
-  every LR scheduler, Lightning's fit-loop position, the callbacks' and precision plugin's state
-  and the data position; then resume, before `fit_loop.run()` reads the loop state;
+  every LR scheduler, Lightning's fit-loop position, the callbacks' and precision plugin's state,
+  the DataModule's state and on_save_checkpoint extras (lightning_state.Hooks) and the data
+  position; then resume, before `fit_loop.run()` reads the loop state;
 - on_train_start (the train loader and its iterator exist; Lightning's signal handlers are in):
   the data position (lightning_data.py), ckptsup's SIGTERM/USR1/HUP handlers back in place of
   Lightning's, and the RNG restored again, undoing what setup_data drew since the resume;
@@ -25,6 +29,7 @@ import logging
 import signal
 import threading
 import warnings
+from pathlib import Path
 from typing import Any
 
 try:
@@ -39,7 +44,7 @@ from ..hooks.phase import Hold
 from ..hooks.rank_link import is_finite
 from ..hooks.signals import STOP_SIGNALS
 from . import lightning_data as data
-from .lightning_state import Callbacks, FitLoop, Precision, Schedulers
+from .lightning_state import Callbacks, FitLoop, Hooks, Precision, Schedulers
 
 log = logging.getLogger("ckptsup.integrations.lightning")
 
@@ -50,6 +55,8 @@ _NOT_RESUMABLE_WARNING = r"You're resuming from a checkpoint that ended before t
 class CkptsupCallback(Callback):
     """No required arguments. Keyword options go to ckptsup.attach: checkpoint_dir,
     save_every_steps, save_every_s and any other [checkpoint] key."""
+
+    ckptsup_own = True   # lightning_state.Callbacks leaves this one out
 
     def __init__(self, *, checkpoint_dir: str | None = None, save_every_steps: int | None = None,
                  save_every_s: float | None = None, **attach_options: Any) -> None:
@@ -64,6 +71,54 @@ class CkptsupCallback(Callback):
         self._last_global_step = 0
         self._loss: Any = None
         self._eval = Hold(Phase.EVAL)      # validation, test and predict loops
+        self._pick: Any = None             # lightning_ckpt.Pick: the .ckpt Lightning loaded instead, if any
+        self._recorder: Any = None         # the .ckpt files' manifests (framework_ckpt.py)
+
+    # ---- Lightning's own .ckpt files (lightning_ckpt.py) ----------------------------------------
+    def setup(self, trainer: Any, pl_module: Any, stage: str) -> None:
+        """Before Lightning restores a ckpt_path: hashes of each .ckpt recorded at write, and the
+        resume's choice between a validated .ckpt and ckptsup's own checkpoint."""
+        from . import lightning_ckpt
+        from .framework_ckpt import FrameworkCheckpoints
+
+        if stage != "fit" or self._recorder is not None:
+            return
+        settings, env = self._settings()
+        self._recorder = FrameworkCheckpoints(settings.checkpoint_dir, settings.hash_algorithm)
+        if not isinstance(trainer.strategy.checkpoint_io, lightning_ckpt.RecordingIO):
+            trainer.strategy.checkpoint_io = lightning_ckpt.RecordingIO(trainer.strategy.checkpoint_io, self._recorder)
+
+        def decide(requested: str, weights_only: Any) -> Any:
+            from .resume_choice import broadcast, ckptsup_newest_step, rank
+
+            newest = ckptsup_newest_step(settings, env)   # collective (the memory tier's held steps)
+
+            def test_load(path: Any) -> int:
+                return int(trainer.strategy.checkpoint_io.load_checkpoint(path, weights_only=weights_only)["global_step"])
+
+            return broadcast(lambda: lightning_ckpt.pick(requested, self._recorder, newest, test_load)
+                             if rank() == 0 else None)
+
+        lightning_ckpt.guard_resume(trainer, decide, lambda choice: setattr(self, "_pick", choice))
+
+    def _settings(self) -> tuple[Any, Any]:
+        from ..env import RankEnv
+        from ..hooks.settings import resolve_settings
+
+        env = RankEnv.from_environ()
+        o = dict(self.attach_options)
+        settings = resolve_settings(env=env, checkpoint_dir=o.pop("checkpoint_dir"),
+                                    save_every_steps=o.pop("save_every_steps"), save_every_s=o.pop("save_every_s"),
+                                    overrides={k: v for k, v in o.items() if v is not None})
+        return settings, env
+
+    def state_dict(self) -> dict[str, Any]:
+        """In Lightning's own .ckpt: the data position, so a resume from a .ckpt continues the epoch."""
+        return {"data": self.data.state_dict()} if self.data.samplers else {}
+
+    def load_state_dict(self, state: dict[str, Any]) -> None:
+        if state.get("data"):
+            self.data.load_state_dict(state["data"])
 
     # ---- fit start: attach and resume ---------------------------------------------------------
     def on_fit_start(self, trainer: Any, pl_module: Any) -> None:
@@ -71,21 +126,27 @@ class CkptsupCallback(Callback):
         from ..hooks.state import capture_rng
 
         if trainer.checkpoint_callbacks and trainer.is_global_zero:
-            warnings.warn("ckptsup: Lightning's ModelCheckpoint is active too and writes checkpoints of its own; "
-                          "ckptsup already checkpoints the full state: pass Trainer(enable_checkpointing=False)",
-                          stacklevel=2)
+            log.info("ckptsup: Lightning's ModelCheckpoint writes .ckpt files beside ckptsup's checkpoints; ckptsup "
+                     "records their hashes and validates one before Lightning resumes from it")
         optimizers = list(trainer.optimizers)
         optimizer = None if not optimizers else optimizers[0] if len(optimizers) == 1 else tuple(optimizers)
         self.data.batches_done = lambda: int(trainer.fit_loop.epoch_loop.batch_progress.current.ready)
         extra = {"lightning_fit_loop": FitLoop(trainer), "lightning_data": self.data,
-                 "lightning_callbacks": Callbacks(trainer), "lightning_precision": Precision(trainer)}
+                 "lightning_callbacks": Callbacks(trainer), "lightning_precision": Precision(trainer),
+                 "lightning_hooks": Hooks(trainer)}
         self.run = attach(model=trainer.strategy.model, optimizer=optimizer, lr_scheduler=Schedulers(trainer),
                           extra=extra, **{k: v for k, v in self.attach_options.items() if v is not None})
         if threading.current_thread() is threading.main_thread():
             self._stop_handlers = {signum: signal.getsignal(signum) for signum in STOP_SIGNALS}
-        self.resumed_step = self.run.resume()
+        pick = self._pick
+        if pick is not None and trainer.is_global_zero:
+            self._report(pick)
+        if pick is not None and pick.path:
+            self.resumed_step = self.run.resume(candidates=[])   # Lightning loaded a newer .ckpt
+        else:
+            self.resumed_step = self.run.resume()
         if self.resumed_step > 0:
-            if trainer.ckpt_path:
+            if trainer.ckpt_path and pick is None:   # a ckpt_path ckptsup could not weigh (not a local file)
                 raise ConfigError(f"trainer.fit(ckpt_path={trainer.ckpt_path!r}) and ckptsup's checkpoint of step "
                                   f"{self.resumed_step} both want to restore the run; drop ckpt_path (ckptsup resumes)")
             if trainer.global_step != self.resumed_step:
@@ -93,6 +154,21 @@ class CkptsupCallback(Callback):
                             "batch other than one?)", self.resumed_step, trainer.global_step)
             self._rng_after_resume = capture_rng()
         self._last_global_step = trainer.global_step
+
+    def _report(self, pick: Any) -> None:
+        from ..events import Event
+
+        for name, step, reason, where in pick.rejected:
+            self.run.reporter.emit(Event.CHECKPOINT_REJECTED, step=step, level=1, external=name, reason=reason[:400],
+                                   quarantined=where)
+        if pick.path:
+            name = Path(pick.path).name
+            self.run.reporter.emit(Event.CHECKPOINT_VALIDATED, step=pick.step, level=1, external=name,
+                                   checked=pick.checked)
+            self.run.reporter.emit(Event.CHECKPOINT_LOADED, step=pick.step, path=pick.path, load_s=0.0,
+                                   source="shared", files_by_source={"shared": 1}, external=name)
+            log.warning("ckptsup: Lightning resumes from %s (step %d, validated: %s), newer than ckptsup's own "
+                        "checkpoints", name, pick.step, pick.checked)
 
     # ---- train start: data position, signals, RNG ---------------------------------------------
     def on_train_start(self, trainer: Any, pl_module: Any) -> None:

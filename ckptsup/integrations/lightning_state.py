@@ -3,7 +3,10 @@ object with state_dict/load_state_dict, passed to attach() as the scheduler or a
 
 from __future__ import annotations
 
-from typing import Any
+import logging
+from typing import Any, Callable
+
+log = logging.getLogger("ckptsup.integrations.lightning")
 
 
 class Schedulers:
@@ -54,6 +57,8 @@ class Callbacks:
     def state_dict(self) -> dict[str, Any]:
         states = {}
         for callback in self.trainer.callbacks:
+            if getattr(callback, "ckptsup_own", False):
+                continue   # ckptsup's callback: its state is the data position, saved as an extra of its own
             state = callback.state_dict()
             if state:
                 states[str(callback.state_key)] = state
@@ -78,3 +83,66 @@ class Precision:
     def load_state_dict(self, state: dict[str, Any]) -> None:
         if state:   # an empty state (no scaler when saved) would fail a GradScaler's load
             self.trainer.precision_plugin.load_state_dict(state)
+
+
+# what a Lightning checkpoint holds besides the hooks' own keys: given to the hooks, never saved twice
+BASE_KEYS = ("epoch", "global_step", "pytorch-lightning_version")
+
+
+class Hooks:
+    """What Lightning's own checkpoint gets from hooks, as `dump_checkpoint` / `restore_*` do it:
+    the DataModule's `state_dict` (under its class's `__qualname__`) and every key that
+    `LightningModule.on_save_checkpoint` and the callbacks' `on_save_checkpoint` add to the
+    checkpoint dict; on load the same dict goes to `on_load_checkpoint` (the module's first, as
+    Lightning's restore_model), the DataModule's `load_state_dict`, the callbacks' `on_load_checkpoint`.
+    The hooks see `epoch`, `global_step` and the Lightning version, not the weights or optimizer
+    states (ckptsup keeps those as DCP shards): a hook that raises (reading `checkpoint["state_dict"]`)
+    is warned about once and its keys are missing, the rest is saved. Optional: a checkpoint written
+    before this extra existed still loads."""
+
+    optional_extra = True
+
+    def __init__(self, trainer: Any) -> None:
+        self.trainer = trainer
+        self.warned: set[str] = set()
+
+    def _base(self) -> dict[str, Any]:
+        import lightning.pytorch as pl
+
+        return {"epoch": self.trainer.current_epoch, "global_step": self.trainer.global_step,
+                "pytorch-lightning_version": pl.__version__}
+
+    def _call(self, what: str, hook: Callable[..., Any], *args: Any) -> None:
+        try:
+            hook(*args)
+        except Exception as err:  # noqa: BLE001 - a user hook: its keys are missing, the save/resume goes on
+            if what not in self.warned:
+                self.warned.add(what)
+                log.warning("ckptsup: %s raised %s: %s; what it saves or restores is not in ckptsup's checkpoint "
+                            "(its hooks see epoch, global_step and the version, not the weights)",
+                            what, type(err).__name__, str(err)[:200])
+
+    def state_dict(self) -> dict[str, Any]:
+        trainer, module = self.trainer, self.trainer.lightning_module
+        checkpoint = self._base()
+        datamodule = trainer.datamodule
+        if datamodule is not None:
+            state = datamodule.state_dict()
+            if state:
+                checkpoint[type(datamodule).__qualname__] = state
+        for callback in trainer.callbacks:
+            self._call(f"{type(callback).__name__}.on_save_checkpoint", callback.on_save_checkpoint, trainer, module,
+                       checkpoint)
+        self._call(f"{type(module).__name__}.on_save_checkpoint", module.on_save_checkpoint, checkpoint)
+        return {key: value for key, value in checkpoint.items() if key not in BASE_KEYS}
+
+    def load_state_dict(self, state: dict[str, Any]) -> None:
+        trainer, module = self.trainer, self.trainer.lightning_module
+        checkpoint = {**self._base(), **state}
+        self._call(f"{type(module).__name__}.on_load_checkpoint", module.on_load_checkpoint, checkpoint)
+        datamodule = trainer.datamodule
+        if datamodule is not None and type(datamodule).__qualname__ in checkpoint:
+            datamodule.load_state_dict(checkpoint[type(datamodule).__qualname__])
+        for callback in trainer.callbacks:
+            self._call(f"{type(callback).__name__}.on_load_checkpoint", callback.on_load_checkpoint, trainer, module,
+                       checkpoint)

@@ -7,6 +7,8 @@ on CPU).
 
 --mode ckptsup (default): callbacks=[CkptsupCallback()], train(resume_from_checkpoint=resume_path(trainer))
 --mode none: the same Trainer without ckptsup (the uninterrupted reference; the overhead baseline)
+--mode ckptsup --hf-save-steps N: HF's own checkpoints (save_strategy="steps") beside the callback;
+--die-at N: rank 1 SIGKILLs itself at step N the first time (the marker DIR/died)
 --mode hf: HF's own checkpoints (save_steps=--save-every-steps into --out/hf) and, when one
            exists, train(resume_from_checkpoint=True): the plain-torchrun baseline of the benchmark
 
@@ -103,9 +105,13 @@ class Record(TrainerCallback):
         self.steps = open(out / f"steps_rank{rank}.log", "a", buffering=1)
         self.rank, self.model, self.step_sleep_s = rank, model, step_sleep_s
         self.nan_at, self.nan_rank = nan_at, nan_rank
+        self.out, self.die_at = out, -1
 
     def on_step_begin(self, args, state, control, **kwargs):
         self.model.nan_next = state.global_step == self.nan_at and self.rank == self.nan_rank
+        if state.global_step == self.die_at and self.rank == 1 and not (self.out / "died").exists():
+            (self.out / "died").touch()
+            os.kill(os.getpid(), signal.SIGKILL)
 
     def on_step_end(self, args, state, control, **kwargs):
         step = state.global_step - 1
@@ -131,6 +137,10 @@ def main() -> None:
     ap.add_argument("--time-callback", action="store_true", help="record the callback's own time per step")
     ap.add_argument("--nan-at-step", type=int, default=None)
     ap.add_argument("--nan-rank", type=int, default=1)
+    ap.add_argument("--hf-save-steps", type=int, default=0, help="--mode ckptsup: HF's own checkpoints as well "
+                    "(save_strategy=\"steps\", this save_steps, into --out/hf)")
+    ap.add_argument("--die-at", type=int, default=-1, help="rank 1 SIGKILLs itself at the start of this step, once "
+                    "(DIR/died marks it)")
     args = ap.parse_args()
     faulthandler.register(signal.SIGUSR2)   # `kill -USR2 <rank>` prints its stacks (a stuck run)
     out = Path(args.out)
@@ -143,12 +153,14 @@ def main() -> None:
     targs = TrainingArguments(
         output_dir=str(hf_dir), num_train_epochs=args.epochs, per_device_train_batch_size=args.batch_size,
         learning_rate=1e-2, lr_scheduler_type="linear", warmup_steps=3, weight_decay=0.01, seed=0,
-        save_strategy="steps" if args.mode == "hf" else "no", save_steps=args.save_every_steps,
+        save_strategy="steps" if args.mode == "hf" or args.hf_save_steps else "no",
+        save_steps=args.hf_save_steps or args.save_every_steps,
         logging_steps=5, report_to=[], disable_tqdm=True, use_cpu=True, dataloader_num_workers=0,
         ddp_find_unused_parameters=False)
     rank = int(os.environ.get("RANK", "0"))
     # Record first: a step's ids are written before ckptsup's step_done may save or stop there
     callbacks = [Record(out, rank, model, args.step_sleep_s, args.nan_at_step, args.nan_rank)]
+    callbacks[0].die_at = args.die_at
     if args.mode == "ckptsup":
         from ckptsup.integrations.hf import CkptsupCallback
 

@@ -3,12 +3,19 @@ bench/bench_lightning.py). 2 ranks of DDP on CPU (gloo) under torchrun or `ckpts
 
     torchrun --nproc-per-node 2 lightning_train.py --out DIR [--epochs 2] [--samples 192] [--batch 4]
         [--step-s 0.05] [--mode ckptsup|plain|lightning-ckpt] [--every 5] [--ckpt-dir D] [--workers 0]
-        [--no-distributed-sampler]
+        [--no-distributed-sampler] [--stateful] [--model-checkpoint] [--ckpt-path last] [--die-at N]
 
 The model has dropout (the RNG matters) and a decaying LR (the scheduler matters). Every rank
 appends one JSON line per batch to DIR/samples_rank<r>.jsonl: {"step": global step, "ids": the
 sample ids, "t": wall time at the batch's start} (a resumed run rewrites the steps after its checkpoint; the last line of a step wins),
 and at the end writes DIR/final_rank<r>.pt (the parameters). Rank 0 prints `step N loss X`.
+
+--stateful: the data come from a DataModule with a state_dict (samples seen), a callback with a
+state_dict (batches counted) goes before ckptsup's, and the LightningModule adds a key of its own in
+on_save_checkpoint (steps counted); each rank writes DIR/state_rank<r>.json with the three at the end.
+--model-checkpoint: Lightning's own ModelCheckpoint (every --pl-every steps, all kept, last.ckpt, into --ckpt-dir/pl)
+beside ckptsup's callback (enable_checkpointing stays on); --ckpt-path: fit(ckpt_path=...).
+--die-at N: rank 1 SIGKILLs itself at global step N when DIR/died does not exist yet (it creates it).
 
 --mode plain: no callback, no checkpoints (the overhead baseline); lightning-ckpt: Lightning's
 own resume, ModelCheckpoint every --every steps and fit(ckpt_path="last") (the restart baseline).
@@ -38,6 +45,45 @@ class Ids(Dataset):
         return torch.tensor(i), self.x[i], self.y[i]
 
 
+class IdsData(pl.LightningDataModule):
+    """The same loader as Net.train_dataloader, with a state: the samples this rank has trained on."""
+
+    def __init__(self, args) -> None:
+        super().__init__()
+        self.args = args
+        self.seen = 0
+
+    def train_dataloader(self):
+        return DataLoader(Ids(self.args.samples), batch_size=self.args.batch, shuffle=True,
+                          num_workers=self.args.workers)
+
+    def state_dict(self):
+        return {"seen": self.seen}
+
+    def load_state_dict(self, state) -> None:
+        self.seen = state["seen"]
+
+
+class Counting(pl.Callback):
+    """A stateful callback (Lightning's Callback.state_dict / state_key)."""
+
+    def __init__(self) -> None:
+        self.batches = 0
+
+    @property
+    def state_key(self) -> str:
+        return "Counting[test]"
+
+    def on_train_batch_end(self, trainer, pl_module, outputs, batch, batch_idx) -> None:
+        self.batches += 1
+
+    def state_dict(self):
+        return {"batches": self.batches}
+
+    def load_state_dict(self, state) -> None:
+        self.batches = state["batches"]
+
+
 class Net(pl.LightningModule):
     def __init__(self, args) -> None:
         super().__init__()
@@ -45,9 +91,25 @@ class Net(pl.LightningModule):
         self.net = torch.nn.Sequential(torch.nn.Linear(16, 32), torch.nn.ReLU(), torch.nn.Dropout(0.2),
                                        torch.nn.Linear(32, 1))
         self.log_file = None
+        self.steps_seen = 0   # --stateful: kept through on_save_checkpoint / on_load_checkpoint
+
+    def on_save_checkpoint(self, checkpoint) -> None:
+        checkpoint["net_extra"] = {"steps_seen": self.steps_seen}
+
+    def on_load_checkpoint(self, checkpoint) -> None:
+        if "net_extra" in checkpoint:
+            self.steps_seen = checkpoint["net_extra"]["steps_seen"]
 
     def training_step(self, batch, batch_idx):
         ids, x, y = batch
+        self.steps_seen += 1
+        if self.trainer.datamodule is not None:
+            self.trainer.datamodule.seen += len(ids)
+        if self.global_step == self.args.die_at and self.global_rank == 1:
+            marker = os.path.join(self.args.out, "died")
+            if not os.path.exists(marker):
+                open(marker, "w").close()
+                os.kill(os.getpid(), 9)
         if self.log_file is None:
             self.log_file = open(os.path.join(self.args.out, f"samples_rank{self.global_rank}.jsonl"), "a")
         self.log_file.write(json.dumps({"step": self.global_step, "ids": ids.tolist(), "t": time.time()}) + "\n")
@@ -98,12 +160,25 @@ def main() -> None:
     ap.add_argument("--every", type=int, default=5)
     ap.add_argument("--ckpt-dir", default=None)
     ap.add_argument("--no-distributed-sampler", action="store_true")
+    ap.add_argument("--stateful", action="store_true")
+    ap.add_argument("--model-checkpoint", action="store_true")
+    ap.add_argument("--ckpt-path", default=None)
+    ap.add_argument("--die-at", type=int, default=-1)
+    ap.add_argument("--pl-every", type=int, default=5, help="--model-checkpoint: its every_n_train_steps")
     ap.add_argument("--time-callback", action="store_true", help="the benchmark: time spent inside the callback's per-step hook")
     args = ap.parse_args()
     os.makedirs(args.out, exist_ok=True)
     pl.seed_everything(7, workers=True)
 
-    callbacks, ckpt_path = [], None
+    callbacks, ckpt_path = [], args.ckpt_path
+    counting = Counting() if args.stateful else None
+    if counting is not None:
+        callbacks.append(counting)   # before ckptsup's: its count of a step is in that step's checkpoint
+    if args.model_checkpoint:
+        from lightning.pytorch.callbacks import ModelCheckpoint
+
+        callbacks.append(ModelCheckpoint(dirpath=os.path.join(args.ckpt_dir, "pl"), every_n_train_steps=args.pl_every,
+                                         save_top_k=-1, save_last=True, filename="{epoch}-{step}"))
     if args.mode == "ckptsup":
         from ckptsup.integrations.lightning import CkptsupCallback
 
@@ -120,11 +195,16 @@ def main() -> None:
     trainer = pl.Trainer(accelerator="cpu", devices=local, num_nodes=world // local,
                          strategy="ddp" if world > 1 else "auto",
                          max_epochs=args.epochs, callbacks=callbacks,
-                         enable_checkpointing=args.mode == "lightning-ckpt", logger=False,
+                         enable_checkpointing=args.mode == "lightning-ckpt" or args.model_checkpoint, logger=False,
                          enable_progress_bar=False, enable_model_summary=False, num_sanity_val_steps=0,
                          use_distributed_sampler=not args.no_distributed_sampler, deterministic=True)
     model = Net(args)
-    trainer.fit(model, ckpt_path=ckpt_path)
+    datamodule = IdsData(args) if args.stateful else None
+    trainer.fit(model, datamodule=datamodule, ckpt_path=ckpt_path)
+    if args.stateful:
+        with open(os.path.join(args.out, f"state_rank{trainer.global_rank}.json"), "w") as fh:
+            json.dump({"datamodule_seen": datamodule.seen, "callback_batches": counting.batches,
+                       "module_steps_seen": model.steps_seen, "global_step": trainer.global_step}, fh)
     torch.save({k: v.detach().clone() for k, v in model.state_dict().items()},
                os.path.join(args.out, f"final_rank{trainer.global_rank}.pt"))
     if trainer.global_rank == 0:
