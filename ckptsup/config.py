@@ -241,8 +241,8 @@ class SupervisorConfig:
                           non_negative, max=MAX_NODES, why="more than any cluster has")
     requeue_wait_s: float = knob(900.0, "expected queue wait of a requeue (s), used to price continuing on fewer nodes "
                                         "until this run has measured one", non_negative, max=WEEK_S)
-    shrink_horizon_s: float = knob(3600.0, "how long a job continued on fewer nodes is expected to run that way (s) when "
-                                           "Slurm gives no end time (SLURM_JOB_END_TIME); with one, the time left",
+    shrink_horizon_s: float = knob(3600.0, "how long a job continued on fewer nodes is expected to run that way (s): the "
+                                           "rest of its work; the time left in the allocation when that is shorter",
                                    positive, max=WEEK_S)
     batch_host_spare: bool = knob(False, "with spares in the allocation, the batch host (where the supervisor runs) is "
                                   "the last hot spare: an active node's death never takes the supervisor with it; it "

@@ -103,6 +103,9 @@ def test_the_inputs_come_from_this_runs_measurements_else_the_knobs():
     assert (some.restart.value_s, some.requeue_restart.value_s) == (3.5, 12.0)
     past = shrink_costs({"startup_s": 12.0}, sup, end_time=900.0, now=1000.0)   # past its end: the knob
     assert past.horizon.source == "configured" and past.restart.value_s == 12.0
+    # a day left in the allocation: the job's own horizon (the rest of its work) is shorter
+    far = shrink_costs({}, sup, end_time=1000.0 + 86400, now=1000.0)
+    assert (far.horizon.value_s, far.horizon.source) == (1800.0, "configured")
 
 
 def test_queue_time_is_the_last_requeue_to_the_new_supervisor():

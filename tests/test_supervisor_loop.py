@@ -179,6 +179,9 @@ class FakeSlurm:
         self.drained.append(node)
         return True
 
+    def job_info(self, job_id: str) -> None:   # a job Slurm does not know: no end time to price fewer nodes with
+        return None
+
 
 def healthy(unhealthy: dict[str, str] | None = None, calls: list | None = None):
     bad = unhealthy or {}

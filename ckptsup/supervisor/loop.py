@@ -535,7 +535,7 @@ class Supervisor:
     def _shrink_costs(self) -> ShrinkCosts:
         """Fewer nodes vs a requeue: this run's measurements where it has them, else the knobs
         (docs/planning.md §Fewer nodes or a requeue)."""
-        return shrink_costs(self.state.measured, self.sup, end_time=self.placement.end_time, now=time.time())
+        return shrink_costs(self.state.measured, self.sup, end_time=self.placement.job_end_time(), now=time.time())
 
     def _decide(self, obs: Observation) -> Action:
         """`decide`, answering its request for health checks when it makes one."""
@@ -842,6 +842,8 @@ class Supervisor:
         hooked_before = any(a.level in (SupervisionLevel.HOOKS, SupervisionLevel.HEARTBEAT) for a in self.history)
         if self.tracker is not None:   # rank 0's losses so far: the restore's first steps are compared with them
             self.losses = restore_check.keep(self.losses, self.tracker.losses)
+            if len(self.tracker.nodes) != len(nodes):   # fewer nodes: another global batch a step, another loss
+                self.losses = {}
         self.tracker = AttemptTracker(attempt=self.state.attempt, nodes=nodes, nproc_per_node=self.sup.nproc_per_node,
                                       config=self.sup, started=now, resume_step=recovery.resume_step(resume_from),
                                       hang_cap_s=timeouts.hang_cap_s, save_allowance_s=timeouts.save_allowance_s,

@@ -105,6 +105,18 @@ class Placement:
                    grace_time_s=partition_grace_time(client, alloc.partition), here=alloc.batch_host,
                    gpus_per_node=gpus, end_time=job_end_time(env))
 
+    def job_end_time(self) -> float | None:
+        """The job's end at its time limit, Unix seconds: SLURM_JOB_END_TIME (newer Slurm sets it),
+        else squeue's end_time (asked when needed: only fewer nodes vs a requeue prices it); None
+        outside Slurm, without a limit or when Slurm does not answer."""
+        if self.end_time is not None or not self.in_slurm or self.slurm is None:
+            return self.end_time
+        try:
+            info = self.slurm.job_info(self.job_id)
+        except CkptsupError:
+            return None
+        return None if info is None or info.end_time is None else float(info.end_time)
+
     def rdzv_endpoint(self, first_node: str, base_port: int, attempt: int) -> str:
         """ADDR:PORT of the attempt's store on its first node, always in [base_port,
         base_port+PORT_SPREAD]. The offset is spread by job and attempt, so that jobs sharing a

@@ -25,13 +25,13 @@ def _measured(measured: Mapping[str, Any], *keys: str) -> float | None:
 
 def shrink_costs(measured: Mapping[str, Any], sup: SupervisorConfig, *, end_time: float | None,
                  now: float) -> ShrinkCosts:
-    """horizon: the time left in the allocation when Slurm says (SLURM_JOB_END_TIME), else
-    shrink_horizon_s; restart: the last in-allocation restart (else the allocation's start-up, else
+    """horizon: shrink_horizon_s (the rest of the work, as the user expects it), or the time left
+    in the allocation when that is shorter (the next allocation has every node again); restart: the last in-allocation restart (else the allocation's start-up, else
     0, unmeasured); queue wait: this run's last requeue's time in the queue, else requeue_wait_s;
     a requeue's start-up: this run's allocation start-up (supervisor start to first step), else
     the restart's figure."""
     left = None if end_time is None else end_time - now
-    horizon = Figure(value_s=left, source=SLURM) if left is not None and left > 0 else \
+    horizon = Figure(value_s=left, source=SLURM) if left is not None and 0 < left < sup.shrink_horizon_s else \
         Figure(value_s=sup.shrink_horizon_s, source=CONFIGURED)
     restart_s = _measured(measured, "restart_s", "startup_s")
     restart = Figure(value_s=restart_s, source=MEASURED) if restart_s is not None else Figure(value_s=0.0, source=UNMEASURED)
