@@ -15,12 +15,13 @@ import time
 from pathlib import Path
 
 import pytest
+from hostlist import expand_hostlist as expand
 from s3_helpers import BUCKET, make_bucket, moto  # noqa: F401 - moto is a fixture
 
 from ckptsup.events import read_events
 from ckptsup.planning.accounting import account
 from ckptsup.slurm.devconf import SPANNING
-from ckptsup.slurm.parsers import JobState
+from ckptsup.slurm.parsers import JobState, parse_key_values
 
 pytestmark = [pytest.mark.slurm, pytest.mark.torch]
 
@@ -187,6 +188,7 @@ def test_node_death_without_a_spare_requeues_the_job_excluding_the_node(dev_clus
     assert json.loads((out / "final.json").read_text())["params_sha256"] == reference
     acc = assert_goodput_accounted(events)
     assert acc.requeues == 1 and acc.queue_s > 0  # the requeue's time in the queue is reported, not paid
+    assert not named(events, "shrink_decided")   # min_nodes at its default (= the active nodes): no fewer nodes
 
 
 def test_time_limit_warning_stops_with_an_emergency_checkpoint_and_requeues_losing_no_step(
@@ -620,19 +622,22 @@ def test_a_dead_node_with_min_nodes_continues_on_the_survivors_without_a_requeue
     job, run, out = submit(tmp_path, nodes=3, spares=0, extra=("--dataset-size", "1024"),
                            supervisor_toml="min_nodes = 2\nshrink_horizon_s = 600.0\nrequeue_wait_s = 900.0\n")
     dev_cluster.wait_for(lambda: committed(run, 15), 120, what="a checkpoint at step 15")
-    victim = active_nodes(run)[1]
+    active = active_nodes(run)
+    victim = active[1]
     with dev_cluster.revived(victim):
         dev_cluster.kill_node(victim)
         dev_cluster.wait_for(lambda: named(read_events(run), "restart_done"), 120, what="the restart on 2 nodes")
-        shown = dev_cluster.client.run(["scontrol", "show", "job", "-o", job]).stdout
-        grow = subprocess.run(["scontrol", "update", f"JobId={job}", "NumNodes=3"], capture_output=True, text=True,
-                              timeout=30, env={**os.environ, "SLURM_CONF": str(dev_cluster.cluster.conf)})
-        print("IN-JOB:", shown, "\nGROW:", grow.returncode, grow.stdout, grow.stderr)
+        # Slurm took the dead node out of the --no-kill job for good: the allocation itself shrank
+        shown = parse_key_values(dev_cluster.client.run(["scontrol", "show", "job", "-o", job]).stdout)
+        assert shown["NumNodes"] == "2" and shown["ResizeTime"] not in ("None", "") and expand(shown["NodeList"]) == sorted(set(active) - {victim})
         dev_cluster.wait_for(lambda: named(read_events(run), "run_complete"), 240, what="the run to complete on 2 nodes")
         dev_cluster.wait_for(lambda: finished(dev_cluster, job), 120, what=f"job {job} to finish")
     events = read_events(run)
-    assert not named(events, "requeue") and dev_cluster.job(job) is None or \
-        dev_cluster.job(job).state == JobState.COMPLETED
+    assert not named(events, "requeue") and named(events, "run_complete")
+    assert dev_cluster.job(job) is None or dev_cluster.job(job).state == JobState.COMPLETED
+    acc = assert_goodput_accounted(events)
+    print(f"GOODPUT continue-on-fewer: useful {acc.useful_device_s:.1f} of paid {acc.paid_device_s:.1f} device-s, "
+          f"badput {dict((k, round(v, 1)) for k, v in acc.badput_device_s.items() if v)}")
     [choice] = named(events, "shrink_decided")
     assert (choice["choice"], choice["survivors"], choice["nodes"], choice["min_nodes"]) == ("continue", 2, 3, 2)
     assert choice["continue_cost_s"] < choice["requeue_cost_s"] and choice["queue_wait_source"] == "configured"
