@@ -9,9 +9,9 @@ defaults (min_nodes = the active nodes: the requeue of today). For each run:
                planning/shrink.py
     goodput    useful / paid device-seconds (planning/accounting.py) of the whole run
 
-and beside them `ckptsup plan --min-nodes 2` fed with this run's measured inputs (R: the in-allocation
-restart, Q: the requeue's queue wait, S: the requeued allocation's start-up, H: the time the job
-ran on 2 nodes) — what the policy would have predicted for each way.
+and beside them `ckptsup plan --min-nodes 2` fed with the runs' measured inputs (R: the in-allocation
+restart, Q: the requeue to the next supervisor's start, S: the requeued allocation's start-up, H:
+the time the job ran on 2 nodes) — what the policy's arithmetic predicts for each way.
 
     .venv/bin/python bench/bench_shrink.py [--steps 300] [--json]
 """
@@ -143,12 +143,11 @@ def main() -> int:
     plan = subprocess.run([*CKPTSUP, "plan", "--gpus", str(NODES), "--gpus-per-node", "1", "--mtbf", "6h",
                            "--stall", "1s", "--restart", f"{restart}s", "--price", "1", "--min-nodes", "2",
                            "--queue-wait", f"{req.get('requeue_to_start_s', 0.0)}s",
+                           "--requeue-restart", f"{req.get('startup_s', restart)}s",
                            "--shrink-horizon", f"{cont.get('fewer_nodes_s', 1.0)}s", "--json"],
                           capture_output=True, text=True, timeout=60)
     predicted = json.loads(plan.stdout)["shrink"] if plan.returncode == 0 else {"error": plan.stderr.strip()}
-    # plan prices a requeue with S = R; the measured start-up of the requeued allocation is beside it
-    report = {"continue": cont, "requeue": req, "plan": predicted,
-              "plan_requeue_with_measured_startup_s": round(req.get("requeue_to_start_s", 0.0) + req.get("startup_s", 0.0), 2)}
+    report = {"continue": cont, "requeue": req, "plan": predicted}
     if a.json:
         print(json.dumps(report, indent=2))
     else:
@@ -157,9 +156,8 @@ def main() -> int:
             print(f"{way:9} lost {r['lost_job_s']:7.2f} job-s  kill->end {r['kill_to_end_s']:7.2f} s  "
                   f"goodput {r['goodput']:.3f}  world after {r['world_size_after']}")
         if "error" not in predicted:
-            print(f"plan      continue {predicted['continue_cost_s']:.2f} s, requeue {predicted['requeue_cost_s']:.2f} s "
-                  f"(with the measured start-up: {report['plan_requeue_with_measured_startup_s']:.2f} s) "
-                  f"-> {predicted['choice']}")
+            print(f"plan      continue {predicted['continue_cost_s']:.2f} job-s, requeue {predicted['requeue_cost_s']:.2f} "
+                  f"job-s -> {predicted['choice']}")
         print(json.dumps(report))
     return 0
 

@@ -173,6 +173,8 @@ def test_plan_prices_continuing_on_one_node_fewer_against_a_requeue():
     floor = plan(PlanInputs(**{**base, "min_nodes": 3}, shrink_horizon_s=60.0))["shrink"]
     assert (floor["allowed"], floor["choice"], floor["saved_usd_per_lost_node"]) == (False, "requeue", 0.0)
     assert "shrink" not in plan(PlanInputs(gpus=24, mtbf_s=6 * 3600, stall_s=5, restart_s=30))
+    slow_start = plan(PlanInputs(**base, shrink_horizon_s=3600.0, requeue_restart_s=400.0))["shrink"]
+    assert slow_start["requeue_cost_s"] == pytest.approx(1300.0) and slow_start["choice"] == "continue"
 
 
 def test_cli_prices_fewer_nodes_with_the_config_knobs_by_default(capsys, tmp_path, monkeypatch):
@@ -191,7 +193,8 @@ def test_cli_prices_fewer_nodes_with_the_config_knobs_by_default(capsys, tmp_pat
 @pytest.mark.parametrize("args, fragment", [
     (["--min-nodes", "4"], "--min-nodes 4 must be at least 1 and at most the job's 3 nodes"),
     (["--min-nodes", "0"], "--min-nodes 0 must be at least 1"),
-    (["--queue-wait", "5m"], "--queue-wait and --shrink-horizon price fewer nodes: give --min-nodes N with them"),
+    (["--queue-wait", "5m"], "--queue-wait, --shrink-horizon and --requeue-restart price fewer nodes: give --min-nodes"),
+    (["--requeue-restart", "5m"], "give --min-nodes N with them"),
     (["--min-nodes", "2", "--shrink-horizon", "0"], "--shrink-horizon"),
 ])
 def test_cli_fewer_nodes_refusals_are_one_line(capsys, args, fragment):

@@ -49,6 +49,7 @@ class PlanInputs:
     min_nodes: int | None = None            # fewer nodes (--min-nodes): price continuing on nodes-1 vs a requeue ...
     queue_wait_s: float = 900.0             # ... a requeue's time in the queue ...
     shrink_horizon_s: float = 3600.0        # ... how long the job would run on fewer nodes
+    requeue_restart_s: float | None = None  # ... a requeued allocation's start-up (None: restart_s)
 
 
 def validate(inp: PlanInputs) -> None:
@@ -94,7 +95,8 @@ def validate(inp: PlanInputs) -> None:
         if not 1 <= inp.min_nodes <= nodes:
             raise ConfigError(f"--min-nodes {inp.min_nodes} must be at least 1 and at most the job's {nodes} nodes "
                               f"(--gpus {inp.gpus} / --gpus-per-node {inp.gpus_per_node})")
-        for flag, value in (("--queue-wait", inp.queue_wait_s), ("--shrink-horizon", inp.shrink_horizon_s)):
+        for flag, value in (("--queue-wait", inp.queue_wait_s), ("--shrink-horizon", inp.shrink_horizon_s),
+                            ("--requeue-restart", inp.requeue_restart_s or 0.0)):
             if value < 0 or not math.isfinite(value):
                 raise ConfigError(f"{flag} must be a finite number >= 0, got {value!r}")
     if inp.preemptions_per_node_day is not None and not 0 <= inp.preemptions_per_node_day < math.inf:
@@ -216,12 +218,14 @@ def _shrink(inp: PlanInputs, nodes: int, usd_per_s: float) -> dict[str, Any]:
                           horizon=Figure(value_s=inp.shrink_horizon_s, source=given),
                           restart=Figure(value_s=inp.restart_s, source=given),
                           queue_wait=Figure(value_s=inp.queue_wait_s, source=given),
-                          requeue_restart=Figure(value_s=inp.restart_s, source=given))
+                          requeue_restart=Figure(value_s=inp.restart_s if inp.requeue_restart_s is None
+                                                 else inp.requeue_restart_s, source=given))
     p = price(inputs)
     allowed = survivors >= inp.min_nodes
     choice = "continue" if allowed and p.continue_wins else "requeue"
     return {"nodes": nodes, "survivors": survivors, "min_nodes": inp.min_nodes, "allowed": allowed,
             "horizon_s": inp.shrink_horizon_s, "queue_wait_s": inp.queue_wait_s, "restart_s": inp.restart_s,
+            "requeue_restart_s": inputs.requeue_restart.value_s,
             "continue_cost_s": p.continue_s, "requeue_cost_s": p.requeue_s, "choice": choice,
             "break_even_horizon_s": break_even_horizon_s(inputs),
             # job-seconds lost x the whole job's price per second
