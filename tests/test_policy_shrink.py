@@ -114,3 +114,22 @@ def test_queue_time_is_the_last_requeue_to_the_new_supervisor():
     assert queue_time_s([{"event": "supervisor_start", "ts": ts}, {"event": "requeue", "ts": ts}], start + 30) == 30.0
     assert queue_time_s([{"event": "requeue", "ts": ts}, {"event": "supervisor_start", "ts": ts}], start + 30) is None
     assert queue_time_s([], start) is None
+
+
+def test_the_jobs_end_comes_from_slurm_job_end_time_else_squeue():
+    from ckptsup.slurm.parsers import JobInfo, JobState
+    from ckptsup.supervisor.placement import Placement, job_end_time
+
+    assert job_end_time({"SLURM_JOB_END_TIME": "1796364000"}) == 1796364000.0
+    assert job_end_time({"SLURM_JOB_END_TIME": "0"}) is None and job_end_time({}) is None
+    assert job_end_time({"SLURM_JOB_END_TIME": "soon"}) is None
+
+    class Squeue:
+        def job_info(self, job_id):
+            return JobInfo(job_id=job_id, name="j", state=JobState.RUNNING, nodes=[], partition="p", reason="None",
+                           requeue=True, restart_count=0, batch_host="n1", excluded_nodes=[], exit_code=None,
+                           exit_signal=None, end_time=1796367600, raw={})
+
+    assert Placement(job_id="7", nodes=("n1",), in_slurm=True, slurm=Squeue()).job_end_time() == 1796367600.0
+    assert Placement(job_id="7", nodes=("n1",), in_slurm=True, slurm=Squeue(), end_time=5.0).job_end_time() == 5.0
+    assert Placement(job_id="7", nodes=("n1",)).job_end_time() is None   # local: no allocation, no end
