@@ -235,6 +235,15 @@ class SupervisorConfig:
                                "per node) or auto (its GPUs per node, else 1); `ckptsup launch` resolves the word",
                                ranks_choice, max=MAX_PER_NODE)
     nodes: int = knob(0, "active nodes; 0 = every allocated node minus [sbatch] spares", non_negative, max=MAX_NODES, why="more than any cluster has")
+    min_nodes: int = knob(0, "fewest nodes to train on (torchrun's --nnodes MIN:MAX): a node lost with no spare left "
+                               "continues on the survivors (>= this) when that costs less than a requeue "
+                               "(docs/planning.md §Fewer nodes or a requeue); 0 = the active nodes (never fewer)",
+                          non_negative, max=MAX_NODES, why="more than any cluster has")
+    requeue_wait_s: float = knob(900.0, "expected queue wait of a requeue (s), used to price continuing on fewer nodes "
+                                        "until this run has measured one", non_negative, max=WEEK_S)
+    shrink_horizon_s: float = knob(3600.0, "how long a job continued on fewer nodes is expected to run that way (s): the "
+                                           "rest of its work; the time left in the allocation when that is shorter",
+                                   positive, max=WEEK_S)
     batch_host_spare: bool = knob(False, "with spares in the allocation, the batch host (where the supervisor runs) is "
                                   "the last hot spare: an active node's death never takes the supervisor with it; it "
                                   "trains only once no other spare is left")
@@ -570,6 +579,12 @@ RULES: tuple[tuple[str, str, float, str, str], ...] = (
 def check_rules(config: Config, provenance: Mapping[str, str]) -> None:
     """Raise ConfigError (one line: both keys, their values and sources, the fix) for the first
     rule of RULES that the resolved config breaks."""
+    sup = config.supervisor
+    if sup.nodes and sup.min_nodes > sup.nodes:
+        raise ConfigError(
+            f"supervisor.min_nodes = {sup.min_nodes} ({provenance.get('supervisor.min_nodes', 'default')}) is more than "
+            f"supervisor.nodes = {sup.nodes} ({provenance.get('supervisor.nodes', 'default')}): MIN must be at most MAX; "
+            "lower min_nodes or raise nodes")
     for section, key, factor, other, why in RULES:
         target = getattr(config, section)
         value, bound = getattr(target, key), getattr(target, other)

@@ -142,6 +142,7 @@ SLURM_STEP_ID = "SLURM_STEP_ID"
 SLURM_PROCID = "SLURM_PROCID"
 SLURM_STEP_NUM_TASKS = "SLURM_STEP_NUM_TASKS"
 SLURM_STEP_GPUS = "SLURM_STEP_GPUS"
+SLURM_JOB_END_TIME = "SLURM_JOB_END_TIME"
 CUDA_VISIBLE_DEVICES = "CUDA_VISIBLE_DEVICES"
 SLURM_CONF = "SLURM_CONF"
 LOCAL_RANK = "LOCAL_RANK"
@@ -180,6 +181,7 @@ EXTERNAL_VARS: tuple[Var, ...] = (
     Var(name=SLURM_STEP_ID, set_by="Slurm (srun)", read_by="ckptsup launch", meaning="set inside a job step, not in the batch script: with more than one task, `srun ckptsup launch` would start a supervisor per task (refused)"),
     Var(name=SLURM_PROCID, set_by="Slurm (srun)", read_by="ckptsup launch", meaning="this task's index in its step: task 0 says why `srun ckptsup launch` is refused"),
     Var(name=SLURM_STEP_NUM_TASKS, set_by="Slurm (srun)", read_by="ckptsup launch", meaning="tasks of this step: more than one under `srun ckptsup launch` is refused"),
+    Var(name=SLURM_JOB_END_TIME, set_by="Slurm", read_by="supervisor (allocation)", meaning="the job's end (Unix seconds): the time left prices continuing on fewer nodes against a requeue (supervisor.min_nodes)"),
     Var(name=SLURM_STEP_GPUS, set_by="Slurm", read_by="health checks", meaning="GPU indices a step got on its node, counted when SLURM_GPUS_ON_NODE is unset"),
     Var(name=CUDA_VISIBLE_DEVICES, set_by="user, Slurm", read_by="supervisor (local mode), health checks", meaning="outside Slurm, the GPUs of this machine (a count of the list; unset, empty or -1 = none)"),
     Var(name=SLURM_CONF, set_by="user, ckptsup dev-cluster", read_by="Slurm commands (slurm.client)", meaning="slurm.conf to use; the dev cluster is reached through it"),

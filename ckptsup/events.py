@@ -63,6 +63,7 @@ class Event(str, enum.Enum):
     FAILURE_DETECTED = "failure_detected"  # kind, node, rank, detect_s
     FAILURE_ATTRIBUTED = "failure_attributed"  # kind, node, was_kind, was_node, detail: what the policy found it was
     NODE_EXCLUDED = "node_excluded"        # node, reason
+    SHRINK_DECIDED = "shrink_decided"      # choice (continue | requeue), survivors, nodes, min_nodes, reason, continue_cost_s, requeue_cost_s, {horizon,restart,queue_wait,requeue_restart}_{s,source}
     RESTART_DONE = "restart_done"          # restart_s, resume_step, phases{kill_s, health_s, launch_s, rendezvous_s, load_s, first_step_s}
     REQUEUE = "requeue"                    # reason, by, excluded, partition, phases
     REQUEUE_UPDATED = "requeue_updated"    # pending-job updates after a requeue: wait_pending_s, update_s, excluded, partition, ok;

@@ -156,3 +156,48 @@ def test_usage_errors_are_one_line_too(capsys, args, fragment):
     code, out, err = run_cli(capsys, *args)
     lines = err.strip().splitlines()
     assert code == 2 and len(lines) == 1 and fragment in lines[0] and "--help" in lines[0]
+
+
+def test_plan_prices_continuing_on_one_node_fewer_against_a_requeue():
+    # 3 nodes, one lost: 30 s restart + 1/3 of a 30 min horizon = 630 s < 15 min queue + 30 s = 930 s
+    base = dict(gpus=24, gpus_per_node=8, mtbf_s=6 * 3600, stall_s=5, restart_s=30, price_per_gpu_hour=2.0,
+                min_nodes=2, queue_wait_s=900.0)
+    r = plan(PlanInputs(**base, shrink_horizon_s=1800.0))["shrink"]
+    assert (r["nodes"], r["survivors"], r["allowed"], r["choice"]) == (3, 2, True, "continue")
+    assert r["continue_cost_s"] == pytest.approx(630.0) and r["requeue_cost_s"] == pytest.approx(930.0)
+    assert r["break_even_horizon_s"] == pytest.approx(2700.0)   # (930 - 30) x 3 / 1
+    assert r["continue_usd"] == pytest.approx(630 * 24 * 2.0 / 3600)
+    assert r["saved_usd_per_lost_node"] == pytest.approx(300 * 24 * 2.0 / 3600)
+    longer = plan(PlanInputs(**base, shrink_horizon_s=3600.0))["shrink"]   # past the break-even: requeue
+    assert longer["choice"] == "requeue" and longer["continue_cost_s"] == pytest.approx(1230.0)
+    floor = plan(PlanInputs(**{**base, "min_nodes": 3}, shrink_horizon_s=60.0))["shrink"]
+    assert (floor["allowed"], floor["choice"], floor["saved_usd_per_lost_node"]) == (False, "requeue", 0.0)
+    assert "shrink" not in plan(PlanInputs(gpus=24, mtbf_s=6 * 3600, stall_s=5, restart_s=30))
+    slow_start = plan(PlanInputs(**base, shrink_horizon_s=3600.0, requeue_restart_s=400.0))["shrink"]
+    assert slow_start["requeue_cost_s"] == pytest.approx(1300.0) and slow_start["choice"] == "continue"
+
+
+def test_cli_prices_fewer_nodes_with_the_config_knobs_by_default(capsys, tmp_path, monkeypatch):
+    site = tmp_path / "site.toml"
+    site.write_text("[supervisor]\nrequeue_wait_s = 120.0\nshrink_horizon_s = 60.0\n")
+    monkeypatch.setenv("CKPTSUP_SITE_CONFIG", str(site))
+    code, out, _ = run_cli(capsys, "plan", "--gpus", "24", "--mtbf", "6h", "--stall", "5s", "--restart", "10s",
+                           "--price", "2", "--min-nodes", "2", "--json")
+    shrink = json.loads(out)["shrink"]
+    assert code == 0 and (shrink["queue_wait_s"], shrink["horizon_s"]) == (120.0, 60.0) and shrink["choice"] == "continue"
+    code, out, _ = run_cli(capsys, "plan", "--gpus", "24", "--mtbf", "6h", "--stall", "5s", "--restart", "10s",
+                           "--price", "2", "--min-nodes", "2", "--queue-wait", "1s", "--shrink-horizon", "1h")
+    assert code == 0 and "requeue" in out and "a node lost with no spare left" in out
+
+
+@pytest.mark.parametrize("args, fragment", [
+    (["--min-nodes", "4"], "--min-nodes 4 must be at least 1 and at most the job's 3 nodes"),
+    (["--min-nodes", "0"], "--min-nodes 0 must be at least 1"),
+    (["--queue-wait", "5m"], "--queue-wait, --shrink-horizon and --requeue-restart price fewer nodes: give --min-nodes"),
+    (["--requeue-restart", "5m"], "give --min-nodes N with them"),
+    (["--min-nodes", "2", "--shrink-horizon", "0"], "--shrink-horizon"),
+])
+def test_cli_fewer_nodes_refusals_are_one_line(capsys, args, fragment):
+    code, out, err = run_cli(capsys, "plan", "--gpus", "24", "--mtbf", "6h", "--stall", "5s", "--restart", "10s",
+                             "--price", "2", *args)
+    assert code == 2 and len(err.strip().splitlines()) == 1 and fragment in err, err

@@ -86,6 +86,14 @@ def test_squeue_json_start_time_in_old_and_new_formats(raw, expected):
     assert job.start_time == expected
 
 
+@pytest.mark.parametrize("raw, expected", [(1795959520, 1795959520), (0, None), (None, None),
+                                           ({"set": True, "infinite": False, "number": 17}, 17),
+                                           ({"set": True, "infinite": True, "number": 0}, None)])
+def test_squeue_json_end_time_prices_fewer_nodes_and_no_limit_is_none(raw, expected):
+    (job,) = parse_squeue_json(_squeue({"job_id": 5, "job_state": "RUNNING", "end_time": raw}))
+    assert job.end_time == expected
+
+
 def test_squeue_json_raw_wait_status_splits_into_exit_code_and_signal():
     failed, killed = parse_squeue_json(_squeue({"job_id": 4, "job_state": "FAILED", "exit_code": 768},
                                                {"job_id": 5, "job_state": "FAILED", "exit_code": 9}))

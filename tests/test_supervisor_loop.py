@@ -179,6 +179,9 @@ class FakeSlurm:
         self.drained.append(node)
         return True
 
+    def job_info(self, job_id: str) -> None:   # a job Slurm does not know: no end time to price fewer nodes with
+        return None
+
 
 def healthy(unhealthy: dict[str, str] | None = None, calls: list | None = None):
     bad = unhealthy or {}
@@ -726,3 +729,41 @@ def test_a_relaunch_keeps_the_memory_schedule_under_the_disk_schedule_the_ranks_
     finally:
         second.lease_stop.set()
         second.writer.close()
+
+
+@pytest.mark.parametrize("horizon_s, continued", [(600.0, True), (6 * 3600.0, False)])
+def test_a_dead_node_with_min_nodes_continues_on_the_survivors_or_requeues_by_price(
+        tmp_path, site, monkeypatch, horizon_s, continued):
+    """issue 24 part 3: 3 active nodes, no spare, min_nodes 2 (--nnodes 2:3). 1/3 of a 600 s
+    horizon is less than the 900 s queue wait: continue on 2 (world size 2, the node path, no
+    requeue); 1/3 of 6 h is more: the requeue of today. Either way the restart log says why."""
+    asked: list = []
+    monkeypatch.setattr("ckptsup.supervisor.requeue.requeue_job",
+                        lambda client, run_dir, job_id, reason, *, exclude, partition: asked.append((reason, exclude)))
+    world = World(clock=Clock(), faults={0: Fault("node_death", 2, node="n3")})
+    sv = supervisor(tmp_path, world, nodes=("n1", "n2", "n3"), needed=3, in_slurm=True, slurm=FakeSlurm(),
+                    flags={"supervisor.min_nodes": 2, "supervisor.shrink_horizon_s": horizon_s,
+                           "supervisor.requeue_wait_s": 900.0})
+    status = sv.run()
+    [choice] = of(tmp_path, Event.SHRINK_DECIDED)
+    assert (choice["survivors"], choice["nodes"], choice["min_nodes"]) == (2, 3, 2)
+    assert (choice["horizon_s"], choice["horizon_source"]) == (horizon_s, "configured")
+    assert (choice["queue_wait_s"], choice["queue_wait_source"]) == (900.0, "configured")
+    assert choice["restart_source"] == "measured" and choice["requeue_restart_source"] == "measured"  # the first launch's start-up
+    line = restart_log.describe(choice)
+    if continued:
+        assert status is ExitStatus.DONE and asked == []
+        assert choice["choice"] == "continue" and choice["continue_cost_s"] < choice["requeue_cost_s"]
+        launches = of(tmp_path, Event.LAUNCH)
+        assert [(e["nodes"], e["path"], e["world_size"]) for e in launches] == [
+            (["n1", "n2", "n3"], "initial", 3), (["n1", "n2"], "node", 2)]
+        [restart] = [body for _, m, body, _ in world.sent if m is MessageKind.RESTART]
+        assert LaunchSpec.from_json(restart["spec"], source="test").nnodes == 2   # torchrun --nnodes 2
+        assert line.startswith("continue on fewer nodes (2 of 3 left, min 2): continue on 2 of 3 nodes")
+    else:
+        assert status is ExitStatus.REQUEUE and choice["choice"] == "requeue"
+        [(reason, exclude)] = asked
+        assert exclude == ["n3"] and reason.startswith("2 healthy node(s) left, requeue rather than 2 of 3 nodes")
+        assert line.startswith("requeue (2 of 3 left, min 2): requeue rather than")
+    assert RunDir(path=tmp_path / "run").load_state().excluded_nodes == {"n3": "node_down"}
+

@@ -15,12 +15,13 @@ import time
 from pathlib import Path
 
 import pytest
+from hostlist import expand_hostlist as expand
 from s3_helpers import BUCKET, make_bucket, moto  # noqa: F401 - moto is a fixture
 
 from ckptsup.events import read_events
 from ckptsup.planning.accounting import account
 from ckptsup.slurm.devconf import SPANNING
-from ckptsup.slurm.parsers import JobState
+from ckptsup.slurm.parsers import JobState, parse_key_values
 
 pytestmark = [pytest.mark.slurm, pytest.mark.torch]
 
@@ -187,6 +188,7 @@ def test_node_death_without_a_spare_requeues_the_job_excluding_the_node(dev_clus
     assert json.loads((out / "final.json").read_text())["params_sha256"] == reference
     acc = assert_goodput_accounted(events)
     assert acc.requeues == 1 and acc.queue_s > 0  # the requeue's time in the queue is reported, not paid
+    assert not named(events, "shrink_decided")   # min_nodes at its default (= the active nodes): no fewer nodes
 
 
 def test_time_limit_warning_stops_with_an_emergency_checkpoint_and_requeues_losing_no_step(
@@ -668,3 +670,77 @@ def test_a_flipped_bit_on_one_of_three_replicas_drains_that_node_and_the_spare_t
     for name, value in finals[0].items():   # every replica identical, and the uninterrupted run's
         assert all(torch.equal(f[name], value) for f in finals[1:]), name
         torch.testing.assert_close(value, reference_3_ranks[name], rtol=1e-6, atol=1e-7)
+
+
+def consumed_samples(out: Path, worlds: list[tuple[int, int, int]]) -> list[int]:
+    """The samples in the order the sampler hands them out (rank r of W takes the global index
+    g + i*W + r of a step's batch), over `worlds`: (world size, first step, end step) per attempt.
+    Each rank's samples log holds its attempts one after the other; a step not above the one
+    before starts the next attempt's lines."""
+    per_rank: dict[int, list[dict[int, list[int]]]] = {}
+    for rank in range(max(w for w, _, _ in worlds)):
+        attempts: list[dict[int, list[int]]] = [{}]
+        last = -1
+        for line in (out / f"samples_rank{rank}.jsonl").read_text().splitlines():
+            rec = json.loads(line)
+            if rec["step"] <= last:
+                attempts.append({})
+            attempts[-1][rec["step"]] = rec["ids"]
+            last = rec["step"]
+        per_rank[rank] = attempts
+    consumed: list[int] = []
+    for attempt, (world, first, end) in enumerate(worlds):
+        for step in range(first, end):
+            for i in range(len(per_rank[0][attempt][step])):
+                consumed.extend(per_rank[r][attempt][step][i] for r in range(world))
+    return consumed
+
+
+def test_a_dead_node_with_min_nodes_continues_on_the_survivors_without_a_requeue_repeating_no_sample(
+        dev_cluster, tmp_path):
+    """issue 24 part 3: 3 nodes, no spare, min_nodes 2 (= --nnodes 2:3). A node killed: the
+    policy prices 1/3 of a 10 min horizon (+ the restart) below a 15 min queue wait, so training
+    continues on the 2 survivors (world size 3 -> 2, resharded from the last disk checkpoint), no
+    requeue, and over the whole run every sample of the epoch is seen once in the sampler's order.
+    MIN = MAX (the default) is the requeue of
+    test_node_death_without_a_spare_requeues_the_job_excluding_the_node."""
+    job, run, out = submit(tmp_path, nodes=3, spares=0, extra=("--dataset-size", "1024"),
+                           supervisor_toml="min_nodes = 2\nshrink_horizon_s = 600.0\nrequeue_wait_s = 900.0\n")
+    dev_cluster.wait_for(lambda: committed(run, 15), 120, what="a checkpoint at step 15")
+    active = active_nodes(run)
+    victim = active[1]
+    with dev_cluster.revived(victim):
+        dev_cluster.kill_node(victim)
+        dev_cluster.wait_for(lambda: named(read_events(run), "restart_done"), 120, what="the restart on 2 nodes")
+        # Slurm took the dead node out of the --no-kill job for good: the allocation itself shrank
+        shown = parse_key_values(dev_cluster.client.run(["scontrol", "show", "job", "-o", job]).stdout)
+        assert shown["NumNodes"] == "2" and shown["ResizeTime"] not in ("None", "") and expand(shown["NodeList"]) == sorted(set(active) - {victim})
+        dev_cluster.wait_for(lambda: named(read_events(run), "run_complete"), 240, what="the run to complete on 2 nodes")
+        dev_cluster.wait_for(lambda: finished(dev_cluster, job), 120, what=f"job {job} to finish")
+    events = read_events(run)
+    assert not named(events, "requeue") and named(events, "run_complete")
+    assert dev_cluster.job(job) is None or dev_cluster.job(job).state == JobState.COMPLETED
+    acc = assert_goodput_accounted(events)
+    print(f"GOODPUT continue-on-fewer: useful {acc.useful_device_s:.1f} of paid {acc.paid_device_s:.1f} device-s, "
+          f"badput {dict((k, round(v, 1)) for k, v in acc.badput_device_s.items() if v)}")
+    [choice] = named(events, "shrink_decided")
+    assert (choice["choice"], choice["survivors"], choice["nodes"], choice["min_nodes"]) == ("continue", 2, 3, 2)
+    assert choice["continue_cost_s"] < choice["requeue_cost_s"] and choice["queue_wait_source"] == "configured"
+    first, again = named(events, "launch")
+    assert first["world_size"] == 3 and again["world_size"] == 2 and victim not in again["nodes"]
+    assert set(again["nodes"]) < set(first["nodes"]) and again["path"] == "node"
+    [elastic] = named(events, "elastic_resume")   # the hooks resharded the world-3 checkpoint onto 2 ranks
+    assert (elastic["saved_world_size"], elastic["world_size"]) == (3, 2)
+    resume = named(events, "restart_done")[-1]["resume_step"]
+    assert resume >= 15 and elastic["step"] == resume
+    assert not named(events, "restore_loss_jump")   # another world size: its losses are not compared
+    log = subprocess.run([*CKPTSUP, "log", str(run)], capture_output=True, text=True, timeout=60,
+                         env={**os.environ, "COLUMNS": "400"})
+    assert "continue on fewer nodes (2 of 3 left, min 2)" in log.stdout, log.stdout
+    import torch
+
+    steps = int(TRAIN_ARGS[TRAIN_ARGS.index("--steps") + 1])
+    consumed = consumed_samples(out, [(3, 0, resume), (2, resume, steps)])
+    assert len(consumed) == 12 * resume + 8 * (steps - resume) <= 1024   # 4 a rank a step; one epoch
+    assert consumed == torch.randperm(1024, generator=torch.Generator().manual_seed(0)).tolist()[:len(consumed)]
+    assert json.loads((out / "final.json").read_text())["step"] == steps

@@ -14,7 +14,7 @@ from ckptsup.supervisor.agent import Agent
 from ckptsup.supervisor.placement import Placement
 from ckptsup.supervisor.spec import LaunchSpec
 from ckptsup.supervisor.torchrun_args import (BY_SPELLING, OPTIONS, TEE_ALL, Handling, TorchrunLine, UsageError,
-                                              check_target, interpret, node_count, normalize, nproc_choice,
+                                              check_target, interpret, node_count, node_range, normalize, nproc_choice,
                                               resolve_nproc)
 
 from hooks_helpers import capture_supervisor
@@ -39,13 +39,14 @@ def test_nproc_words_torchrun_has_and_ckptsup_does_not_are_one_line(raw, message
     assert err.value.exit_code == ExitStatus.USAGE
 
 
-def test_node_count_is_fixed_and_min_max_is_refused_naming_nodes():
-    assert node_count(None) is None and node_count("3") == 3 and node_count("2:2") == 2
-    with pytest.raises(UsageError) as err:
-        node_count("1:4")
-    assert str(err.value).startswith("--nnodes 1:4: an elastic MIN:MAX node range is not supported yet")
-    assert "pass --nnodes N" in str(err.value)
-    with pytest.raises(UsageError, match="must be a number of nodes"):
+def test_node_count_is_max_and_an_elastic_range_gives_min_nodes():
+    assert node_count(None) is None and node_count("3") == 3 and node_count("2:2") == 2 and node_count("1:4") == 4
+    assert node_range("3") == (None, 3) and node_range("2:3") == (2, 3) and node_range(None) == (None, None)
+    for raw, words in (("3:2", "MIN 3 must be at least 1 and at most MAX 2"), ("0:2", "MIN 0 must be at least 1")):
+        with pytest.raises(UsageError) as err:
+            node_range(raw)
+        assert str(err.value).startswith(f"--nnodes {raw}: {words}") and "--nnodes MIN:MAX" in str(err.value)
+    with pytest.raises(UsageError, match="must be a number of nodes, or MIN:MAX"):
         node_count("many")
 
 
@@ -292,6 +293,9 @@ def test_torchrun_spellings_of_ranks_and_nodes(launched):
     for args in (["--nnodes", "1"], ["--nnodes=1"], ["--nnodes=1:1"]):
         code, seen = launched(*args, "train.py")
         assert code == 0 and seen["resolved"].config.supervisor.nodes == 1
+    code, seen = launched("--nnodes", "1:1", "train.py")   # torchrun's MIN:MAX: MIN is supervisor.min_nodes
+    assert code == 0 and seen["resolved"].config.supervisor.min_nodes == 1
+    assert seen["resolved"].provenance["supervisor.min_nodes"] == "flag supervisor.min_nodes"
 
 
 def test_ranks_per_node_default_to_the_allocations_gpus_else_one(launched, monkeypatch):
@@ -341,7 +345,10 @@ def test_pass_options_reach_the_job_and_cold_ranks_turn_warm_off(launched, tmp_p
 
 
 @pytest.mark.parametrize("args, line", [
-    (["--nnodes", "1:4", "train.py"], "--nnodes 1:4: an elastic MIN:MAX node range is not supported yet"),
+    (["--nnodes", "1:4", "train.py"], "--nnodes 4 active nodes requested but local mode runs 1 node; pass --nnodes 1"),
+    (["--nnodes", "2:1", "train.py"], "--nnodes 2:1: MIN 2 must be at least 1 and at most MAX 1"),
+    (["--nnodes", "1", "--config", "min2.toml", "train.py"],
+     "supervisor.min_nodes = 2 (job:min2.toml) is more than supervisor.nodes = 1 (flag supervisor.nodes)"),
     (["--nnodes", "2", "train.py"], "--nnodes 2 active nodes requested but local mode runs 1 node; pass --nnodes 1"),
     (["--nodes=2", "train.py"], "--nodes 2 active nodes requested but local mode runs 1 node; pass --nodes 1"),
     (["--nproc-per-node", "gpu", "train.py"], "--nproc-per-node gpu: this machine names no GPU"),
@@ -351,7 +358,8 @@ def test_pass_options_reach_the_job_and_cold_ranks_turn_warm_off(launched, tmp_p
     (["--rdzv", "c10d", "train.py"], "ambiguous option: --rdzv could match --rdzv-backend, --rdzv_backend"),
     (["--start-method", "thread", "train.py"], "--start-method 'thread': pass one of"),
 ])
-def test_refused_command_lines_are_one_line_and_exit_usage(launched, capsys, args, line):
+def test_refused_command_lines_are_one_line_and_exit_usage(launched, capsys, tmp_path, args, line):
+    (tmp_path / "min2.toml").write_text("[supervisor]\nmin_nodes = 2\n")
     code, seen = launched(*args)
     err = capsys.readouterr().err.strip().splitlines()
     assert code == ExitStatus.USAGE and not seen

@@ -92,6 +92,14 @@ def _dump(data: Any) -> str:
               help="two levels: time until a memory save's replica is on the buddy node")
 @click.option("--memory-miss", type=float, default=0.0, show_default=True,
               help="two levels: fraction of failures the memory tier cannot cover (a whole failure domain)")
+@click.option("--min-nodes", type=int, help="fewer nodes: price continuing on one node fewer (>= this) against a "
+                                           "requeue when a node is lost with no spare left (supervisor.min_nodes)")
+@click.option("--queue-wait", metavar=_DUR, help="with --min-nodes: a requeue's time in the queue "
+                                                  "[supervisor.requeue_wait_s]")
+@click.option("--shrink-horizon", metavar=_DUR, help="with --min-nodes: how long the job would run on fewer nodes "
+                                                      "[supervisor.shrink_horizon_s]")
+@click.option("--requeue-restart", metavar=_DUR, help="with --min-nodes: a requeued allocation's start-up "
+                                                       "(supervisor start to first step) [--restart]")
 @click.option("--config", "job_config", type=click.Path(dir_okay=False), help="TOML layered over the site config")
 @click.option("--json", "as_json", is_flag=True, help="print the result as one JSON object")
 def plan(gpus: int, gpus_per_node: int, mtbf: str | None, failures: float | None, over: str | None,
@@ -99,7 +107,8 @@ def plan(gpus: int, gpus_per_node: int, mtbf: str | None, failures: float | None
          keep_last: int, keep_daily_days: int, upload_time: str | None, persist_time: str,
          replace_time: str | None, compare_stall: str | None, compare_persist_time: str,
          spot_discount: float | None, preemptions_per_node_day: float | None, memory_stall: str | None,
-         memory_restart: str | None, memory_persist_time: str, memory_miss: float, job_config: str | None,
+         memory_restart: str | None, memory_persist_time: str, memory_miss: float, min_nodes: int | None,
+         queue_wait: str | None, shrink_horizon: str | None, requeue_restart: str | None, job_config: str | None,
          as_json: bool) -> None:
     """How often to checkpoint, what failures cost per month, async vs sync, spot, spares, and
     memory saves in front of disk saves (two levels)."""
@@ -125,12 +134,47 @@ def plan(gpus: int, gpus_per_node: int, mtbf: str | None, failures: float | None
         memory_stall_s=_dur(memory_stall, "--memory-stall"),
         memory_restart_s=_dur(memory_restart, "--memory-restart", allow_zero=True),
         memory_persist_s=_dur(memory_persist_time, "--memory-persist-time", allow_zero=True) or 0.0,
-        memory_miss=memory_miss)
+        memory_miss=memory_miss, min_nodes=min_nodes,
+        requeue_restart_s=_dur(requeue_restart, "--requeue-restart", allow_zero=True),
+        **_shrink_knobs(min_nodes, queue_wait, shrink_horizon, job_config))
     result = run_plan(inputs)
     if as_json:
         click.echo(_dump(result))
         return
     _print_plan(result)
+
+
+def _shrink_knobs(min_nodes: int | None, queue_wait: str | None, horizon: str | None,
+                  job_config: str | None) -> dict[str, float]:
+    """--queue-wait and --shrink-horizon, else the config's [supervisor] requeue_wait_s and
+    shrink_horizon_s (what the supervisor would use before it has measured anything)."""
+    if min_nodes is None:
+        if queue_wait is not None or horizon is not None or click.get_current_context().params.get("requeue_restart"):
+            raise ConfigError("--queue-wait, --shrink-horizon and --requeue-restart price fewer nodes: give "
+                              "--min-nodes N with them")
+        return {}
+    from ..config import load_config
+
+    sup = load_config(job_config=job_config).config.supervisor
+    return {"queue_wait_s": sup.requeue_wait_s if queue_wait is None else parse_duration(queue_wait, what="--queue-wait", allow_zero=True),
+            "shrink_horizon_s": sup.shrink_horizon_s if horizon is None else parse_duration(horizon, what="--shrink-horizon")}
+
+
+def _print_shrink(console: Any, s: dict[str, Any]) -> None:
+    lost = f"{s['nodes'] - s['survivors']}/{s['nodes']}"
+    cont = (f"continue on {s['survivors']} of {s['nodes']} nodes: {format_duration(s['continue_cost_s'])} "
+            f"(restart + {lost} of a {format_duration(s['horizon_s'])} horizon), {format_usd(s['continue_usd'])}")
+    req = (f"requeue: {format_duration(s['requeue_cost_s'])} (queue wait {format_duration(s['queue_wait_s'])} + "
+           f"start-up {format_duration(s['requeue_restart_s'])}), {format_usd(s['requeue_usd'])}")
+    console.print(f"a node lost with no spare left — {cont}; {req}")
+    if not s["allowed"]:
+        console.print(f"  → requeue: {s['survivors']} survivors is below --min-nodes {s['min_nodes']}")
+    else:
+        even = s["break_even_horizon_s"]
+        turn = f"; continuing wins below a {format_duration(even)} horizon" if even is not None else ""
+        other = "requeue" if s["choice"] == "continue" else "continuing"
+        console.print(f"  → {s['choice']}: {format_usd(s['saved_usd_per_lost_node'])} less than {other} per lost "
+                      f"node{turn}")
 
 
 def _print_plan(r: dict[str, Any]) -> None:
@@ -176,6 +220,8 @@ def _print_plan(r: dict[str, Any]) -> None:
                       f"break-even at {r['spot_break_even_gpus']} GPUs")
     if "two_level" in r:
         _print_two_level(console, r)
+    if "shrink" in r:
+        _print_shrink(console, r["shrink"])
     from rich.text import Text
 
     from ..textsafe import text as safe_text

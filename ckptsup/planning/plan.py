@@ -46,6 +46,10 @@ class PlanInputs:
     memory_restart_s: float | None = None   # ... the restart from memory ...
     memory_persist_s: float = 0.0           # ... until the replica is on the buddy node
     memory_miss: float = 0.0                # failures the memory tier cannot cover
+    min_nodes: int | None = None            # fewer nodes (--min-nodes): price continuing on nodes-1 vs a requeue ...
+    queue_wait_s: float = 900.0             # ... a requeue's time in the queue ...
+    shrink_horizon_s: float = 3600.0        # ... how long the job would run on fewer nodes
+    requeue_restart_s: float | None = None  # ... a requeued allocation's start-up (None: restart_s)
 
 
 def validate(inp: PlanInputs) -> None:
@@ -86,6 +90,15 @@ def validate(inp: PlanInputs) -> None:
                           "from memory, e.g. --memory-stall 2s --memory-restart 1m)")
     if inp.memory_stall_s is None and (inp.memory_persist_s or inp.memory_miss):
         raise ConfigError("--memory-persist-time and --memory-miss need --memory-stall and --memory-restart")
+    if inp.min_nodes is not None:
+        nodes = math.ceil(inp.gpus / inp.gpus_per_node)
+        if not 1 <= inp.min_nodes <= nodes:
+            raise ConfigError(f"--min-nodes {inp.min_nodes} must be at least 1 and at most the job's {nodes} nodes "
+                              f"(--gpus {inp.gpus} / --gpus-per-node {inp.gpus_per_node})")
+        for flag, value in (("--queue-wait", inp.queue_wait_s), ("--shrink-horizon", inp.shrink_horizon_s),
+                            ("--requeue-restart", inp.requeue_restart_s or 0.0)):
+            if value < 0 or not math.isfinite(value):
+                raise ConfigError(f"{flag} must be a finite number >= 0, got {value!r}")
     if inp.preemptions_per_node_day is not None and not 0 <= inp.preemptions_per_node_day < math.inf:
         raise ConfigError(f"--preemptions-per-node-day {inp.preemptions_per_node_day} must be a finite number >= 0")
 
@@ -187,8 +200,38 @@ def plan(inp: PlanInputs) -> dict[str, Any]:
         out.update(_spot(inp, mtbf, main, paid_month))
     if inp.memory_stall_s is not None:
         out["two_level"] = _two_level(inp, mtbf, nodes, paid_month, disk_only_lost=out["lost_usd_per_month"])
+    if inp.min_nodes is not None:
+        out["shrink"] = _shrink(inp, nodes, paid_month / MONTH_H / 3600.0)
     out["warnings"] = warnings
     return out
+
+
+def _shrink(inp: PlanInputs, nodes: int, usd_per_s: float) -> dict[str, Any]:
+    """One node lost with no spare left: continue on nodes-1 (when >= --min-nodes) or requeue
+    (planning/shrink.py, the same arithmetic as the supervisor's `decide`)."""
+    from .shrink import Figure, ShrinkInputs, break_even_horizon_s, price
+
+    assert inp.min_nodes is not None
+    survivors = nodes - 1
+    given = "configured"
+    inputs = ShrinkInputs(nodes=nodes, survivors=max(survivors, 0),
+                          horizon=Figure(value_s=inp.shrink_horizon_s, source=given),
+                          restart=Figure(value_s=inp.restart_s, source=given),
+                          queue_wait=Figure(value_s=inp.queue_wait_s, source=given),
+                          requeue_restart=Figure(value_s=inp.restart_s if inp.requeue_restart_s is None
+                                                 else inp.requeue_restart_s, source=given))
+    p = price(inputs)
+    allowed = survivors >= inp.min_nodes
+    choice = "continue" if allowed and p.continue_wins else "requeue"
+    return {"nodes": nodes, "survivors": survivors, "min_nodes": inp.min_nodes, "allowed": allowed,
+            "horizon_s": inp.shrink_horizon_s, "queue_wait_s": inp.queue_wait_s, "restart_s": inp.restart_s,
+            "requeue_restart_s": inputs.requeue_restart.value_s,
+            "continue_cost_s": p.continue_s, "requeue_cost_s": p.requeue_s, "choice": choice,
+            "break_even_horizon_s": break_even_horizon_s(inputs),
+            # job-seconds lost x the whole job's price per second
+            "continue_usd": p.continue_s * usd_per_s, "requeue_usd": p.requeue_s * usd_per_s,
+            # what the choice saves over the other way, per lost node (0 when fewer are not allowed)
+            "saved_usd_per_lost_node": abs(p.requeue_s - p.continue_s) * usd_per_s if allowed else 0.0}
 
 
 def _spot(inp: PlanInputs, mtbf: float, main: iv.StrategyResult, paid_month: float) -> dict[str, Any]:

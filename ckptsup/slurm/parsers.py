@@ -147,6 +147,7 @@ class JobInfo:
     exit_code: int | None     # the batch script's exit status when finished
     exit_signal: int | None   # the signal that killed it, when one did
     start_time: int | None = None  # epoch seconds the current run started (pending: Slurm's estimate)
+    end_time: int | None = None    # epoch seconds the current run ends at its time limit (None: unknown or none)
     raw: dict[str, Any] = field(repr=False, compare=False)
 
 
@@ -178,7 +179,7 @@ def job_state_of(value: Any) -> JobState:
 def _epoch(value: Any) -> int | None:
     """22.05 prints epoch seconds; newer data parsers print {"set": bool, "number": N}. 0 = unset."""
     if isinstance(value, dict):
-        value = value.get("number") if value.get("set", True) else None
+        value = value.get("number") if value.get("set", True) and not value.get("infinite") else None
     return value if isinstance(value, int) and value > 0 else None
 
 
@@ -220,6 +221,7 @@ def parse_squeue_json(text: str) -> list[JobInfo]:
             exit_code=_exit(job)[0],
             exit_signal=_exit(job)[1],
             start_time=_epoch(job.get("start_time")),
+            end_time=_epoch(job.get("end_time")),
             raw=job,
         ))
     return jobs

@@ -63,8 +63,9 @@ def torchrun_options(f: Callable[..., Any]) -> Callable[..., Any]:
               help="ranks per node (supervisor.nproc_per_node): a number; gpu = the allocation's GPUs per node; "
                    "auto (default) = its GPUs per node, else 1")
 @click.option("--nodes", "--nnodes", "nodes", metavar="N", default=None,
-              help="active nodes; the rest of the allocation are hot spares (supervisor.nodes); "
-                   "no elastic MIN:MAX yet")
+              help="active nodes; the rest of the allocation are hot spares (supervisor.nodes); torchrun's "
+                   "MIN:MAX: MAX active, and a lost node with no spare left continues on >= MIN survivors when "
+                   "that costs less than a requeue (supervisor.min_nodes)")
 @click.option("-m", "--module", "module", is_flag=True, default=False,
               help="SCRIPT is a module name, run as `python -m SCRIPT` (torchrun's -m)")
 @click.option("--no-python", "--no_python", "no_python", is_flag=True, default=False,
@@ -106,7 +107,7 @@ def launch(nproc_per_node: str | None, nodes: str | None, module: bool, no_pytho
     from .placement import Placement
     from .relaunch import prepare
     from .unhooked import uses_hooks
-    from .torchrun_args import check_target, interpret, node_count, nproc_choice
+    from .torchrun_args import check_target, interpret, node_range, nproc_choice
 
     refuse_srun_tasks(os.environ)
     line = interpret({**torchrun, "tee": tee}, cwd=os.getcwd())
@@ -114,7 +115,9 @@ def launch(nproc_per_node: str | None, nodes: str | None, module: bool, no_pytho
         click.echo(f"ckptsup: {info}", err=True)
     if line.run_path:   # torchrun's --run-path wins over -m and --no-python: SCRIPT is a python file
         module = no_python = False
-    flags = {"supervisor.nproc_per_node": nproc_choice(nproc_per_node), "supervisor.nodes": node_count(nodes),
+    least, most = node_range(nodes, flag=click.get_current_context().meta.get("ckptsup.nodes_flag", "--nnodes"))
+    flags = {"supervisor.nproc_per_node": nproc_choice(nproc_per_node), "supervisor.nodes": most,
+             "supervisor.min_nodes": least,
              "supervisor.max_restarts": max_restarts, "supervisor.tee": line.tee_all, "run.run_dir": run_dir,
              "supervisor.warm_ranks": False if line.cold_ranks else None,
              "sbatch.spares": spares, "sbatch.signal_lead_s": signal_lead_s, "sbatch.gpus_per_node": gpus_per_node,
@@ -136,6 +139,10 @@ def launch(nproc_per_node: str | None, nodes: str | None, module: bool, no_pytho
                  else "local mode runs 1 node")
         raise UsageError(f"{asked} active nodes requested but {where}; pass {flag} {len(placement.nodes)} or fewer "
                          "(the rest are hot spares), or allocate more")
+    if sup.min_nodes > needed:
+        source = resolved.provenance.get("supervisor.min_nodes", "default")
+        raise UsageError(f"supervisor.min_nodes = {sup.min_nodes} ({source}) is more than the {needed} active nodes: "
+                         f"MIN must be at most MAX; pass --nnodes MIN:{needed} with MIN <= {needed}")
     prom = resolved.config.report.prom_textfile.replace("{job_id}", placement.job_id)
     if prom and not Path(prom).parent.is_dir():
         raise UsageError(f"report.prom_textfile = {prom!r}: its directory does not exist; point it into "

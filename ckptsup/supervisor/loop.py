@@ -41,7 +41,7 @@ from .attempt import AttemptTracker, Marks
 from . import restore_check
 from .interval_tuner import SCHEDULE_KEYS, IntervalChange, IntervalTuner
 from .nccl import Timeouts
-from .observations import (AttemptResult, Failure, FailureKind, History, Observation, Outcome, RecoveryPath,
+from .observations import (AttemptResult, Failure, FailureKind, History, Observation, Outcome, RecoveryPath, ShrinkCosts,
                            SupervisionLevel)
 from .detection import HEARTBEATS_PER_S, at_scale
 from .placement import Placement
@@ -50,7 +50,8 @@ from .sdc import sdc_cost, sdc_fields
 from .spec import MONITOR_INTERVAL_S
 from .torchrun_args import TorchrunLine
 from .unhooked import level_detail, progress_dir_newer
-from .policy import Action, CheckHealth, Continue, GiveUp, Requeue, RestartInAllocation, attributed, blamed, decide
+from .shrinking import queue_time_s, shrink_costs
+from .policy import Action, CheckHealth, Continue, GiveUp, Requeue, RestartInAllocation, ShrinkChoice, attributed, blamed, decide
 from .preemption import StopKind, plan_stop, stop_kind
 
 TICK_S = 0.05
@@ -127,6 +128,8 @@ class Supervisor:
         self.interval = IntervalTuner(self.config, gpus_per_node=placement.gpus_per_node,
                                       provenance=resolved.provenance)
         self.attempt_wall_start = time.time()   # wall clock of the current launch (progress_dir mtimes)
+        self.started_at = clock()               # this supervisor's start: an allocation's start-up is measured from it
+        self.first_attempt = self.state.attempt  # set again in _start
         self.operator = Operator(config=self.config, run_dir=run_dir, job_id=placement.job_id, agents=self.agents,
                                  interval=self.interval, emit=self.emit, clock=clock,
                                  run_state=lambda: self.state, spares=self._spares)
@@ -206,6 +209,7 @@ class Supervisor:
         if not first:
             self.state.attempt += 1
         self.state.status = RunStatus.RUNNING
+        self.first_attempt = self.state.attempt
         self.run_dir.save_state(self.state)
         write_config_json(self.resolved, self.run_dir.config_json_path)
         self.interval.learn_schedule({key: self.state.measured.get(kept) for key, kept in SCHEDULE_KEYS.items()})
@@ -213,6 +217,10 @@ class Supervisor:
         self.writer = EventWriter(run_dir=self.run_dir.path, job_id=self.placement.job_id,
                                   attempt=self.state.attempt, epoch=self.state.epoch)
         threading.Thread(target=self._lease_loop, name="lease", daemon=True).start()
+        queued = queue_time_s(earlier, time.time())
+        if queued is not None:   # a requeue's time in the queue: prices fewer nodes against the next one
+            self.state.measured["queue_s"] = round(queued, 3)
+            self.run_dir.save_state(self.state)
         usable = [n for n in self.placement.nodes if n not in self.state.excluded_nodes]
         self.emit(Event.SUPERVISOR_START, script=self.job.script, resumed=not first,
                   in_slurm=self.placement.in_slurm, excluded=sorted(self.state.excluded_nodes))
@@ -457,6 +465,8 @@ class Supervisor:
                           phases=phases, load_by_source=load_by_source(phases.get("load_s"), self.loaded_files),
                           **restart)
                 self.state.measured["restart_s"] = round(restart_s, 4)
+            elif tracker.attempt == self.first_attempt:   # this allocation's first launch
+                self.state.measured["startup_s"] = round(msg.recv - self.started_at, 4)
         if self.steady_pending and len(tracker.step_window.samples) >= STEADY_AFTER_STEPS:
             self._set_steady_timeout(tracker)
         now = msg.recv
@@ -517,8 +527,15 @@ class Supervisor:
     def _observe(self, failure: Failure | None, **fields: Any) -> Observation:
         base = dict(failure=failure, active=self.active, spares=self._spares(), excluded=frozenset(self.state.excluded_nodes),
                     nodes_needed=self.job.nodes_needed, can_requeue=self.placement.in_slurm,
-                    restarts_used=self.state.restarts, agents_alive=all(self.agents.has_agent(n) for n in self.active))
+                    restarts_used=self.state.restarts, agents_alive=all(self.agents.has_agent(n) for n in self.active),
+                    min_nodes=self.sup.min_nodes,
+                    shrink=self._shrink_costs() if 0 < self.sup.min_nodes < self.job.nodes_needed else None)
         return Observation(**{**base, **fields})
+
+    def _shrink_costs(self) -> ShrinkCosts:
+        """Fewer nodes vs a requeue: this run's measurements where it has them, else the knobs
+        (docs/planning.md §Fewer nodes or a requeue)."""
+        return shrink_costs(self.state.measured, self.sup, end_time=self.placement.job_end_time(), now=time.time())
 
     def _decide(self, obs: Observation) -> Action:
         """`decide`, answering its request for health checks when it makes one."""
@@ -597,6 +614,9 @@ class Supervisor:
     def _carry_out(self, action: Action, *, marks: Marks | None = None) -> ExitStatus | None:
         for node, why in blamed(action):
             self._exclude(node, why)
+        shrink = action.shrink if isinstance(action, (RestartInAllocation, Requeue)) else None
+        if shrink is not None:
+            self._shrink_decided(shrink)
         match action:
             case GiveUp(reason=reason, failure=failure):
                 self.emit(Event.GIVE_UP, reason=reason, kind=failure.kind if failure else None)
@@ -629,6 +649,10 @@ class Supervisor:
                 return None
             case Continue() | CheckHealth():
                 raise AssertionError(f"{action} is not carried out")  # _decide answers CheckHealth itself
+
+    def _shrink_decided(self, choice: ShrinkChoice) -> None:
+        self.emit(Event.SHRINK_DECIDED, **choice.event_fields())
+        say(f"ckptsup: node lost, no spare left: {choice.reason}")
 
     def _kill_attempt(self, failure: Failure) -> list[str]:
         """SIGKILL every rank of the attempt and wait (bounded) for each live agent's ack. The ack
@@ -818,6 +842,8 @@ class Supervisor:
         hooked_before = any(a.level in (SupervisionLevel.HOOKS, SupervisionLevel.HEARTBEAT) for a in self.history)
         if self.tracker is not None:   # rank 0's losses so far: the restore's first steps are compared with them
             self.losses = restore_check.keep(self.losses, self.tracker.losses)
+            if len(self.tracker.nodes) != len(nodes):   # fewer nodes: another global batch a step, another loss
+                self.losses = {}
         self.tracker = AttemptTracker(attempt=self.state.attempt, nodes=nodes, nproc_per_node=self.sup.nproc_per_node,
                                       config=self.sup, started=now, resume_step=recovery.resume_step(resume_from),
                                       hang_cap_s=timeouts.hang_cap_s, save_allowance_s=timeouts.save_allowance_s,

@@ -10,8 +10,9 @@ import enum
 from dataclasses import dataclass, field
 
 from ..events import FailureKind
+from ..planning.shrink import Figure
 
-__all__ = ["FailureKind", "Dispute", "Failure", "Outcome", "AttemptResult", "Observation", "RecoveryPath", "SupervisionLevel"]
+__all__ = ["FailureKind", "ShrinkCosts", "Dispute", "Failure", "Outcome", "AttemptResult", "Observation", "RecoveryPath", "SupervisionLevel"]
 
 
 class SupervisionLevel(str, enum.Enum):
@@ -124,6 +125,17 @@ class AttemptResult:
 
 
 @dataclass(frozen=True, kw_only=True)
+class ShrinkCosts:
+    """What continuing on fewer nodes and a requeue cost, each measured or configured
+    (planning/shrink.py; docs/planning.md §Fewer nodes or a requeue)."""
+
+    horizon: Figure           # how long the job would run on fewer nodes
+    restart: Figure           # an in-allocation restart
+    queue_wait: Figure        # a requeue's time in the queue
+    requeue_restart: Figure   # a new allocation's start-up
+
+
+@dataclass(frozen=True, kw_only=True)
 class Observation:
     """The world as the policy sees it: at start-up (`starting`, nothing launched: every usable
     node is in `spares`), after a failure, or at a tick (failure=None)."""
@@ -141,6 +153,8 @@ class Observation:
     silent: tuple[str, ...] = ()           # nodes whose agent neither answered the kill nor spoke
     silent_for_s: float = 0.0              # how long the first of them had been silent
     agents_alive: bool = True              # the agent step still runs (the fast path needs it)
+    min_nodes: int = 0                     # fewest nodes to continue on (0: nodes_needed, never fewer)
+    shrink: ShrinkCosts | None = None      # the prices of fewer nodes vs a requeue (with min_nodes)
 
 
 @dataclass(frozen=True, kw_only=True)

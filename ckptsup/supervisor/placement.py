@@ -12,7 +12,7 @@ from dataclasses import dataclass, field
 from typing import Any, Mapping, Sequence
 
 from ..config import PORT_SPREAD
-from ..env import JOB_ID, NODE, node_name
+from ..env import JOB_ID, NODE, SLURM_JOB_END_TIME, node_name
 from ..errors import CkptsupError, ConfigError
 from ..textsafe import say
 
@@ -48,6 +48,12 @@ def partition_grace_time(client: Any, partition: str) -> float | None:
     return float(raw) if raw.isdigit() else None
 
 
+def job_end_time(env: Mapping[str, str]) -> float | None:
+    """SLURM_JOB_END_TIME as Unix seconds; None when unset, not a number or 0 (no limit)."""
+    raw = env.get(SLURM_JOB_END_TIME, "").strip()
+    return float(raw) if raw.isdigit() and int(raw) > 0 else None
+
+
 def agent_command(spec_path: str, attempt: int) -> list[str]:
     """`ckptsup agent` by the same interpreter (works without the console script on PATH)."""
     return [sys.executable, "-m", "ckptsup.cli", "agent", "--spec", spec_path, "--attempt", str(attempt)]
@@ -63,6 +69,7 @@ class Placement:
     grace_time_s: float | None = None       # the partition's preemption GraceTime (None: unknown)
     here: str = ""                          # the node the supervisor runs on (the batch host)
     gpus_per_node: int = 0                  # the allocation's (slurm/allocation.py), never the config's
+    end_time: float | None = None           # the job's end, Unix seconds (SLURM_JOB_END_TIME; None: unknown)
 
     @classmethod
     def local(cls, env: Mapping[str, str] | None = None) -> "Placement":
@@ -96,7 +103,19 @@ class Placement:
                 gpus = 0
         return cls(job_id=alloc.job_id, nodes=tuple(alloc.nodes), addrs=addrs, in_slurm=True, slurm=client,
                    grace_time_s=partition_grace_time(client, alloc.partition), here=alloc.batch_host,
-                   gpus_per_node=gpus)
+                   gpus_per_node=gpus, end_time=job_end_time(env))
+
+    def job_end_time(self) -> float | None:
+        """The job's end at its time limit, Unix seconds: SLURM_JOB_END_TIME (newer Slurm sets it),
+        else squeue's end_time (asked when needed: only fewer nodes vs a requeue prices it); None
+        outside Slurm, without a limit or when Slurm does not answer."""
+        if self.end_time is not None or not self.in_slurm or self.slurm is None:
+            return self.end_time
+        try:
+            info = self.slurm.job_info(self.job_id)
+        except CkptsupError:
+            return None
+        return None if info is None or info.end_time is None else float(info.end_time)
 
     def rdzv_endpoint(self, first_node: str, base_port: int, attempt: int) -> str:
         """ADDR:PORT of the attempt's store on its first node, always in [base_port,

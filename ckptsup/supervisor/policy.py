@@ -32,15 +32,51 @@ Rules, in order:
 9. enough healthy nodes (current ones first, then spares) → RestartInAllocation on them: FAST when
    the node set is unchanged and the agents still run, NODE otherwise; else Requeue excluding every
    bad node when Slurm can, else GiveUp.
+10. fewer nodes (`min_nodes` below the active nodes, torchrun's --nnodes MIN:MAX): too few for rule
+   9 but at least `min_nodes` healthy → RestartInAllocation on all of them when continuing costs
+   less than a requeue (planning/shrink.py, `shrink_choice`), else the Requeue of rule 9; either
+   action carries the ShrinkChoice that says why.
 """
 
 from __future__ import annotations
 
+import enum
 from dataclasses import dataclass, field, replace
 from typing import Union
 
 from ..config import SupervisorConfig
+from ..planning.shrink import ShrinkInputs, ShrinkPrice, price
 from .observations import AttemptResult, Failure, FailureKind, History, Observation, Outcome, RecoveryPath
+
+
+class ShrinkWay(str, enum.Enum):
+    """What was chosen when a node was lost with no spare left and min_nodes allows fewer."""
+
+    CONTINUE = "continue"   # train on the survivors, world size shrunk
+    REQUEUE = "requeue"     # a new allocation of the full size
+
+
+@dataclass(frozen=True, kw_only=True)
+class ShrinkChoice:
+    """Continue on fewer nodes or requeue, and why (the `shrink_decided` event)."""
+
+    way: ShrinkWay
+    survivors: int
+    nodes: int          # the active nodes the job is sized for (MAX)
+    min_nodes: int
+    reason: str
+    price: ShrinkPrice | None = None
+    inputs: ShrinkInputs | None = None
+
+    def event_fields(self) -> dict:
+        out: dict = {"choice": self.way.value, "survivors": self.survivors, "nodes": self.nodes,
+                     "min_nodes": self.min_nodes, "reason": self.reason}
+        if self.price is not None and self.inputs is not None:
+            out.update(continue_cost_s=round(self.price.continue_s, 3), requeue_cost_s=round(self.price.requeue_s, 3))
+            for name in ("horizon", "restart", "queue_wait", "requeue_restart"):
+                figure = getattr(self.inputs, name)
+                out[f"{name}_s"], out[f"{name}_source"] = round(figure.value_s, 3), figure.source
+        return out
 
 
 @dataclass(frozen=True, kw_only=True)
@@ -64,6 +100,7 @@ class RestartInAllocation:
     backoff_s: float = 0.0
     reasons: tuple[tuple[str, str], ...] = field(default=(), compare=False)  # (node, why) per exclude
     failure: Failure | None = field(default=None, compare=False)            # as attributed
+    shrink: ShrinkChoice | None = field(default=None, compare=False)        # fewer nodes than needed, and why
 
 
 @dataclass(frozen=True, kw_only=True)
@@ -74,6 +111,7 @@ class Requeue:
     newly_excluded: tuple[str, ...] = field(default=())
     reasons: tuple[tuple[str, str], ...] = field(default=(), compare=False)
     failure: Failure | None = field(default=None, compare=False)
+    shrink: ShrinkChoice | None = field(default=None, compare=False)   # fewer nodes were priced, and lost
 
 
 @dataclass(frozen=True, kw_only=True)
@@ -172,11 +210,48 @@ def decide(obs: Observation, history: History, config: SupervisorConfig) -> Acti
         return RestartInAllocation(nodes=nodes, path=RecoveryPath.FAST if same else RecoveryPath.NODE,
                                    exclude=new, backoff_s=backoff_s(history, config), reasons=reasons,
                                    failure=failure)
+    shrink = shrink_choice(len(candidates), obs)
+    if shrink is not None and shrink.way is ShrinkWay.CONTINUE:
+        nodes = tuple(candidates)
+        same = nodes == tuple(obs.active) and obs.agents_alive
+        return RestartInAllocation(nodes=nodes, path=RecoveryPath.FAST if same else RecoveryPath.NODE,
+                                   exclude=new, backoff_s=backoff_s(history, config), reasons=reasons,
+                                   failure=failure, shrink=shrink)
     if obs.can_requeue:
+        why = shrink.reason if shrink is not None else f"{obs.nodes_needed} needed"
         return Requeue(exclude=tuple(sorted(excluded)), newly_excluded=new, reasons=reasons, failure=failure,
-                       reason=f"{len(candidates)} healthy node(s) left, {obs.nodes_needed} needed")
+                       reason=f"{len(candidates)} healthy node(s) left, {why}", shrink=shrink)
     return GiveUp(reason=f"{len(candidates)} healthy node(s) left of {obs.nodes_needed} needed and "
                          f"no requeue outside Slurm; last failure: {failure.kind.value}", failure=failure)
+
+
+def shrink_choice(survivors: int, obs: Observation) -> ShrinkChoice | None:
+    """Continue on `survivors` (< nodes_needed) healthy nodes, or requeue? None when fewer nodes
+    were not allowed (min_nodes unset or not below nodes_needed): the requeue of today. Below
+    min_nodes, a requeue; else the cheaper of the two (planning/shrink.py); outside Slurm nothing
+    can requeue, so at least min_nodes continue."""
+    least, most = obs.min_nodes, obs.nodes_needed
+    if not 0 < least < most or survivors >= most:
+        return None
+    if survivors < least:
+        return ShrinkChoice(way=ShrinkWay.REQUEUE, reason=f"below supervisor.min_nodes={least} of {most}", survivors=survivors, nodes=most, min_nodes=least)
+    if not obs.can_requeue or obs.shrink is None:
+        return ShrinkChoice(way=ShrinkWay.CONTINUE, reason=f"continue on {survivors} of {most} nodes "
+                            f"(>= min_nodes {least}): no requeue outside Slurm", survivors=survivors, nodes=most, min_nodes=least)
+    costs = obs.shrink
+    inputs = ShrinkInputs(nodes=most, survivors=survivors, horizon=costs.horizon, restart=costs.restart,
+                          queue_wait=costs.queue_wait, requeue_restart=costs.requeue_restart)
+    p = price(inputs)
+    lost = f"{most - survivors}/{most}"
+    cont = (f"continuing costs {p.continue_s:.0f}s (restart {costs.restart.shown()} + {lost} of the "
+            f"{costs.horizon.shown()} horizon)")
+    req = (f"a requeue {p.requeue_s:.0f}s (queue wait {costs.queue_wait.shown()} + start-up "
+           f"{costs.requeue_restart.shown()})")
+    if p.continue_wins:
+        return ShrinkChoice(way=ShrinkWay.CONTINUE, price=p, inputs=inputs,
+                            reason=f"continue on {survivors} of {most} nodes: {cont} < {req}", survivors=survivors, nodes=most, min_nodes=least)
+    return ShrinkChoice(way=ShrinkWay.REQUEUE, price=p, inputs=inputs,
+                        reason=f"requeue rather than {survivors} of {most} nodes: {cont} >= {req}", survivors=survivors, nodes=most, min_nodes=least)
 
 
 def _replace(obs: Observation, failure: Failure) -> Action:

@@ -26,6 +26,7 @@ TERMINAL = {Event.RUN_COMPLETE, Event.GIVE_UP, Event.RUN_CANCELLED}
 PHASES = ("kill_s", "health_s", "launch_s", "rendezvous_s", "load_s", "first_step_s")
 STYLE: dict[str, str] = {Event.FAILURE_DETECTED: "bold red", Event.GIVE_UP: "bold red", Event.CHECKPOINT_REJECTED: "red",
          Event.CHECKPOINT_FAILED: "red", Event.NODE_EXCLUDED: "yellow", Event.REQUEUE: "bold yellow",
+         Event.SHRINK_DECIDED: "bold yellow",
          Event.REQUEUE_UPDATED: "yellow", Event.PREEMPTION: "yellow", Event.TEARDOWN_ERROR: "yellow",
          Event.RESTART_DONE: "green", Event.RUN_COMPLETE: "bold green", Event.FIRST_STEP: "green",
          Event.LAUNCH: "cyan", Event.SUPERVISOR_START: "cyan", Event.ALLOCATION: "cyan"}  # looked up by the plain name
@@ -74,6 +75,9 @@ def describe(event: Mapping[str, Any]) -> str:
         return f"it was {g('kind', '?')}{node} (detected as {g('was_kind', '?')}): {g('detail', '')}"
     if name == Event.NODE_EXCLUDED:
         return f"{g('node')} excluded: {g('reason', '')}"
+    if name == Event.SHRINK_DECIDED:
+        way = "continue on fewer nodes" if g("choice") == "continue" else "requeue"
+        return f"{way} ({g('survivors')} of {g('nodes')} left, min {g('min_nodes')}): {g('reason', '')}"
     if name == Event.RESTART_DONE:
         text = f"restarted in {_s(g('restart_s'))}, resume step {g('resume_step')}"
         phases = g("phases")

@@ -68,7 +68,8 @@ _WARM_OFF = "restarts start cold ranks (warm interpreters are started outside to
 OPTIONS: tuple[Option, ...] = (
     _opt("nnodes", handling=Handling.OWN,
          does="active nodes (= `--nodes`); the rest of the allocation are hot spares; more than the allocation "
-              "has is an error naming both; `MIN:MAX` with MIN != MAX (elastic) is not supported yet"),
+              "has is an error naming both; `MIN:MAX`: MAX active nodes, and a lost node with no spare left "
+              "continues on the survivors (>= MIN) when that costs less than a requeue (supervisor.min_nodes)"),
     _opt("nproc_per_node", handling=Handling.OWN,
          does="ranks per node: a number, `gpu` (the allocation's GPUs per node) or `auto` (its GPUs, else 1), "
               "resolved by ckptsup; `cpu`/`xpu` are refused"),
@@ -436,17 +437,26 @@ def nproc_choice(raw: str | None, *, flag: str = "--nproc-per-node") -> int | st
 
 
 def node_count(raw: str | None, *, flag: str = "--nnodes") -> int | None:
-    """`--nodes` / `--nnodes`: a number of active nodes; torchrun's elastic MIN:MAX is refused
-    (N:N is N)."""
+    """`--nodes` / `--nnodes`: the number of active nodes (MAX of torchrun's MIN:MAX; N:N is N)."""
+    return node_range(raw, flag=flag)[1]
+
+
+def node_range(raw: str | None, *, flag: str = "--nnodes") -> tuple[int | None, int | None]:
+    """`--nnodes N` or torchrun's elastic `MIN:MAX`: (MIN, MAX); MIN is None without a colon.
+    MAX is the active nodes; MIN the fewest the job may continue on when a node is lost and no
+    spare is left (supervisor.min_nodes, docs/supervisor.md §Fewer nodes)."""
     if raw is None:
-        return None
+        return None, None
     low, sep, high = raw.strip().partition(":")
     if not re.fullmatch(r"\d{1,9}", low) or (sep and not re.fullmatch(r"\d{1,9}", high)):
-        raise UsageError(f"{flag} {raw[:40]!r} must be a number of nodes")
-    if sep and int(low) != int(high):
-        raise UsageError(f"{flag} {raw[:40]}: an elastic MIN:MAX node range is not supported yet (ckptsup fixes "
-                         "the node count; hot spares replace failed nodes); pass --nnodes N")
-    return int(low)
+        raise UsageError(f"{flag} {raw[:40]!r} must be a number of nodes, or MIN:MAX")
+    if not sep:
+        return None, int(low)
+    least, most = int(low), int(high)
+    if least < 1 or least > most:
+        raise UsageError(f"{flag} {raw[:40]}: MIN {least} must be at least 1 and at most MAX {most}; "
+                         f"pass {flag} MIN:MAX with 1 <= MIN <= MAX, e.g. {flag} {max(1, most - 1)}:{most}")
+    return least, most
 
 
 def resolve_nproc(choice: int | str, gpus_per_node: int, *, in_slurm: bool) -> tuple[int, str]:
