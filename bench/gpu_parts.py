@@ -15,7 +15,7 @@ import sys
 import time
 import warnings
 from pathlib import Path
-from typing import Any
+from typing import Any, Callable
 
 from gpu_check import Context, Part, Skip
 
@@ -461,6 +461,48 @@ def part_memory_tier(ctx: Context) -> dict[str, Any]:
                      "its Unix socket + verify every item + DCP load + copy onto the device"}
 
 
+def part_fingerprint(ctx: Context) -> dict[str, Any]:
+    """Replica fingerprints (docs/sdc.md) on the device: GB/s of `fingerprint(state_tensors(...))`
+    over parameters + AdamW state, beside a plain read of the same bytes (a sum per tensor)."""
+    import torch
+
+    from ckptsup.hooks.fingerprint import fingerprint, state_tensors
+
+    gib = 0.01 if ctx.dry_run else 1.0
+    per = int(gib * (1 << 30) / 3 / 4)
+    rows = max(1, per // 4096)
+    model = torch.nn.Linear(4096, rows, bias=False).to(ctx.device)
+    opt = torch.optim.AdamW(model.parameters())
+    model.weight.grad = torch.randn_like(model.weight)
+    opt.step()
+    tensors = list(state_tensors(model, opt))
+    nbytes = sum(t.numel() * t.element_size() for _, t in tensors)
+
+    def timed(fn: Callable[[], Any], rounds: int) -> tuple[float, Any]:
+        fn()
+        _sync(ctx.device)
+        best, out = float("inf"), None
+        for _ in range(rounds):
+            t0 = time.perf_counter()
+            out = fn()
+            _sync(ctx.device)
+            best = min(best, time.perf_counter() - t0)
+        return best, out
+
+    rounds = 3 if ctx.dry_run else 5
+    fp_s, lanes = timed(lambda: fingerprint(tensors), rounds)
+    read_s, _ = timed(lambda: [t.float().sum().item() for _, t in tensors], rounds)
+    again = fingerprint(tensors)
+    with torch.no_grad():
+        model.weight.view(-1)[12345 % model.weight.numel()] += 1.0
+    flipped = fingerprint(tensors)
+    figures = {"state_bytes": nbytes, "fingerprint_s": round(fp_s, 5), "fingerprint_GBps": round(nbytes / fp_s / 1e9, 2),
+               "plain_read_GBps": round(nbytes / read_s / 1e9, 2), "fingerprint_vs_read": round(read_s / fp_s, 3)}
+    checks = {"fingerprint repeatable": list(lanes) == list(again), "one changed parameter changes it": list(flipped) != list(lanes)}
+    return {"figures": figures, "checks": checks,
+            "notes": "best of the rounds; the read baseline is a float32 sum per tensor (one HBM read)"}
+
+
 def _parts() -> list[Part]:
     from gpu_parts_proc import part_gpu_health, part_nccl, part_restart
 
@@ -468,9 +510,10 @@ def _parts() -> list[Part]:
             Part("async_save", 0.30, 30, part_async_save),
             Part("restore", 0.12, 15, part_restore, needs=("async_save",)),
             Part("memory_tier", 0.12, 20, part_memory_tier),
-            Part("restart", 0.30, 45, part_restart),
+            Part("restart", 0.25, 45, part_restart),
             Part("gpu_health", 0.06, 5, part_gpu_health),
-            Part("nccl", 0.08, 15, part_nccl)]
+            Part("nccl", 0.08, 15, part_nccl),
+            Part("fingerprint", 0.05, 10, part_fingerprint)]
 
 
 PARTS = _parts()

@@ -72,6 +72,20 @@ def events(run_dir: Path) -> list[dict[str, Any]]:
     return out
 
 
+def keep_logs(work: Path, out: Path, tool: str) -> str:
+    """A failed launch's logs (launcher, ranks, agents, events) as one archive beside the JSON:
+    a device run cannot be repeated to look at them (8 files come back, 2 folders down)."""
+    import tarfile
+
+    dest = out.parent / f"restart-{tool}-logs.tar.gz"
+    with tarfile.open(dest, "w:gz") as tar:
+        for path in sorted(work.rglob("*")):
+            if path.is_file() and (path.suffix in (".log", ".jsonl", ".json", ".txt") or path.parent.name == "stacks"):
+                if path.stat().st_size < (8 << 20):
+                    tar.add(path, arcname=str(path.relative_to(work)))
+    return str(dest)
+
+
 def restart_command(tool: str, work: Path) -> list[str]:
     steps = ["--out", str(work / "steps.jsonl"), "--save-every-steps", "10"]
     if tool == "ckptsup":   # its checkpoints go where the supervisor says (<run_dir>/checkpoints)
@@ -116,6 +130,7 @@ def time_restart(tool: str, ctx: Context, cap_s: float, *, wait_warm: bool) -> d
                     row["note"] = (f"{tool} did not reach 12 steps{' and warm_ready' if tool == 'ckptsup' and wait_warm else ''} "
                                    f"in {time.monotonic() - t_start:.0f}s (rc={proc.poll()})")
                     row["log_tail"] = _tail(log_path)
+                    row["logs"] = keep_logs(work, Path(ctx.args.out), tool)
                     return row
                 time.sleep(0.05)
             row["start_to_12_steps_s"] = round(time.monotonic() - t_start, 3)
@@ -145,6 +160,7 @@ def time_restart(tool: str, ctx: Context, cap_s: float, *, wait_warm: bool) -> d
                                path=done.get("path"))
             if "fault_to_first_step_s" not in row:
                 row["log_tail"] = _tail(log_path)
+                row["logs"] = keep_logs(work, Path(ctx.args.out), tool)
         finally:
             kill_launch(proc, rank_pids)
     return row
@@ -334,4 +350,8 @@ def part_nccl(ctx: Context) -> dict[str, Any]:
               "moved to the steady timeout": bool(seen["moved_to_steady"]),
               "live steady timeout = CKPTSUP_COLLECTIVE_TIMEOUT_S": seen["steady_timeout_s"] == want_steady,
               "watchdog variables seen by the rank as exported": all(seen["env"].get(k) == exported[k] for k in watchdog)}
+    dump = seen.get("fr_dump", {})
+    figures["fr_dump"] = dump
+    if ctx.device == "cuda":   # gloo keeps no flight recorder of its own in every torch: a dry run records only
+        checks["flight recorder dumped, naming the all-reduce"] = bool(dump.get("path")) and bool(dump.get("names_all_reduce"))
     return {"figures": figures, "checks": checks}

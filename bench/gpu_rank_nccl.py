@@ -8,6 +8,7 @@ from __future__ import annotations
 import json
 import os
 import sys
+import time
 
 import torch
 import torch.distributed as dist
@@ -39,6 +40,21 @@ def main() -> int:
     out["all_reduce_ok"] = t.tolist() == [1.0] * 4
     out["moved_to_steady"] = set_steady_timeout()
     out["steady_timeout_s"] = live_timeout_s(device)
+    # the dump the supervisor asks for before it kills hung ranks (DUMP_FR -> agent_socket)
+    from ckptsup.hooks.agent_socket import dump_flight_recorder
+
+    t0 = time.perf_counter()
+    try:
+        dumped = dump_flight_recorder(os.environ.get("CKPTSUP_FR_DUMP_DIR", "."), dist.get_rank())
+        out["fr_dump"] = {"path": None if dumped is None else str(dumped), "s": round(time.perf_counter() - t0, 4),
+                          "bytes": None if dumped is None else dumped.stat().st_size,
+                          "names_all_reduce": dumped is not None and b"all_reduce" in dumped.read_bytes().lower().replace(b"allreduce", b"all_reduce")}
+    except Exception as err:  # noqa: BLE001 - reported as a figure, the part goes on
+        out["fr_dump"] = {"error": f"{type(err).__name__}: {err}"[:300]}
+    import torch._C._distributed_c10d as c10d
+
+    out["fr_dump"]["recorders"] = {name: len(getattr(c10d, name)()) for name in ("_dump_nccl_trace_json", "_dump_fr_trace_json")
+                                   if hasattr(c10d, name)}
     out["env"] = {k: v for k, v in os.environ.items() if k.startswith(("TORCH_NCCL_", "TORCH_FR_", "CKPTSUP_COLLECTIVE"))}
     dist.destroy_process_group()
     print("GPU_CHECK_NCCL " + json.dumps(out), flush=True)

@@ -256,3 +256,12 @@ def test_a_deep_traceback_of_short_lines_is_bounded_in_lines():
     out = lines_of(quote([("ranks-n1.log", f"Traceback (most recent call last):\n{frames}RecursionError: deep\n")]))
     assert len(out) == MAX_LINES + 1   # the header, then the bounded traceback
     assert out[2] == f"  ... ({1001 - (MAX_LINES - 2)} lines left out)" and out[-1] == "RecursionError: deep"
+
+
+def test_torchrun_refusing_its_command_line_is_quoted_not_reported_as_no_error():
+    """The GPU machine's torch 2.11 torchrun refused --shutdown-timeout: argparse's usage and
+    `torchrun: error: ...` were the whole log, and the give-up said "no error in the rank logs"."""
+    text = ("usage: torchrun [-h] [--nnodes NNODES] [--nproc-per-node NPROC_PER_NODE]\n"
+            "                training_script ...\n"
+            "torchrun: error: unrecognized arguments: --shutdown-timeout\n")
+    assert "torchrun: error: unrecognized arguments: --shutdown-timeout" in quote([("ranks-n1.log", text)])

@@ -15,7 +15,7 @@ import pytest
 
 ROOT = Path(__file__).resolve().parents[1]
 BENCH = ROOT / "bench"
-PARTS = ["env", "async_save", "restore", "memory_tier", "restart", "gpu_health", "nccl"]
+PARTS = ["env", "async_save", "restore", "memory_tier", "restart", "gpu_health", "nccl", "fingerprint"]
 
 
 @pytest.fixture(scope="module")

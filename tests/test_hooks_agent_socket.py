@@ -144,3 +144,21 @@ def test_set_interval_changes_the_save_cadence(agent: FakeAgent, tmp_path: Path)
         proc.wait()
     steps = [e["step"] for e in agent.events("checkpoint_committed")]
     assert steps[:2] == sorted(steps[:2]) and all(step % 4 == 0 for step in steps)
+
+
+def test_the_flight_recorder_dump_is_the_recorder_with_entries_not_an_empty_one(monkeypatch, tmp_path: Path) -> None:
+    """On an NCCL job (torch 2.11, H200) the generic recorder's dump was empty (91 bytes, no
+    entries): NCCL keeps its own. Whichever recorder holds entries is the one written."""
+    import json as jsonlib
+
+    import torch._C._distributed_c10d as c10d
+
+    from ckptsup.hooks.agent_socket import dump_flight_recorder
+
+    empty = jsonlib.dumps({"version": "2.10", "pg_config": {}}).encode()
+    full = jsonlib.dumps({"version": "2.10", "entries": [{"profiling_name": "nccl:all_reduce"}]}).encode()
+    for first, second in ((empty, full), (full, empty)):
+        monkeypatch.setattr(c10d, "_dump_nccl_trace_json", lambda **kw: first, raising=False)
+        monkeypatch.setattr(c10d, "_dump_fr_trace_json", lambda **kw: second, raising=False)
+        path = dump_flight_recorder(tmp_path / "fr", 3)
+        assert path == tmp_path / "fr" / "rank_3.json" and path.read_bytes() == full

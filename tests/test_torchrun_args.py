@@ -515,3 +515,38 @@ def test_nnodes_beyond_the_allocation_names_both(launched, capsys, monkeypatch):
                    "pass --nnodes 2 or fewer (the rest are hot spares), or allocate more"]
     code, seen = launched("--nnodes=1", "train.py")
     assert code == 0 and seen["job"].nodes_needed == 1
+
+
+def test_the_probe_reads_which_options_the_installed_torchrun_knows_without_importing_torch():
+    import sys
+
+    from ckptsup.supervisor.torchrun_args import installed_torchrun_has
+
+    had_torch = "torch" in sys.modules
+    assert installed_torchrun_has("--nproc-per-node") and not installed_torchrun_has("--no-such-option")
+    assert ("torch" in sys.modules) == had_torch
+
+
+def test_an_option_the_installed_torchrun_lacks_is_a_one_line_error_naming_it():
+    """torch 2.11's torchrun has no --shutdown-timeout and fails the whole line on it, every attempt."""
+    from ckptsup.supervisor.torchrun_args import UsageError, interpret
+
+    with pytest.raises(UsageError, match=r"^--shutdown-timeout: the installed torchrun has no such option") as err:
+        interpret({"shutdown_timeout": "90"}, cwd="/tmp", torchrun_has=lambda flag: flag != "--shutdown-timeout")
+    assert "\n" not in str(err.value)
+    assert interpret({"shutdown_timeout": "90"}, cwd="/tmp", torchrun_has=lambda flag: True).shutdown_timeout_s == 90
+
+
+@pytest.mark.parametrize("has", [True, False])
+def test_torchrun_gets_the_shutdown_timeout_only_when_it_knows_the_option(monkeypatch, has):
+    """The GPU machine's torch 2.11: `torchrun: error: unrecognized arguments: --shutdown-timeout`
+    on every attempt, a crash loop at step 0."""
+    from ckptsup.supervisor import agent as agent_module
+
+    monkeypatch.setattr(agent_module, "installed_torchrun_has", lambda flag: has or flag != "--shutdown-timeout")
+    agent = Agent.__new__(Agent)
+    agent.spec, agent.node = spec(shutdown_timeout_s=75), "n1"
+    argv = agent.torchrun_argv()
+    assert ("--shutdown-timeout" in argv) is has
+    if has:
+        assert argv[argv.index("--shutdown-timeout") + 1] == "75"

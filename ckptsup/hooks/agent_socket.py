@@ -12,6 +12,7 @@ that trained without its agent would be invisible to the supervisor).
 
 from __future__ import annotations
 
+import json
 import logging
 import os
 import socket
@@ -62,6 +63,23 @@ class Commands:
             return timeout
 
 
+def _called(dump: Callable[[], Any]) -> Any:
+    try:
+        return dump()
+    except RuntimeError:   # a recorder whose backend never started
+        return b"{}"
+
+
+def _first_with_entries(dumps: list[Any]) -> Any:
+    for data in dumps:
+        try:
+            if json.loads(data).get("entries"):
+                return data
+        except (ValueError, TypeError, AttributeError):
+            continue
+    return dumps[0]
+
+
 def dump_flight_recorder(directory: str | os.PathLike[str], rank: int) -> Path | None:
     """Write torch's flight-recorder trace (JSON where available) to <directory>/rank_<r>.json.
     Runs on the reader thread, so it works while the main thread waits in a collective."""
@@ -69,13 +87,16 @@ def dump_flight_recorder(directory: str | os.PathLike[str], rank: int) -> Path |
         import torch._C._distributed_c10d as c10d
     except ImportError:
         return None
-    dump = getattr(c10d, "_dump_fr_trace_json", None) or getattr(c10d, "_dump_nccl_trace_json", None)
+    # NCCL's recorder and the one of the other backends (gloo) are separate: on an NCCL job
+    # `_dump_fr_trace_json` is empty (seen on torch 2.11 / H200). The first with entries wins.
+    dumps = [getattr(c10d, name) for name in ("_dump_nccl_trace_json", "_dump_fr_trace_json") if hasattr(c10d, name)]
     suffix = "json"
-    if dump is None:
-        dump, suffix = getattr(c10d, "_dump_fr_trace", None) or getattr(c10d, "_dump_nccl_trace", None), "pkl"
-    if dump is None:
+    if not dumps:
+        dumps = [getattr(c10d, name) for name in ("_dump_nccl_trace", "_dump_fr_trace") if hasattr(c10d, name)]
+        suffix = "pkl"
+    if not dumps:
         return None
-    data = dump()
+    data = _first_with_entries([_called(dump) for dump in dumps]) if suffix == "json" else dumps[0]()
     target = Path(directory)
     target.mkdir(parents=True, exist_ok=True, mode=0o700)
     path = target / f"rank_{rank}.{suffix}"

@@ -38,6 +38,7 @@ from ..memory_wire import MemoryChannelError, MemoryOp, Session
 from ..rundir import read_secret
 from ..env import SECRET_FILE
 from .dcp_errors import failure_errors, one_line
+from .dcp_writer import filesystem_writer
 from .reader import MAX_METADATA_BYTES, VerifyingReader
 from .writer import Stager, item_key
 
@@ -72,7 +73,6 @@ class _KeptBytes(io.BytesIO):
 
 def _memory_writer(files: dict[str, bytes]) -> Any:
     """DCP's FileSystemWriter over a dict: every file it would create is kept as bytes."""
-    from torch.distributed.checkpoint import FileSystemWriter
     from torch.distributed.checkpoint.filesystem import FileSystemBase
 
     class DictFileSystem(FileSystemBase):
@@ -110,8 +110,8 @@ def _memory_writer(files: dict[str, bytes]) -> Any:
         def ls(self, path: Any) -> list[str]:
             return [name for name in files if name.startswith(str(path))]
 
-    writer = FileSystemWriter(str(BUNDLE_ROOT), sync_files=False, thread_count=1, overwrite=True)
-    writer.fs = DictFileSystem()   # type: ignore[assignment]  # DCP's FileSystem interface, in memory
+    writer = filesystem_writer(str(BUNDLE_ROOT), sync_files=False, thread_count=1, overwrite=True)
+    writer.fs = DictFileSystem()   # DCP's FileSystem interface, in memory
     writer.path = BUNDLE_ROOT
     return writer
 

@@ -36,6 +36,7 @@ from ..checkpoint.manifest import METADATA_NAME, FileEntry, ItemEntry, Manifest
 from ..env import TEST_SAVE_DELAY_S
 from ..errors import CheckpointError
 from .dcp_errors import failure_errors, one_line
+from .dcp_writer import filesystem_writer
 from .local_stage import LocalStaging
 
 log = logging.getLogger("ckptsup.hooks")
@@ -114,7 +115,6 @@ def _private_writer(target: Path, *, thread_count: int) -> Any:
     """DCP's FileSystemWriter, creating every file 0600 and every directory 0700 from the start
     (DCP opens with the umask's 0644: a save interrupted before our chmod would leave readable
     shards)."""
-    from torch.distributed.checkpoint import FileSystemWriter
     from torch.distributed.checkpoint.filesystem import FileSystem
 
     class PrivateFileSystem(FileSystem):
@@ -133,7 +133,7 @@ def _private_writer(target: Path, *, thread_count: int) -> Any:
         def mkdir(self, path: Any) -> None:
             Path(path).mkdir(mode=0o700, parents=True, exist_ok=True)
 
-    writer = FileSystemWriter(target, sync_files=True, thread_count=thread_count, overwrite=False)
+    writer = filesystem_writer(target, sync_files=True, thread_count=thread_count, overwrite=False)
     writer.fs = PrivateFileSystem()
     return writer
 

@@ -49,6 +49,7 @@ from ..env import (MEMORY_SOCKET, TEST_FLIP_MEMORY, NODE, PREEMPT_BUDGET_S, PYTH
 from ..rundir import read_secret
 from ..textsafe import say
 from .spec import LaunchSpec
+from .torchrun_args import installed_torchrun_has
 from .rank_output import RankOutput
 from .standby import Standby
 from .external_agent import ExternalHasher, ExternalRequestError
@@ -311,9 +312,13 @@ class Agent:
         # --tee 3, whatever the launch line's -r/-t: every rank's stdout and stderr reach torchrun's
         # (our pipe) with RANK_LINE_PREFIX; torchrun also keeps a file per rank under --log-dir
         log_dir = spec.torchrun_log_dir or os.path.join(spec.log_dir, f"torchrun-{self.node}")
+        # torch < 2.13's torchrun has no --shutdown-timeout (it waits its fixed 30 s); ckptsup's own
+        # stop of the tree still gives the ranks kill_grace_s
+        shutdown = (["--shutdown-timeout", str(int(spec.shutdown_timeout_s))]
+                    if installed_torchrun_has("--shutdown-timeout") else [])
         return ["--nnodes", str(spec.nnodes), "--nproc-per-node", str(spec.nproc_per_node), *rdzv,
                 "--local-addr", addr, "--max-restarts", "0", "--monitor-interval", f"{spec.monitor_interval_s:g}",
-                "--shutdown-timeout", str(int(spec.shutdown_timeout_s)), *spec.torchrun_options, "--tee", "3",
+                *shutdown, *spec.torchrun_options, "--tee", "3",
                 "--log-dir", log_dir, *self._entrypoint(warm), *spec.script_args]
 
     def _entrypoint(self, warm: bool) -> list[str]:

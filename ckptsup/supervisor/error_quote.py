@@ -43,7 +43,8 @@ _PREFIX = re.compile(r"\[([A-Za-z_][\w-]*?)?(\d+)\]:[ ]?")
 _CONTROL = re.compile(r"[\x00-\x08\x0b-\x1f\x7f]")
 _FIELD = re.compile(r"^\s*(time|host|rank|exitcode|error_file|traceback)\s*:\s?(.*)$")
 _BORDER = re.compile(r"^(=+|-+)$")
-_ERRORISH = re.compile(r"^\s*[\w.]*(Error|Exception|Interrupt)\b")
+# an exception's line, or argparse's `prog: error: message` (torchrun refusing its command line)
+_ERRORISH = re.compile(r"^\s*[\w.]*(Error|Exception|Interrupt)\b|^[\w.-]+: error: ")
 
 
 @dataclass(frozen=True)

@@ -19,6 +19,7 @@ from __future__ import annotations
 
 import difflib
 import enum
+import functools
 import math
 import os
 import re
@@ -293,14 +294,37 @@ def std_map(value: str, nproc: int) -> dict[int, int]:
     return {int(k): int(v) for k, v in (pair.split(":") for pair in value.split(","))}
 
 
+@functools.cache
+def installed_torchrun_has(flag: str) -> bool:
+    """Whether the installed torchrun knows `flag` (torch 2.11's has no --shutdown-timeout, and
+    rejects the whole line for it). Read from torch/distributed/run.py's text, without importing
+    torch (supervisor/ never does); True when that file cannot be read: torchrun then answers."""
+    import importlib.util
+
+    spec = importlib.util.find_spec("torch")   # a top-level name: torch itself is not imported
+    roots = list(spec.submodule_search_locations or []) if spec is not None else []
+    for root in roots:
+        try:
+            return f'"{flag}"' in (Path(root) / "distributed" / "run.py").read_text(errors="replace")
+        except OSError:
+            continue
+    return True
+
+
 def interpret(given: Mapping[str, str | bool | None], *, cwd: str | os.PathLike[str],
-              logs_specs_installed: Callable[[], list[str]] | None = None) -> TorchrunLine:
+              logs_specs_installed: Callable[[], list[str]] | None = None,
+              torchrun_has: Callable[[str], bool] = installed_torchrun_has) -> TorchrunLine:
     """The PASS, RELAY and IGNORE options given (dest -> click's value; None/False = absent),
     validated value by value: a TorchrunLine, or the one-line UsageError of the first bad one."""
     values = {k: v for k, v in given.items() if v not in (None, False)}
     unknown = sorted(k for k in values if k not in BY_DEST or BY_DEST[k].handling is Handling.OWN)
     if unknown:
         raise ValueError(f"not a PASS/RELAY/IGNORE option: {unknown[0]}")
+    for dest in values:
+        opt = BY_DEST[dest]
+        if opt.handling is Handling.PASS and not torchrun_has(opt.spellings[0]):
+            raise UsageError(f"{opt.spellings[0]}: the installed torchrun has no such option (an older torch); "
+                             "drop it from the launch line or upgrade torch")
     infos: list[str] = []
     kw: dict = {}
     ignored = rendezvous_ignored(values)
