@@ -14,7 +14,8 @@ from ckptsup.stack_dump import STACK_SIGNAL, stack_file
 from ckptsup.supervisor import evidence
 from ckptsup.supervisor.agent_step import Message
 from ckptsup.supervisor.attempt import AttemptTracker
-from ckptsup.supervisor.liveness import (CPU_FLOOR, Hung, NeedStacks, RankEvidence, Where, Working, judge, parse_stack)
+from ckptsup.supervisor.liveness import (CPU_FLOOR, STALE_S, Hung, Leaving, NeedStacks, RankEvidence, Where, Working, judge,
+                                        parse_stack)
 from ckptsup.wire import MessageKind
 
 WAITING_DUMP = """Thread 0x00007f0000000002 (most recent call first):
@@ -33,9 +34,9 @@ SLEEPING_DUMP = """Current thread 0x00007f0000000001 (most recent call first):
 """
 
 
-def idle(rank, node="n1", state="S", cpu_per_s=0.005, io_per_s=0):
+def idle(rank, node="n1", state="S", cpu_per_s=0.005, io_per_s=0, until=110):
     ev = RankEvidence(rank=rank, node=node)
-    for t in range(0, 11):
+    for t in range(0, until - 99):
         ev.add(100.0 + t, 5.0 + cpu_per_s * t, 1000 + io_per_s * t, state)
     return ev
 
@@ -97,8 +98,42 @@ def test_a_rank_in_uninterruptible_io_points_at_its_node_and_no_evidence_names_n
                     stacks_answered=True, wchan={0: "futex_do_wait", 1: "nfs_wait_bit_killable"})
     assert isinstance(verdict, Hung) and verdict.culprits == (1,) and verdict.node_evidence == ("n2",)
     assert "state D" in verdict.detail
-    late = judge({0: idle(0), 1: idle(1)}, {}, now=114.0, stacks_asked_at=109.0, stacks_answered=False)
+    late = judge({0: idle(0, until=114), 1: idle(1, until=114)}, {}, now=114.0, stacks_asked_at=109.0, stacks_answered=False)
     assert isinstance(late, Hung) and late.culprits == () and "no stack" in late.detail   # waited STACK_WAIT_S
+
+
+def test_ranks_whose_processes_left_their_agents_lists_are_leaving_not_hung():
+    """The end-of-run false hang (BENCHMARKS §Liveness soak): the ranks exited and torchrun reaped
+    them but had not exited itself 10 s after the last step; the agents stopped sampling them
+    and no stack came. "No evidence" was counted as "not working" and rank 0 was blamed."""
+    gone = {0: idle(0, state="R"), 1: idle(1, state="R")}   # last samples at 110
+    now = 110.0 + STALE_S + 1.0
+    verdict = judge(gone, {}, now=now, stacks_asked_at=now - 5.0, stacks_answered=True)
+    assert isinstance(verdict, Leaving) and "ranks 0, 1: no longer running" in verdict.detail
+    # one rank still there and idle is the hang: the one that left is no excuse
+    verdict = judge({0: idle(0, until=115), 1: idle(1, state="R")}, {}, now=115.0, stacks_asked_at=110.0,
+                    stacks_answered=True)
+    assert isinstance(verdict, Hung)
+    # a stack from any rank: judged as before
+    verdict = judge(gone, {1: SLEEPING_DUMP}, now=now, stacks_asked_at=now - 5.0, stacks_answered=True)
+    assert isinstance(verdict, Hung)
+
+
+def test_the_tracker_waits_for_ranks_that_left_up_to_the_busy_limit():
+    t = tracker()
+    for second in range(0, 8):
+        now = float(second)
+        t.on_message(msg(now, MessageKind.HB, ranks_alive=[0, 1], evidence=[[0, 1.0, 500, "R"], [1, 1.0, 500, "R"]]))
+        t.on_message(msg(now, MessageKind.PROGRESS, rank=0, step=second))
+    for second in range(8, 700):   # the ranks are gone: heartbeats without evidence
+        now = float(second)
+        t.on_message(msg(now, MessageKind.HB, ranks_alive=[], evidence=[]))
+        answer_stacks(t, now)
+        failure = t.check(now)
+        if failure is not None:
+            break
+    assert failure is not None and now - 7 >= SupervisorConfig().busy_limit_s   # not at the hang timeout (10 s)
+    assert "no longer running" in failure.detail and failure.suspects == ()
 
 
 def test_a_restarted_rank_process_starts_its_evidence_over_and_too_short_a_window_proves_nothing():

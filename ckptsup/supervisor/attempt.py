@@ -22,7 +22,7 @@ from .detection import (HangTimeout, NodeView, RankView, StepWindow, TeardownHan
                         detect_node_down, detect_teardown_hang, nan_failure)
 from .observations import Failure, FailureKind, SupervisionLevel
 from .stragglers import Straggler, StragglerDetector
-from .liveness import Hung, NeedStacks, RankEvidence, Working, judge
+from .liveness import Hung, Leaving, NeedStacks, RankEvidence, Working, judge
 from . import restore_check
 from .restore_check import LossJump
 
@@ -524,6 +524,13 @@ class AttemptTracker:
             if not self.stacks_waiting:
                 self.want_stacks = True   # none asked yet, or the last answers are stale
             return None
+        if isinstance(verdict, Leaving):
+            # the ranks exited; torchrun's exit decides how. A launcher that never exits is killed
+            # at the busy limit, as a busy spell would be
+            if silence.detect_s < self.config.busy_limit_s:
+                return None
+            return replace(silence, suspects=(), detail=f"{silence.detail}; {verdict.detail}, and the launcher has not "
+                                                         f"exited for supervisor.busy_limit_s={self.config.busy_limit_s:g}s")
         return self._named(silence, verdict)
 
     def _named(self, silence: Failure, verdict: Hung) -> Failure:

@@ -29,6 +29,7 @@ IO_FLOOR_BPS = 4096.0        # bytes/s of rchar + wchar: an idle rank does none
 STACK_WAIT_S = 4.0           # how long a verdict waits for the stacks it asked for (agents on a loaded box answer late)
 STACKS_FRESH_S = 30.0        # a busy spell's stacks are asked for again this often (has it stopped working?)
 KEEP_S = 30.0                # samples kept per rank
+STALE_S = 3.0                # a rank whose last sample is older has left its agent's list (exited, reaped)
 
 # frames of a rank that waits for its peers when nothing works: c10d calls, and autograd (DDP's
 # reducer all-reduces inside backward); only a c10d call outweighs CPU time (a spinning wait), as
@@ -57,6 +58,10 @@ class RankEvidence:
         self.state = state
         while self.samples and now - self.samples[0][0] > KEEP_S:
             self.samples.popleft()
+
+    def stale(self, now: float) -> bool:
+        """Sampled before, but not lately: the agent stopped listing the process (it exited)."""
+        return bool(self.samples) and now - self.samples[-1][0] > STALE_S
 
     def rates(self, now: float, window_s: float = EVIDENCE_WINDOW_S) -> tuple[float, float] | None:
         """(cores, bytes/s) over the last `window_s`; None while the samples span less."""
@@ -176,7 +181,16 @@ class Hung:
     ranks: tuple[RankSeen, ...] = ()    # every rank's evidence, by rank
 
 
-Verdict = Working | NeedStacks | Hung
+@dataclass(frozen=True, kw_only=True)
+class Leaving:
+    """Every rank's process has left its agent's list and none gave a stack: they exited (a slow
+    end of the run: torchrun has reaped them but not exited yet). Not evidence of a hang; the
+    launcher's exit says how they ended."""
+
+    detail: str
+
+
+Verdict = Working | NeedStacks | Leaving | Hung
 
 
 def judge(evidence: Mapping[int, RankEvidence], stacks: Mapping[int, str], *, now: float,
@@ -203,6 +217,9 @@ def judge(evidence: Mapping[int, RankEvidence], stacks: Mapping[int, str], *, no
     if working:
         shown = ", ".join(f"rank {r} ({c:.2f} cores, {io / 1024:.0f} KiB/s I/O)" for r, c, io in working)
         return Working(ranks=tuple(r for r, _, _ in working), detail=f"working without progress: {shown}")
+    if evidence and not parsed and all(ev.stale(now) for ev in evidence.values()):
+        # no rank left to judge: counting "no evidence" as "not working" blamed exiting ranks
+        return Leaving(detail=f"{_ranks(sorted(evidence))}: no longer running (no sample for {STALE_S:g}s, no stack)")
     return _name(evidence, parsed, now)
 
 
