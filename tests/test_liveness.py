@@ -324,3 +324,54 @@ def test_busy_spells_are_timed_from_their_last_progress_to_progress_again_or_the
     import datetime as dt
     later = dt.datetime(2026, 12, 3, 10, 1, 8, tzinfo=dt.timezone.utc).timestamp()   # 10 s after the last event
     assert busy_time(events, until=later)["busy_s"] == 56.0   # a live run's open spell runs on
+
+
+SIDE_GROUP_DUMP = """Current thread 0x00007f0000000001 (most recent call first):
+  File "/venv/lib/python3.11/site-packages/torch/distributed/distributed_c10d.py", line 3252 in all_reduce
+  File "/venv/lib/python3.11/site-packages/torch/distributed/c10d_logger.py", line 81 in wrapper
+  File "/job/plain_ddp.py", line 138 in main
+  File "/job/plain_ddp.py", line 170 in <module>
+"""
+DDP_BACKWARD_DUMP = """Current thread 0x00007f0000000001 (most recent call first):
+  File "/venv/lib/python3.11/site-packages/torch/autograd/graph.py", line 979 in _engine_run_backward
+  File "/venv/lib/python3.11/site-packages/torch/_tensor.py", line 625 in backward
+  File "/job/plain_ddp.py", line 151 in main
+  File "/job/plain_ddp.py", line 170 in <module>
+"""
+
+
+def test_a_rank_in_a_collective_its_peers_never_enter_is_named_and_no_node_suspected():
+    """bench_liveness --faults collective (BENCHMARKS §Liveness, MISSED): rank 1 blocked in a second
+    group's all-reduce while rank 0 waits in DDP's (inside backward). Both wait, so nobody was
+    'elsewhere': rank 0 was blamed as the furthest behind and its node health-checked."""
+    ranks = {0: idle(0), 1: idle(1, node="n2")}
+    verdict = judge(ranks, {0: DDP_BACKWARD_DUMP, 1: SIDE_GROUP_DUMP}, now=110.0, stacks_asked_at=109.0,
+                    stacks_answered=True)
+    assert isinstance(verdict, Hung) and verdict.culprits == (1,) and verdict.node_evidence == ()
+    assert verdict.detail.startswith("rank 1 in a collective its peers never enter: rank 1 on n2: waiting in "
+                                     "all_reduce (distributed_c10d.py:3252) from plain_ddp.py:138")
+    assert "rank 0 waiting in _engine_run_backward (graph.py:979) from plain_ddp.py:151" in verdict.detail
+    # 3 ranks: the odd one out by its line, whatever the kind of call
+    three = {0: idle(0), 1: idle(1), 2: idle(2)}
+    verdict = judge(three, {0: SIDE_GROUP_DUMP, 1: DDP_BACKWARD_DUMP, 2: DDP_BACKWARD_DUMP}, now=110.0,
+                    stacks_asked_at=109.0, stacks_answered=True)
+    assert isinstance(verdict, Hung) and verdict.culprits == (0,)
+    # every rank in the same collective from the same line: not a desync (a peer or the network), no culprit
+    same = judge(three, {r: DDP_BACKWARD_DUMP for r in three}, now=110.0, stacks_asked_at=109.0, stacks_answered=True)
+    assert isinstance(same, Hung) and same.culprits == ()
+
+
+def test_the_tracker_suspects_no_node_for_a_desync():
+    t = tracker()
+    for second in range(0, 30):
+        now = float(second)
+        t.on_message(msg(now, MessageKind.HB, ranks_alive=[0, 1], evidence=[[0, 1.0, 500, "S"], [1, 1.0, 500, "S"]]))
+        if second <= 5:
+            t.on_message(msg(now, MessageKind.PROGRESS, rank=0, step=second))
+        t.check(now)
+        if t.want_stacks:
+            break
+    t.asked_for_stacks(now, {"n1"})
+    t.on_message(msg(now + 0.1, MessageKind.STACKS_TAKEN, stacks=[[0, DDP_BACKWARD_DUMP], [1, SIDE_GROUP_DUMP]], wchan=[]))
+    failure = t.check(now + 0.2)
+    assert failure.rank == 1 and failure.suspects == () and "never enter" in failure.detail

@@ -37,18 +37,22 @@ def test_a_sleeping_rank_is_a_hang_named_where_it_sleeps_cold_and_warm_and_no_no
     """Rank 1 sleeps forever before step 24 (attempt 0: cold ranks, no Python stack: its kernel
     wait channel names it) and before step 45 (attempt 1: warm interpreters: its Python frame);
     then blocks before step 55 in an all-reduce of a second group that rank 0 never enters
-    (attempt 2): a hang too, both ranks seen waiting in a collective."""
+    (attempt 2): a hang too, both ranks seen waiting in a collective, rank 1 named (its script
+    line differs from rank 0's), no node health-checked."""
     proc, events = launch(tmp_path, "--sleep-at", "24,45", "--collective-at", "55")
     assert proc.returncode == 0, proc.stdout[-3000:] + proc.stderr[-3000:]
     hangs = named(events, "failure_detected")
     assert [h["kind"] for h in hangs] == ["hang"] * 3 and [h["rank"] for h in hangs[:2]] == [1, 1], hangs
     assert all(10.0 <= h["detect_s"] <= 15.0 for h in hangs), [h["detect_s"] for h in hangs]   # hang_min_s = 10
-    # the culprit in a collective of its own: both ranks wait in c10d (which one is stuck is not
-    # told apart yet: BENCHMARKS.md §Liveness), rank 1 in the all-reduce the script called
+    # the culprit in a collective of its own: both ranks wait in c10d, rank 1 in the all-reduce the
+    # script called, rank 0 in DDP's (backward): told apart by the script line each entered from
     in_collective = {r["rank"]: r for r in hangs[2]["ranks_seen"]}
-    assert in_collective[1]["where"] == "waiting", in_collective
-    assert any(w in in_collective[1]["top"] for w in ("all_reduce", "in the kernel")), in_collective   # stack or wchan
+    assert in_collective[1]["where"] == "waiting" and "all_reduce" in in_collective[1]["top"], in_collective
     assert in_collective[0]["where"] == "waiting", in_collective
+    side = next(i for i, text in enumerate(SCRIPT.read_text().splitlines(), 1) if "group=side" in text)
+    assert hangs[2]["rank"] == 1 and "rank 1 in a collective its peers never enter" in hangs[2]["detail"], hangs[2]
+    assert f"from plain_ddp.py:{side}" in hangs[2]["detail"], hangs[2]["detail"]
+    assert len(named(events, "health_check")) == 1   # the start's: a desync is the job's, no node suspected
     hangs = hangs[:2]
     cold, warm = (h["detail"] for h in hangs)
     assert "rank 1 on" in cold and "sleeping in the kernel" in cold and "rank 0 waiting" in cold, cold

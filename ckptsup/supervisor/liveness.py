@@ -93,6 +93,16 @@ class Stack:
         """Blocked in a collective call: CPU time it burns is a spinning wait, not work."""
         return any(_IN_C10D.search(f) for f, _, _ in self.frames[:12])
 
+    @property
+    def in_autograd(self) -> bool:
+        return any("/torch/autograd/" in f for f, _, _ in self.frames[:12])
+
+    def caller(self) -> str:
+        """The script's own line that led here (the innermost frame outside libraries): where a
+        waiting rank entered its collective."""
+        user = [fr for fr in self.frames if not _library(fr[0])]
+        return f"{_short(user[0][0])}:{user[0][1]}" if user else "?"
+
     def top(self) -> str:
         """The frame to name: the innermost one outside the standard library and ckptsup."""
         if not self.frames:
@@ -235,11 +245,40 @@ def _seen(evidence: Mapping[int, RankEvidence], parsed: Mapping[int, Stack | Ker
     return tuple(out)
 
 
+def _desync(parsed: Mapping[int, Stack | KernelWait]) -> tuple[int, ...]:
+    """Every rank waits, each in a collective, but not all entered from the same line of the
+    script: collectives that never match (a rank in a second group's all-reduce while its peers
+    wait in DDP's). The ranks at the rarer line are the ones that left the common path; on a
+    tie, the ones in an explicit call rather than in backward (DDP's all-reduce is what every
+    step does). Needs Python stacks: kernel wait channels cannot tell collectives apart."""
+    stacks = {r: s for r, s in parsed.items() if isinstance(s, Stack)}
+    if len(stacks) < 2 or len(stacks) != len(parsed) or any(s.where is not Where.WAITING for s in stacks.values()):
+        return ()
+    sites: dict[str, list[int]] = {}
+    for rank, stack in sorted(stacks.items()):
+        sites.setdefault(stack.caller(), []).append(rank)
+    if len(sites) < 2:
+        return ()
+    rarest = min(len(ranks) for ranks in sites.values())
+    groups = [ranks for ranks in sites.values() if len(ranks) == rarest]
+    explicit = [ranks for ranks in groups if not any(stacks[r].in_autograd for r in ranks)]
+    return tuple(sorted((explicit or groups)[0]))
+
+
 def _name(evidence: Mapping[int, RankEvidence], parsed: Mapping[int, Stack | KernelWait], now: float) -> Hung:
     stuck_in_io = tuple(sorted({ev.node for ev in evidence.values() if ev.state == "D"}))
     elsewhere = sorted(r for r, s in parsed.items() if s.where is Where.ELSEWHERE)
     waiting = sorted(r for r, s in parsed.items() if s.where is Where.WAITING)
     culprits = tuple(elsewhere) if elsewhere and (waiting or len(parsed) == 1) else ()
+    desync = () if culprits else _desync(parsed)
+    if desync:
+        # the job's own code, not a node: named with where each side entered its collective
+        stacks = {r: st for r, st in parsed.items() if isinstance(st, Stack)}   # every rank's, for a desync
+        side = "; ".join(f"rank {r} on {evidence[r].node if r in evidence else '?'}: {stacks[r].top()} from "
+                         f"{stacks[r].caller()}" for r in desync)
+        rest = "; ".join(f"rank {r} {stacks[r].top()} from {stacks[r].caller()}" for r in sorted(stacks) if r not in desync)
+        return Hung(culprits=desync, node_evidence=stuck_in_io, ranks=_seen(evidence, parsed, now),
+                    detail=f"{_ranks(desync)} in a collective its peers never enter: {side}; {rest}")
     parts = []
     for rank in culprits:
         node = evidence[rank].node if rank in evidence else "?"
