@@ -28,8 +28,8 @@ Flags (the supervisor's and the checkpoint tests use them):
                           the run there until it has found the rank it will signal
   --damage-after-resume   after a resume, re-initialise the first layer on every rank alike: a
                           restore that went wrong (the loss jumps; the supervisor warns)
-  --out DIR               write DIR/samples_rank<r>.jsonl (sample ids of every step, appended as
-                          the run goes) and, at the end, DIR/final_rank<r>.pt (model + optimizer
+  --out DIR               write DIR/samples_rank<r>.jsonl (sample ids of every step, with the
+                          world size and the rank's pid, appended as the run goes) and, at the end, DIR/final_rank<r>.pt (model + optimizer
                           state) and DIR/final.json (sha256 of the parameters, final step)
 """
 
@@ -184,7 +184,9 @@ def main(argv: list[str] | None = None) -> int:
             print(f"rank {rank}: flipped a bit after step {step}", flush=True)
         progress["samples_seen"] += len(ids)
         if samples_log is not None:
-            os.write(samples_log, (json.dumps({"step": step, "ids": ids.tolist()}) + "\n").encode())
+            # world and pid: which attempt a line belongs to, when a resume continues at the next step
+            os.write(samples_log, (json.dumps({"step": step, "ids": ids.tolist(), "world": int(os.environ.get("WORLD_SIZE", "1")),
+                                               "pid": os.getpid()}) + "\n").encode())
         if args.step_sleep_s:
             slow = rank == args.slow_rank and step >= args.slow_from_step   # a straggler, for tests
             time.sleep(args.step_sleep_s * (args.slow_factor if slow else 1.0))

@@ -675,19 +675,21 @@ def test_a_flipped_bit_on_one_of_three_replicas_drains_that_node_and_the_spare_t
 def consumed_samples(out: Path, worlds: list[tuple[int, int, int]]) -> list[int]:
     """The samples in the order the sampler hands them out (rank r of W takes the global index
     g + i*W + r of a step's batch), over `worlds`: (world size, first step, end step) per attempt.
-    Each rank's samples log holds its attempts one after the other; a step not above the one
-    before starts the next attempt's lines."""
-    per_rank: dict[int, list[dict[int, list[int]]]] = {}
+    Each rank's samples log holds the attempts it took part in (those with world > r) one after
+    the other, one rank process each (the `pid` of its lines); each line's `world` is checked."""
+    per_rank: dict[int, dict[int, dict[int, list[int]]]] = {}
     for rank in range(max(w for w, _, _ in worlds)):
-        attempts: list[dict[int, list[int]]] = [{}]
-        last = -1
+        blocks: list[tuple[int, dict[int, list[int]]]] = []
+        last_pid = None
         for line in (out / f"samples_rank{rank}.jsonl").read_text().splitlines():
             rec = json.loads(line)
-            if rec["step"] <= last:
-                attempts.append({})
-            attempts[-1][rec["step"]] = rec["ids"]
-            last = rec["step"]
-        per_rank[rank] = attempts
+            if rec["pid"] != last_pid:
+                blocks.append((rec["world"], {}))
+                last_pid = rec["pid"]
+            blocks[-1][1][rec["step"]] = rec["ids"]
+        mine = [a for a, (w, _, _) in enumerate(worlds) if w > rank]
+        assert [w for w, _ in blocks] == [worlds[a][0] for a in mine], (rank, [w for w, _ in blocks], worlds)
+        per_rank[rank] = {a: steps for a, (_, steps) in zip(mine, blocks)}
     consumed: list[int] = []
     for attempt, (world, first, end) in enumerate(worlds):
         for step in range(first, end):
@@ -696,15 +698,17 @@ def consumed_samples(out: Path, worlds: list[tuple[int, int, int]]) -> list[int]
     return consumed
 
 
-def test_a_dead_node_with_min_nodes_continues_on_the_survivors_without_a_requeue_repeating_no_sample(
+def test_a_dead_node_with_min_nodes_continues_on_the_survivors_then_regrows_at_the_requeue_repeating_no_sample(
         dev_cluster, tmp_path):
     """issue 24 part 3: 3 nodes, no spare, min_nodes 2 (= --nnodes 2:3). A node killed: the
     policy prices 1/3 of a 10 min horizon (+ the restart) below a 15 min queue wait, so training
     continues on the 2 survivors (world size 3 -> 2, resharded from the last disk checkpoint), no
-    requeue, and over the whole run every sample of the epoch is seen once in the sampler's order.
-    MIN = MAX (the default) is the requeue of
+    requeue. Then the time-limit warning: an emergency checkpoint and a requeue, whose allocation
+    has 3 nodes again (the dead one excluded): resharded 2 -> 3. Over the whole run every sample
+    of the epoch is seen once, in the sampler's order. MIN = MAX (the default) is the requeue of
     test_node_death_without_a_spare_requeues_the_job_excluding_the_node."""
-    job, run, out = submit(tmp_path, nodes=3, spares=0, extra=("--dataset-size", "1024"),
+    steps = 300
+    job, run, out = submit(tmp_path, nodes=3, spares=0, extra=("--dataset-size", "4096", "--steps", str(steps)),
                            supervisor_toml="min_nodes = 2\nshrink_horizon_s = 600.0\nrequeue_wait_s = 900.0\n")
     dev_cluster.wait_for(lambda: committed(run, 15), 120, what="a checkpoint at step 15")
     active = active_nodes(run)
@@ -720,10 +724,12 @@ def test_a_dead_node_with_min_nodes_continues_on_the_survivors_without_a_requeue
             return (shown["NumNodes"] == "2" and shown["ResizeTime"] not in ("None", "")
                     and expand(shown["NodeList"]) == sorted(set(active) - {victim}))
         dev_cluster.wait_for(shrank, 60, what="Slurm to take the dead node out of the job (NumNodes 2, ResizeTime)")
-        dev_cluster.wait_for(lambda: named(read_events(run), "run_complete"), 240, what="the run to complete on 2 nodes")
+        resume = named(read_events(run), "restart_done")[-1]["resume_step"]
+        dev_cluster.wait_for(lambda: committed(run, resume + 10), 120, what="a checkpoint on 2 nodes")
+        dev_cluster.client.cancel(job, signal="USR1", batch=True)  # the time-limit warning: save, requeue
+        dev_cluster.wait_for(lambda: named(read_events(run), "run_complete"), 400, what="the run to complete")
         dev_cluster.wait_for(lambda: finished(dev_cluster, job), 120, what=f"job {job} to finish")
     events = read_events(run)
-    assert not named(events, "requeue") and named(events, "run_complete")
     assert dev_cluster.job(job) is None or dev_cluster.job(job).state == JobState.COMPLETED
     acc = assert_goodput_accounted(events)
     print(f"GOODPUT continue-on-fewer: useful {acc.useful_device_s:.1f} of paid {acc.paid_device_s:.1f} device-s, "
@@ -731,21 +737,25 @@ def test_a_dead_node_with_min_nodes_continues_on_the_survivors_without_a_requeue
     [choice] = named(events, "shrink_decided")
     assert (choice["choice"], choice["survivors"], choice["nodes"], choice["min_nodes"]) == ("continue", 2, 3, 2)
     assert choice["continue_cost_s"] < choice["requeue_cost_s"] and choice["queue_wait_source"] == "configured"
-    first, again = named(events, "launch")
-    assert first["world_size"] == 3 and again["world_size"] == 2 and victim not in again["nodes"]
-    assert set(again["nodes"]) < set(first["nodes"]) and again["path"] == "node"
-    [elastic] = named(events, "elastic_resume")   # the hooks resharded the world-3 checkpoint onto 2 ranks
-    assert (elastic["saved_world_size"], elastic["world_size"]) == (3, 2)
-    resume = named(events, "restart_done")[-1]["resume_step"]
-    assert resume >= 15 and elastic["step"] == resume
+    [requeue] = named(events, "requeue")   # the time limit's, not the node death's
+    assert "time_limit" in requeue["reason"] and victim in requeue["excluded"]
+    first, fewer, regrown = named(events, "launch")
+    assert first["world_size"] == 3 and fewer["world_size"] == 2 and victim not in fewer["nodes"]
+    assert set(fewer["nodes"]) < set(first["nodes"]) and fewer["path"] == "node"
+    assert regrown["world_size"] == 3 and victim not in regrown["nodes"], regrown   # MAX again, at the requeue
+    # the hooks resharded the world-3 checkpoint onto 2 ranks, then the world-2 one back onto 3
+    shrunk, grown = named(events, "elastic_resume")
+    assert [(e["saved_world_size"], e["world_size"]) for e in (shrunk, grown)] == [(3, 2), (2, 3)]
+    assert resume >= 15 and shrunk["step"] == resume
+    saved = max(e["step"] for e in named(events, "checkpoint_committed") if e["ts"] < requeue["ts"])
+    assert grown["step"] == saved > resume   # the emergency checkpoint on 2 nodes
     assert not named(events, "restore_loss_jump")   # another world size: its losses are not compared
     log = subprocess.run([*CKPTSUP, "log", str(run)], capture_output=True, text=True, timeout=60,
                          env={**os.environ, "COLUMNS": "400"})
     assert "continue on fewer nodes (2 of 3 left, min 2)" in log.stdout, log.stdout
     import torch
 
-    steps = int(TRAIN_ARGS[TRAIN_ARGS.index("--steps") + 1])
-    consumed = consumed_samples(out, [(3, 0, resume), (2, resume, steps)])
-    assert len(consumed) == 12 * resume + 8 * (steps - resume) <= 1024   # 4 a rank a step; one epoch
-    assert consumed == torch.randperm(1024, generator=torch.Generator().manual_seed(0)).tolist()[:len(consumed)]
+    consumed = consumed_samples(out, [(3, 0, resume), (2, resume, saved), (3, saved, steps)])
+    assert len(consumed) == 12 * resume + 8 * (saved - resume) + 12 * (steps - saved) <= 4096   # 4 a rank a step; one epoch
+    assert consumed == torch.randperm(4096, generator=torch.Generator().manual_seed(0)).tolist()[:len(consumed)]
     assert json.loads((out / "final.json").read_text())["step"] == steps
