@@ -1,6 +1,6 @@
 """The HF Trainer with CkptsupCallback on the real dev cluster through the sbatch template (2 nodes,
 1 rank each, gloo on CPU): a dead node is replaced by the hot spare and the run resumes from
-ckptsup's checkpoint; a preemption on the preemptable partition ends in a requeue and a resumed
+the memory tier (the survivor's own agent, the buddy's copy of the dead rank's bundle); a preemption on the preemptable partition ends in a requeue and a resumed
 run, never in "complete" at the preemption. Both end with the samples of every step and the
 parameters of an uninterrupted plain-torchrun run of the same Trainer without ckptsup."""
 from __future__ import annotations
@@ -65,7 +65,8 @@ def assert_like_reference(out: Path, reference: Path) -> None:
         assert all(torch.equal(final[k], ref[k]) for k in ref)
 
 
-def submit(tmp: Path, *, nodes: int, spares: int, partition: str | None = None) -> tuple[str, Path, Path]:
+def submit(tmp: Path, *, nodes: int, spares: int, partition: str | None = None,
+           args: list[str] = ARGS) -> tuple[str, Path, Path]:
     cfg = tmp / "job.toml"
     cfg.write_text("[supervisor]\nheartbeat_interval_s = 0.5\nnode_silence_s = 4.0\nhang_min_s = 10.0\n"
                    f"[slurm]\nspare_partition = \"{SPANNING}\"\n"
@@ -74,7 +75,7 @@ def submit(tmp: Path, *, nodes: int, spares: int, partition: str | None = None) 
     where = ["--partition", partition] if partition else []
     proc = subprocess.run([*CKPTSUP, "sbatch", "--submit", "--json", "--nodes", str(nodes), "--spares", str(spares),
                            *where, "--nproc-per-node", "1", "--config", str(cfg), "--run-dir", str(run), str(SCRIPT),
-                           "--out", str(out), *ARGS], capture_output=True, text=True, timeout=60, cwd=tmp)
+                           "--out", str(out), *args], capture_output=True, text=True, timeout=60, cwd=tmp)
     assert proc.returncode == 0, proc.stderr
     return str(json.loads(proc.stdout)["job_id"]), run, out
 
@@ -83,10 +84,15 @@ def ended(run: Path):
     return lambda: named(read_events(run), "run_complete") or named(read_events(run), "give_up")
 
 
-def test_a_dead_node_under_the_hf_trainer_is_replaced_by_the_spare_and_resumes_exactly(dev_cluster, tmp_path, reference):
-    job, run, out = submit(tmp_path, nodes=2, spares=1)
-    dev_cluster.wait_for(lambda: any(e["step"] >= 8 for e in named(read_events(run), "checkpoint_committed"))
-                         and newest_step(out) >= 9, 240, what="step_8")
+def test_a_dead_node_under_the_hf_trainer_is_replaced_by_the_spare_and_resumes_from_the_buddys_memory(
+        dev_cluster, tmp_path, reference):
+    """issue 24 part 4: the callback at its defaults (a disk checkpoint every 1800 s, a memory save
+    every 10 steps): the node dies after the memory save of step 10, with no disk checkpoint yet.
+    The spare's rank takes its state from the buddy's copy of the dead rank's bundle (peer
+    memory), the survivor from its own agent; HF's data skip and TrainerState come from that copy."""
+    job, run, out = submit(tmp_path, nodes=2, spares=1, args=["--save-every-steps", "0", "--step-sleep-s", "0.4"])
+    dev_cluster.wait_for(lambda: any(e["ok"] and e["step"] >= 10 for e in named(read_events(run), "memory_saved"))
+                         and newest_step(out) >= 11, 240, what="the memory save of step 10")
     first = named(read_events(run), "launch")[0]
     victim = first["nodes"][1]
     with dev_cluster.revived(victim):
@@ -96,7 +102,13 @@ def test_a_dead_node_under_the_hf_trainer_is_replaced_by_the_spare_and_resumes_e
     assert named(events, "run_complete"), [e for e in events if e["event"] in ("give_up", "failure_detected")]
     relaunch = named(events, "launch")[-1]
     assert victim not in relaunch["nodes"] and set(first["spares"]) <= set(relaunch["nodes"])
-    assert named(events, "checkpoint_loaded")[-1]["step"] >= 8
+    assert not [e for e in named(events, "checkpoint_committed") if e["ts"] < relaunch["ts"]]   # memory alone
+    [load] = named(events, "checkpoint_loaded")
+    assert load["step"] >= 10 and load["path"] == f"memory:step_{load['step']}", load
+    # one rank from its own agent's store, the spare's from the buddy's copy of the dead rank's bundle
+    assert load["source"] == "peer_memory" and load["files_by_source"] == {**load["files_by_source"], "memory": 1,
+                                                                          "peer_memory": 1}, load
+    assert set(named(events, "restart_done")[-1]["load_by_source"]) == {"memory", "peer_memory"}
     assert_like_reference(out, reference)
 
 
