@@ -89,14 +89,14 @@ def ranks(work: Path) -> dict[int, int]:
 def worker_ranks(script: Path, marker: Path) -> dict[int, int]:
     """{pid: rank} of a script's rank processes whose command line holds `marker` (a path unique
     to the run). A worker is `python [-u] SCRIPT ...` (cold) or `python -m
-    ckptsup.supervisor.warm_proxy SCRIPT ...` (warm: it stands in for its rank), or titled `ckptsup rank
+    ckptsup.rankside.warm_proxy SCRIPT ...` (warm: it stands in for its rank), or titled `ckptsup rank
     R: SCRIPT ...` once its hooks ran (a warm interpreter so titled has no RANK in /proc); the launchers name
     the script later in their command lines."""
     found = {}
     for proc in psutil.process_iter(["cmdline"]):
         cmd = " ".join(proc.info["cmdline"] or []).split()   # a titled rank: `ckptsup rank R: SCRIPT ARGS`
         worker = (str(script) in cmd[:3] or cmd[:2] == ["ckptsup", "rank"]
-                  or (len(cmd) > 3 and cmd[2] == "ckptsup.supervisor.warm_proxy"))
+                  or (len(cmd) > 3 and cmd[2] == "ckptsup.rankside.warm_proxy"))
         if worker and str(script) in cmd and str(marker) in cmd:
             try:
                 env = proc.environ()

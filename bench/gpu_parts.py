@@ -70,7 +70,7 @@ def part_env(ctx: Context) -> dict[str, Any]:
 
     failed = {}
     for mod in ("ckptsup.hooks.session", "ckptsup.hooks.writer", "ckptsup.hooks.loader", "ckptsup.hooks.memory_tier",
-                "ckptsup.hooks.sampler", "ckptsup.supervisor.loop", "ckptsup.supervisor.warm_rank"):
+                "ckptsup.hooks.sampler", "ckptsup.supervisor.loop", "ckptsup.rankside.warm_rank"):
         try:
             importlib.import_module(mod)
         except Exception as err:   # recorded: the parts that need it then fail with the same cause

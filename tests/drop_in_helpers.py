@@ -91,13 +91,13 @@ def real_rank(proc: psutil.Process) -> psutil.Process:
     use (its socket gone, or titled `ckptsup rank R: ...` once it runs the rank), with the same
     working directory. Signals meant for the rank's process (SIGSTOP) must go there."""
     cmd = proc.cmdline()
-    if "ckptsup.supervisor.warm_proxy" not in cmd:
+    if "ckptsup.rankside.warm_proxy" not in cmd:
         return proc
     local_rank, cwd, rank = proc.environ().get("LOCAL_RANK"), proc.cwd(), proc.environ().get("RANK")
     for p in psutil.process_iter(["cmdline"]):
         argv = p.info["cmdline"] or []
         titled = " ".join(argv).startswith(f"ckptsup rank {rank}: ")
-        if "ckptsup.supervisor.warm_rank" not in argv and not titled:
+        if "ckptsup.rankside.warm_rank" not in argv and not titled:
             continue
         try:
             in_use = titled or not Path(argv[argv.index("--listen") + 1]).exists()

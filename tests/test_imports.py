@@ -57,12 +57,40 @@ def _known(name: str, modules: dict[str, Path]) -> str | None:
     return None
 
 
-def imports_of(module: str, modules: dict[str, Path]) -> set[str]:
-    """Every package module that `module` imports, anywhere in its body."""
+def _dynamic_import(node: ast.AST) -> str | None:
+    """The module named by `importlib.import_module("x")` or `__import__("x")`: a literal string."""
+    if not isinstance(node, ast.Call) or not node.args or not isinstance(node.args[0], ast.Constant):
+        return None
+    func = node.func
+    named = (isinstance(func, ast.Name) and func.id in ("__import__", "import_module")) or \
+        (isinstance(func, ast.Attribute) and func.attr == "import_module")
+    return node.args[0].value if named and isinstance(node.args[0].value, str) else None
+
+
+def external_imports(module: str, modules: dict[str, Path]) -> set[str]:
+    """The top-level names of everything `module` imports, statements and literal importlib
+    strings alike (torch, click, ...)."""
     tree = ast.parse(modules[module].read_text(), filename=str(modules[module]))
     found: set[str] = set()
     for node in ast.walk(tree):
         if isinstance(node, ast.Import):
+            found |= {alias.name.split(".")[0] for alias in node.names}
+        elif isinstance(node, ast.ImportFrom) and not node.level and node.module:
+            found.add(node.module.split(".")[0])
+        elif (name := _dynamic_import(node)) is not None:
+            found.add(name.split(".")[0])
+    return found
+
+
+def imports_of(module: str, modules: dict[str, Path]) -> set[str]:
+    """Every package module that `module` imports, anywhere in its body (literal importlib and
+    __import__ strings included)."""
+    tree = ast.parse(modules[module].read_text(), filename=str(modules[module]))
+    found: set[str] = set()
+    for node in ast.walk(tree):
+        if (name := _dynamic_import(node)) is not None and (target := _known(name, modules)):
+            found.add(target)
+        elif isinstance(node, ast.Import):
             for alias in node.names:
                 target = _known(alias.name, modules)
                 if target:
@@ -158,6 +186,7 @@ MAY_IMPORT = {
     "ckptsup.planning": BASE,                         # reads events.jsonl, never the supervisor
     "ckptsup.slurm": BASE,                            # the one seam to Slurm
     "ckptsup.hooks": BASE | {"ckptsup.checkpoint"},   # the training side: never the supervisor
+    "ckptsup.rankside": BASE,                         # rank processes on a node (torch): never the supervisor
     "ckptsup.supervisor": BASE | {"ckptsup.checkpoint", "ckptsup.planning", "ckptsup.slurm"},  # never the hooks
     "ckptsup.integrations": BASE | {"ckptsup.checkpoint", "ckptsup.hooks"},  # framework callbacks over the hooks
     "ckptsup.cli": BASE,                              # subsystems' commands by name (importlib)
@@ -201,6 +230,22 @@ def test_parts_import_only_what_their_layer_allows() -> None:
     bad = sorted(f"{a} -> {b}" for a, deps in import_graph().items() for b in deps
                  if part(a) != part(b) and part(b) not in MAY_IMPORT.get(part(a), set()))
     assert not bad, "imports across layers (docs/architecture.md §Layers and their rules):\n" + "\n".join(bad)
+
+
+def test_the_supervisor_side_never_imports_torch_not_even_by_name() -> None:
+    """docs/architecture.md §Layers: supervisor/, slurm/, planning/ and checkpoint/ run without
+    torch; a rank-side process (rankside/) is started by module name, never imported."""
+    modules = module_names()
+    torch_free = [m for m in modules if part(m) in ("ckptsup.supervisor", "ckptsup.slurm", "ckptsup.planning",
+                                                      "ckptsup.checkpoint")]
+    bad = sorted(m for m in torch_free if "torch" in external_imports(m, modules))
+    assert not bad, f"torch imported on the supervisor side: {bad}"
+
+
+def test_importlib_strings_count_as_imports() -> None:
+    tree = ast.parse('import importlib\nimportlib.import_module("torch.distributed")\n__import__("ckptsup.wire")\n'
+                     'from importlib import import_module\nimport_module(name)\n')
+    assert [_dynamic_import(n) for n in ast.walk(tree) if _dynamic_import(n)] == ["torch.distributed", "ckptsup.wire"]
 
 
 def test_no_import_cycles_in_the_package() -> None:

@@ -193,9 +193,9 @@ def test_stopped_warm_interpreters_and_launcher_do_not_delay_the_end(tmp_path):
         wait_for(lambda: named(read_events(run), "warm_ready"), 240, "warm_ready", proc)
         me = psutil.Process(proc.pid)
         standby = wait_for(lambda: [p for p in me.children(recursive=True)
-                                    if "ckptsup.supervisor.warm_rank" in cmdline(p.pid)
+                                    if "ckptsup.rankside.warm_rank" in cmdline(p.pid)
                                     # the launcher kept for the next launch; the running torchrun has workers
-                                    or ("ckptsup.supervisor.standby" in cmdline(p.pid) and not p.children())],
+                                    or ("ckptsup.rankside.torchrun_standby" in cmdline(p.pid) and not p.children())],
                            30, "the warm processes")
         assert sum("warm_rank" in cmdline(p.pid) for p in standby) == 2, [cmdline(p.pid) for p in standby]
         for p in standby:

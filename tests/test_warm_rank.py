@@ -1,4 +1,4 @@
-"""Warm rank interpreters (supervisor/warm_rank.py, warm_proxy.py, warm_pool.py) as real
+"""Warm rank interpreters (rankside/warm_rank.py and warm_proxy.py, supervisor/warm_pool.py) as real
 processes: the proxy stands in for the rank exactly — its streams, environment, cwd, argv,
 exit status and signals — and starts cold when no warm interpreter is ready."""
 import os
@@ -50,7 +50,7 @@ def proxy(tmp_path, directory, *args, env_extra=None):
     work.mkdir(exist_ok=True)
     env = {**os.environ, "RANK": "3", "LOCAL_RANK": "0", **({WARM_DIR: str(directory)} if directory else {}),
            **(env_extra or {})}
-    return subprocess.Popen([sys.executable, "-m", "ckptsup.supervisor.warm_proxy", str(script), *args], env=env,
+    return subprocess.Popen([sys.executable, "-m", "ckptsup.rankside.warm_proxy", str(script), *args], env=env,
                             cwd=work, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
 
 
@@ -155,7 +155,7 @@ def test_a_stopped_waiting_interpreter_is_not_handed_out_and_is_replaced(tmp_pat
 def test_a_proxy_facing_a_stopped_interpreter_starts_the_rank_cold_and_kills_it(tmp_path, pool):
     """Stopped between the agent's check and the proxy's connect: the hello never comes, so the
     proxy gives up after HELLO_TIMEOUT_S, kills it (a late wake-up must not run the rank twice)."""
-    from ckptsup.supervisor.warm_proxy import HELLO_TIMEOUT_S
+    from ckptsup.rankside.warm_proxy import HELLO_TIMEOUT_S
 
     assert pool.hand_out()
     stopped = pool.in_use[0]

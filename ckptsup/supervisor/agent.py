@@ -298,7 +298,7 @@ class Agent:
     # ---- torchrun -----------------------------------------------------------------------------
     def torchrun_argv(self, *, warm: bool = False) -> list[str]:
         """torchrun's argv. `warm`: every worker is warm_proxy, handing its rank to a warm
-        interpreter (supervisor/warm_rank.py) instead of starting python."""
+        interpreter (rankside/warm_rank.py) instead of starting python."""
         spec = self.spec
         addr = spec.node_addrs.get(self.node, "127.0.0.1")
         host, _, port = spec.rdzv_endpoint.rpartition(":")
@@ -324,7 +324,7 @@ class Agent:
     def _entrypoint(self, warm: bool) -> list[str]:
         spec = self.spec
         if warm:
-            return ["--no-python", sys.executable, "-m", "ckptsup.supervisor.warm_proxy",
+            return ["--no-python", sys.executable, "-m", "ckptsup.rankside.warm_proxy",
                     *(["--ckptsup-module"] if spec.module else []), spec.script]
         return [*(["-m"] if spec.module else []), *(["--no-python"] if spec.no_python else []), spec.script]
 

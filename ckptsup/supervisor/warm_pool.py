@@ -1,7 +1,7 @@
-"""The agent's pool of warm rank interpreters (supervisor/warm_rank.py): one per local rank,
+"""The agent's pool of warm rank interpreters (rankside/warm_rank.py): one per local rank,
 started with the ranks' environment once the current attempt has stepped (their torch import
 would slow the ranks' start on a small node), handed out to the next launch's workers through
-supervisor/warm_proxy.py. One generation serves one launch; the next one warms up afterwards.
+rankside/warm_proxy.py. One generation serves one launch; the next one warms up afterwards.
 """
 
 from __future__ import annotations
@@ -55,7 +55,7 @@ class WarmPool:
         for local_rank in range(self.size):
             path = self.socket(local_rank)
             self.procs.append(subprocess.Popen(
-                [sys.executable, "-m", "ckptsup.supervisor.warm_rank", "--listen", str(path)],
+                [sys.executable, "-m", "ckptsup.rankside.warm_rank", "--listen", str(path)],
                 env={**self.env, WARM_LOCAL_RANK: str(local_rank)}, cwd=self.cwd, stdin=subprocess.DEVNULL, stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL,
                 start_new_session=True))
 

@@ -1,6 +1,6 @@
 """The worker torchrun runs when warm interpreters are ready (`torchrun --no-python python -m
-ckptsup.supervisor.warm_proxy SCRIPT ARGS`): it hands its rank over to the warm interpreter of
-its local rank (supervisor/warm_rank.py) and stands in for it — signals forwarded, the rank's
+ckptsup.rankside.warm_proxy SCRIPT ARGS`): it hands its rank over to the warm interpreter of
+its local rank (rankside/warm_rank.py) and stands in for it — signals forwarded, the rank's
 exit status its own. Without a ready warm interpreter it becomes the rank cold (exec python).
 
 Kept to the standard library and env.py: it starts in tens of milliseconds.

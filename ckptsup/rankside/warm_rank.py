@@ -7,7 +7,7 @@ have (variables such as OMP_NUM_THREADS are read at import). torchrun then runs
 environment, working directory and standard streams (SCM_RIGHTS), forwards signals, and exits
 with the rank's exit status. A restart so skips the interpreter's and torch's start-up.
 
-Run as `python -m ckptsup.supervisor.warm_rank --listen PATH`. Torch is imported in this
+Run as `python -m ckptsup.rankside.warm_rank --listen PATH`. Torch is imported in this
 process only, never in the agent or the supervisor.
 
 Wire (one connection, then the process is the rank): proxy → warm: one JSON line {argv, env,
@@ -163,7 +163,7 @@ def _preimport() -> None:
 def main(argv: list[str] | None = None) -> int:
     args = argv if argv is not None else sys.argv[1:]
     if len(args) != 2 or args[0] != "--listen":
-        print("usage: python -m ckptsup.supervisor.warm_rank --listen PATH", file=sys.stderr)
+        print("usage: python -m ckptsup.rankside.warm_rank --listen PATH", file=sys.stderr)
         return 2
     _die_with_parent()
     server = socket.socket(socket.AF_UNIX, socket.SOCK_STREAM)

@@ -1,0 +1,11 @@
+"""The rank side of a node: the processes torchrun starts or becomes, which import torch.
+
+- warm_rank: a warm rank interpreter, torch pre-imported, that becomes one rank on request;
+- warm_proxy: torchrun's worker when warm interpreters are ready: it hands its rank to one and
+  stands in for it (standard library only);
+- torchrun_standby: a pre-imported torchrun that becomes the launcher on request.
+
+The node agent (supervisor/) starts them by module name and talks to them over pipes and Unix
+sockets. It never imports them. They import only the base modules (env, errors, safe_io,
+stack_dump) and never the supervisor (tests/test_imports.py).
+"""
