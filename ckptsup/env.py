@@ -307,8 +307,19 @@ class RankEnv:
     def to_environ(self) -> dict[str, str]:
         """The variables that from_environ reads back as this RankEnv. None fields are left out
         (unset reads as the default); an empty string would read back as None."""
+        return self.variables(**{f.name: value for f in fields(self) if (value := getattr(self, f.name)) is not None})
+
+    @classmethod
+    def variables(cls, **values: object) -> dict[str, str]:
+        """The variables of the named fields only: the one writer of rank variables, for a writer
+        that knows part of them (the supervisor; the agent adds the socket and the node). None is
+        written as "", which reads back as unset and hides a value the rank would otherwise
+        inherit from the agent's environment."""
+        unknown = sorted(set(values) - {f.name for f in fields(cls)})
+        if unknown:
+            raise TypeError(f"not a RankEnv field: {unknown[0]}")
         # field `x` is CKPTSUP_X; str() of an int or float reads back exactly through int() / float()
-        return {PREFIX + f.name.upper(): str(value) for f in fields(self) if (value := getattr(self, f.name)) is not None}
+        return {PREFIX + name.upper(): "" if value is None else str(value) for name, value in values.items()}
 
 
 def _opt(env: Mapping[str, str], name: str) -> str | None:

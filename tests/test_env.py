@@ -139,3 +139,30 @@ def test_no_ckptsup_variable_name_is_spelled_outside_env_py() -> None:
     found = [hit for path in sorted(PACKAGE.rglob("*.py")) if path != PACKAGE / "env.py"
              for hit in ckptsup_literals(path)]
     assert not found, "use the constants of ckptsup/env.py instead of:\n" + "\n".join(found)
+
+
+def test_variables_is_the_one_writer_of_rank_variables_and_blanks_what_it_unsets() -> None:
+    """The supervisor writes part of a rank's environment through RankEnv.variables (recovery.rank_env,
+    the preemption budget): the names and formats from_environ reads; None as "" so that a value
+    inherited from the agent's environment cannot outlive a fresh start."""
+    out = RankEnv.variables(resume_from=None, attempt=3, save_every_s=600.0)
+    assert out == {"CKPTSUP_RESUME_FROM": "", "CKPTSUP_ATTEMPT": "3", "CKPTSUP_SAVE_EVERY_S": "600.0"}
+    back = RankEnv.from_environ(out)
+    assert (back.resume_from, back.attempt, back.save_every_s) == (None, 3, 600.0)
+    with pytest.raises(TypeError, match="not a RankEnv field: resume"):
+        RankEnv.variables(resume="x")
+
+
+def test_the_supervisors_rank_env_reads_back_as_what_it_was_given(tmp_path) -> None:
+    from ckptsup.config import Config
+    from ckptsup.supervisor.recovery import attempt_timeouts, rank_env
+
+    config = Config()
+    env = rank_env(config, run_dir=tmp_path, config_json=tmp_path / "c.json", secret_path=tmp_path / "s",
+                   ckpt_dir=tmp_path / "ck", job_id="7", attempt=2, epoch=1, resume_from="", save_every_s=612.5,
+                   preempt_budget_s=27.25, timeouts=attempt_timeouts(config, step_times=[], save_s=None))
+    assert env["CKPTSUP_RESUME_FROM"] == ""   # a fresh start hides an inherited value
+    got = RankEnv.from_environ({**env, "CKPTSUP_NODE": "n1"})
+    assert (got.run_dir, got.job_id, got.attempt, got.epoch, got.resume_from) == (str(tmp_path), "7", 2, 1, None)
+    assert (got.save_every_s, got.preempt_budget_s, got.checkpoint_dir) == (612.5, 27.2, str(tmp_path / "ck"))
+    assert got.memory_every_steps == config.memory.every_steps and got.collective_timeout_s is not None

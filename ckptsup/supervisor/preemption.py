@@ -21,7 +21,7 @@ import signal as _signal
 from dataclasses import dataclass
 
 from ..config import Config
-from ..env import PREEMPT_BUDGET_S
+from ..env import RankEnv
 
 STOP_RESERVE_S = 5.0  # stop the ranks, exit, `scontrol requeue`: measured well under this
 
@@ -46,7 +46,7 @@ class StopPlan:
     reason: str
 
     def env(self) -> dict[str, str]:
-        return {PREEMPT_BUDGET_S: f"{self.budget_s:.1f}"}
+        return RankEnv.variables(preempt_budget_s=round(self.budget_s, 1))
 
     def as_event(self) -> dict[str, object]:
         """Fields of the `preemption` event."""

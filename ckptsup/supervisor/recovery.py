@@ -16,6 +16,7 @@ from ..checkpoint.trust import CheckpointDirUntrusted, OwnerModeError, check_che
 from ..checkpoint.validate import quarantine, validate
 from .. import env as envvars
 from ..config import Config
+from ..env import RankEnv
 from ..errors import CkptsupError
 from ..events import Event
 from ..textsafe import literal
@@ -37,22 +38,14 @@ def rank_env(config: Config, *, run_dir: Path, config_json: Path, secret_path: P
              preempt_budget_s: float, memory_every_steps: int | None = None) -> dict[str, str]:
     """Everything ranks learn from the supervisor (env.py); the agent adds RANK_SOCKET and NODE."""
     env = nccl_env(config, run_dir=run_dir, attempt=attempt, timeouts=timeouts)
-    # the constants, not RankEnv.to_environ: RESUME_FROM="" (fresh start) must be set, not omitted
-    env.update({
-        envvars.RUN_DIR: str(run_dir),
-        envvars.JOB_ID: job_id,
-        envvars.ATTEMPT: str(attempt),
-        envvars.EPOCH: str(epoch),
-        envvars.CONFIG_JSON: str(config_json),
-        envvars.CHECKPOINT_DIR: str(ckpt_dir),
-        envvars.RESUME_FROM: resume_from,
-        envvars.SECRET_FILE: str(secret_path),
-        envvars.SAVE_EVERY_STEPS: str(config.checkpoint.save_every_steps),
-        envvars.SAVE_EVERY_S: f"{save_every_s:g}",
-        envvars.PREEMPT_BUDGET_S: f"{preempt_budget_s:.1f}",
-    })
+    # resume_from None is written "" (a fresh start): an inherited value must not outlive it
+    env.update(RankEnv.variables(
+        run_dir=str(run_dir), job_id=job_id, attempt=attempt, epoch=epoch, config_json=str(config_json),
+        checkpoint_dir=str(ckpt_dir), resume_from=resume_from or None, secret_file=str(secret_path),
+        save_every_steps=config.checkpoint.save_every_steps, save_every_s=round(save_every_s, 3),
+        preempt_budget_s=round(preempt_budget_s, 1)))
     if config.memory.enabled:   # the tuned memory schedule survives a relaunch (else [memory] every_steps)
-        env[envvars.MEMORY_EVERY_STEPS] = str(memory_every_steps or config.memory.every_steps)
+        env.update(RankEnv.variables(memory_every_steps=memory_every_steps or config.memory.every_steps))
     if envvars.SITE_CONFIG in os.environ:
         env[envvars.SITE_CONFIG] = os.environ[envvars.SITE_CONFIG]
     return env
