@@ -92,7 +92,8 @@ def dump_flight_recorder(directory: str | os.PathLike[str], rank: int) -> Path |
     dumps = [getattr(c10d, name) for name in ("_dump_nccl_trace_json", "_dump_fr_trace_json") if hasattr(c10d, name)]
     suffix = "json"
     if not dumps:
-        dumps = [getattr(c10d, name) for name in ("_dump_nccl_trace", "_dump_fr_trace") if hasattr(c10d, name)]
+        # an older torch's pickles: never unpickled here to look for entries, so the order stays as before
+        dumps = [getattr(c10d, name) for name in ("_dump_fr_trace", "_dump_nccl_trace") if hasattr(c10d, name)]
         suffix = "pkl"
     if not dumps:
         return None

@@ -36,6 +36,7 @@ STALE_S = 3.0                # a rank whose last sample is older has left its ag
 # a backward that computes is work
 _WAITING = re.compile(r"/torch/(distributed|autograd)/")
 _IN_C10D = re.compile(r"/torch/distributed/")
+_IN_AUTOGRAD = re.compile(r"/torch/autograd/")
 # kernel wait channels of a main thread that waits for another thread or a peer (a gloo or NCCL
 # wait sits on a futex or polls a socket); anything else (a nanosleep, a pipe, a disk) is elsewhere
 _WAITING_WCHAN = re.compile(r"futex|poll|select|sk_wait|wait_woken")
@@ -95,7 +96,7 @@ class Stack:
 
     @property
     def in_autograd(self) -> bool:
-        return any("/torch/autograd/" in f for f, _, _ in self.frames[:12])
+        return any(_IN_AUTOGRAD.search(f) for f, _, _ in self.frames[:12])
 
     def caller(self) -> str:
         """The script's own line that led here (the innermost frame outside libraries): where a
