@@ -214,6 +214,16 @@ def node_name(environ: Mapping[str, str] | None = None) -> str:
     return environ.get(NODE) or environ.get(SLURMD_NODENAME) or socket.gethostname()
 
 
+# A rank's command (rankside/): `--ckptsup-module` before SCRIPT says it is a module name (`-m`)
+RANK_MODULE_FLAG = "--ckptsup-module"
+
+
+def cold_rank_argv(python: str, argv: list[str], *, module: bool) -> list[str]:
+    """The command of a rank started cold: python running rankside/cold_rank.py, which installs
+    the stack dump and then runs SCRIPT (or MODULE) as __main__."""
+    return [python, "-u", "-m", "ckptsup.rankside.cold_rank", *([RANK_MODULE_FLAG] if module else []), *argv]
+
+
 RANK_TITLE = "ckptsup rank {rank}: {command}"   # a rank's process title (ps, top, py-spy; docs/supervisor.md §Finding a rank)
 
 

@@ -4,6 +4,7 @@ supervisor gets (the supervisor itself is not started)."""
 from __future__ import annotations
 
 import os
+import sys
 
 import pytest
 
@@ -407,8 +408,13 @@ def spec(**kw):
     return LaunchSpec(**{**base, **kw})
 
 
-@pytest.mark.parametrize("kw, before", [({"module": True}, ["-m"]), ({"no_python": True}, ["--no-python"]), ({}, [])])
+COLD = ["--no-python", sys.executable, "-u", "-m", "ckptsup.rankside.cold_rank"]   # rankside/cold_rank.py
+
+
+@pytest.mark.parametrize("kw, before", [({"module": True}, [*COLD, "--ckptsup-module"]),
+                                        ({"no_python": True}, ["--no-python"]), ({}, COLD)])
 def test_torchrun_gets_module_or_no_python_right_before_the_script(kw, before):
+    """A cold python rank runs through cold_rank (its stack dump installed first); a binary as it is."""
     agent = Agent.__new__(Agent)
     agent.spec, agent.node = spec(**kw), "n1"
     argv = agent.torchrun_argv()

@@ -20,7 +20,9 @@ SCRIPT = """
 import os, signal, sys, time
 import torch
 if sys.argv[1] == "wait":   # the handler before the first line: a test signals once it reads it
-    signal.signal(signal.SIGTERM, lambda *_: (print("got SIGTERM", flush=True), sys.exit(7)))
+    # os.write, not print: the signal can come while print's own flush still holds stdout's lock
+    # (a print in the handler is then a "reentrant call" RuntimeError, exit 1)
+    signal.signal(signal.SIGTERM, lambda *_: (os.write(1, b"got SIGTERM\\n"), sys.exit(7)))
 print("rank", os.environ["RANK"], "cwd", os.getcwd(), "argv", sys.argv[1:], "torch", "torch" in sys.modules, flush=True)
 print("to stderr", file=sys.stderr, flush=True)
 if sys.argv[1] == "wait":

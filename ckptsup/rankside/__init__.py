@@ -1,5 +1,7 @@
 """The rank side of a node: the processes torchrun starts or becomes, which import torch.
 
+- cold_rank: a rank started cold: installs the stack dump, then runs the script as __main__
+  (script_main: shared with warm_rank);
 - warm_rank: a warm rank interpreter, torch pre-imported, that becomes one rank on request;
 - warm_proxy: torchrun's worker when warm interpreters are ready: it hands its rank to one and
   stands in for it (standard library only);

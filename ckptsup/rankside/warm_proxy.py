@@ -1,9 +1,10 @@
 """The worker torchrun runs when warm interpreters are ready (`torchrun --no-python python -m
 ckptsup.rankside.warm_proxy SCRIPT ARGS`): it hands its rank over to the warm interpreter of
 its local rank (rankside/warm_rank.py) and stands in for it — signals forwarded, the rank's
-exit status its own. Without a ready warm interpreter it becomes the rank cold (exec python).
+exit status its own. Without a ready warm interpreter it becomes the rank cold (exec
+rankside/cold_rank.py).
 
-Kept to the standard library and env.py: it starts in tens of milliseconds.
+Kept to the standard library, env.py and script_main.py: it starts in tens of milliseconds.
 """
 
 from __future__ import annotations
@@ -15,22 +16,19 @@ import signal
 import socket
 import sys
 
-from ..env import WARM_DIR
+from ..env import WARM_DIR, cold_rank_argv
+from .script_main import split_module_flag
 
 FORWARDED = (signal.SIGTERM, signal.SIGINT, signal.SIGHUP, signal.SIGUSR1, signal.SIGUSR2)
-MODULE_FLAG = "--ckptsup-module"
 HELLO_TIMEOUT_S = 5.0   # a ready warm interpreter answers in milliseconds; a stopped or stuck one never does
 
 
 def cold(argv: list[str], module: bool) -> None:
-    os.execv(sys.executable, [sys.executable, "-u", *(["-m"] if module else []), *argv])
+    os.execv(sys.executable, cold_rank_argv(sys.executable, argv, module=module))
 
 
 def main() -> int:
-    args = sys.argv[1:]
-    module = bool(args) and args[0] == MODULE_FLAG
-    if module:
-        args = args[1:]
+    args, module = split_module_flag(sys.argv[1:])
     path = os.path.join(os.environ.get(WARM_DIR, ""), f"warm-{os.environ.get('LOCAL_RANK', '0')}.sock")
     if not os.environ.get(WARM_DIR) or not os.path.exists(path + ".ready"):
         cold(args, module)

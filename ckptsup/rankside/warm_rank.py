@@ -96,8 +96,9 @@ def _exit_code(err: SystemExit) -> int:
 
 def become_rank(request: dict, fds: list[int], conn: socket.socket) -> int:
     """Take the rank's streams, environment, cwd and argv, and run its script as __main__."""
-    import runpy
     import traceback
+
+    from .script_main import run_script
 
     for target, fd in zip((0, 1, 2), fds):
         os.dup2(fd, target)
@@ -122,14 +123,7 @@ def become_rank(request: dict, fds: list[int], conn: socket.socket) -> int:
 
     install()   # the agent can ask where this rank is (a hang's evidence), even blocked inside C
     try:
-        if request.get("module"):
-            sys.argv = [argv[0], *argv[1:]]
-            sys.path[0] = os.getcwd()   # as `python -m`
-            runpy.run_module(argv[0], run_name="__main__", alter_sys=True)
-        else:
-            sys.argv = argv
-            sys.path[0] = os.path.dirname(os.path.abspath(argv[0]))
-            runpy.run_path(argv[0], run_name="__main__")
+        run_script(argv, module=bool(request.get("module")))
         code = 0
     except SystemExit as err:
         code = _exit_code(err)

@@ -44,7 +44,7 @@ from .. import step_lines, wire
 from ..config import MAX_REPLICAS
 from ..errors import CkptsupError
 from ..wire import Hop, MessageKind, Phase
-from ..env import (MEMORY_SOCKET, TEST_FLIP_MEMORY, NODE, PREEMPT_BUDGET_S, PYTHONUNBUFFERED, RANK_SOCKET, RUN_DIR, SECRET_FILE, WARM_DIR,
+from ..env import (RANK_MODULE_FLAG, cold_rank_argv, MEMORY_SOCKET, TEST_FLIP_MEMORY, NODE, PREEMPT_BUDGET_S, PYTHONUNBUFFERED, RANK_SOCKET, RUN_DIR, SECRET_FILE, WARM_DIR,
                    TORCHELASTIC_LOG_LINE_PREFIX_TEMPLATE, ExitStatus, node_name)
 from ..rundir import read_secret
 from ..textsafe import say
@@ -325,8 +325,11 @@ class Agent:
         spec = self.spec
         if warm:
             return ["--no-python", sys.executable, "-m", "ckptsup.rankside.warm_proxy",
-                    *(["--ckptsup-module"] if spec.module else []), spec.script]
-        return [*(["-m"] if spec.module else []), *(["--no-python"] if spec.no_python else []), spec.script]
+                    *([RANK_MODULE_FLAG] if spec.module else []), spec.script]
+        if spec.no_python:
+            return ["--no-python", spec.script]
+        # a cold rank installs the stack dump before its script runs (rankside/cold_rank.py)
+        return ["--no-python", *cold_rank_argv(sys.executable, [spec.script], module=spec.module)]
 
     def _pool_for(self) -> WarmPool | None:
         """The warm pool matching the current spec (None: warm restarts off, or a binary)."""
