@@ -12,8 +12,8 @@ shows. No host copy of a tensor is made: only the few int64 lanes leave the devi
 
 `verdict` is pure: from every rank's fingerprint, whether the replicas agree and, with three or
 more copies, which rank(s) the majority outvotes. `grouped_verdict` does it per replica group: with
-HSDP (FSDP2 on a mesh with a replicated dimension) the ranks that hold the same shard form a group,
-and each group is compared on its own (`replica_group`).
+HSDP (FSDP2 on a mesh with a replicated dimension, or FSDP1's HYBRID_SHARD) the ranks that hold
+the same shard form a group, and each group is compared on its own (`replica_group`).
 """
 
 from __future__ import annotations
@@ -101,14 +101,59 @@ def tensor_lanes(t: Any) -> Any:
     return torch.stack([col, row])
 
 
-def state_tensors(model: Any, optimizer: Any = None) -> Iterator[tuple[str, Any]]:
-    """The tensors a rank holds, in an order every replica shares: the model's state dict
-    (parameters and buffers), then the optimizer's per-parameter state in param-group order."""
+# FSDP1's strategies whose flat shards are replicated across a second (inter-node) process group
+FSDP1_HYBRID = frozenset({"HYBRID_SHARD", "_HYBRID_SHARD_ZERO2"})
+
+
+def fsdp1_modules(model: Any) -> list[Any]:
+    """The FSDP1 (`FullyShardedDataParallel`) modules of `model`, outermost first ([] if none)."""
     import torch
 
-    for name, t in model.state_dict(keep_vars=True).items():
-        if isinstance(t, torch.Tensor):
+    fsdp = getattr(getattr(torch.distributed, "fsdp", None), "FullyShardedDataParallel", None)
+    return [m for m in model.modules() if isinstance(m, fsdp)] if fsdp is not None else []
+
+
+def fsdp1_replicas(modules: list[Any]) -> tuple[int, ...]:
+    """FSDP1 HYBRID_SHARD: the global ranks that hold this rank's flat shards (its inter-node
+    group, itself included), when every FSDP module is hybrid and all share that one group; ()
+    otherwise (plain FSDP1 shards, or a mix: a wrong group would be a false alarm)."""
+    import torch.distributed as dist
+
+    groups = set()
+    for m in modules:
+        strategy = getattr(getattr(m, "sharding_strategy", None), "name", "")
+        inter = getattr(m, "_inter_node_pg", None)
+        if strategy not in FSDP1_HYBRID or inter is None:
+            return ()
+        groups.add(tuple(sorted(dist.get_process_group_ranks(inter))))
+    return groups.pop() if len(groups) == 1 else ()
+
+
+def _fsdp1_local(modules: list[Any]) -> Iterator[tuple[str, Any]]:
+    """Each FSDP1 module's local flat shard (outside forward/backward: what the rank holds)."""
+    for i, m in enumerate(modules):
+        handle = getattr(m, "_handle", None)
+        flat = getattr(handle, "flat_param", None)
+        if flat is not None:
+            yield f"model/flat{i}", getattr(flat, "_local_shard", flat).detach()
+
+
+def state_tensors(model: Any, optimizer: Any = None) -> Iterator[tuple[str, Any]]:
+    """The tensors a rank holds, in an order every replica shares: the model's state dict
+    (parameters and buffers), then the optimizer's per-parameter state in param-group order.
+    FSDP1: the local flat shards and the buffers instead (its state_dict would gather whole
+    tensors across the shard group: a collective, and not what this rank holds)."""
+    import torch
+
+    fsdp = fsdp1_modules(model)
+    if fsdp:
+        yield from _fsdp1_local(fsdp)
+        for name, t in model.named_buffers():
             yield f"model/{name}", t.detach()
+    else:
+        for name, t in model.state_dict(keep_vars=True).items():
+            if isinstance(t, torch.Tensor):
+                yield f"model/{name}", t.detach()
     if optimizer is None:
         return
     index = 0
@@ -143,8 +188,9 @@ class Replication(Enum):
     """What the ranks' copies of a model are to each other: REPLICAS and HYBRID are compared."""
 
     REPLICAS = "replicas"   # DistributedDataParallel: every rank holds the same bytes, kept so by DDP
-    HYBRID = "hybrid"       # HSDP: DTensor parameters replicated along a mesh dimension; the ranks that
-                            # hold the same shard are replicas of each other (`replica_group`)
+    HYBRID = "hybrid"       # HSDP: DTensor parameters replicated along a mesh dimension, or FSDP1's
+                            # HYBRID_SHARD; the ranks that hold the same shard are replicas of each
+                            # other (`replica_group`)
     SHARDS = "shards"       # FSDP / FSDP2 / tensor parallel: every rank holds other bytes by design
     UNKNOWN = "unknown"     # a plain module: nothing says the ranks keep it in sync (pipeline stages,
                             # per-rank models, manual parallelism): comparing would be a false alarm
@@ -156,9 +202,9 @@ def replication(model: Any) -> Replication:
     if any(hasattr(p, "to_local") or hasattr(p, "_local_tensor") for p in model.parameters()):
         # DTensor parameters: FSDP2, tensor parallel, HSDP
         return Replication.HYBRID if replicated_dims(model) else Replication.SHARDS
-    fsdp = getattr(getattr(torch.distributed, "fsdp", None), "FullyShardedDataParallel", None)
-    if fsdp is not None and any(isinstance(m, fsdp) for m in model.modules()):
-        return Replication.SHARDS   # FSDP1 (HYBRID_SHARD too: its flat parameters are not compared)
+    fsdp = fsdp1_modules(model)
+    if fsdp:   # FSDP1: flat shards, replicated across its inter-node group with HYBRID_SHARD
+        return Replication.HYBRID if len(fsdp1_replicas(fsdp)) > 1 else Replication.SHARDS
     if isinstance(model, torch.nn.parallel.DistributedDataParallel):
         return Replication.REPLICAS
     return Replication.UNKNOWN
@@ -186,7 +232,19 @@ def replicated_dims(model: Any) -> tuple[int, ...]:
 def replica_group(model: Any, rank: int) -> tuple[int, ...]:
     """The global ranks that hold the same bytes as `rank` (itself included), from the parameters'
     mesh: those whose mesh coordinates differ from its own only along the replicated dimensions.
-    (rank,) when nothing is replicated or `rank` is not on the mesh."""
+    (rank,) when nothing is replicated or `rank` is not on the mesh. FSDP1 HYBRID_SHARD: its
+    inter-node group. DDP: its process group (every rank, or a subgroup: data parallel inside
+    one pipeline stage, whose other stages hold other bytes)."""
+    import torch
+
+    fsdp = fsdp1_modules(model)
+    if fsdp:
+        return fsdp1_replicas(fsdp) or (rank,)
+    if isinstance(model, torch.nn.parallel.DistributedDataParallel):
+        import torch.distributed as dist
+
+        pg = getattr(model, "process_group", None)
+        return tuple(sorted(dist.get_process_group_ranks(pg))) if pg is not None else (rank,)
     dims = replicated_dims(model)
     if not dims:
         return (rank,)
@@ -280,6 +338,9 @@ def flip_bit(model: Any, *, param: int = 0, index: int = 0, bit: int = 20) -> No
         words[index] ^= 1 << bit
 
 
+NO_REPLICA = -1   # a rank's replica key when it holds no replica: it takes part in the check, compared with nobody
+
+
 class ReplicaCheck:
     """One rank's side of the comparison: fingerprint what it holds, all-gather the LANES int64 and
     its replica group's key with every rank on the session's gloo group, judge each group.
@@ -310,7 +371,8 @@ class ReplicaCheck:
         import torch.distributed as dist
 
         t0 = time.perf_counter()
-        mine = torch.tensor([*fingerprint(state_tensors(self.model, self.optimizer)), self.key], dtype=torch.int64)
+        lanes = fingerprint(state_tensors(self.model, self.optimizer)) if self.key >= 0 else [0] * LANES
+        mine = torch.tensor([*lanes, self.key], dtype=torch.int64)
         gathered = [torch.empty_like(mine) for _ in range(self.world_size)]
         dist.all_gather(gathered, mine, group=self.group)
         rows = [t.tolist() for t in gathered]

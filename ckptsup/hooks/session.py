@@ -168,15 +168,26 @@ class Run:
     def _replica_check(self, model: Any, optimizer: Any, replicas: bool | None) -> fingerprint.ReplicaCheck | None:
         """[sdc]: DDP replicas compare fingerprints, and HSDP's ranks that hold the same shard
         (docs/sdc.md); shards have nothing to compare, and a plain module is compared only when
-        the script says every rank holds the same bytes."""
+        the script says every rank holds the same bytes. The ranks agree on it (one all-gather of
+        each rank's replica key): when some compare and others hold no replica (HSDP on some
+        pipeline stages, plain shards on others), the others take part with nothing to compare,
+        since the check is a collective every rank must enter."""
         config = self.settings.config
-        if config is None or not config.sdc.enabled or self.control_pg is None or model is None or replicas is False:
-            return None
-        kind = fingerprint.replication(model)
-        group = fingerprint.replica_group(model, self.rank) if kind is fingerprint.Replication.HYBRID else ()
-        if kind is fingerprint.Replication.HYBRID and len(group) < 2:
-            kind = fingerprint.Replication.SHARDS   # on the mesh's replicated dimension alone: nothing to compare
-        if kind is fingerprint.Replication.SHARDS or (kind is fingerprint.Replication.UNKNOWN and not replicas):
+        if config is None or not config.sdc.enabled or self.control_pg is None:
+            return None   # the same on every rank: no exchange needed
+        kind = fingerprint.Replication.UNKNOWN
+        group: tuple[int, ...] = ()
+        if model is not None and replicas is not False:
+            kind = fingerprint.replication(model)
+            if kind in (fingerprint.Replication.HYBRID, fingerprint.Replication.REPLICAS):
+                group = fingerprint.replica_group(model, self.rank)   # DDP: its (sub)group; HSDP: the same shard's
+            if kind is fingerprint.Replication.HYBRID and len(group) < 2:
+                kind = fingerprint.Replication.SHARDS   # on the mesh's replicated dimension alone: nothing to compare
+        compares = kind in (fingerprint.Replication.REPLICAS, fingerprint.Replication.HYBRID) or (
+            kind is fingerprint.Replication.UNKNOWN and bool(replicas))
+        keys = self._all_gather_int((min(group) if group else 0) if compares else fingerprint.NO_REPLICA)
+        comparing = [r for r, k in enumerate(keys) if k != fingerprint.NO_REPLICA]
+        if not comparing:
             if self.rank == 0:
                 log.warning("ckptsup: no replica fingerprints: %s (docs/sdc.md)",
                             "the parameters are shards (FSDP / tensor parallel), so no two ranks hold the same bytes"
@@ -184,12 +195,27 @@ class Run:
                             "the model is not DistributedDataParallel, so nothing says every rank holds the same "
                             "bytes; pass attach(replicas=True) if it does")
             return None
-        if kind is fingerprint.Replication.HYBRID and self.rank == 0:
-            log.warning("ckptsup: replica fingerprints: HSDP, each shard compared across its %d replicas "
-                        "(docs/sdc.md)", len(group))
+        if self.rank == 0:
+            if len(comparing) < len(keys):
+                log.warning("ckptsup: replica fingerprints on ranks %s only; the other %d ranks hold no replica "
+                            "and take part with nothing to compare (docs/sdc.md)",
+                            ",".join(map(str, comparing)), len(keys) - len(comparing))
+            elif kind is fingerprint.Replication.HYBRID:
+                log.warning("ckptsup: replica fingerprints: HSDP, each shard compared across its %d replicas "
+                            "(docs/sdc.md)", len(group))
         return fingerprint.ReplicaCheck(model=model, optimizer=optimizer, rank=self.rank, world_size=self.world_size,
                                         group=self.control_pg, every_steps=config.sdc.every_steps,
-                                        key=min(group) if group else 0)
+                                        key=keys[self.rank])
+
+    def _all_gather_int(self, value: int) -> list[int]:
+        """Every rank's `value`, by rank (one int64 all-gather on the session's gloo group)."""
+        import torch
+        import torch.distributed as dist
+
+        mine = torch.tensor([value], dtype=torch.int64)
+        out = [torch.empty_like(mine) for _ in range(self.world_size)]
+        dist.all_gather(out, mine, group=self.control_pg)
+        return [int(t.item()) for t in out]
 
     def _memory_saver(self) -> tuple[MemorySaver | None, int]:
         """The memory tier (memory_tier.py): on when [memory] enabled and an agent holds the bundles."""
