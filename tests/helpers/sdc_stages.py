@@ -2,7 +2,7 @@
 train stage A under DDP over their own subgroup (replicas of each other), rank 1 trains stage B,
 a plain module of other bytes (no replica) — every rank under ckptsup.attach. The replica check is
 a collective: rank 1 must take part (with nothing to compare) or ranks 0 and 2 would wait for it.
-`--flip STEP:RANK` flips one bit of that rank's first weight after that step, the first time only."""
+`--flip STEP:RANK` (repeatable) flips one bit of that rank's first weight after that step, the first time only."""
 from __future__ import annotations
 
 import argparse
@@ -14,6 +14,7 @@ import torch.distributed as dist
 from torch import nn
 
 import ckptsup
+from sdc_hsdp import fires   # this folder is the script's: sys.path[0]
 
 
 class StageB(nn.Module):
@@ -29,7 +30,7 @@ def main() -> int:
     p = argparse.ArgumentParser()
     p.add_argument("--steps", type=int, default=12)
     p.add_argument("--save-every-steps", type=int, default=5)
-    p.add_argument("--flip", default="")
+    p.add_argument("--flip", action="append", default=[])
     p.add_argument("--out", required=True)
     args = p.parse_args()
     out = Path(args.out)
@@ -46,7 +47,7 @@ def main() -> int:
     opt = torch.optim.SGD(model.parameters(), lr=1e-2)
     run = ckptsup.attach(model=model, optimizer=opt, save_every_steps=args.save_every_steps)
     step = run.resume()
-    flip_step, flip_rank = (int(x) for x in args.flip.split(":")) if args.flip else (-1, -1)
+    flips = [tuple(int(x) for x in f.split(":")) for f in args.flip]
     while step < args.steps:
         g = torch.Generator().manual_seed(step * 10 + rank)
         x = torch.randn(4, 8, generator=g)
@@ -54,12 +55,9 @@ def main() -> int:
         opt.zero_grad()
         loss.backward()
         opt.step()
-        marker = out / f".flip-{step}-rank{rank}"
-        if (step, rank) == (flip_step, flip_rank) and not marker.exists():
-            marker.touch()
+        if fires(out, step, rank, flips):
             with torch.no_grad():
                 next(model.parameters()).view(-1).view(torch.int32)[3] ^= 1 << 12
-            print(f"rank {rank}: flipped a bit after step {step}", flush=True)
         run.step_done(step, loss=loss.detach())
         step += 1
     run.close()
