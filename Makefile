@@ -43,7 +43,7 @@ test-slurm: setup
 # finds none (BENCHMARKS.md §Test suite). `make test TEST_WORKERS=3` runs it in parallel.
 TEST_WORKERS ?= 1
 test: setup typecheck
-	$(PY) -m pytest -q --timeout 900 -n $(TEST_WORKERS) --dist loadfile
+	$(PY) -m pytest -q --timeout 900 -n $(TEST_WORKERS) --dist loadfile --no-loadscope-reorder
 
 # The Slurm version matrix (.ci/slurm-matrix.sh, docs/slurm.md §Versions): Debian trixie (24.11) and
 # sid (26.05) in debootstrap chroots cached in /var/cache/ckptsup/slurm-chroots, beside the host's 22.05.

@@ -248,7 +248,57 @@ INTEGRATION_FILES = frozenset({
 FUZZ_PREFIX = "test_fuzz_"
 
 
+# `make test` hands whole files to pytest-xdist workers in collection order (`--dist loadfile
+# --no-loadscope-reorder`). The longest files go first (longest-processing-time-first): a long file
+# picked up last would set the wall time alone. Seconds per file from a measured `-n 3` run
+# (BENCHMARKS.md §Test suite; refresh from a run's `--junitxml` with `python tests/file_seconds.py
+# JUNIT --min-s 40`); a file not listed keeps its place after them.
+FILE_SECONDS: dict[str, float] = {   # 2026-12-04, -n 3 beside a liveness soak (load 8-10); files >= 40 s
+    "test_supervisor_slurm.py": 1273,
+    "test_supervisor_train.py": 509,
+    "test_integration_hf.py": 329,
+    "test_phase_local.py": 306,
+    "test_supervisor_local.py": 294,
+    "test_sdc_real.py": 223,
+    "test_cli_bad_inputs.py": 205,
+    "test_heartbeat_torchrun.py": 200,
+    "test_integration_lightning_slurm.py": 191,
+    "test_integration_hf_save_strategy.py": 187,
+    "test_integration_lightning.py": 178,
+    "test_integration_hf_slurm.py": 173,
+    "test_hooks_node_local.py": 172,
+    "test_drop_in_slurm.py": 169,
+    "test_liveness_local.py": 163,
+    "test_integration_lightning_frameworks.py": 148,
+    "test_warm_rank.py": 147,
+    "test_fuzz_config.py": 142,
+    "test_torchrun_line_local.py": 128,
+    "test_stragglers_cluster.py": 123,
+    "test_watchdog_template.py": 113,
+    "test_teardown_local.py": 110,
+    "test_integration_hf_memory.py": 104,
+    "test_fuzz_checkpoint.py": 101,
+    "test_resume_bitexact.py": 98,
+    "test_external_titan.py": 96,
+    "test_fuzz_safe_io.py": 92,
+    "test_hooks_agent_socket.py": 87,
+    "test_elastic.py": 85,
+    "test_drop_in_local.py": 84,
+    "test_accounting_real.py": 82,
+    "test_slurm_cluster.py": 72,
+    "test_checkpoint_hostile.py": 71,
+    "test_relaunch_local.py": 71,
+    "test_requeue_template.py": 64,
+    "test_hooks_preemption.py": 51,
+    "test_fuzz_metadata.py": 51,
+    "test_gpu_check_dry.py": 48,
+    "test_integration_hf_unit.py": 44,
+    "test_text_is_data.py": 42,
+}
+
+
 def pytest_collection_modifyitems(config: pytest.Config, items: list[pytest.Item]) -> None:
+    items.sort(key=lambda item: -FILE_SECONDS.get(item.path.name, 0.0))   # stable: each file stays whole, in order
     for item in items:
         if item.path.name in INTEGRATION_FILES:
             item.add_marker(pytest.mark.integration)

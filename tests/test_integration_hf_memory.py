@@ -69,6 +69,9 @@ def test_hf_at_the_defaults_resumes_from_memory_not_step_0_and_ends_bit_exact(tm
     assert load["step"] == max(saved_before) >= 20, (load, saved_before)
     restarts = named(events, "restart_done")
     assert [r["resume_step"] for r in restarts] == [load["step"] for load in loads]
+    # the Trainer's DDP-wrapped model reaches attach: its replicas are fingerprinted at every save
+    # at the defaults (docs/sdc.md), and every check agreed
+    assert "no replica fingerprints" not in console and any(e.get("sdc_s", 0) > 0 for e in events), console[-2000:]
     for rank in (0, 1):
         got, want = samples(out, rank), samples(reference, rank)
         assert sorted(got) == list(range(STEPS))

@@ -148,6 +148,9 @@ def test_rank_sigkills_and_a_corrupt_newest_checkpoint_resume_with_the_reference
     assert rejected == {second}, rejected
     assert loaded == [first, second - 5], loaded   # the corrupt one refused, the one before it used
     assert named(events, "run_complete") and not named(events, "give_up")
+    # Lightning's DDP strategy hands attach the DDP wrapper: its replicas are fingerprinted at
+    # every save at the defaults (docs/sdc.md), and every check agreed (no sdc failure above)
+    assert b"no replica fingerprints" not in console and any(e.get("sdc_s", 0) > 0 for e in events), console[-2000:]
     assert_same_run(out, lightning_reference)
 
 
