@@ -74,3 +74,21 @@ def test_a_mixed_layout_compares_the_replicas_it_has_and_the_rank_without_one_ta
     assert failure["agreed_step"] == 6, failure   # every check before the flip agreed
     saved = json.loads((run / "checkpoints" / "step_5" / "manifest.json").read_text())
     assert saved["extra"]["replicas"]["agree"] is True and saved["extra"]["replicas"]["copies"] == 2
+
+
+def test_tensor_parallel_inside_hsdp_compares_each_tp_shard_across_the_replicas(tmp_path):
+    """torchtitan's 3-D mesh (replicate 2, shard 1, tp 2; tests/helpers/sdc_tp.py, real gloo ranks
+    under torchrun): every parameter is a DTensor on that one mesh, replicated along its first
+    dimension, so ranks 0 and 2 (tp shard 0) and ranks 1 and 3 (tp shard 1) are each other's
+    replicas — equal fingerprints within a pair, other ones across."""
+    from hooks_helpers import free_port
+
+    proc = subprocess.run([sys.executable, "-m", "torch.distributed.run", "--nproc-per-node", "4", "--master-port",
+                           str(free_port()), str(ROOT / "tests" / "helpers" / "sdc_tp.py"), str(tmp_path)],
+                          cwd=tmp_path, capture_output=True, text=True, timeout=300)
+    assert proc.returncode == 0, proc.stderr[-3000:]
+    seen = [json.loads((tmp_path / f"rank{r}.json").read_text()) for r in range(4)]
+    assert [s["replication"] for s in seen] == ["hybrid"] * 4
+    assert [s["group"] for s in seen] == [[0, 2], [1, 3], [0, 2], [1, 3]]
+    assert seen[0]["fingerprint"] == seen[2]["fingerprint"] and seen[1]["fingerprint"] == seen[3]["fingerprint"]
+    assert seen[0]["fingerprint"] != seen[1]["fingerprint"]
