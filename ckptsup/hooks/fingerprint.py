@@ -345,8 +345,8 @@ class ReplicaCheck:
     """One rank's side of the comparison: fingerprint what it holds, all-gather the LANES int64 and
     its replica group's key with every rank on the session's gloo group, judge each group.
     Collective: every rank calls `check` at the same step (step-based, or at a save every rank
-    takes). `key`: the same on every rank that must hold the same bytes (the group's lowest rank;
-    0 for DDP), negative for a rank with no replica."""
+    takes). `key`: the same on every rank that must hold the same bytes (the group's lowest rank:
+    0 for a DDP over every rank), NO_REPLICA for a rank with no replica (it takes part, unfingerprinted)."""
 
     def __init__(self, *, model: Any, optimizer: Any, rank: int, world_size: int, group: Any,
                  every_steps: int, key: int = 0) -> None:
