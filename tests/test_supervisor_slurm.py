@@ -128,7 +128,8 @@ def status_of(run: Path) -> dict | None:
 
 @pytest.mark.matrix  # also on every Slurm version: make test-slurm-matrix
 def test_node_death_with_a_spare_restarts_on_the_spare_within_the_allocation(dev_cluster, tmp_path, reference):
-    job, run, out = submit(tmp_path, nodes=2, spares=1)
+    release = tmp_path / "release"   # the ranks wait before step 40 until the node is killed: a loaded box
+    job, run, out = submit(tmp_path, nodes=2, spares=1, extra=("--hold-at-step", "40", "--hold-file", str(release)))
     dev_cluster.wait_for(lambda: committed(run, 15), 120, what="a checkpoint at step 15")
     first = named(read_events(run), "launch")[0]
     victim, [spare] = first["nodes"][1], first["spares"]
@@ -144,6 +145,7 @@ def test_node_death_with_a_spare_restarts_on_the_spare_within_the_allocation(dev
     with dev_cluster.revived(victim):
         killed = time.time()
         dev_cluster.kill_node(victim)
+        release.touch()   # the restarted ranks run to the end
         dev_cluster.wait_for(lambda: named(read_events(run), "restart_done"), 120, what="the restart")
         # only the dead node's agent is gone: the survivor's and the spare's are the same processes
         assert agent_pids(dev_cluster, run) == {n: pid for n, pid in agents.items() if n != victim}

@@ -334,7 +334,9 @@ class Run:
                         self.rank, pick[0], loaded)
             return False
         self.next_step = loaded.step
-        self.last_saved_step = None   # the disk tiers do not hold this step yet
+        # the disk tiers hold this step only when a committed disk checkpoint of it was found (a
+        # failure right after that save): saving it again would be refused as another checkpoint
+        self.last_saved_step = loaded.step if newest_disk == loaded.step else None
         self.save_timer.restart(self.clock(), step=self.next_step)
         self.load_tiers = self._sum_over_ranks(loaded.tiers)
         self.reporter.emit(Event.CHECKPOINT_LOADED, step=self.next_step, path=f"memory:step_{self.next_step}",
