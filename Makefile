@@ -38,9 +38,10 @@ test-slurm: setup
 
 # The whole suite through pytest-xdist, whole files per worker (--dist loadfile: a module's shared
 # reference run stays on one; each worker's dev-cluster tests take their own numbered cluster slot,
-# tests/conftest.py). One worker by default: with 3 on 2 cores, torch imports compete and a few
-# short runs end before their warm interpreters are ready, so the test that signals a warm rank
-# finds none (BENCHMARKS.md §Test suite). `make test TEST_WORKERS=3` runs it in parallel.
+# tests/conftest.py), the longest files first (conftest FILE_SECONDS; --no-loadscope-reorder keeps
+# that order). One worker by default: `make test TEST_WORKERS=3` takes 31-32 min here instead of
+# ~50, but test_supervisor_slurm.py alone holds one worker ~21 min, and each loaded parallel run
+# so far found a new timing race (BENCHMARKS.md §Test suite).
 TEST_WORKERS ?= 1
 test: setup typecheck
 	$(PY) -m pytest -q --timeout 900 -n $(TEST_WORKERS) --dist loadfile --no-loadscope-reorder
