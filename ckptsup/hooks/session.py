@@ -168,7 +168,7 @@ class Run:
     def _replica_check(self, model: Any, optimizer: Any, replicas: bool | None) -> fingerprint.ReplicaCheck | None:
         """[sdc]: DDP replicas compare fingerprints, and HSDP's ranks that hold the same shard
         (docs/sdc.md); shards have nothing to compare, and a plain module is compared only when
-        the script says every rank holds the same bytes. The ranks agree on it (one all-gather of
+        the script says every rank holds the same bytes. The ranks agree on it (`_all_gather` of
         each rank's replica key): when some compare and others hold no replica (HSDP on some
         pipeline stages, plain shards on others), the others take part with nothing to compare,
         since the check is a collective every rank must enter."""
@@ -185,7 +185,7 @@ class Run:
                 kind = fingerprint.Replication.SHARDS   # on the mesh's replicated dimension alone: nothing to compare
         compares = kind in (fingerprint.Replication.REPLICAS, fingerprint.Replication.HYBRID) or (
             kind is fingerprint.Replication.UNKNOWN and bool(replicas))
-        keys = self._all_gather_int((min(group) if group else 0) if compares else fingerprint.NO_REPLICA)
+        keys: list[int] = self._all_gather((min(group) if group else 0) if compares else fingerprint.NO_REPLICA)
         comparing = [r for r, k in enumerate(keys) if k != fingerprint.NO_REPLICA]
         if not comparing:
             if self.rank == 0:
@@ -206,16 +206,6 @@ class Run:
         return fingerprint.ReplicaCheck(model=model, optimizer=optimizer, rank=self.rank, world_size=self.world_size,
                                         group=self.control_pg, every_steps=config.sdc.every_steps,
                                         key=keys[self.rank])
-
-    def _all_gather_int(self, value: int) -> list[int]:
-        """Every rank's `value`, by rank (one int64 all-gather on the session's gloo group)."""
-        import torch
-        import torch.distributed as dist
-
-        mine = torch.tensor([value], dtype=torch.int64)
-        out = [torch.empty_like(mine) for _ in range(self.world_size)]
-        dist.all_gather(out, mine, group=self.control_pg)
-        return [int(t.item()) for t in out]
 
     def _memory_saver(self) -> tuple[MemorySaver | None, int]:
         """The memory tier (memory_tier.py): on when [memory] enabled and an agent holds the bundles."""
