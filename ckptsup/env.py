@@ -224,6 +224,13 @@ def cold_rank_argv(python: str, argv: list[str], *, module: bool) -> list[str]:
     return [python, "-u", "-m", "ckptsup.rankside.cold_rank", *([RANK_MODULE_FLAG] if module else []), *argv]
 
 
+def split_module_flag(args: list[str]) -> tuple[list[str], bool]:
+    """(argv, module) from a rank command's `[--ckptsup-module] SCRIPT ARGS` (cold_rank, warm_proxy)."""
+    if args and args[0] == RANK_MODULE_FLAG:
+        return args[1:], True
+    return args, False
+
+
 RANK_TITLE = "ckptsup rank {rank}: {command}"   # a rank's process title (ps, top, py-spy; docs/supervisor.md §Finding a rank)
 
 

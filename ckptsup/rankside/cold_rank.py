@@ -15,9 +15,9 @@ from __future__ import annotations
 import os
 import sys
 
-from ..env import RANK_MODULE_FLAG, set_rank_title
+from ..env import RANK_MODULE_FLAG, set_rank_title, split_module_flag
 from ..stack_dump import install
-from .script_main import run_script, split_module_flag
+from .script_main import run_script
 
 
 def main() -> None:

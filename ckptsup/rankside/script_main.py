@@ -1,21 +1,12 @@
 """Run a rank's script as `__main__` in this process, as `python SCRIPT` or `python -m MODULE`
 would: shared by the cold rank (cold_rank.py) and the warm interpreter (warm_rank.py).
-The standard library and env.py."""
+The standard library only."""
 
 from __future__ import annotations
 
 import os
 import runpy
 import sys
-
-from ..env import RANK_MODULE_FLAG
-
-
-def split_module_flag(args: list[str]) -> tuple[list[str], bool]:
-    """(argv, module) from `[--ckptsup-module] SCRIPT ARGS`."""
-    if args and args[0] == RANK_MODULE_FLAG:
-        return args[1:], True
-    return args, False
 
 
 def run_script(argv: list[str], *, module: bool) -> None:

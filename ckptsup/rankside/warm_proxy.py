@@ -4,7 +4,7 @@ its local rank (rankside/warm_rank.py) and stands in for it — signals forwarde
 exit status its own. Without a ready warm interpreter it becomes the rank cold (exec
 rankside/cold_rank.py).
 
-Kept to the standard library, env.py and script_main.py: it starts in tens of milliseconds.
+Kept to the standard library and env.py: it starts in tens of milliseconds.
 """
 
 from __future__ import annotations
@@ -16,8 +16,7 @@ import signal
 import socket
 import sys
 
-from ..env import WARM_DIR, cold_rank_argv
-from .script_main import split_module_flag
+from ..env import WARM_DIR, cold_rank_argv, split_module_flag
 
 FORWARDED = (signal.SIGTERM, signal.SIGINT, signal.SIGHUP, signal.SIGUSR1, signal.SIGUSR2)
 HELLO_TIMEOUT_S = 5.0   # a ready warm interpreter answers in milliseconds; a stopped or stuck one never does
