@@ -25,7 +25,8 @@ Flags (the supervisor's and the checkpoint tests use them):
                           a marker file in --out (else next to the checkpoint dir) records it
   --hold-at-step S --hold-file F  before step S every rank waits, inside ckptsup.phase("eval")
                           (signs of life, no step), until F exists (at most 300 s): a test holds
-                          the run there until it has found the rank it will signal
+                          the run there until it has found the rank it will signal. S = --steps:
+                          before the final save (`run.close()`)
   --damage-after-resume   after a resume, re-initialise the first layer on every rank alike: a
                           restore that went wrong (the loss jumps; the supervisor warns)
   --out DIR               write DIR/samples_rank<r>.jsonl (sample ids of every step, with the
@@ -202,6 +203,8 @@ def main(argv: list[str] | None = None) -> int:
         print(f"step {step} rank {rank} loss {float(reported):.6f}", flush=True)
         run.step_done(step, loss=reported)                                                     # ckptsup
         step += 1
+    if step == args.hold_at_step:   # S = --steps: after the last step, before the final save
+        hold(Path(args.hold_file))
     run.close()                                                                                # ckptsup
 
     if args.out:

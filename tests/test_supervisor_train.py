@@ -269,6 +269,27 @@ def test_a_rank_sigkill_resumes_from_the_agents_memory_and_ends_bit_identical(tm
     assert no_rank_left(out)
 
 
+def test_a_rank_lost_after_the_last_steps_checkpoint_resumes_from_memory_at_that_step_and_saves_it_no_more(tmp_path):
+    """The last step's checkpoint is committed on disk and held in memory, then a rank dies before
+    the run ends (a node lost at the end): the restart resumes from memory at that step, which the
+    disk already holds. Before the fix the final save of that step was tried again and refused
+    ("already holds checkpoint ... refusing to mix"): a spurious checkpoint_failed."""
+    proc, run, out = start(tmp_path, "--steps", "20", "--save-every-steps", "10", "--hold-at-step", "20",
+                           "--hold-file", str(tmp_path / "release"), extra_toml="[memory]\nevery_steps = 5\n")
+    wait_for_memory_save(proc, run, 20)
+    wait_for_commit(run, 20)
+    signal_rank1(tmp_path, out, signal.SIGKILL)
+    rc, log = finish(proc)
+    assert rc == 0, log
+    events = read_events(run)
+    [loaded] = named(events, "checkpoint_loaded")
+    assert loaded["source"] == "memory" and loaded["step"] == 20, loaded
+    assert [e["step"] for e in named(events, "checkpoint_committed")] == [10, 20]   # step 20 once
+    assert not named(events, "checkpoint_failed"), named(events, "checkpoint_failed")
+    assert json.loads((out / "final.json").read_text())["step"] == 20
+    assert no_rank_left(out)
+
+
 def test_a_corrupt_memory_bundle_is_refused_and_the_disk_checkpoint_used_with_nothing_quarantined(
         tmp_path, reference, monkeypatch):
     monkeypatch.setenv("CKPTSUP_TEST_FLIP_MEMORY", "1")   # the agent's store flips a bit of every bundle it keeps
