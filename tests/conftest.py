@@ -238,6 +238,11 @@ INTEGRATION_FILES = frozenset({
     "test_spare_agent.py",
     "test_supervisor_local.py",
     "test_supervisor_train.py",
+    "test_sdc_real.py",                       # real torchrun runs: SDC caught, no false alarm
+    "test_sdc_hsdp.py",
+    "test_integration_hf_memory.py",
+    "test_integration_hf_save_strategy.py",
+    "test_gpu_check_dry.py",                  # bench/gpu_check.py --dry-run: real stand-in runs
 })
 
 
