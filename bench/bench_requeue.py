@@ -34,7 +34,7 @@ from ckptsup.rundir import RunDir
 from ckptsup.slurm.devcluster import DevCluster, slurm_version
 from ckptsup.slurm.devconf import SPANNING, ClusterSpec
 from ckptsup.slurm.parsers import JobState
-from ckptsup.supervisor.requeue import requeue_job
+from ckptsup.supervisor.requeue import RequeueEffects, RequeueRequest, requeue_job
 
 SLEEPER = "#!/bin/bash\nsleep 600\n"
 BATCH = """#!/bin/bash
@@ -107,7 +107,8 @@ class Bench:
         job = self.submit(SLEEPER)
         first = wait(lambda: self.running(job), 30)
         t0 = time.monotonic()
-        result = requeue_job(self.client, rd, job, "bench", [first.nodes[0]], partition=SPANNING, detach=False)
+        result = requeue_job(self.client, rd, RequeueRequest(job_id=job, reason="bench", exclude=(first.nodes[0],),
+                                                             partition=SPANNING), RequeueEffects(detach=False))
         again = wait(lambda: self.running(job, 1), 60)
         total = time.monotonic() - t0
         assert first.nodes[0] not in again.nodes and again.partition == SPANNING

@@ -70,9 +70,8 @@ def test_save_now_reaches_the_ranks_and_is_acknowledged_with_the_step(tmp_path, 
 
 def test_stop_saves_stops_and_ends_cancelled_without_a_requeue(tmp_path, site, monkeypatch):
     asked: list = []
-    monkeypatch.setattr("ckptsup.supervisor.requeue.requeue_job", lambda *a, **k: asked.append(a))
     world = World(clock=Clock(), steps=50)
-    sv = supervisor(tmp_path, world, in_slurm=True)
+    sv = supervisor(tmp_path, world, in_slurm=True, requeue=asked.append)
     request = control.submit(sv.run_dir.path, ControlCommand.STOP)
     assert sv.run() is ExitStatus.CANCELLED
     [stop] = [body for _, m, body, _ in world.sent if m is MessageKind.STOP_AT]

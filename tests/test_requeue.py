@@ -15,7 +15,7 @@ from ckptsup.events import read_events
 from ckptsup.rundir import RunDir
 from ckptsup.slurm.client import CommandResult, SlurmClient
 from ckptsup.supervisor import requeue as rq
-from ckptsup.supervisor.requeue import RequeueRefused, requeue_job
+from ckptsup.supervisor.requeue import RequeueEffects, RequeueRefused, RequeueRequest, requeue_job
 
 
 @dataclass
@@ -82,8 +82,9 @@ def run_dir(tmp_path: Path) -> RunDir:
 def test_requeue_then_wait_for_pending_then_exclude_partition_and_start_now(tmp_path) -> None:
     rd = run_dir(tmp_path)
     slurm = FakeSlurm(excluded=["n9"])
-    result = requeue_job(slurm, rd, "42", "node_down", ["n2"], fake_clock(), partition="spanning",
-                         detach=False, sleep=lambda s: None)
+    result = requeue_job(slurm, rd, RequeueRequest(job_id="42", reason="node_down", exclude=("n2",),
+                                                   partition="spanning"),
+                         RequeueEffects(clock=fake_clock(), sleep=lambda s: None, detach=False))
     names = [c[0] for c in slurm.calls]
     assert names == ["job_info", "requeue", "job_info", "job_info", "job_info", "update_job"]
     assert slurm.calls[-1] == ("update_job", "42", ("n2", "n7", "n9"), "spanning", True)
@@ -94,7 +95,8 @@ def test_requeue_then_wait_for_pending_then_exclude_partition_and_start_now(tmp_
 
 def test_requeue_fences_the_epoch_and_records_exclusions(tmp_path) -> None:
     rd = run_dir(tmp_path)
-    requeue_job(FakeSlurm(), rd, "42", "node_down", ["n2"], fake_clock(), detach=False, sleep=lambda s: None)
+    requeue_job(FakeSlurm(), rd, RequeueRequest(job_id="42", reason="node_down", exclude=("n2",)),
+                RequeueEffects(clock=fake_clock(), sleep=lambda s: None, detach=False))
     state = rd.load_state()
     assert state.epoch == 5 and state.status == "requeued"
     assert state.excluded_nodes == {"n7": "nan job 1", "n2": "node_down"}
@@ -102,8 +104,8 @@ def test_requeue_fences_the_epoch_and_records_exclusions(tmp_path) -> None:
 
 def test_exactly_one_fenced_requeue_event_plus_the_update_record(tmp_path) -> None:
     rd = run_dir(tmp_path)
-    requeue_job(FakeSlurm(), rd, "42", "supervisor_died", [], fake_clock(), by="batch_script",
-                detach=False, sleep=lambda s: None)
+    requeue_job(FakeSlurm(), rd, RequeueRequest(job_id="42", reason="supervisor_died", by="batch_script"),
+                RequeueEffects(clock=fake_clock(), sleep=lambda s: None, detach=False))
     events = read_events(rd.path)
     assert [e["event"] for e in events] == ["requeue", "requeue_updated"]
     event = events[0]
@@ -115,9 +117,11 @@ def test_exactly_one_fenced_requeue_event_plus_the_update_record(tmp_path) -> No
 
 def test_a_second_requeuer_in_the_same_epoch_does_nothing(tmp_path) -> None:
     rd = run_dir(tmp_path)
-    first = requeue_job(FakeSlurm(), rd, "42", "supervisor_died", [], fake_clock(), detach=False, sleep=lambda s: None)
+    first = requeue_job(FakeSlurm(), rd, RequeueRequest(job_id="42", reason="supervisor_died"),
+                        RequeueEffects(clock=fake_clock(), sleep=lambda s: None, detach=False))
     slurm = FakeSlurm()
-    second = requeue_job(slurm, rd, "42", "batch_host_lost", ["n1"], fake_clock(), detach=False, sleep=lambda s: None)
+    second = requeue_job(slurm, rd, RequeueRequest(job_id="42", reason="batch_host_lost", exclude=("n1",)),
+                         RequeueEffects(clock=fake_clock(), sleep=lambda s: None, detach=False))
     assert first.requeued and not second.requeued
     assert "requeued" in second.why_skipped
     assert ("requeue", "42") not in slurm.calls
@@ -128,7 +132,8 @@ def test_a_racing_requeuer_that_lost_the_claim_does_nothing(tmp_path) -> None:
     rd = run_dir(tmp_path)
     (rd.path / f"{rq.CLAIM_PREFIX}4").write_text("{}")  # the other requeuer won epoch 4
     slurm = FakeSlurm()
-    result = requeue_job(slurm, rd, "42", "x", [], fake_clock(), detach=False, sleep=lambda s: None)
+    result = requeue_job(slurm, rd, RequeueRequest(job_id="42", reason="x"),
+                         RequeueEffects(clock=fake_clock(), sleep=lambda s: None, detach=False))
     assert not result.requeued and "claimed" in result.why_skipped
     assert rd.load_state().epoch == 4 and not read_events(rd.path)
 
@@ -140,7 +145,8 @@ def test_finished_runs_are_not_requeued(tmp_path, status) -> None:
     state.status = status
     rd.save_state(state)
     slurm = FakeSlurm()
-    assert not requeue_job(slurm, rd, "42", "x", [], fake_clock(), detach=False).requeued
+    assert not requeue_job(slurm, rd, RequeueRequest(job_id="42", reason="x"),
+                           RequeueEffects(clock=fake_clock(), detach=False)).requeued
     assert ("requeue", "42") not in slurm.calls
 
 
@@ -148,7 +154,8 @@ def test_no_requeue_job_is_refused_with_one_line_and_give_up_status(tmp_path) ->
     rd = run_dir(tmp_path)
     slurm = FakeSlurm(requeueable=False)
     with pytest.raises(RequeueRefused) as err:
-        requeue_job(slurm, rd, "42", "node_down", ["n2"], fake_clock(), detach=False)
+        requeue_job(slurm, rd, RequeueRequest(job_id="42", reason="node_down", exclude=("n2",)),
+                    RequeueEffects(clock=fake_clock(), detach=False))
     assert "--no-requeue" in str(err.value) and "\n" not in str(err.value)
     assert err.value.exit_code == ExitStatus.GIVE_UP
     assert [c[0] for c in slurm.calls] == ["job_info"]
@@ -158,8 +165,9 @@ def test_no_requeue_job_is_refused_with_one_line_and_give_up_status(tmp_path) ->
 def test_refused_partition_still_applies_exclusion_and_start_time(tmp_path) -> None:
     rd = run_dir(tmp_path)
     slurm = FakeSlurm(refuse_partitions={"spanning"})
-    result = requeue_job(slurm, rd, "42", "node_down", ["n2"], fake_clock(), partition="spanning",
-                         detach=False, sleep=lambda s: None)
+    result = requeue_job(slurm, rd, RequeueRequest(job_id="42", reason="node_down", exclude=("n2",),
+                                                   partition="spanning"),
+                         RequeueEffects(clock=fake_clock(), sleep=lambda s: None, detach=False))
     assert slurm.calls[-1] == ("update_job", "42", ("n2", "n7"), None, True)
     assert not result.finish.ok and "Invalid partition" in result.finish.error
     assert read_events(rd.path)[-1]["ok"] is False
@@ -167,16 +175,16 @@ def test_refused_partition_still_applies_exclusion_and_start_time(tmp_path) -> N
 
 def test_job_gone_while_waiting_is_recorded_not_raised(tmp_path) -> None:
     rd = run_dir(tmp_path)
-    result = requeue_job(FakeSlurm(gone_after_requeue=True), rd, "42", "x", [], fake_clock(),
-                         detach=False, sleep=lambda s: None)
+    result = requeue_job(FakeSlurm(gone_after_requeue=True), rd, RequeueRequest(job_id="42", reason="x"),
+                         RequeueEffects(clock=fake_clock(), sleep=lambda s: None, detach=False))
     assert not result.finish.ok and "gone" in result.finish.error
 
 
 def test_waiting_for_pending_gives_up_at_the_deadline(tmp_path) -> None:
     rd = run_dir(tmp_path)
     slurm = FakeSlurm(completing_polls=10**6)
-    result = requeue_job(slurm, rd, "42", "x", [], fake_clock(1.0), detach=False, sleep=lambda s: None,
-                         finish_deadline_s=5)
+    result = requeue_job(slurm, rd, RequeueRequest(job_id="42", reason="x"),
+                         RequeueEffects(clock=fake_clock(1.0), sleep=lambda s: None, detach=False, finish_deadline_s=5))
     assert not result.finish.ok and "after 5s" in result.finish.error
     assert not any(c[0] == "update_job" for c in slurm.calls)
 
@@ -185,8 +193,9 @@ def test_inside_the_job_the_finish_step_is_detached(tmp_path, monkeypatch) -> No
     rd = run_dir(tmp_path)
     monkeypatch.setenv("SLURM_JOB_ID", "42")
     spawned = []
-    result = requeue_job(FakeSlurm(), rd, "42", "node_down", ["n2"], fake_clock(), partition="spanning",
-                         spawn=lambda argv, path: spawned.append(argv) or 999)
+    result = requeue_job(FakeSlurm(), rd, RequeueRequest(job_id="42", reason="node_down", exclude=("n2",),
+                                                         partition="spanning"),
+                         RequeueEffects(clock=fake_clock(), spawn=lambda argv, path: spawned.append(argv) or 999))
     assert result.finisher_pid == 999 and result.finish is None
     (argv,) = spawned
     assert argv[1:4] == ["-m", "ckptsup.supervisor.requeue", "--finish"]
@@ -203,8 +212,9 @@ def test_a_requeue_event_that_cannot_be_written_still_starts_the_finisher(tmp_pa
 
     monkeypatch.setattr("ckptsup.supervisor.requeue.EventWriter.emit", full_disk)
     spawned = []
-    result = requeue_job(FakeSlurm(), rd, "42", "node_down", ["n2"], fake_clock(), partition="spanning",
-                         spawn=lambda argv, path: spawned.append(argv) or 999)
+    result = requeue_job(FakeSlurm(), rd, RequeueRequest(job_id="42", reason="node_down", exclude=("n2",),
+                                                         partition="spanning"),
+                         RequeueEffects(clock=fake_clock(), spawn=lambda argv, path: spawned.append(argv) or 999))
     assert result.requeued and result.finisher_pid == 999 and len(spawned) == 1
     assert "could not log it" in capsys.readouterr().err
 
@@ -224,8 +234,8 @@ def test_start_time_waits_for_the_credential_second_to_turn_over(tmp_path) -> No
         log.append(("sleep", s))
         now[0] += s
 
-    result = requeue_job(Slurm(completing_polls=0), rd, "42", "x", [], fake_clock(), detach=False,
-                         sleep=sleep, wall=lambda: now[0])
+    result = requeue_job(Slurm(completing_polls=0), rd, RequeueRequest(job_id="42", reason="x"),
+                         RequeueEffects(clock=fake_clock(), wall=lambda: now[0], sleep=sleep, detach=False))
     assert log == [("sleep", pytest.approx(1.3)), ("update", pytest.approx(1002.0))]
     assert result.finish.hold_s > 0
 
@@ -260,12 +270,13 @@ def test_a_failed_scontrol_requeue_leaves_the_run_requeueable_by_the_next_requeu
             raise SlurmCommandError(["scontrol", "requeue"], 1, "Requested operation is presently disabled")
 
     with pytest.raises(SlurmCommandError):
-        requeue_job(Broken(), rd, "42", "node_down", ["n2"], fake_clock(), detach=False)
+        requeue_job(Broken(), rd, RequeueRequest(job_id="42", reason="node_down", exclude=("n2",)),
+                    RequeueEffects(clock=fake_clock(), detach=False))
     state = rd.load_state()
     assert state.status == "running" and state.epoch == 5  # fenced, but not marked requeued
     assert not read_events(rd.path)
-    retry = requeue_job(FakeSlurm(), rd, "42", "supervisor_died", [], fake_clock(), detach=False,
-                        sleep=lambda s: None)
+    retry = requeue_job(FakeSlurm(), rd, RequeueRequest(job_id="42", reason="supervisor_died"),
+                        RequeueEffects(clock=fake_clock(), sleep=lambda s: None, detach=False))
     assert retry.requeued and [e["event"] for e in read_events(rd.path)].count("requeue") == 1
 
 
@@ -285,8 +296,8 @@ def test_a_scontrol_requeue_killed_by_the_requeue_it_made_counts_as_requeued(tmp
                 info.restart_count = 1   # Slurm counted the requeue
             return info
 
-    result = requeue_job(KilledByItsRequeue(), rd, "42", "time_limit: x", [], fake_clock(), detach=False,
-                         sleep=lambda s: None)
+    result = requeue_job(KilledByItsRequeue(), rd, RequeueRequest(job_id="42", reason="time_limit: x"),
+                         RequeueEffects(clock=fake_clock(), sleep=lambda s: None, detach=False))
     assert result.requeued and rd.load_state().status == "requeued"
     [event] = [e for e in read_events(rd.path) if e["event"] == "requeue"]
     assert event["reason"] == "time_limit: x" and event["by"] == "supervisor"
@@ -301,7 +312,8 @@ def test_a_scontrol_requeue_killed_by_a_signal_without_a_requeue_is_still_a_fail
 
     naps: list[float] = []
     with pytest.raises(SlurmCommandError):
-        requeue_job(Killed(), rd, "42", "node_down", [], fake_clock(), detach=False, sleep=naps.append)
+        requeue_job(Killed(), rd, RequeueRequest(job_id="42", reason="node_down"),
+                    RequeueEffects(clock=fake_clock(), sleep=naps.append, detach=False))
     assert rd.load_state().status == "running" and not read_events(rd.path)
     assert len(naps) == 10   # it looked for a requeue for 2 s before saying no
 
@@ -315,8 +327,8 @@ def test_a_job_slurm_already_requeued_still_gets_the_pending_updates(tmp_path) -
             raise SlurmCommandError(["scontrol", "requeue"], 1, "scontrol: error: Job is pending execution for job 42")
 
     slurm = Preempted(completing_polls=0)
-    result = requeue_job(slurm, rd, "42", "preempted", [], fake_clock(), partition="spanning", detach=False,
-                         sleep=lambda s: None)
+    result = requeue_job(slurm, rd, RequeueRequest(job_id="42", reason="preempted", partition="spanning"),
+                         RequeueEffects(clock=fake_clock(), sleep=lambda s: None, detach=False))
     assert result.requeued and result.finish.ok
     assert slurm.calls[-1] == ("update_job", "42", ("n7",), "spanning", True)
     (event,) = [e for e in read_events(rd.path) if e["event"] == "requeue"]
@@ -354,8 +366,10 @@ def test_a_job_slurm_restarted_at_once_is_recorded_without_waiting_for_the_deadl
     rerun = FakeInfo(state="COMPLETED", restart_count=1)
     rerun.nodes, rerun.start_time = ["n2", "n3"], 1010
     slurm = RestartedAtOnce([rerun] * 10**6, completing_polls=2)
-    result = requeue_job(slurm, rd, "42", "batch_host_lost", ["n1"], fake_clock(), partition="spanning",
-                         detach=False, sleep=lambda s: None, wall=lambda: 1000.5, finish_deadline_s=60)
+    result = requeue_job(slurm, rd, RequeueRequest(job_id="42", reason="batch_host_lost", exclude=("n1",),
+                                                   partition="spanning"),
+                         RequeueEffects(clock=fake_clock(), wall=lambda: 1000.5, sleep=lambda s: None, detach=False,
+                                        finish_deadline_s=60))
     assert not result.finish.ok and "restarted at once" in result.finish.error
     assert "partition main on n2,n3" in result.finish.error and "none of the excluded" in result.finish.error
     assert result.finish.total_s < 60 and not any(c[0] == "update_job" for c in slurm.calls)
@@ -367,8 +381,9 @@ def test_the_first_runs_end_shown_briefly_as_completed_is_not_mistaken_for_a_res
     first_run_end = FakeInfo(state="COMPLETED", restart_count=1)
     first_run_end.nodes, first_run_end.start_time = ["n1", "n2"], 900  # started before the requeue
     slurm = RestartedAtOnce([first_run_end, first_run_end], completing_polls=1)
-    result = requeue_job(slurm, rd, "42", "batch_host_lost", ["n1"], fake_clock(), partition="spanning",
-                         detach=False, sleep=lambda s: None, wall=lambda: 1000.5)
+    result = requeue_job(slurm, rd, RequeueRequest(job_id="42", reason="batch_host_lost", exclude=("n1",),
+                                                   partition="spanning"),
+                         RequeueEffects(clock=fake_clock(), wall=lambda: 1000.5, sleep=lambda s: None, detach=False))
     assert result.finish.ok, result.finish.error
     assert slurm.calls[-1] == ("update_job", "42", ("n1", "n7"), "spanning", True)
 
@@ -413,8 +428,9 @@ def landed_on(nodes, state="RUNNING", partition="main"):
 def test_a_job_slurm_started_between_the_pending_seen_and_the_update_is_recorded_as_restarted_at_once(tmp_path) -> None:
     rd = run_dir(tmp_path)
     slurm = StartedBeforeUpdate([landed_on(["n2", "n3"])], completing_polls=2)
-    result = requeue_job(slurm, rd, "42", "batch_host_lost", ["n1"], fake_clock(), partition="spanning",
-                         detach=False, sleep=lambda s: None, wall=lambda: 1000.5)
+    result = requeue_job(slurm, rd, RequeueRequest(job_id="42", reason="batch_host_lost", exclude=("n1",),
+                                                   partition="spanning"),
+                         RequeueEffects(clock=fake_clock(), wall=lambda: 1000.5, sleep=lambda s: None, detach=False))
     finish = result.finish
     assert result.requeued and not finish.ok and "restarted at once" in finish.error, finish.error
     assert "(running, partition main on n2,n3)" in finish.error and "none of the excluded" in finish.error
@@ -434,8 +450,9 @@ def test_a_job_slurm_started_between_the_pending_seen_and_the_update_is_recorded
 def test_a_start_between_pending_and_update_onto_an_excluded_node_says_so(tmp_path) -> None:
     rd = run_dir(tmp_path)
     slurm = StartedBeforeUpdate([landed_on(["n1", "n7"])], completing_polls=1)
-    result = requeue_job(slurm, rd, "42", "batch_host_lost", ["n1"], fake_clock(), partition="spanning",
-                         detach=False, sleep=lambda s: None, wall=lambda: 1000.5)
+    result = requeue_job(slurm, rd, RequeueRequest(job_id="42", reason="batch_host_lost", exclude=("n1",),
+                                                   partition="spanning"),
+                         RequeueEffects(clock=fake_clock(), wall=lambda: 1000.5, sleep=lambda s: None, detach=False))
     assert not result.finish.ok and "restarted at once" in result.finish.error
     assert "holds excluded node(s) n1,n7, which the next supervisor refuses" in result.finish.error
     assert result.finish.on_excluded == ("n1", "n7")
@@ -445,8 +462,9 @@ def test_a_start_between_pending_and_update_onto_an_excluded_node_says_so(tmp_pa
 def test_a_refused_update_whose_job_shows_pending_again_is_retried_and_applied(tmp_path) -> None:
     rd = run_dir(tmp_path)
     slurm = StartedBeforeUpdate([FakeInfo(state="PENDING")], completing_polls=1)
-    result = requeue_job(slurm, rd, "42", "node_down", ["n2"], fake_clock(), partition="spanning",
-                         detach=False, sleep=lambda s: None, wall=lambda: 1000.5)
+    result = requeue_job(slurm, rd, RequeueRequest(job_id="42", reason="node_down", exclude=("n2",),
+                                                   partition="spanning"),
+                         RequeueEffects(clock=fake_clock(), wall=lambda: 1000.5, sleep=lambda s: None, detach=False))
     assert result.finish.ok and not result.finish.restarted, result.finish.error
     assert [c[0] for c in slurm.calls[-3:]] == ["update_job refused", "job_info", "update_job"]
     assert slurm.calls[-1] == ("update_job", "42", ("n2", "n7"), "spanning", True)
@@ -456,8 +474,8 @@ def test_a_refused_update_whose_job_shows_pending_again_is_retried_and_applied(t
 def test_a_job_gone_or_unreadable_after_the_refused_update_is_recorded_not_raised(tmp_path, squeue_fails) -> None:
     rd = run_dir(tmp_path)
     slurm = StartedBeforeUpdate([None], squeue_fails=squeue_fails, completing_polls=1)
-    result = requeue_job(slurm, rd, "42", "node_down", ["n2"], fake_clock(), detach=False,
-                         sleep=lambda s: None, wall=lambda: 1000.5)
+    result = requeue_job(slurm, rd, RequeueRequest(job_id="42", reason="node_down", exclude=("n2",)),
+                         RequeueEffects(clock=fake_clock(), wall=lambda: 1000.5, sleep=lambda s: None, detach=False))
     assert not result.finish.ok and "no longer pending" in result.finish.error
     assert ("squeue failed" if squeue_fails else "gone after it was seen pending") in result.finish.error
     assert read_events(rd.path)[-1]["event"] == "requeue_updated"
@@ -468,8 +486,9 @@ def test_the_cluster_tests_outcome_check_accepts_a_start_before_the_update_only_
 
     def record(landed):
         rd = RunDir.create(tmp_path / f"run-{len(list(tmp_path.iterdir()))}")
-        requeue_job(StartedBeforeUpdate([landed], completing_polls=1), rd, "42", "batch_host_lost", ["n1"],
-                    fake_clock(), partition="spanning", detach=False, sleep=lambda s: None, wall=lambda: 1000.5)
+        slurm = StartedBeforeUpdate([landed], completing_polls=1)
+        requeue_job(slurm, rd, RequeueRequest(job_id="42", reason="batch_host_lost", exclude=("n1",), partition="spanning"),
+                    RequeueEffects(clock=fake_clock(), wall=lambda: 1000.5, sleep=lambda s: None, detach=False))
         return read_events(rd.path)
 
     # landed away from the excluded node: accepted; the job stays in its own partition

@@ -16,7 +16,7 @@ from ckptsup.events import read_events
 from ckptsup.rundir import RunDir
 from ckptsup.slurm.devconf import SPANNING
 from ckptsup.slurm.parsers import JobState
-from ckptsup.supervisor.requeue import RequeueRefused, requeue_job
+from ckptsup.supervisor.requeue import RequeueEffects, RequeueRefused, RequeueRequest, requeue_job
 
 pytestmark = pytest.mark.slurm
 
@@ -74,7 +74,9 @@ def test_requeued_job_runs_again_at_once_without_the_excluded_node_in_the_spare_
     bad = first.nodes[0]
     try:
         t0 = time.monotonic()
-        result = requeue_job(dev_cluster.client, rd, job, "node_down", [bad], partition=SPANNING, detach=False)
+        result = requeue_job(dev_cluster.client, rd, RequeueRequest(job_id=job, reason="node_down", exclude=(bad,),
+                                                                    partition=SPANNING),
+                             RequeueEffects(detach=False))
         again = dev_cluster.wait_for(lambda: running(dev_cluster, job, restarts=1), 60, interval=0.05,
                                      what="job running again")
         end_to_end = time.monotonic() - t0
@@ -100,7 +102,8 @@ def test_no_requeue_job_is_refused_from_squeue_json(dev_cluster, tmp_path):
     try:
         dev_cluster.wait_for(lambda: running(dev_cluster, job), 30, what="job running")
         with pytest.raises(RequeueRefused, match="--no-requeue"):
-            requeue_job(dev_cluster.client, rd, job, "node_down", [], detach=False)
+            requeue_job(dev_cluster.client, rd, RequeueRequest(job_id=job, reason="node_down"),
+                        RequeueEffects(detach=False))
         assert dev_cluster.job_state(job) == JobState.RUNNING  # untouched
         assert read_events(rd.path) == [] and rd.load_state().epoch == 0
     finally:
@@ -178,8 +181,9 @@ def test_job_already_requeued_by_slurm_gets_the_updates_and_runs_at_once(dev_clu
         first = dev_cluster.wait_for(lambda: running(dev_cluster, job), 30, what="job running")
         dev_cluster.client.requeue(job)  # as Slurm's preemption would: BeginTime now + 121 s
         dev_cluster.wait_for(lambda: dev_cluster.job_state(job) == JobState.PENDING, 30, what="pending")
-        result = requeue_job(dev_cluster.client, rd, job, "preempted", [first.nodes[0]], partition=SPANNING,
-                             detach=False)
+        result = requeue_job(dev_cluster.client, rd, RequeueRequest(job_id=job, reason="preempted",
+                                                                    exclude=(first.nodes[0],), partition=SPANNING),
+                             RequeueEffects(detach=False))
         again = dev_cluster.wait_for(lambda: running(dev_cluster, job, restarts=1), 30, what="running again")
         assert result.requeued and result.finish.ok
         assert first.nodes[0] not in again.nodes and again.partition == SPANNING
@@ -217,7 +221,9 @@ def test_a_job_slurm_starts_between_the_pending_seen_and_the_update_is_recorded_
         first = dev_cluster.wait_for(lambda: running(dev_cluster, job), 30, what="job running")
         bad = first.nodes[0]
         client = StartsBeforeTheUpdate(dev_cluster, job)
-        result = requeue_job(client, rd, job, "node_down", [bad], partition=SPANNING, detach=False)
+        result = requeue_job(client, rd, RequeueRequest(job_id=job, reason="node_down", exclude=(bad,),
+                                                        partition=SPANNING),
+                             RequeueEffects(detach=False))
         finish, again = result.finish, client.started
         assert result.requeued and again is not None and not finish.ok, finish
         assert finish.restarted and "restarted at once" in finish.error and "no longer pending" in finish.error

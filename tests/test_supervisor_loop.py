@@ -209,14 +209,15 @@ def site(tmp_path, monkeypatch):
 
 
 def supervisor(tmp_path, world: World, *, nodes=("n1",), needed=1, in_slurm=False, health=None,
-               flags: dict | None = None, slurm=None, gpus=0) -> Supervisor:
+               flags: dict | None = None, slurm=None, gpus=0, requeue=None) -> Supervisor:
     resolved = load_config(flags={"supervisor.nproc_per_node": world.nproc, **(flags or {})})
     run = RunDir.create(tmp_path / "run")
     placement = Placement(job_id="77", nodes=tuple(nodes), addrs={n: "127.0.0.1" for n in nodes},
                           in_slurm=in_slurm, slurm=slurm, here="n1", gpus_per_node=gpus)
     job = Job(script=str(tmp_path / "train.py"), script_args=[], cwd=str(tmp_path), nodes_needed=needed)
     return Supervisor(resolved=resolved, job=job, run_dir=run, placement=placement, clock=world.clock,
-                      sleep=lambda s: None, step_factory=world.factory, health_checker=health or healthy())
+                      sleep=lambda s: None, step_factory=world.factory, health_checker=health or healthy(),
+                      requeue=requeue)
 
 
 def names(tmp_path) -> list[str]:
@@ -299,12 +300,12 @@ def test_the_exit_grace_never_cuts_a_rank_still_training():
 
 def test_too_few_healthy_nodes_at_start_requeues_inside_slurm_excluding_them(tmp_path, site, monkeypatch):
     asked: list = []
-    monkeypatch.setattr("ckptsup.supervisor.requeue.requeue_job",
-                        lambda client, run_dir, job_id, reason, *, exclude, partition: asked.append((reason, exclude)))
+    def requeue(r):
+        asked.append((r.reason, list(r.exclude)))
     slurm = FakeSlurm()
     world = World(clock=Clock())
     sv = supervisor(tmp_path, world, nodes=("n1", "n2"), needed=2, in_slurm=True, slurm=slurm,
-                    health=healthy({"n2": "disk full"}))
+                    health=healthy({"n2": "disk full"}), requeue=requeue)
     assert sv.run() is ExitStatus.REQUEUE
     assert world.steps_made == []  # nothing was launched
     assert asked == [("1 healthy node(s), 2 needed", ["n2"])]
@@ -395,10 +396,10 @@ def test_a_hung_node_that_fails_its_check_is_excluded_and_replaced(tmp_path, sit
 
 def test_preemption_goes_through_decide_stops_the_ranks_and_requeues(tmp_path, site, monkeypatch):
     asked: list = []
-    monkeypatch.setattr("ckptsup.supervisor.requeue.requeue_job",
-                        lambda client, run_dir, job_id, reason, *, exclude, partition: asked.append(reason))
+    def requeue(r):
+        asked.append(r.reason)
     world = World(clock=Clock(), faults={0: Fault("preempt", 3)})
-    sv = supervisor(tmp_path, world, nodes=("n1",), in_slurm=True, slurm=FakeSlurm())
+    sv = supervisor(tmp_path, world, nodes=("n1",), in_slurm=True, slurm=FakeSlurm(), requeue=requeue)
     assert sv.run() is ExitStatus.PREEMPTED
     assert [m for _, m, _, _ in world.sent][:2] == [MessageKind.STOP_AT, MessageKind.KILL]
     assert len(asked) == 1 and asked[0].startswith("preemption")
@@ -615,10 +616,10 @@ def test_a_launch_that_knew_its_step_times_sends_no_second_timeout(tmp_path, sit
 
 def test_a_dead_node_without_a_spare_requeues_excluding_it(tmp_path, site, monkeypatch):
     asked: list = []
-    monkeypatch.setattr("ckptsup.supervisor.requeue.requeue_job",
-                        lambda client, run_dir, job_id, reason, *, exclude, partition: asked.append((reason, exclude)))
+    def requeue(r):
+        asked.append((r.reason, list(r.exclude)))
     world = World(clock=Clock(), faults={0: Fault("node_death", 2, node="n2")})
-    sv = supervisor(tmp_path, world, nodes=("n1", "n2"), needed=2, in_slurm=True, slurm=FakeSlurm())
+    sv = supervisor(tmp_path, world, nodes=("n1", "n2"), needed=2, in_slurm=True, slurm=FakeSlurm(), requeue=requeue)
     assert sv.run() is ExitStatus.REQUEUE
     assert asked == [("1 healthy node(s) left, 2 needed", ["n2"])]
     assert RunDir(path=tmp_path / "run").load_state().excluded_nodes == {"n2": "node_down"}
@@ -627,12 +628,11 @@ def test_a_dead_node_without_a_spare_requeues_excluding_it(tmp_path, site, monke
 def test_a_refused_requeue_gives_up_with_slurms_reason(tmp_path, site, monkeypatch):
     from ckptsup.supervisor.requeue import RequeueRefused
 
-    def refuse(*args, **kwargs):
+    def refuse(request):
         raise RequeueRefused("job 77 is not requeueable (--no-requeue); resubmit it")
 
-    monkeypatch.setattr("ckptsup.supervisor.requeue.requeue_job", refuse)
     world = World(clock=Clock(), faults={0: Fault("node_death", 2, node="n2")})
-    sv = supervisor(tmp_path, world, nodes=("n1", "n2"), needed=2, in_slurm=True, slurm=FakeSlurm())
+    sv = supervisor(tmp_path, world, nodes=("n1", "n2"), needed=2, in_slurm=True, slurm=FakeSlurm(), requeue=refuse)
     assert sv.run() is ExitStatus.GIVE_UP
     assert of(tmp_path, Event.GIVE_UP)[-1]["reason"] == "job 77 is not requeueable (--no-requeue); resubmit it"
     assert RunDir(path=tmp_path / "run").load_state().status is RunStatus.GAVE_UP
@@ -738,12 +738,12 @@ def test_a_dead_node_with_min_nodes_continues_on_the_survivors_or_requeues_by_pr
     horizon is less than the 900 s queue wait: continue on 2 (world size 2, the node path, no
     requeue); 1/3 of 6 h is more: the requeue of today. Either way the restart log says why."""
     asked: list = []
-    monkeypatch.setattr("ckptsup.supervisor.requeue.requeue_job",
-                        lambda client, run_dir, job_id, reason, *, exclude, partition: asked.append((reason, exclude)))
+    def requeue(r):
+        asked.append((r.reason, list(r.exclude)))
     world = World(clock=Clock(), faults={0: Fault("node_death", 2, node="n3")})
     sv = supervisor(tmp_path, world, nodes=("n1", "n2", "n3"), needed=3, in_slurm=True, slurm=FakeSlurm(),
                     flags={"supervisor.min_nodes": 2, "supervisor.shrink_horizon_s": horizon_s,
-                           "supervisor.requeue_wait_s": 900.0})
+                           "supervisor.requeue_wait_s": 900.0}, requeue=requeue)
     status = sv.run()
     [choice] = of(tmp_path, Event.SHRINK_DECIDED)
     assert (choice["survivors"], choice["nodes"], choice["min_nodes"]) == (2, 3, 2)

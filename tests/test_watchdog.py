@@ -46,10 +46,10 @@ def make(tmp_path: Path) -> tuple[RunDir, Config, World]:
 
 
 def recording_requeue(calls):
-    def requeue(client, rd, job_id, reason, exclude, clock, **kw):
-        calls.append((job_id, reason, list(exclude), kw.get("by")))
-        assert kw.get("partition") == "spanning"
-        return RequeueResult(job_id=job_id, requeued=True, epoch=1)
+    def requeue(client, rd, request, effects):
+        calls.append((request.job_id, request.reason, list(request.exclude), request.by))
+        assert request.partition == "spanning"
+        return RequeueResult(job_id=request.job_id, requeued=True, epoch=1)
     return requeue
 
 
@@ -233,11 +233,11 @@ def test_slurm_not_answering_when_the_lease_goes_stale_keeps_watching_and_never_
     lease(rd, world.now, host="n1")
     answers = []
 
-    def requeue(client, rd, job_id, reason, exclude, clock, **kw):
+    def requeue(client, rd, request, effects):
         answers.append(world.now)
         if len(answers) < 3:   # the controller is back at the third try
             raise SlurmCommandError(["squeue", "--json"], 1, "slurm_load_jobs: Failed while looking for jobs")
-        return RequeueResult(job_id=job_id, requeued=True, epoch=1)
+        return RequeueResult(job_id=request.job_id, requeued=True, epoch=1)
 
     slurm = FakeSlurm()
     result = watch(run_dir=rd, job_id="42", config=config, client=slurm, wall=world.wall,

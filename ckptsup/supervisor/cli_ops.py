@@ -161,7 +161,7 @@ def requeue(run_dir: str, reason: str, exclude: tuple[str, ...], job_id: str | N
     the spare partition and StartTime=now once the job is pending."""
     from ..slurm.client import SlurmClient
     from .health import effective_config
-    from .requeue import requeue_job
+    from .requeue import RequeueRequest, requeue_job
 
     job = _job_id(job_id)
     _StopFlag().install()
@@ -169,8 +169,8 @@ def requeue(run_dir: str, reason: str, exclude: tuple[str, ...], job_id: str | N
         path = RunDir.create(run_dir).path  # the supervisor may have died before creating it
         config = effective_config(path)
         client = SlurmClient.from_config(config.slurm)
-        result = requeue_job(client, path, job, reason, list(exclude), partition=config.slurm.spare_partition or None,
-                             by=by)
+        result = requeue_job(client, path, RequeueRequest(job_id=job, reason=reason, exclude=tuple(exclude),
+                                                          partition=config.slurm.spare_partition or None, by=by))
     if result.requeued:
         click.echo(literal(f"ckptsup requeue: job {job} requeued (epoch {result.epoch}, excluded "
                            f"{','.join(result.excluded) or 'none'})"))

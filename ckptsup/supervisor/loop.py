@@ -53,6 +53,7 @@ from .unhooked import level_detail, progress_dir_newer
 from .shrinking import queue_time_s, shrink_costs
 from .policy import Action, CheckHealth, Continue, GiveUp, Requeue, RestartInAllocation, ShrinkChoice, attributed, blamed, decide
 from .preemption import StopKind, plan_stop, stop_kind
+from .requeue import RequeueRefused, RequeueRequest, RequeueResult, requeue_job
 
 TICK_S = 0.05
 STEP_PROGRESS_EVERY_S = 5.0
@@ -88,7 +89,8 @@ class Supervisor:
     def __init__(self, *, resolved: Resolved, job: Job, run_dir: RunDir, placement: Placement,
                  clock: Callable[[], float] = time.monotonic, sleep: Callable[[float], None] = time.sleep,
                  step_factory: StepFactory = AgentStep,
-                 health_checker: recovery.HealthChecker | None = None) -> None:
+                 health_checker: recovery.HealthChecker | None = None,
+                 requeue: Callable[[RequeueRequest], RequeueResult] | None = None) -> None:
         self.resolved = resolved
         # beyond 2,048 nodes the agents beat less often (detection.at_scale): one config for all
         scaled = at_scale(resolved.config.supervisor, len(placement.nodes),
@@ -102,6 +104,7 @@ class Supervisor:
         self.clock = clock
         self.sleep = sleep
         self.step_factory = step_factory
+        self.requeue = requeue or self._requeue_in_slurm   # injected by the loop's tests
         self.health_checker = health_checker or recovery.health_checker(
             self.config, run_dir=run_dir.path, job_id=placement.job_id, in_slurm=placement.in_slurm,
             gpus_per_node=placement.gpus_per_node)
@@ -775,15 +778,13 @@ class Supervisor:
             self.state.status = RunStatus.GAVE_UP
             self._save_state()
             return ExitStatus.GIVE_UP
-        from .requeue import RequeueRefused, requeue_job
-
         self.agents.abandon()  # ranks are already killed; srun may hang on a dead node's step: don't wait
         self._save_state()
         if self.writer is not None:
             self.writer.close()  # requeue_job appends the fenced `requeue` event itself
         try:
-            requeue_job(self.placement.slurm, self.run_dir, self.placement.job_id, action.reason,
-                        exclude=list(action.exclude), partition=self.config.slurm.spare_partition or None)
+            self.requeue(RequeueRequest(job_id=self.placement.job_id, reason=action.reason, exclude=tuple(action.exclude),
+                                        partition=self.config.slurm.spare_partition or None))
         except RequeueRefused as err:
             self.state = self.run_dir.load_state()
             self.emit(Event.GIVE_UP, reason=str(err))
@@ -794,6 +795,10 @@ class Supervisor:
         except CkptsupError as err:  # e.g. Slurm already requeued a preempted job: the template retries
             say(f"ckptsup: requeue failed: {err}; leaving it to the batch script")
         return ExitStatus.PREEMPTED if action.preempted else ExitStatus.REQUEUE
+
+    def _requeue_in_slurm(self, request: RequeueRequest) -> RequeueResult:
+        assert self.placement.slurm is not None   # a requeue is asked for only inside Slurm
+        return requeue_job(self.placement.slurm, self.run_dir, request)
 
     # ---- launching ----------------------------------------------------------------------------
     def _spec(self, nodes: tuple[str, ...], resume_from: str, timeouts: Timeouts) -> tuple[LaunchSpec, Path]:

@@ -45,7 +45,7 @@ from typing import Any, Callable, Protocol, Sequence
 from ..errors import CkptsupError
 from ..events import Event, EventWriter
 from ..env import SLURM_JOB_ID, ExitStatus
-from ..rundir import FINISHED, RunDir, RunStatus
+from ..rundir import FINISHED, RunDir, RunState, RunStatus
 from ..textsafe import say
 
 CLAIM_PREFIX = "requeue.claim-"
@@ -155,92 +155,137 @@ def _claim(run_dir: RunDir, epoch: int, who: str) -> bool:
     return True
 
 
-def requeue_job(client: RequeueClient, run_dir: str | os.PathLike[str] | RunDir, job_id: str,
-                reason: str, exclude: Sequence[str] = (), clock: Callable[[], float] = time.monotonic,
-                *, partition: str | None = None, by: str = "supervisor", detach: bool | None = None,
-                sleep: Callable[[float], None] = time.sleep, spawn: Callable[[list[str], Path], int] | None = None,
-                finish_deadline_s: float = FINISH_DEADLINE_S, wall: Callable[[], float] = time.time) -> RequeueResult:
-    """Requeue `job_id` excluding `exclude` (plus every node already excluded in state.json).
+@dataclass(frozen=True, kw_only=True)
+class RequeueRequest:
+    """What to requeue and why: the job, the reason its `requeue` event records, the nodes to
+    exclude (beside those state.json excludes already), the partition to move it to (the site's
+    spanning partition of spares; None keeps its own) and who asks (supervisor, batch_script,
+    watchdog)."""
+
+    job_id: str
+    reason: str
+    exclude: tuple[str, ...] = ()
+    partition: str | None = None
+    by: str = "supervisor"
+
+
+@dataclass(frozen=True, kw_only=True)
+class RequeueEffects:
+    """How a requeue meets the world: its clocks, its sleep, where the finish runs. The defaults
+    are the real ones; a test injects its own. `detach` None: detach the finish when running
+    inside the job itself (its kill would take an in-line finish with it); `spawn` None: a
+    `setsid -f` process (spawn_detached)."""
+
+    clock: Callable[[], float] = time.monotonic
+    wall: Callable[[], float] = time.time
+    sleep: Callable[[float], None] = time.sleep
+    detach: bool | None = None
+    spawn: Callable[[list[str], Path], int] | None = None
+    finish_deadline_s: float = FINISH_DEADLINE_S
+
+
+def requeue_job(client: RequeueClient, run_dir: str | os.PathLike[str] | RunDir, request: RequeueRequest,
+                effects: RequeueEffects = RequeueEffects()) -> RequeueResult:
+    """Requeue `request.job_id` excluding `request.exclude` (plus every node already excluded in
+    state.json): check, claim, fence, requeue, event, then finish in line or detached.
 
     Raises RequeueRefused when the job cannot be requeued (the caller gives up with
     ExitStatus.GIVE_UP). Returns requeued=False when the run is already requeued in this epoch
-    or finished. `detach=None` detaches the finish step when running inside the job itself."""
+    or finished."""
     rd = run_dir if isinstance(run_dir, RunDir) else RunDir(path=Path(run_dir))
-    job_id = str(job_id)
+    job_id, clock = str(request.job_id), effects.clock
     t0 = clock()
     info = check_requeueable(client.job_info(job_id), job_id)
     t_check = clock()
+    fenced = _fence(rd, request, job_id)
+    if isinstance(fenced, RequeueResult):
+        return fenced
+    state, previous_status = fenced
+    excluded = tuple(sorted(set(state.excluded_nodes) | set(info.excluded_nodes or ())))
+    t_fence = clock()
+    already_pending = _scontrol_requeue(client, rd, job_id, info, state, previous_status, effects.sleep)
+    t_requeue = clock()
+    requeued_wall = effects.wall()
+    phases = {"check_s": t_check - t0, "fence_s": t_fence - t_check, "requeue_s": t_requeue - t_fence}
+    log_error = _log_requeue(rd, request, job_id, info, state, excluded, already_pending, phases, t_requeue)
 
+    detach = effects.detach if effects.detach is not None else os.environ.get(SLURM_JOB_ID) == job_id
+    done = functools.partial(RequeueResult, job_id=job_id, requeued=True, epoch=state.epoch, excluded=excluded,
+                             partition=request.partition, phases=phases)
+    if detach:
+        if log_error:
+            say(log_error, file=sys.stderr)
+        argv = finisher_argv(run_dir=rd.path, job_id=job_id, exclude=excluded, partition=request.partition,
+                             restart_count=info.restart_count, requeued_mono=t_requeue,
+                             requeued_wall=requeued_wall, deadline_s=effects.finish_deadline_s)
+        return done(finisher_pid=(effects.spawn or spawn_detached)(argv, rd.path))
+    result = finish_requeue(client, rd, job_id, exclude=excluded, partition=request.partition,
+                            restart_count=info.restart_count, requeued_mono=t_requeue,
+                            requeued_wall=requeued_wall, clock=clock, wall=effects.wall, sleep=effects.sleep,
+                            deadline_s=effects.finish_deadline_s)
+    return done(finish=result)
+
+
+def _fence(rd: RunDir, request: RequeueRequest, job_id: str) -> tuple[RunState, RunStatus] | RequeueResult:
+    """Claim the epoch and fence it: (the new state, the status before) — or the result of a
+    requeue that is not ours to make (the run is over, or another requeuer claimed the epoch)."""
     state = rd.load_state()
     if state.status in (*FINISHED, RunStatus.REQUEUED):
         return RequeueResult(job_id=job_id, requeued=False, epoch=state.epoch,
                              why_skipped=f"run status is {state.status!r} in epoch {state.epoch}")
-    if not _claim(rd, state.epoch, by):
+    if not _claim(rd, state.epoch, request.by):
         return RequeueResult(job_id=job_id, requeued=False, epoch=state.epoch,
                              why_skipped=f"another requeuer claimed epoch {state.epoch}")
     previous_status = state.status
-    for node in exclude:
-        state.excluded_nodes.setdefault(node, reason)
+    for node in request.exclude:
+        state.excluded_nodes.setdefault(node, request.reason)
     state.epoch += 1
     state.status = RunStatus.REQUEUED
     rd.save_state(state)
-    excluded = tuple(sorted(set(state.excluded_nodes) | set(info.excluded_nodes or ())))
-    t_fence = clock()
+    return state, previous_status
 
-    already_pending = False
+
+def _scontrol_requeue(client: RequeueClient, rd: RunDir, job_id: str, info: JobInfoLike, state: RunState,
+                      previous_status: RunStatus, sleep: Callable[[float], None]) -> bool:
+    """`scontrol requeue`; True when Slurm had requeued the job already. A requeue that did not
+    happen puts the status back and raises."""
     try:
         client.requeue(job_id)
     except CkptsupError as err:
         if ALREADY_PENDING in str(err).lower():
             # Slurm requeued it already (a preemption with PreemptMode=REQUEUE does): the
             # pending-job updates still apply, and lift its BeginTime hold.
-            already_pending = True
-        elif killed_by_its_own_requeue(client, job_id, err, restart_count=info.restart_count, sleep=sleep):
-            pass  # the requeue happened: its kill of the batch step took scontrol with it
-        else:
-            # Not requeued after all: the new epoch stays (fencing never hurts), but the status
-            # goes back so that the next requeuer (the batch script) is not told "already requeued".
-            state.status = previous_status
-            rd.save_state(state)
-            raise
-    t_requeue = clock()
-    requeued_wall = wall()
-    phases = {"check_s": t_check - t0, "fence_s": t_fence - t_check, "requeue_s": t_requeue - t_fence}
+            return True
+        if killed_by_its_own_requeue(client, job_id, err, restart_count=info.restart_count, sleep=sleep):
+            return False  # the requeue happened: its kill of the batch step took scontrol with it
+        # Not requeued after all: the new epoch stays (fencing never hurts), but the status
+        # goes back so that the next requeuer (the batch script) is not told "already requeued".
+        state.status = previous_status
+        rd.save_state(state)
+        raise
+    return False
+
+
+def _log_requeue(rd: RunDir, request: RequeueRequest, job_id: str, info: JobInfoLike, state: RunState,
+                 excluded: tuple[str, ...], already_pending: bool, phases: dict[str, float],
+                 requeued_mono: float) -> str | None:
+    """The one fenced `requeue` event; the line to say instead when the run dir cannot take it."""
     try:
         writer = EventWriter(run_dir=rd.path, job_id=job_id, attempt=state.attempt, epoch=state.epoch, fsync=True)
         try:
-            writer.emit(Event.REQUEUE, reason=reason, by=by, excluded=list(excluded),
-                        new_excluded=sorted(set(exclude)), partition=partition or "",
+            writer.emit(Event.REQUEUE, reason=request.reason, by=request.by, excluded=list(excluded),
+                        new_excluded=sorted(set(request.exclude)), partition=request.partition or "",
                         restart_count=info.restart_count, already_pending=already_pending,
                         phases={k: round(v, 4) for k, v in phases.items()},
-                        requeued_mono=t_requeue)
+                        requeued_mono=requeued_mono)
         finally:
             writer.close()
     except OSError as err:
         # the job is requeued already: a full or flaky run dir costs the log line, never the
-        # pending-job updates below (exclusions, partition, the hold lifted); in-line, the
-        # finish step meets the same run dir and reports it as its one line
-        log_error: str | None = f"ckptsup: requeued job {job_id} but could not log it in {rd.path}: {err.strerror or err}"
-    else:
-        log_error = None
-
-    if detach is None:
-        detach = os.environ.get(SLURM_JOB_ID) == job_id
-    done = functools.partial(RequeueResult, job_id=job_id, requeued=True, epoch=state.epoch, excluded=excluded,
-                             partition=partition, phases=phases)
-    if detach:
-        if log_error:
-            say(log_error, file=sys.stderr)
-        argv = finisher_argv(run_dir=rd.path, job_id=job_id, exclude=excluded, partition=partition,
-                             restart_count=info.restart_count, requeued_mono=t_requeue,
-                             requeued_wall=requeued_wall, deadline_s=finish_deadline_s)
-        pid = (spawn or spawn_detached)(argv, rd.path)
-        return done(finisher_pid=pid)
-    result = finish_requeue(client, rd, job_id, exclude=excluded, partition=partition,
-                            restart_count=info.restart_count, requeued_mono=t_requeue,
-                            requeued_wall=requeued_wall, clock=clock, wall=wall, sleep=sleep,
-                            deadline_s=finish_deadline_s)
-    return done(finish=result)
+        # pending-job updates (exclusions, partition, the hold lifted); in-line, the finish step
+        # meets the same run dir and reports it as its one line
+        return f"ckptsup: requeued job {job_id} but could not log it in {rd.path}: {err.strerror or err}"
+    return None
 
 
 REQUEUED_STATES = frozenset({"PENDING", "REQUEUED", "REQUEUE_HOLD", "REQUEUE_FED"})

@@ -33,7 +33,10 @@ from ..config import Config
 from ..errors import CkptsupError, SlurmCommandError
 from ..events import Event, EventWriter
 from ..rundir import FINISHED, RunDir, RunStatus
-from .requeue import RequeueClient, RequeueRefused, RequeueResult, requeue_job
+from .requeue import RequeueClient, RequeueEffects, RequeueRefused, RequeueRequest, RequeueResult, requeue_job
+
+# the requeue the watchdog carries out (requeue_job; a test injects its own)
+Requeue = Callable[[RequeueClient, RunDir, RequeueRequest, RequeueEffects], RequeueResult]
 
 REASON = "batch_host_lost"
 
@@ -66,7 +69,7 @@ def watch(*, run_dir: str | os.PathLike[str] | RunDir, job_id: str, config: Conf
           wall: Callable[[], float] = time.time, clock: Callable[[], float] = time.monotonic,
           sleep: Callable[[float], None] = time.sleep, stop: Callable[[], bool] = lambda: False,
           poll_s: float | None = None, startup_grace_s: float | None = None,
-          requeue: Callable[..., RequeueResult] = requeue_job) -> WatchResult:
+          requeue: Requeue = requeue_job) -> WatchResult:
     rd = run_dir if isinstance(run_dir, RunDir) else RunDir(path=Path(run_dir))
     sup = config.supervisor
     stale_s = sup.lease_stale_s
@@ -111,7 +114,7 @@ def watch(*, run_dir: str | os.PathLike[str] | RunDir, job_id: str, config: Conf
 
 
 def _requeue(rd: RunDir, job_id: str, host: str, age: float | None, client: RequeueClient,
-             requeue: Callable[..., RequeueResult], clock: Callable[[], float], wall: Callable[[], float],
+             requeue: Requeue, clock: Callable[[], float], wall: Callable[[], float],
              sleep: Callable[[float], None], *, partition: str | None) -> WatchResult:
     # The lease names the supervisor's host as it saw it (a hostname); Slurm's own batch host
     # name wins when the two differ (FQDN vs node name), since ExcNodeList needs Slurm's.
@@ -122,8 +125,9 @@ def _requeue(rd: RunDir, job_id: str, host: str, age: float | None, client: Requ
     exclude = [batch_host] if batch_host else []
     detail = (f"supervisor lease stale for {age:.1f}s" if age is not None else "supervisor never renewed its lease")
     try:
-        result = requeue(client, rd, job_id, REASON, exclude, clock, by="watchdog", partition=partition,
-                         wall=wall, sleep=sleep)
+        result = requeue(client, rd, RequeueRequest(job_id=job_id, reason=REASON, exclude=tuple(exclude),
+                                                    partition=partition, by="watchdog"),
+                         RequeueEffects(clock=clock, wall=wall, sleep=sleep))
     except RequeueRefused as err:
         # Nobody drives the job and it cannot come back: record why, then free the allocation
         # (scancel kills this step too, so the record comes first).
