@@ -22,7 +22,7 @@ import enum
 import math
 import statistics
 from dataclasses import dataclass, field
-from typing import Any, Iterable
+from typing import Any, Callable, Iterable
 
 from ..events import Event, FailureKind, parse_ts
 
@@ -174,117 +174,166 @@ def build_attempt(events: list[dict[str, Any]], *, default_devices: tuple[float,
     if not placed:
         return None
     start, end = placed[0][0], placed[-1][0]
-    attempt_no = int(num(placed[0][1], "attempt", -1) or 0)
-    devices: list[tuple[float, float, float]] = []
-    per_node, held_nodes, down = 1.0, None, set[str]()  # from the newest allocation event
-    spans: list[Span] = []
-    cur = Span(kind=SpanKind.STARTUP, start=start)
-    end_reason = EndReason.OPEN
-
-    def switch(kind: SpanKind, at: float, *, step: float | None = None) -> Span:
-        nonlocal cur
-        at = min(max(at, cur.start), end)
-        cur.end = at
-        spans.append(cur)
-        cur = Span(kind=kind, start=at, start_step=step)
-        return cur
-
+    folder = _SpanFolder(start=start, end=end)
     for t, ev in placed:
         name = ev.get("event")
-        if name == Event.ALLOCATION:
-            dev = devices_of(ev)
-            if dev is not None:
-                devices.append((t, dev[0], dev[1]))
-                per_node, held_nodes = _per_node(ev), (dev[0] + dev[1]) / _per_node(ev)
-                down.clear()
-        elif name == Event.LAUNCH and isinstance(ev.get("nodes"), list) and held_nodes is not None:
-            # a (re)launch on other nodes: a dead node has left the allocation (Slurm removes
-            # it under --no-kill); every other node held but not launched on is idle
-            active_nodes = float(len(ev["nodes"]))
-            held = max(active_nodes, held_nodes - len(down))
-            devices.append((t, active_nodes * per_node, (held - active_nodes) * per_node))
-        elif name in (Event.FIRST_STEP, Event.STEP_PROGRESS):
-            # `step` is the 0-based index of the step just completed: step + 1 steps are done
-            index = num(ev, "step")
-            done = None if index is None else index + 1
-            if cur.kind is not SpanKind.RUNNING:
-                switch(SpanKind.RUNNING, t, step=done)
-            if done is not None:
-                cur.samples.append((t, done, num(ev, "step_time_s")))
-        elif name == Event.RESTART_DONE:
-            phases = ev.get("phases") if isinstance(ev.get("phases"), dict) else {}
-            target = cur if cur.kind is not SpanKind.RUNNING else _last_recovery(spans)
-            if target is not None:
-                for phase in PHASES:
-                    value = num(phases, f"{phase}_s", None) if phases else None
-                    if value is None:
-                        value = num(ev, f"{phase}_s", None)
-                    if value is not None and value > 0:
-                        target.phases[phase] = target.phases.get(phase, 0.0) + value
-            # resume_step = steps in the checkpoint resumed from; the first step after it is done
-            resume = num(ev, "resume_step")
-            done = None if resume is None else resume + 1
-            if cur.kind is not SpanKind.RUNNING:
-                switch(SpanKind.RUNNING, t, step=done)
-            elif cur.start_step is None:
-                cur.start_step = done
-        elif name == Event.FAILURE_ATTRIBUTED:
-            if ev.get("kind") == FailureKind.NODE_DOWN and isinstance(ev.get("node"), str):
-                down.add(ev["node"])  # the failure was this node's death (its agent fell silent)
-                if cur.kind is SpanKind.FAILURE:
-                    # the node fell silent detect_s before this attribution: time before the
-                    # failure span began (a peer's crash was detected later) moves from the
-                    # running span into detection; silence inside the span is the recovery's own
-                    # time (the kill that probed it), already claimed by its phases
-                    silent_since = t - max(0.0, num(ev, "detect_s", 0.0) or 0.0)
-                    before = spans[-1] if spans and spans[-1].kind is SpanKind.RUNNING else None
-                    if before is not None and silent_since < cur.start:
-                        moved_to = max(silent_since, before.start)
-                        cur.detect_s += cur.start - moved_to
-                        before.end = cur.start = moved_to
-        elif name == Event.FAILURE_DETECTED:
-            detect = max(0.0, num(ev, "detect_s", 0.0) or 0.0)
-            if ev.get("kind") == FailureKind.NODE_DOWN and isinstance(ev.get("node"), str):
-                down.add(ev["node"])
-            if cur.kind is SpanKind.RUNNING:
-                at_failure = num(ev, "step")  # the step being worked on = steps done
-                if at_failure is not None:
-                    cur.anchors.append((max(cur.start, t - detect), at_failure))
-                cur.interrupted = True
-                switch(SpanKind.FAILURE, t - detect)
-                cur.detect_s += t - cur.start
-            else:
-                cur.detect_s += detect  # a second failure while recovering
-        elif name in (Event.CHECKPOINT_COMMITTED, Event.CHECKPOINT_FAILED):
-            stall = num(ev, "stall_s", 0.0) or 0.0
-            if stall > 0:
-                cur.stalls.append((t, stall))
-            saved = num(ev, "step")
-            if name == Event.CHECKPOINT_COMMITTED and saved is not None and cur.kind is SpanKind.RUNNING:
-                # the state was captured before the stall (sync) or before the background write
-                # (async): max(stall, write) before the commit, to within the stall
-                taken = t - max(stall, num(ev, "write_s", 0.0) or 0.0)
-                if taken >= cur.start:
-                    cur.anchors.append((taken, saved))
-        elif name == Event.MEMORY_SAVED:
-            stall = num(ev, "stall_s", 0.0) or 0.0
-            if stall > 0:   # a failed memory save stalled the step too; the event comes after its write
-                cur.memory_stalls.append((t - max(0.0, num(ev, "write_s", 0.0) or 0.0), stall))
-        elif name in TERMINAL:
-            end_reason = EndReason(name)
-            if cur.kind is SpanKind.RUNNING and name != Event.RUN_COMPLETE:
-                cur.interrupted = True
-                switch(SpanKind.FAILURE, t)
-    cur.end = end
-    spans.append(cur)
-    spans[-1].ends_attempt = True
+        fold = _FOLDS.get(name) if isinstance(name, str) else None
+        if fold is not None:
+            fold(folder, t, ev)
+    spans = folder.close()
+    devices = folder.devices
     if not devices and default_devices is not None:
         devices.append((start, *default_devices))
     elif devices:
         devices[0] = (start, devices[0][1], devices[0][2])  # the first allocation holds from the start
     numbers = sorted({int(a) for a in (num(e, "attempt") for _, e in placed) if a is not None})
-    return Attempt(attempt=attempt_no, attempt_numbers=numbers, start=start, end=end, spans=spans, devices=devices,
-                   events=placed, end_reason=end_reason)
+    return Attempt(attempt=int(num(placed[0][1], "attempt", -1) or 0), attempt_numbers=numbers, start=start,
+                   end=end, spans=spans, devices=devices, events=placed, end_reason=folder.end_reason)
+
+
+@dataclass
+class _SpanFolder:
+    """One allocation's events folded, in order, into spans (`cur` the open one) and device counts
+    over time (`devices`: t, active, idle): one method per event kind (_FOLDS)."""
+
+    start: float
+    end: float
+    devices: list[tuple[float, float, float]] = field(default_factory=list)
+    per_node: float = 1.0                 # from the newest allocation event
+    held_nodes: float | None = None
+    down: set[str] = field(default_factory=set)
+    spans: list[Span] = field(default_factory=list)
+    end_reason: EndReason = EndReason.OPEN
+    cur: Span = field(init=False)
+
+    def __post_init__(self) -> None:
+        self.cur = Span(kind=SpanKind.STARTUP, start=self.start)
+
+    def switch(self, kind: SpanKind, at: float, *, step: float | None = None) -> Span:
+        at = min(max(at, self.cur.start), self.end)
+        self.cur.end = at
+        self.spans.append(self.cur)
+        self.cur = Span(kind=kind, start=at, start_step=step)
+        return self.cur
+
+    def close(self) -> list[Span]:
+        self.cur.end = self.end
+        self.spans.append(self.cur)
+        self.spans[-1].ends_attempt = True
+        return self.spans
+
+    def allocation(self, t: float, ev: dict[str, Any]) -> None:
+        dev = devices_of(ev)
+        if dev is not None:
+            self.devices.append((t, dev[0], dev[1]))
+            self.per_node = _per_node(ev)
+            self.held_nodes = (dev[0] + dev[1]) / self.per_node
+            self.down.clear()
+
+    def launch(self, t: float, ev: dict[str, Any]) -> None:
+        if isinstance(ev.get("nodes"), list) and self.held_nodes is not None:
+            # a (re)launch on other nodes: a dead node has left the allocation (Slurm removes
+            # it under --no-kill); every other node held but not launched on is idle
+            active_nodes = float(len(ev["nodes"]))
+            held = max(active_nodes, self.held_nodes - len(self.down))
+            self.devices.append((t, active_nodes * self.per_node, (held - active_nodes) * self.per_node))
+
+    def step(self, t: float, ev: dict[str, Any]) -> None:
+        # `step` is the 0-based index of the step just completed: step + 1 steps are done
+        index = num(ev, "step")
+        done = None if index is None else index + 1
+        if self.cur.kind is not SpanKind.RUNNING:
+            self.switch(SpanKind.RUNNING, t, step=done)
+        if done is not None:
+            self.cur.samples.append((t, done, num(ev, "step_time_s")))
+
+    def restart_done(self, t: float, ev: dict[str, Any]) -> None:
+        phases = ev.get("phases") if isinstance(ev.get("phases"), dict) else {}
+        target = self.cur if self.cur.kind is not SpanKind.RUNNING else _last_recovery(self.spans)
+        if target is not None:
+            for phase in PHASES:
+                value = num(phases, f"{phase}_s", None) if phases else None
+                if value is None:
+                    value = num(ev, f"{phase}_s", None)
+                if value is not None and value > 0:
+                    target.phases[phase] = target.phases.get(phase, 0.0) + value
+        # resume_step = steps in the checkpoint resumed from; the first step after it is done
+        resume = num(ev, "resume_step")
+        done = None if resume is None else resume + 1
+        if self.cur.kind is not SpanKind.RUNNING:
+            self.switch(SpanKind.RUNNING, t, step=done)
+        elif self.cur.start_step is None:
+            self.cur.start_step = done
+
+    def failure_attributed(self, t: float, ev: dict[str, Any]) -> None:
+        if ev.get("kind") != FailureKind.NODE_DOWN or not isinstance(ev.get("node"), str):
+            return
+        self.down.add(ev["node"])  # the failure was this node's death (its agent fell silent)
+        cur = self.cur
+        if cur.kind is SpanKind.FAILURE:
+            # the node fell silent detect_s before this attribution: time before the failure
+            # span began (a peer's crash was detected later) moves from the running span into
+            # detection; silence inside the span is the recovery's own time (the kill that
+            # probed it), already claimed by its phases
+            silent_since = t - max(0.0, num(ev, "detect_s", 0.0) or 0.0)
+            before = self.spans[-1] if self.spans and self.spans[-1].kind is SpanKind.RUNNING else None
+            if before is not None and silent_since < cur.start:
+                moved_to = max(silent_since, before.start)
+                cur.detect_s += cur.start - moved_to
+                before.end = cur.start = moved_to
+
+    def failure_detected(self, t: float, ev: dict[str, Any]) -> None:
+        detect = max(0.0, num(ev, "detect_s", 0.0) or 0.0)
+        if ev.get("kind") == FailureKind.NODE_DOWN and isinstance(ev.get("node"), str):
+            self.down.add(ev["node"])
+        if self.cur.kind is SpanKind.RUNNING:
+            at_failure = num(ev, "step")  # the step being worked on = steps done
+            if at_failure is not None:
+                self.cur.anchors.append((max(self.cur.start, t - detect), at_failure))
+            self.cur.interrupted = True
+            self.switch(SpanKind.FAILURE, t - detect)
+            self.cur.detect_s += t - self.cur.start
+        else:
+            self.cur.detect_s += detect  # a second failure while recovering
+
+    def checkpoint(self, t: float, ev: dict[str, Any]) -> None:
+        stall = num(ev, "stall_s", 0.0) or 0.0
+        if stall > 0:
+            self.cur.stalls.append((t, stall))
+        saved = num(ev, "step")
+        if ev.get("event") == Event.CHECKPOINT_COMMITTED and saved is not None and self.cur.kind is SpanKind.RUNNING:
+            # the state was captured before the stall (sync) or before the background write
+            # (async): max(stall, write) before the commit, to within the stall
+            taken = t - max(stall, num(ev, "write_s", 0.0) or 0.0)
+            if taken >= self.cur.start:
+                self.cur.anchors.append((taken, saved))
+
+    def memory_saved(self, t: float, ev: dict[str, Any]) -> None:
+        stall = num(ev, "stall_s", 0.0) or 0.0
+        if stall > 0:   # a failed memory save stalled the step too; the event comes after its write
+            self.cur.memory_stalls.append((t - max(0.0, num(ev, "write_s", 0.0) or 0.0), stall))
+
+    def terminal(self, t: float, ev: dict[str, Any]) -> None:
+        name = ev["event"]
+        self.end_reason = EndReason(name)
+        if self.cur.kind is SpanKind.RUNNING and name != Event.RUN_COMPLETE:
+            self.cur.interrupted = True
+            self.switch(SpanKind.FAILURE, t)
+
+
+_FOLDS: dict[str, Callable[[_SpanFolder, float, dict[str, Any]], None]] = {
+    Event.ALLOCATION: _SpanFolder.allocation,
+    Event.LAUNCH: _SpanFolder.launch,
+    Event.FIRST_STEP: _SpanFolder.step,
+    Event.STEP_PROGRESS: _SpanFolder.step,
+    Event.RESTART_DONE: _SpanFolder.restart_done,
+    Event.FAILURE_ATTRIBUTED: _SpanFolder.failure_attributed,
+    Event.FAILURE_DETECTED: _SpanFolder.failure_detected,
+    Event.CHECKPOINT_COMMITTED: _SpanFolder.checkpoint,
+    Event.CHECKPOINT_FAILED: _SpanFolder.checkpoint,
+    Event.MEMORY_SAVED: _SpanFolder.memory_saved,
+    **{name: _SpanFolder.terminal for name in TERMINAL},
+}
 
 
 def _last_recovery(spans: list[Span]) -> Span | None:
