@@ -6,7 +6,8 @@ more nodes than the allocation). The tests marked `matrix` run on every Slurm ve
 (`make test-slurm-matrix`, the Makefile's SLURM_MATRIX_TORCH). Each faulted run ends with the
 parameters of an uninterrupted 2-rank reference run (tests/supervisor_slurm_helpers.py), and with
 the events that explain it. The memory tier's dev-cluster runs are in
-test_supervisor_slurm_memory.py, SDC, NaN and the time limit in test_supervisor_slurm_sdc_elastic.py."""
+test_supervisor_slurm_memory.py; SDC, NaN, the time-limit warning and min_nodes in
+test_supervisor_slurm_sdc_elastic.py."""
 
 from __future__ import annotations
 
