@@ -55,7 +55,7 @@ SLURM_TORCH_FREE := tests/test_devcluster.py tests/test_gpu_health_cluster.py te
   tests/test_watchdog_cluster.py
 # with the torch tests marked `matrix` (node death with a spare, requeue with a spare partition,
 # preemption, the watchdog)
-SLURM_MATRIX_TORCH := tests/test_supervisor_slurm.py tests/test_watchdog_template.py
+SLURM_MATRIX_TORCH := tests/test_supervisor_slurm_node_death.py tests/test_watchdog_template.py
 
 test-slurm-versions: setup
 	.ci/slurm-matrix.sh matrix "$(SLURM_SUITES)" -m slurm --timeout 600 $(SLURM_TORCH_FREE)

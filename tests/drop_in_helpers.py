@@ -1,10 +1,8 @@
 """Shared by the drop-in tests: an unmodified DDP script (tests/helpers/plain_ddp.py), its
 uninterrupted reference under plain torchrun, and finding its steps; and, for every test that
-signals a rank, finding the rank's real process (rank_processes, real_rank)."""
+signals a rank, finding the rank's real process (rank_processes, real_rank). Starting runs and
+reading their events: run_helpers.py."""
 import re
-import subprocess
-import sys
-import time
 from pathlib import Path
 
 import psutil
@@ -12,16 +10,11 @@ import torch
 
 from ckptsup.env import WARM_LOCAL_RANK
 
-from hooks_helpers import free_port
+from run_helpers import uninterrupted
 
 ROOT = Path(__file__).resolve().parents[1]
 SCRIPT = ROOT / "tests" / "helpers" / "plain_ddp.py"
-CKPTSUP = [sys.executable, "-m", "ckptsup.cli"]
 STEP_LINE = re.compile(rb"step (\d+) loss")
-
-
-def named(events, name):
-    return [e for e in events if e["event"] == name]
 
 
 def rank_processes(script: Path, marker: Path) -> dict[int, psutil.Process]:
@@ -57,21 +50,11 @@ def newest_step(run: Path) -> int:
     return max(found, default=-1)
 
 
-def wait_for(cond, timeout, what):
-    deadline = time.monotonic() + timeout
-    while time.monotonic() < deadline:
-        if cond():
-            return
-        time.sleep(0.05)
-    raise AssertionError(f"timed out waiting for {what}")
-
-
 def reference(tmp_path: Path, steps: int) -> dict:
     """The same script, uninterrupted, under plain torchrun (2 ranks): the final model."""
     out = tmp_path / "ref.pt"
-    argv = [sys.executable, "-m", "torch.distributed.run", "--nproc-per-node", "2", "--master-port", str(free_port()),
-            str(SCRIPT), "--steps", str(steps), "--ckpt-dir", str(tmp_path / "ref-ckpt"), "--out", str(out), "--step-s", "0"]
-    subprocess.run(argv, check=True, capture_output=True, timeout=300, cwd=tmp_path)
+    uninterrupted(SCRIPT, "--steps", str(steps), "--ckpt-dir", str(tmp_path / "ref-ckpt"), "--out", str(out),
+                  "--step-s", "0", cwd=tmp_path)
     return torch.load(out)
 
 

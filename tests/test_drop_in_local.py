@@ -10,7 +10,8 @@ import torch
 
 from ckptsup.events import read_events
 
-from drop_in_helpers import CKPTSUP, SCRIPT, named, rank_process, reference, same_model, wait_for
+from drop_in_helpers import SCRIPT, rank_process, reference, same_model
+from run_helpers import CKPTSUP, named, wait_for
 
 pytestmark = pytest.mark.integration
 

@@ -13,7 +13,8 @@ import torch
 from ckptsup.checkpoint import external as ext
 from ckptsup.events import read_events
 
-from drop_in_helpers import CKPTSUP, named, rank_process, wait_for
+from drop_in_helpers import rank_process
+from run_helpers import CKPTSUP, named, wait_for
 
 pytestmark = pytest.mark.integration
 

@@ -12,19 +12,19 @@ import json
 import signal
 import subprocess
 import sys
-import time
 from pathlib import Path
 
 import pytest
-import torch
 
 from ckptsup.checkpoint.catalog import Status, list_checkpoints
 from ckptsup.checkpoint.manifest import load_manifest
 from ckptsup.env import ExitStatus
 from ckptsup.events import read_events
 
+import run_helpers
 from drop_in_helpers import rank_process
-from hooks_helpers import FakeAgent, base_env, free_port, private_dir
+from hooks_helpers import FakeAgent, base_env, private_dir
+from run_helpers import assert_same_run, flip_a_bit, named, newest_sample_step, uninterrupted, wait_for
 
 pytestmark = pytest.mark.torch
 
@@ -35,42 +35,8 @@ SAVE_EVERY = 4      # step_8 resumes mid-epoch (8 % 6 = 2), step_12 at an epoch 
 ARGS = ["--save-every-steps", str(SAVE_EVERY), "--step-sleep-s", "0.25"]
 
 
-def named(events, name):
-    return [e for e in events if e["event"] == name]
-
-
 def torchrun(out: Path, *args: str, env: dict | None = None, timeout: float = 300) -> subprocess.CompletedProcess:
-    argv = [sys.executable, "-m", "torch.distributed.run", "--nproc-per-node", "2", "--master-addr", "127.0.0.1",
-            "--master-port", str(free_port()), str(SCRIPT), "--out", str(out), *args]
-    return subprocess.run(argv, env=base_env(env), capture_output=True, text=True, timeout=timeout)
-
-
-def samples(out: Path, rank: int) -> dict[int, list[int]]:
-    """step -> ids; after a resume the last line of a step wins (a replayed step rewrites it)."""
-    steps: dict[int, list[int]] = {}
-    for line in (out / f"samples_rank{rank}.jsonl").read_text().splitlines():
-        rec = json.loads(line)
-        steps[rec["step"]] = rec["ids"]
-    return steps
-
-
-def newest_step(out: Path) -> int:
-    try:
-        lines = (out / "samples_rank0.jsonl").read_text().splitlines()
-    except FileNotFoundError:
-        return -1
-    return max((json.loads(line)["step"] for line in lines if line.endswith("}")), default=-1)
-
-
-def wait_for(cond, timeout: float, what: str, proc: subprocess.Popen | None = None) -> None:
-    deadline = time.monotonic() + timeout
-    while time.monotonic() < deadline:
-        if cond():
-            return
-        if proc is not None and proc.poll() is not None:
-            raise AssertionError(f"the run ended (rc {proc.returncode}) before {what}: {proc.stdout.read()[-3000:]}")
-        time.sleep(0.05)
-    raise AssertionError(f"timed out waiting for {what}")
+    return run_helpers.torchrun(SCRIPT, "--out", str(out), *args, env=env, timeout=timeout)
 
 
 def committed(ckpts: Path) -> list[int]:
@@ -80,29 +46,22 @@ def committed(ckpts: Path) -> list[int]:
 def corrupt_newest(ckpts: Path) -> int:
     """Flip a bit in the middle of the newest checkpoint's largest shard (its size stays right)."""
     step = max(committed(ckpts))
-    shard = max((ckpts / f"step_{step}").glob("*.distcp"), key=lambda p: p.stat().st_size)
-    data = bytearray(shard.read_bytes())
-    data[len(data) // 2] ^= 1
-    shard.write_bytes(bytes(data))
+    flip_a_bit(max((ckpts / f"step_{step}").glob("*.distcp"), key=lambda p: p.stat().st_size))
     return step
 
 
 def launch(tmp: Path, run: Path, out: Path, *resume: str) -> subprocess.Popen:
-    cfg = tmp / "job.toml"
-    cfg.write_text("[supervisor]\nhang_min_s = 8.0\nheartbeat_interval_s = 0.5\n"
-                   "[checkpoint]\nadaptive_interval = false\nkeep_daily_days = 0\ntest_load_every = 0\n"
-                   "[memory]\nenabled = false\n")   # the disk tier's resumes (memory: test_integration_hf_memory.py)
-    argv = [sys.executable, "-m", "ckptsup.cli", "launch", "--nproc-per-node", "2", "--config", str(cfg),
-            "--run-dir", str(run), *resume, str(SCRIPT), "--out", str(out), *ARGS]
-    return subprocess.Popen(argv, cwd=tmp, env=base_env(), stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True)
+    config = ("[supervisor]\nhang_min_s = 8.0\nheartbeat_interval_s = 0.5\n"
+              "[checkpoint]\nadaptive_interval = false\nkeep_daily_days = 0\ntest_load_every = 0\n"
+              "[memory]\nenabled = false\n")   # the disk tier's resumes (memory: test_integration_hf_memory.py)
+    return run_helpers.launch(tmp, run, SCRIPT, "--out", str(out), *ARGS, config=config, launch_args=resume)
 
 
 @pytest.fixture(scope="module")
 def reference(tmp_path_factory) -> Path:
     """The same Trainer, uninterrupted, without ckptsup, under plain torchrun."""
     out = tmp_path_factory.mktemp("hf-reference") / "out"
-    proc = torchrun(out, "--mode", "none", *ARGS)
-    assert proc.returncode == 0, proc.stderr[-3000:]
+    uninterrupted(SCRIPT, "--out", str(out), "--mode", "none", *ARGS)
     return out
 
 
@@ -113,11 +72,11 @@ def test_hf_trainer_survives_a_kill_a_corrupt_checkpoint_and_a_preemption_bit_ex
     proc = launch(tmp, run, out)
     try:
         # 1. SIGKILL rank 1 mid-epoch, once step_8 is committed (the resume skips 2 batches into epoch 2)
-        wait_for(lambda: 8 in committed(ckpts) and newest_step(out) >= 9, 180, "step_8", proc)
+        wait_for(lambda: 8 in committed(ckpts) and newest_sample_step(out) >= 9, 180, "step_8", proc)
         rank_process(SCRIPT, out, 1).kill()
         wait_for(lambda: len(named(read_events(run), "checkpoint_loaded")) >= 1, 180, "the first resume", proc)
         # 2. freeze rank 0 (nothing can commit), corrupt the newest checkpoint, SIGKILL rank 0
-        wait_for(lambda: max(committed(ckpts), default=0) >= 16 and newest_step(out) >= 17, 180, "step_16", proc)
+        wait_for(lambda: max(committed(ckpts), default=0) >= 16 and newest_sample_step(out) >= 17, 180, "step_16", proc)
         victim = rank_process(SCRIPT, out, 0)
         victim.suspend()
         corrupted = corrupt_newest(ckpts)
@@ -127,7 +86,7 @@ def test_hf_trainer_survives_a_kill_a_corrupt_checkpoint_and_a_preemption_bit_ex
         # after a commit of this attempt: its save time is measured, so an emergency save can fit
         loaded = named(read_events(run), "checkpoint_loaded")[-1]["step"]
         measured = loaded + SAVE_EVERY
-        wait_for(lambda: measured in committed(ckpts) and newest_step(out) >= measured + 1, 180,
+        wait_for(lambda: measured in committed(ckpts) and newest_sample_step(out) >= measured + 1, 180,
                  f"step_{measured}", proc)
         proc.send_signal(signal.SIGTERM)
         console, _ = proc.communicate(timeout=120)
@@ -156,12 +115,7 @@ def test_hf_trainer_survives_a_kill_a_corrupt_checkpoint_and_a_preemption_bit_ex
     assert preemption["emergency_save"] is False
     log = "".join(p.read_text(errors="replace") for p in run.glob("attempt-*/ranks-*.log"))
     assert log.count("exits with RANK_STOPPED") == 2
-    for rank in (0, 1):
-        got, want = samples(out, rank), samples(reference, rank)
-        assert sorted(got) == list(range(STEPS))
-        assert got == want, f"rank {rank} trained on other samples than the uninterrupted run"
-        final, ref = torch.load(out / f"final_rank{rank}.pt"), torch.load(reference / f"final_rank{rank}.pt")
-        assert final.keys() == ref.keys() and all(torch.equal(final[k], ref[k]) for k in ref)
+    assert_same_run(out, reference, STEPS)
 
 
 def test_a_nan_loss_on_one_rank_is_reported_and_ends_it_with_rank_nan(tmp_path):

@@ -10,18 +10,16 @@ from memory, and the run ends on the samples and parameters of an uninterrupted 
 """
 from __future__ import annotations
 
-import subprocess
-import sys
 from pathlib import Path
 
 import pytest
-import torch
 
 from ckptsup.events import read_events
 
 from drop_in_helpers import rank_process
-from hooks_helpers import base_env, private_dir
-from test_integration_hf import SCRIPT, named, newest_step, samples, torchrun, wait_for
+from hooks_helpers import private_dir
+from run_helpers import assert_same_run, launch, named, newest_sample_step, uninterrupted, wait_for
+from test_integration_hf import SCRIPT
 
 pytestmark = pytest.mark.torch
 
@@ -37,20 +35,17 @@ def memory_saves(run: Path, after: str = "") -> list[int]:
 @pytest.fixture(scope="module")
 def reference(tmp_path_factory) -> Path:
     out = tmp_path_factory.mktemp("hf-memory-reference") / "out"
-    proc = torchrun(out, "--mode", "none", *ARGS)
-    assert proc.returncode == 0, proc.stderr[-3000:]
+    uninterrupted(SCRIPT, "--out", str(out), "--mode", "none", *ARGS)
     return out
 
 
 def test_hf_at_the_defaults_resumes_from_memory_not_step_0_and_ends_bit_exact(tmp_path, reference):
     tmp = private_dir(tmp_path)
     run, out = tmp / "run", tmp / "out"
-    argv = [sys.executable, "-m", "ckptsup.cli", "launch", "--nproc-per-node", "2", "--run-dir", str(run),
-            str(SCRIPT), "--out", str(out), "--save-every-steps", "0", *ARGS]
-    proc = subprocess.Popen(argv, cwd=tmp, env=base_env(), stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True)
+    proc = launch(tmp, run, SCRIPT, "--out", str(out), "--save-every-steps", "0", *ARGS)   # no config file
     try:
         # one kill: after a restart the adaptive tuner may widen the memory interval past the run's end
-        wait_for(lambda: any(s >= 20 for s in memory_saves(run)) and newest_step(out) >= 21, 240,
+        wait_for(lambda: any(s >= 20 for s in memory_saves(run)) and newest_sample_step(out) >= 21, 240,
                  "a memory save of step >= 20", proc)
         rank_process(SCRIPT, out, 1).kill()
         wait_for(lambda: named(read_events(run), "checkpoint_loaded"), 240, "the resume", proc)
@@ -72,9 +67,4 @@ def test_hf_at_the_defaults_resumes_from_memory_not_step_0_and_ends_bit_exact(tm
     # the Trainer's DDP-wrapped model reaches attach: its replicas are fingerprinted at every save
     # at the defaults (docs/sdc.md), and every check agreed
     assert "no replica fingerprints" not in console and any(e.get("sdc_s", 0) > 0 for e in events), console[-2000:]
-    for rank in (0, 1):
-        got, want = samples(out, rank), samples(reference, rank)
-        assert sorted(got) == list(range(STEPS))
-        assert got == want, f"rank {rank} trained on other samples than the uninterrupted run"
-        final, ref = torch.load(out / f"final_rank{rank}.pt"), torch.load(reference / f"final_rank{rank}.pt")
-        assert final.keys() == ref.keys() and all(torch.equal(final[k], ref[k]) for k in ref)
+    assert_same_run(out, reference, STEPS)

@@ -10,16 +10,15 @@ transformers 5.24, 2 gloo ranks on CPU under plain torchrun (tests/helpers/hf_tr
 Both end on the samples and parameters of an uninterrupted run without ckptsup."""
 from __future__ import annotations
 
-import json
 from pathlib import Path
 
 import pytest
-import torch
 
 from ckptsup.checkpoint.external import quarantine_dir
 
 from hooks_helpers import private_dir
-from test_integration_hf import samples, torchrun
+from run_helpers import assert_same_run, resumed_at, uninterrupted
+from test_integration_hf import SCRIPT, torchrun
 
 pytestmark = pytest.mark.torch
 
@@ -29,24 +28,8 @@ STEPS = 24          # 48 samples / (2 ranks x 4) = 6 steps per epoch, 4 epochs
 @pytest.fixture(scope="module")
 def reference(tmp_path_factory) -> Path:
     out = tmp_path_factory.mktemp("hf-save-strategy-reference") / "out"
-    proc = torchrun(out, "--mode", "none")
-    assert proc.returncode == 0, proc.stderr[-3000:]
+    uninterrupted(SCRIPT, "--out", str(out), "--mode", "none")
     return out
-
-
-def resumed_at(out: Path, rank: int) -> int:
-    steps = [json.loads(line)["step"] for line in (out / f"samples_rank{rank}.jsonl").read_text().splitlines()]
-    back = [b for a, b in zip(steps, steps[1:]) if b <= a]
-    assert len(back) == 1, f"rank {rank}: not exactly one resume in {steps}"
-    return back[0]
-
-
-def assert_same_as(out: Path, reference: Path) -> None:
-    for rank in (0, 1):
-        got, want = samples(out, rank), samples(reference, rank)
-        assert sorted(got) == list(range(STEPS)) and got == want, f"rank {rank}: other samples than the reference"
-        final, ref = torch.load(out / f"final_rank{rank}.pt"), torch.load(reference / f"final_rank{rank}.pt")
-        assert final.keys() == ref.keys() and all(torch.equal(final[k], ref[k]) for k in ref), f"rank {rank}"
 
 
 def test_a_corrupt_newest_checkpoint_folder_is_refused_and_the_older_one_resumed(tmp_path, reference):
@@ -70,7 +53,7 @@ def test_a_corrupt_newest_checkpoint_folder_is_refused_and_the_older_one_resumed
     moved = [p.name for p in quarantine_dir(hf).iterdir() if not p.name.endswith(".json")]
     assert len(moved) == 1 and moved[0].startswith("checkpoint-15-"), moved
     assert resumed_at(out, 1) == 10
-    assert_same_as(out, reference)
+    assert_same_run(out, reference, STEPS)
 
 
 def test_ckptsups_own_newer_checkpoint_wins_over_an_older_checkpoint_folder(tmp_path, reference):
@@ -86,4 +69,4 @@ def test_ckptsups_own_newer_checkpoint_wins_over_an_older_checkpoint_folder(tmp_
     console = second.stdout + second.stderr
     assert second.returncode == 0, console[-4000:]
     assert resumed_at(out, 1) == 12   # ckptsup's step_12: HF's newest folder is checkpoint-10
-    assert_same_as(out, reference)
+    assert_same_run(out, reference, STEPS)

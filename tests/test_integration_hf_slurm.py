@@ -5,64 +5,29 @@ run, never in "complete" at the preemption. Both end with the samples of every s
 parameters of an uninterrupted plain-torchrun run of the same Trainer without ckptsup."""
 from __future__ import annotations
 
-import json
-import subprocess
-import sys
 from pathlib import Path
 
 import pytest
-import torch
 
 from ckptsup.events import read_events
 from ckptsup.slurm.devconf import SPANNING
 
-from hooks_helpers import base_env, free_port
+from run_helpers import (assert_completed_on_the_spare, assert_requeued_not_complete, assert_same_run, ended, named,
+                         newest_sample_step, preempt, sbatch_submit, uninterrupted)
 
 pytestmark = [pytest.mark.slurm, pytest.mark.torch]
 
 ROOT = Path(__file__).resolve().parents[1]
 SCRIPT = ROOT / "tests" / "helpers" / "hf_train.py"
-CKPTSUP = [sys.executable, "-m", "ckptsup.cli"]
 STEPS = 24
 ARGS = ["--save-every-steps", "4", "--step-sleep-s", "0.4"]
-
-
-def named(events, name):
-    return [e for e in events if e["event"] == name]
-
-
-def samples(out: Path, rank: int) -> dict[int, list[int]]:
-    steps: dict[int, list[int]] = {}
-    for line in (out / f"samples_rank{rank}.jsonl").read_text().splitlines():
-        rec = json.loads(line)
-        steps[rec["step"]] = rec["ids"]
-    return steps
-
-
-def newest_step(out: Path) -> int:
-    try:
-        return max(json.loads(line)["step"] for line in (out / "samples_rank0.jsonl").read_text().splitlines()
-                   if line.endswith("}"))
-    except (FileNotFoundError, ValueError):
-        return -1
 
 
 @pytest.fixture(scope="module")
 def reference(tmp_path_factory) -> Path:
     out = tmp_path_factory.mktemp("hf-slurm-reference") / "out"
-    argv = [sys.executable, "-m", "torch.distributed.run", "--nproc-per-node", "2", "--master-addr", "127.0.0.1",
-            "--master-port", str(free_port()), str(SCRIPT), "--out", str(out), "--mode", "none", *ARGS]
-    proc = subprocess.run(argv, env=base_env(), capture_output=True, text=True, timeout=300)
-    assert proc.returncode == 0, proc.stderr[-3000:]
+    uninterrupted(SCRIPT, "--out", str(out), "--mode", "none", *ARGS)
     return out
-
-
-def assert_like_reference(out: Path, reference: Path) -> None:
-    for rank in (0, 1):
-        got = samples(out, rank)
-        assert sorted(got) == list(range(STEPS)) and got == samples(reference, rank)
-        final, ref = torch.load(out / f"final_rank{rank}.pt"), torch.load(reference / f"final_rank{rank}.pt")
-        assert all(torch.equal(final[k], ref[k]) for k in ref)
 
 
 def submit(tmp: Path, *, nodes: int, spares: int, partition: str | None = None,
@@ -71,17 +36,10 @@ def submit(tmp: Path, *, nodes: int, spares: int, partition: str | None = None,
     cfg.write_text("[supervisor]\nheartbeat_interval_s = 0.5\nnode_silence_s = 4.0\nhang_min_s = 10.0\n"
                    f"[slurm]\nspare_partition = \"{SPANNING}\"\n"
                    "[checkpoint]\nadaptive_interval = false\nkeep_daily_days = 0\ntest_load_every = 0\n")
-    run, out = tmp / "run", tmp / "out"
-    where = ["--partition", partition] if partition else []
-    proc = subprocess.run([*CKPTSUP, "sbatch", "--submit", "--json", "--nodes", str(nodes), "--spares", str(spares),
-                           *where, "--nproc-per-node", "1", "--config", str(cfg), "--run-dir", str(run), str(SCRIPT),
-                           "--out", str(out), *args], capture_output=True, text=True, timeout=60, cwd=tmp)
-    assert proc.returncode == 0, proc.stderr
-    return str(json.loads(proc.stdout)["job_id"]), run, out
-
-
-def ended(run: Path):
-    return lambda: named(read_events(run), "run_complete") or named(read_events(run), "give_up")
+    out = tmp / "out"
+    job, run = sbatch_submit(tmp, cfg, SCRIPT, "--out", str(out), *args, nodes=nodes, spares=spares,
+                             partition=partition)
+    return job, run, out
 
 
 def test_a_dead_node_under_the_hf_trainer_is_replaced_by_the_spare_and_resumes_from_the_buddys_memory(
@@ -92,16 +50,14 @@ def test_a_dead_node_under_the_hf_trainer_is_replaced_by_the_spare_and_resumes_f
     memory), the survivor from its own agent; HF's data skip and TrainerState come from that copy."""
     job, run, out = submit(tmp_path, nodes=2, spares=1, args=["--save-every-steps", "0", "--step-sleep-s", "0.4"])
     dev_cluster.wait_for(lambda: any(e["ok"] and e["step"] >= 10 for e in named(read_events(run), "memory_saved"))
-                         and newest_step(out) >= 11, 240, what="the memory save of step 10")
+                         and newest_sample_step(out) >= 11, 240, what="the memory save of step 10")
     first = named(read_events(run), "launch")[0]
     victim = first["nodes"][1]
     with dev_cluster.revived(victim):
         dev_cluster.kill_node(victim)
-        dev_cluster.wait_for(ended(run), 300, what=f"job {job} to end")
+        dev_cluster.wait_for(lambda: ended(run), 300, what=f"job {job} to end")
     events = read_events(run)
-    assert named(events, "run_complete"), [e for e in events if e["event"] in ("give_up", "failure_detected")]
-    relaunch = named(events, "launch")[-1]
-    assert victim not in relaunch["nodes"] and set(first["spares"]) <= set(relaunch["nodes"])
+    relaunch = assert_completed_on_the_spare(events, first, victim)
     assert not [e for e in named(events, "checkpoint_committed") if e["ts"] < relaunch["ts"]]   # memory alone
     [load] = named(events, "checkpoint_loaded")
     assert load["step"] >= 10 and load["path"] == f"memory:step_{load['step']}", load
@@ -109,28 +65,22 @@ def test_a_dead_node_under_the_hf_trainer_is_replaced_by_the_spare_and_resumes_f
     assert load["source"] == "peer_memory" and load["files_by_source"] == {**load["files_by_source"], "memory": 1,
                                                                           "peer_memory": 1}, load
     assert set(named(events, "restart_done")[-1]["load_by_source"]) == {"memory", "peer_memory"}
-    assert_like_reference(out, reference)
+    assert_same_run(out, reference, STEPS)
 
 
 def test_a_preempted_hf_run_is_requeued_and_resumed_not_complete(dev_cluster, tmp_path, reference):
     job, run, out = submit(tmp_path, nodes=2, spares=0, partition="lowprio")
-    dev_cluster.wait_for(lambda: newest_step(out) >= 6, 240, what="step 6")
+    dev_cluster.wait_for(lambda: newest_sample_step(out) >= 6, 240, what="step 6")
     nodes = named(read_events(run), "launch")[-1]["nodes"]
-    urgent = dev_cluster.submit("#!/bin/bash\nsleep 5\n", "-p", "highprio", "--exclusive", "-N", str(len(nodes)),
-                                "-w", ",".join(nodes))
-    dev_cluster.wait_for(ended(run), 400, what="the preempted run to end")
+    urgent = preempt(dev_cluster, nodes)
+    dev_cluster.wait_for(lambda: ended(run), 400, what="the preempted run to end")
     events = read_events(run)
-    starts = named(events, "supervisor_start")
-    assert len(starts) >= 2 and starts[-1]["resumed"], "a preemption must requeue the job"
-    first_end = [e for e in events if e["event"] in ("run_complete", "requeue", "give_up")][0]
-    assert first_end["event"] != "run_complete"
-    assert [f for f in named(events, "failure_detected") if f["kind"] == "preempted"]
-    assert len(named(events, "run_complete")) == 1 and named(events, "run_complete")[0]["ts"] > starts[-1]["ts"]
+    assert_requeued_not_complete(events)
     # the ranks got the SIGTERM, stopped at an agreed step, wrote the emergency checkpoint (GraceTime
     # fits the save measured at step_4) and left HF's train() with PREEMPTED; the requeue resumed from it
     log = "".join(p.read_text(errors="replace") for p in run.glob("attempt-*/ranks-*.log"))
     assert log.count("exits with PREEMPTED") == 2 and log.count("emergency save written") == 2
     stop = int(log.split("exits with PREEMPTED: stopped after step ")[1].split()[0])
     assert named(events, "checkpoint_loaded")[0]["step"] == stop + 1
-    assert_like_reference(out, reference)
+    assert_same_run(out, reference, STEPS)
     assert dev_cluster.job_state(urgent) is None or dev_cluster.job_state(urgent).finished

@@ -13,44 +13,25 @@ from __future__ import annotations
 
 import json
 import subprocess
-import sys
 from pathlib import Path
 
 import pytest
 
 from ckptsup.checkpoint.external import quarantine_dir
 
-from hooks_helpers import base_env, free_port, private_dir
+import run_helpers
+from hooks_helpers import private_dir
+from run_helpers import flip_a_bit, resumed_at, samples, uninterrupted
+from test_integration_lightning import BATCH, EPOCHS, SAMPLES, SCRIPT, STEPS
 
 pytestmark = pytest.mark.integration
 
-ROOT = Path(__file__).resolve().parents[1]
-SCRIPT = ROOT / "tests" / "helpers" / "lightning_train.py"
-EPOCHS, SAMPLES, BATCH = 2, 192, 4      # 2 ranks: 24 optimizer steps per epoch, 48 in all
-STEPS = EPOCHS * SAMPLES // (2 * BATCH)
 ARGS = ["--epochs", str(EPOCHS), "--samples", str(SAMPLES), "--batch", str(BATCH), "--stateful"]
 
 
 def torchrun(out: Path, ckpt: Path, *extra: str) -> subprocess.CompletedProcess:
-    argv = [sys.executable, "-m", "torch.distributed.run", "--nproc-per-node", "2", "--master-addr", "127.0.0.1",
-            "--master-port", str(free_port()), str(SCRIPT), *ARGS, "--out", str(out), "--ckpt-dir", str(ckpt), *extra]
-    return subprocess.run(argv, env=base_env(), capture_output=True, text=True, timeout=400, cwd=out.parent)
-
-
-def samples(out: Path, rank: int) -> dict[int, list[int]]:
-    steps: dict[int, list[int]] = {}
-    for line in (out / f"samples_rank{rank}.jsonl").read_text().splitlines():
-        record = json.loads(line)
-        steps[record["step"]] = record["ids"]
-    return steps
-
-
-def resumed_at(out: Path, rank: int) -> int:
-    """The first step of the second run: where the step numbers go back."""
-    steps = [json.loads(line)["step"] for line in (out / f"samples_rank{rank}.jsonl").read_text().splitlines()]
-    back = [b for a, b in zip(steps, steps[1:]) if b <= a]
-    assert len(back) == 1, f"rank {rank}: not exactly one resume in {steps}"
-    return back[0]
+    return run_helpers.torchrun(SCRIPT, *ARGS, "--out", str(out), "--ckpt-dir", str(ckpt), *extra, timeout=400,
+                                cwd=out.parent)
 
 
 def assert_state_and_samples(out: Path, ref: Path) -> None:
@@ -65,8 +46,8 @@ def assert_state_and_samples(out: Path, ref: Path) -> None:
 @pytest.fixture(scope="module")
 def reference(tmp_path_factory) -> Path:
     base = private_dir(tmp_path_factory.mktemp("lightning-frameworks-reference"))
-    proc = torchrun(base / "out", base / "ck", "--step-s", "0", "--every", "5")
-    assert proc.returncode == 0, proc.stdout[-2000:] + proc.stderr[-3000:]
+    uninterrupted(SCRIPT, *ARGS, "--out", str(base / "out"), "--ckpt-dir", str(base / "ck"), "--step-s", "0",
+                  "--every", "5", timeout=400, cwd=base)
     return base / "out"
 
 
@@ -90,12 +71,6 @@ def test_datamodule_callback_and_on_save_checkpoint_state_come_back_from_ckptsup
     # ModelCheckpoint beside the callback: no conflict, at most one line about it
     assert "enable_checkpointing=False" not in text
     assert sum("ModelCheckpoint" in line and "ckptsup" in line for line in text.splitlines()) <= 1
-
-
-def flip_a_bit(path: Path) -> None:
-    data = bytearray(path.read_bytes())
-    data[len(data) // 2] ^= 1
-    path.write_bytes(bytes(data))
 
 
 def test_a_corrupt_newest_ckpt_is_moved_aside_and_lightning_resumes_from_the_older_one(

@@ -12,7 +12,8 @@ import torch
 
 from ckptsup.events import read_events
 
-from drop_in_helpers import SCRIPT, named, reference, same_model
+from drop_in_helpers import SCRIPT, reference, same_model
+from run_helpers import named
 
 pytestmark = pytest.mark.integration
 

@@ -4,7 +4,7 @@ compared across the replica groups, and ranks that hold other shards are not: 3 
 shards (6 ranks), fingerprints at every step, a bit flipped in rank 3's shard after step 7 — the
 majority of its shard's three copies names rank 3 alone, and no check before the flip was a false
 alarm. The run stops there (max_restarts = 0): what follows a named rank is the supervisor's, the
-same for DDP and HSDP (tests/test_sdc_real.py, the dev-cluster tests in test_supervisor_slurm.py),
+same for DDP and HSDP (tests/test_sdc_real.py, the dev-cluster tests in test_supervisor_slurm_sdc_elastic.py),
 and 6 ranks starting twice on 2 cores took 70 s instead of 30 s (a shared, loaded box)."""
 import json
 import subprocess

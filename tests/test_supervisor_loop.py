@@ -1,6 +1,6 @@
 """The supervisor loop in-process: a scripted agent step (FakeStep), a fake health checker and a
 clock that advances on every read, so every policy path and every wait runs in milliseconds.
-The real-process tier (test_supervisor_local.py, test_supervisor_slurm.py) keeps covering the
+The real-process tier (test_supervisor_local.py, test_supervisor_slurm_*.py) keeps covering the
 same paths through real agents, torchrun and Slurm."""
 
 from __future__ import annotations

@@ -13,8 +13,9 @@ from pathlib import Path
 import pytest
 import torch
 
-from drop_in_helpers import CKPTSUP, SCRIPT, same_model
+from drop_in_helpers import SCRIPT, same_model
 from hooks_helpers import base_env, free_port
+from run_helpers import CKPTSUP
 
 pytestmark = pytest.mark.integration
 
