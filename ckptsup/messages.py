@@ -62,6 +62,10 @@ def fld(*, default: Any = MISSING, opt: bool = False, low: float | None = None, 
 Check = Callable[[Any], Any]
 
 
+def _anything(v: Any) -> Any:
+    return v
+
+
 def _is_int(v: Any) -> bool:
     return isinstance(v, int) and not isinstance(v, bool)
 
@@ -84,7 +88,7 @@ def _checker(tp: Any, meta: Mapping[str, Any]) -> tuple[Check, str]:
     """(check, description) for a value of annotation `tp`; check returns the value to keep."""
     low, high = meta.get("low"), meta.get("high")
     if tp is Any:
-        return (lambda v: v), "anything"
+        return _anything, "anything"
     if tp is int:
         return _bounded("an integer", _is_int, low, high)
     if tp is float:
@@ -122,7 +126,7 @@ def _checker(tp: Any, meta: Mapping[str, Any]) -> tuple[Check, str]:
         def items(v: Any) -> tuple[Any, ...]:
             if not isinstance(v, (list, tuple)) or len(v) > most:
                 raise Problem(desc)
-            return tuple(item(x) for x in v)
+            return tuple(v) if item is _anything else tuple([item(x) for x in v])
         desc = f"a list of at most {most} ({item_desc})"
         return items, desc
     if origin is dict and args and args[0] is str:

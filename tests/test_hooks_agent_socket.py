@@ -13,7 +13,7 @@ import pytest
 
 from hooks_helpers import FakeAgent, base_env, private_dir, train_argv
 
-from ckptsup import wire
+from ckptsup import messages, wire
 from ckptsup.env import ExitStatus
 from ckptsup.hooks.agent_socket import RankChannel
 
@@ -129,7 +129,7 @@ def test_forged_and_replayed_commands_are_dropped(tmp_path) -> None:
 
 def test_without_a_socket_the_channel_is_a_no_op() -> None:
     channel = RankChannel(socket_path=None, secret_file=None, rank=3)
-    channel.send("step", {"step": 1})
+    channel.send(messages.Step(step=1))
     assert not channel.connected
 
 
