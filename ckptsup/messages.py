@@ -281,7 +281,7 @@ class PhaseChange(Body):
 class Nan(Body):
     rank: int = fld(default=NO_RANK, low=0)
     step: int | None = fld(default=None)
-    loss: Any = fld(default=None)   # the loss as the rank printed it (a string); only shown
+    loss: str | float | None = fld(default=None)   # the loss as the rank printed it ("nan"); only shown
 
 
 @kind(MessageKind.SDC)
@@ -292,7 +292,7 @@ class Sdc(Body):
     copies: int = fld(low=1)
     disputed: tuple[int, ...] = fld(low=0)
     majority: bool = fld()
-    fingerprint: Any = fld(default="")
+    fingerprint: str = fld(default="")   # the majority's (or the only) fingerprint, hex
     agreed_step: int | None = fld(opt=True, low=0)
 
 
@@ -320,7 +320,7 @@ class Heartbeat(Body):
     ranks_alive: tuple[int, ...] | None = fld(default=None)
     last_step: int | None = fld(default=None)
     phase: Phase | None = fld(default=None)
-    stopped_ranks: tuple[Any, ...] = fld(default=())
+    stopped_ranks: tuple[int, ...] = fld(default=())
     torchrun: bool | None = fld(default=None)
     dropped: int = fld(default=0)
     attempt: int | None = fld(default=None)

@@ -214,3 +214,27 @@ def test_the_contracts_table_lists_each_types_fields_and_which_are_optional() ->
 def test_wire_kinds_point_at_the_types_instead_of_listing_fields() -> None:
     source = Path(wire.__file__).read_text()
     assert "messages.py" in source
+
+
+def test_the_supervisors_reader_types_each_body_and_drops_a_mistyped_one_like_a_forged_one(tmp_path: Path) -> None:
+    """AgentStep's reader is the supervisor's one boundary: a real child writes a good heartbeat,
+    a well-signed one with a wrong body and a forged one; only the first is queued, typed."""
+    import queue
+    import sys
+
+    from ckptsup.supervisor.agent_step import AgentStep, CommandSender, StepEof, StepSignal
+
+    good = messages.Heartbeat(ranks_alive=(0,), last_step=4, attempt=1)
+    env = {"node": "n1", "agent": "a1"}
+    lines = [wire.encode(MessageKind.HB, {**good.to_body(), **env}, seq=1, secret=SECRET),
+             wire.encode(MessageKind.HB, {"ranks_alive": "all", **env}, seq=2, secret=SECRET),
+             wire.encode(MessageKind.HB, {**good.to_body(), **env}, seq=3, secret=b"forged" * 6)]
+    script = "import sys; sys.stdout.buffer.write(bytes.fromhex(sys.argv[1]))"
+    inbox: "queue.Queue" = queue.Queue()
+    step = AgentStep(argv=[sys.executable, "-c", script, b"".join(lines).hex()], env={}, nodes=("n1",), secret=SECRET,
+                     sender=CommandSender(SECRET), inbox=inbox, log_path=tmp_path / "agents.log")
+    first, end = inbox.get(timeout=30), inbox.get(timeout=30)
+    assert (first.m, first.node, first.agent, first.body) == (MessageKind.HB, "n1", "a1", good)
+    assert end.m is StepSignal.EOF and end.body == StepEof(rc=0)
+    step.reader.join(timeout=30)
+    assert step.dropped == 2

@@ -198,9 +198,8 @@ class AttemptTracker:
                 # a stopped worker that prints nothing (rank 1 while rank 0 prints): a view, so
                 # that the hang it causes is pinned on it
                 for quiet in stopped - set(self.ranks):
-                    if isinstance(quiet, int):
-                        self.ranks[quiet] = RankView(rank=quiet, node=node, phase=Phase.TRAIN, phase_since=now,
-                                                     last_progress=now, stopped=True, stopped_since=now)
+                    self.ranks[quiet] = RankView(rank=quiet, node=node, phase=Phase.TRAIN, phase_since=now,
+                                                 last_progress=now, stopped=True, stopped_since=now)
         elif isinstance(body, messages.Hello):
             rank = body.rank
             self.ranks[rank] = RankView(rank=rank, node=node, phase=Phase.INIT, phase_since=now,
