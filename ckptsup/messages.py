@@ -237,9 +237,15 @@ def _rank_sources(value: dict[str, Any]) -> bool:
 
 
 # ==== rank → agent ================================================================================
-# `rank` of a rank-scoped kind: absent, the agent fills in the hello's (-1 until then); present, it
-# must be that rank.
 NO_RANK = -1
+
+
+@dataclass(frozen=True, slots=True, kw_only=True)
+class RankScoped(Body):
+    """A rank's frame about itself: absent, its `rank` is the hello's (the agent fills it in;
+    NO_RANK until then); present, it must be that rank."""
+
+    rank: int = fld(default=NO_RANK, low=0)
 
 
 @kind(MessageKind.HELLO)
@@ -258,8 +264,7 @@ class Hello(Body):
 
 @kind(MessageKind.STEP)
 @dataclass(frozen=True, slots=True, kw_only=True)
-class Step(Body):
-    rank: int = fld(default=NO_RANK, low=0)
+class Step(RankScoped):
     step: int = fld(low=0)
     step_time_s: float | None = fld(default=None)
     loss_finite: bool = fld(default=True)
@@ -270,24 +275,21 @@ class Step(Body):
 
 @kind(MessageKind.PHASE)
 @dataclass(frozen=True, slots=True, kw_only=True)
-class PhaseChange(Body):
-    rank: int = fld(default=NO_RANK, low=0)
+class PhaseChange(RankScoped):
     phase: Phase = fld()
     step: int | None = fld(default=None)
 
 
 @kind(MessageKind.NAN)
 @dataclass(frozen=True, slots=True, kw_only=True)
-class Nan(Body):
-    rank: int = fld(default=NO_RANK, low=0)
+class Nan(RankScoped):
     step: int | None = fld(default=None)
     loss: str | float | None = fld(default=None)   # the loss as the rank printed it ("nan"); only shown
 
 
 @kind(MessageKind.SDC)
 @dataclass(frozen=True, slots=True, kw_only=True)
-class Sdc(Body):
-    rank: int = fld(default=NO_RANK, low=0)
+class Sdc(RankScoped):
     step: int = fld(low=0)
     copies: int = fld(low=1)
     disputed: tuple[int, ...] = fld(low=0)
@@ -304,13 +306,8 @@ class EventRecord(Body):
 
 @kind(MessageKind.BYE)
 @dataclass(frozen=True, slots=True, kw_only=True)
-class Bye(Body):
-    rank: int = fld(default=NO_RANK, low=0)
+class Bye(RankScoped):
     status: int = fld()   # an ExitStatus; another integer of a newer rank is kept as it is
-
-
-# rank-scoped kinds: their `rank` is the hello's (agent.py)
-RANK_SCOPED: tuple[type[Body], ...] = (Step, PhaseChange, Nan, Sdc, Bye)
 
 
 # ==== agent → supervisor (the agent adds {node, agent}: the envelope, outside these types) ==========

@@ -165,7 +165,6 @@ def _unauth_line(count: int) -> str:
             f"(not ranks of this job; at most one such line per {UNAUTH_LOG_EVERY_S:g}s)")
 
 
-
 class Agent:
     def __init__(self, *, spec: LaunchSpec, node: str, secret: bytes, out: BinaryIO, inp: BinaryIO,
                  attempt: int) -> None:
@@ -553,11 +552,10 @@ class Agent:
         if isinstance(msg, messages.Hello):
             self._hello(conn, seq, msg)
             return
-        if isinstance(msg, messages.RANK_SCOPED):
-            rank = getattr(msg, "rank")
-            if rank == messages.NO_RANK:
-                msg = dataclasses.replace(msg, **{"rank": conn.rank})   # absent: the hello's (a rank-scoped kind has one)
-            elif rank != conn.rank:
+        if isinstance(msg, messages.RankScoped) and conn.rank is not None:   # (it is: a hello came first)
+            if msg.rank == messages.NO_RANK:
+                msg = dataclasses.replace(msg, rank=conn.rank)   # absent: the hello's
+            elif msg.rank != conn.rank:
                 self._count_drop()  # another rank's identity
                 return
         if isinstance(msg, messages.Step):
