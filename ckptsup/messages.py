@@ -1,9 +1,9 @@
 """Typed message bodies: one frozen dataclass per `wire.MessageKind` (docs/contracts.md §Wire frames).
 
 `wire.py` moves frames (JSON, MAC, sequence numbers); this module says what a body holds. A
-sender builds the kind's class and sends `to_body()`; a receiver turns the body it got into the
-class with `parse(kind, body)` at its boundary, the one place a body is checked, and reads
-attributes from then on. docs/contracts.md's message table lists the same fields (optional
+sender builds the kind's class and sends it (`encode`, or `to_body()` to a transport that adds an
+envelope); a receiver turns the body it got into the class with `parse(kind, body)` at its
+boundary, the one place a body is checked, and reads attributes from then on. docs/contracts.md's message table lists the same fields (optional
 ones with `?`); tests/test_messages.py holds them together both ways.
 
 Frozen dataclasses, not TypedDicts: a TypedDict checks nothing at run time, so the body of a
@@ -32,6 +32,7 @@ from dataclasses import MISSING, dataclass, field, fields
 from types import NoneType, UnionType
 from typing import Any, Callable, ClassVar, Mapping, TypeVar
 
+from . import wire
 from .wire import FrameError, MessageKind, Phase
 
 MAX_LIST_ITEMS = 1 << 16   # a list field's length bound (a frame is at most 64 KiB anyway)
@@ -170,7 +171,7 @@ class Body:
     """A message body; a subclass per kind, registered with @kind."""
 
     KIND: ClassVar[MessageKind]
-    _fields: ClassVar[tuple[_Field, ...]]
+    _fields: ClassVar[tuple[_Field, ...]] = ()   # set by @kind
 
     def to_body(self) -> dict[str, Any]:
         """The JSON body: every field but the optional ones that are None."""
@@ -222,6 +223,12 @@ def kind(m: MessageKind) -> Callable[[type[B]], type[B]]:
 def parse(m: MessageKind, body: Mapping[str, Any]) -> Body:
     """The typed body of a decoded frame of kind `m`: the one check of a body at a boundary."""
     return BODIES[m].from_body(body)
+
+
+def encode(msg: Body, *, seq: int, secret: bytes, envelope: Mapping[str, Any] | None = None) -> bytes:
+    """`msg` as one frame (wire.encode), with the hop's envelope keys ({node, agent}) added."""
+    body = msg.to_body()
+    return wire.encode(msg.KIND, {**body, **envelope} if envelope else body, seq=seq, secret=secret)
 
 
 def peer_addr(value: Any) -> bool:

@@ -72,7 +72,7 @@ def test_every_kind_has_one_body_type_and_a_sample() -> None:
 @pytest.mark.parametrize("m", list(MessageKind))
 def test_every_kind_round_trips_through_a_frame(m: MessageKind) -> None:
     sent = SAMPLES[m]
-    frame = wire.encode(m, {**sent.to_body(), "node": "n1", "agent": "abc"}, seq=5, secret=SECRET)
+    frame = messages.encode(sent, seq=5, secret=SECRET, envelope={"node": "n1", "agent": "abc"})
     got_m, seq, raw = wire.decode(frame, secret=SECRET)
     assert (got_m, seq) == (m, 5)
     assert messages.parse(got_m, raw) == sent                      # the envelope's keys are ignored

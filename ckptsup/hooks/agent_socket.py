@@ -159,7 +159,7 @@ class RankChannel:
             return
         with self._send_lock:
             self._seq += 1
-            frame = wire.encode(msg.KIND, msg.to_body(), seq=self._seq, secret=self._secret)
+            frame = messages.encode(msg, seq=self._seq, secret=self._secret)
             try:
                 self._sock.sendall(frame)
             except OSError as err:

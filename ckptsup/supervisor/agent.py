@@ -234,9 +234,9 @@ class Agent:
 
     # ---- output -------------------------------------------------------------------------------
     def send(self, msg: messages.Body) -> None:
-        body = {**msg.to_body(), "node": self.node, "agent": self.instance}   # the envelope
         try:
-            frame = wire.encode(msg.KIND, body, seq=self.seq + 1, secret=self.secret)
+            frame = messages.encode(msg, seq=self.seq + 1, secret=self.secret,
+                                    envelope={"node": self.node, "agent": self.instance})
         except wire.FrameError:
             self._count_drop()  # a rank's frame too large once {node, agent} is added
             return
