@@ -11,8 +11,9 @@ Transport:
 
 Frame: {"m": <type>, "seq": <int>, "body": {...}, "mac": <hex>}
 
-Message kinds (m) are `MessageKind`; which hop carries each is `HOPS`, and docs/contracts.md
-lists the same table (a test holds them together). A rank's `phase` is a `Phase`.
+Message kinds (m) are `MessageKind`; which hop carries each is `HOPS`; the body of each is a
+frozen dataclass in messages.py, and docs/contracts.md lists the same table (tests hold them
+together). A rank's `phase` is a `Phase`.
 """
 
 from __future__ import annotations
@@ -41,43 +42,46 @@ class Hop(enum.StrEnum):
 
 
 class MessageKind(enum.StrEnum):
-    """Every frame type. StrEnum, so a member formats, hashes and compares as its value."""
+    """Every frame type. StrEnum, so a member formats, hashes and compares as its value. The body
+    of each is a frozen dataclass in messages.py (its fields, defaults and checks)."""
 
     # rank → agent
-    HELLO = "hello"                  # {rank, local_rank, world_size, node, pid, checkpoints}
-    STEP = "step"                    # {rank, step, step_time_s, loss_finite, compute_s?, loss? (rank 0's, finite)}
-    PHASE = "phase"                  # {rank, phase: Phase, step}; the phase the rank is already in again: a heartbeat in it
-    NAN = "nan"                      # {rank, step, loss}
-    SDC = "sdc"                      # {rank, step, copies, disputed: [rank], majority, fingerprint}: replicas disagree (docs/sdc.md)
-    EVENT = "event"                  # {record}: an events.jsonl record for the supervisor to append
-    BYE = "bye"                      # {rank, status: ExitStatus}
+    HELLO = "hello"                 # messages.Hello
+    STEP = "step"                   # messages.Step
+    PHASE = "phase"                 # messages.PhaseChange: the phase the rank is already in again: a heartbeat in it
+    NAN = "nan"                     # messages.Nan
+    SDC = "sdc"                     # messages.Sdc: replicas disagree (docs/sdc.md)
+    EVENT = "event"                 # messages.EventRecord: an events.jsonl record for the supervisor to append
+    BYE = "bye"                     # messages.Bye
     # agent → supervisor (every body also carries {node, agent})
-    HB = "hb"                        # {ranks_alive, last_step, phase, stopped_ranks, torchrun, dropped, attempt, pids: [{rank, pid, host_pid}], evidence: [[rank, cpu_s, io_bytes, state]]}
-    LAUNCHED = "launched"            # {attempt, pid}: torchrun started (its pid, to reap if the agent dies)
-    RANK_EXIT = "rank_exit"          # {rank, rc, pid, step, age_s, detail}; rc 0: a rank without hooks exited cleanly
-    TORCHRUN_EXIT = "torchrun_exit"  # {rc, step, preempted?}
-    KILLED = "killed"                # {kill_s, survivors?: [{rank, pid, host_pid, wchan?, stack?}]}: answer to kill
-    RESTARTED = "restarted"          # {attempt, kill_s}: answer to restart
-    PREEMPT = "preempt"              # {signal, budget_s}: the agent itself got SIGTERM
-    PROGRESS = "progress"            # {rank, step}: a progress line of a rank that did not say hello
-    OUTPUT = "output"                # {lines, dropped}: rank output for the supervisor's console (rate-limited)
-    WARM_READY = "warm_ready"        # {interpreters}: the next launch's warm rank interpreters are ready
-    EXT_HASHED = "ext_hashed"        # {request, part, folder, files: [{path, size, hash}], problems}: answer to ext_hash
-    MEMORY_PEER = "memory_peer"      # {addr}: where this agent's memory store takes replicas (host:port)
-    MEMORY_REPLICATED = "memory_replicated"  # {step, rank, buddy, ok, bytes, replicate_s, reason?}
-    STACKS_TAKEN = "stacks_taken"    # {attempt, stacks: [[rank, text]], wchan: [[rank, kernel wait channel]]}: answer to stacks
+    HB = "hb"                       # messages.Heartbeat
+    LAUNCHED = "launched"           # messages.Launched: torchrun started (its pid, to reap if the agent dies)
+    RANK_EXIT = "rank_exit"         # messages.RankExit: rc 0: a rank without hooks exited cleanly
+    TORCHRUN_EXIT = "torchrun_exit"  # messages.TorchrunExit
+    KILLED = "killed"               # messages.Killed: answer to kill
+    RESTARTED = "restarted"         # messages.Restarted: answer to restart
+    PREEMPT = "preempt"             # messages.Preempt: the agent itself got SIGTERM
+    PROGRESS = "progress"           # messages.Progress: a progress line of a rank that did not say hello
+    OUTPUT = "output"               # messages.Output: rank output for the supervisor's console (rate-limited)
+    WARM_READY = "warm_ready"       # messages.WarmReady: the next launch's warm rank interpreters are ready
+    EXT_HASHED = "ext_hashed"       # messages.ExtHashed: answer to ext_hash
+    MEMORY_PEER = "memory_peer"     # messages.MemoryPeer: where this agent's memory store takes replicas (host:port)
+    MEMORY_REPLICATED = "memory_replicated"  # messages.MemoryReplicated
+    STACKS_TAKEN = "stacks_taken"   # messages.StacksTaken: answer to stacks
     # supervisor → agent (→ ranks)
-    STOP_AT = "stop_at"              # {reason, save, budget_s}: stop at an agreed step (preemption)
-    SAVE_NOW = "save_now"            # {reason}
-    SET_INTERVAL = "set_interval"    # {interval_s}
-    SET_TIMEOUT = "set_timeout"      # {collective_s}: the steady collective timeout, once steps are measured
-    DUMP_FR = "dump_fr"              # {path}
-    KILL = "kill"                    # {grace, report?}: agent only: kill torchrun and the ranks now (report: name the live ones first)
-    RESTART = "restart"              # {attempt, spec: LaunchSpec as JSON}: agent only: fast-path relaunch
-    EXIT = "exit"                    # {}: agent only: kill the ranks and exit
-    EXT_HASH = "ext_hash"            # {request, part, dir, folder, files, algorithm}: agent only: hash these files of an external step folder
-    MEMORY_PEERS = "memory_peers"    # {buddies: [addr, ...], sources: {rank: [addr, ...]}}: agent only: the memory tier's peers
-    STACKS = "stacks"                # {}: agent only: every rank's Python stacks (a suspected hang's evidence)
+    STOP_AT = "stop_at"             # messages.StopAt: stop at an agreed step (preemption)
+    SAVE_NOW = "save_now"           # messages.SaveNow
+    SET_INTERVAL = "set_interval"   # messages.SetInterval
+    SET_TIMEOUT = "set_timeout"     # messages.SetTimeout: the steady collective timeout, once steps are measured
+    DUMP_FR = "dump_fr"             # messages.DumpFr
+    KILL = "kill"                   # messages.Kill: agent only: kill torchrun and the ranks now (report: name the live ones first)
+    RESTART = "restart"             # messages.Restart: agent only: fast-path relaunch
+    EXIT = "exit"                   # messages.Exit: agent only: kill the ranks and exit
+    EXT_HASH = "ext_hash"           # messages.ExtHash: agent only: hash these files of an external step folder
+    MEMORY_PEERS = "memory_peers"   # messages.MemoryPeers: agent only: the memory tier's peers
+    STACKS = "stacks"               # messages.Stacks: agent only: every rank's Python stacks (a suspected hang's evidence)
+
+
 
 
 HOPS: dict[MessageKind, Hop] = {

@@ -5,6 +5,7 @@ from __future__ import annotations
 from dataclasses import dataclass, field
 from typing import Any
 
+from ckptsup import messages
 from ckptsup.supervisor.agent_set import AgentSet
 from ckptsup.supervisor.agent_step import Message, StepSignal
 from ckptsup.wire import MessageKind
@@ -33,7 +34,7 @@ class Sent:
 
 
 def msg(step_id: int, node: str, m=MessageKind.HB) -> Message:
-    return Message(recv=0.0, m=m, body={"node": node}, step_id=step_id)
+    return Message.received(recv=0.0, m=m, body={"node": node}, step_id=step_id)
 
 
 def test_only_live_agents_of_current_steps_count():
@@ -45,7 +46,7 @@ def test_only_live_agents_of_current_steps_count():
     assert agents.current(msg(2, "n2")) and not agents.current(msg(1, "n2"))
     agents.lose("n3")
     assert not agents.current(msg(1, "n3")) and not agents.has_agent("n3")
-    assert agents.current(Message(recv=0.0, m=StepSignal.EOF, body={}, step_id=1))
+    assert agents.current(Message.received(recv=0.0, m=StepSignal.EOF, body={}, step_id=1))
     assert agents.ended(1) == ("n1",) and not agents.has_agent("n1") and agents.has_agent("n2")
     assert agents.ended(1) == ()
 
@@ -55,15 +56,15 @@ def test_commands_reach_exactly_the_agents_meant_one_frame_per_step():
     big, own = Sent(1, ("n1", "n2", "n3")), Sent(2, ("n4",))
     agents.add(big)
     agents.add(own)
-    assert agents.send(MessageKind.KILL)
+    assert agents.send(messages.Kill())
     assert big.log == [(MessageKind.KILL, None)] and own.log == [(MessageKind.KILL, None)]
-    assert agents.send(MessageKind.RESTART, {}, nodes=["n1", "n3", "n4"])
+    assert agents.send(messages.Restart(attempt=1), nodes=["n1", "n3", "n4"])
     assert big.log[-1] == (MessageKind.RESTART, ["n1", "n3"]) and own.log[-1] == (MessageKind.RESTART, None)
     agents.lose("n2")
-    agents.send(MessageKind.SET_INTERVAL, {})
+    agents.send(messages.SetInterval())
     assert big.log[-1] == (MessageKind.SET_INTERVAL, ["n1", "n3"])   # not to the agent we let go
-    assert not agents.send(MessageKind.KILL, nodes=["n9"])   # nobody there to hear it
+    assert not agents.send(messages.Kill(), nodes=["n9"])   # nobody there to hear it
     own.running = False
-    assert not agents.send(MessageKind.KILL) and agents.alive() and not agents.has_agent("n4")
+    assert not agents.send(messages.Kill()) and agents.alive() and not agents.has_agent("n4")
     agents.close(0)
     assert not agents.alive() and not big.running

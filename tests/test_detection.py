@@ -120,9 +120,9 @@ def test_after_a_rank_finishes_the_others_get_the_stopping_allowance():
     cfg = SupervisorConfig(hang_timeout_s=5, save_timeout_s=600.0, node_silence_s=1e9)
     t = AttemptTracker(attempt=0, nodes=("n1",), nproc_per_node=2, config=cfg, started=0.0)
     for rank in (0, 1):
-        t.on_message(Message(recv=1.0, m="hello", body={"node": "n1", "rank": rank}, step_id=1))
-        t.on_message(Message(recv=2.0, m="step", body={"node": "n1", "rank": rank, "step": 9}, step_id=1))
-    t.on_message(Message(recv=3.0, m="bye", body={"node": "n1", "rank": 1, "status": 0}, step_id=1))
+        t.on_message(Message.received(recv=1.0, m="hello", body={"node": "n1", "rank": rank}, step_id=1))
+        t.on_message(Message.received(recv=2.0, m="step", body={"node": "n1", "rank": rank, "step": 9}, step_id=1))
+    t.on_message(Message.received(recv=3.0, m="bye", body={"node": "n1", "rank": 1, "status": 0}, step_id=1))
     assert t.check(now=60.0) is None  # rank 0 drains its housekeeping: not a hang
     assert t.check(now=700.0).kind is FailureKind.HANG
 
@@ -144,10 +144,10 @@ def test_torchrun_failing_after_every_rank_of_the_node_finished_is_a_teardown_er
     cfg = SupervisorConfig(hang_timeout_s=5, save_timeout_s=600.0, node_silence_s=1e9)
     t = AttemptTracker(attempt=0, nodes=("n1",), nproc_per_node=2, config=cfg, started=0.0)
     for rank in (0, 1):
-        t.on_message(Message(recv=1.0, m="hello", body={"node": "n1", "rank": rank}, step_id=1))
+        t.on_message(Message.received(recv=1.0, m="hello", body={"node": "n1", "rank": rank}, step_id=1))
     for rank in finished:
-        t.on_message(Message(recv=3.0, m="bye", body={"node": "n1", "rank": rank, "status": 0}, step_id=1))
-    failure = t.on_message(Message(recv=4.0, m="torchrun_exit", body={"node": "n1", "rc": 1}, step_id=1))
+        t.on_message(Message.received(recv=3.0, m="bye", body={"node": "n1", "rank": rank, "status": 0}, step_id=1))
+    failure = t.on_message(Message.received(recv=4.0, m="torchrun_exit", body={"node": "n1", "rc": 1}, step_id=1))
     if crash:
         assert failure.kind is FailureKind.CRASH and not t.complete and not t.teardown_errors
     else:
@@ -167,12 +167,12 @@ def test_the_node_down_check_reads_only_the_silent_front_yet_finds_what_a_full_s
     for second in range(0, 9):
         for node in ("n4", "n1", "n2", "n3"):
             if node != "n3" or second <= 2:
-                t.on_message(Message(recv=float(second), m=MessageKind.HB, body={"node": node, "ranks_alive": []},
+                t.on_message(Message.received(recv=float(second), m=MessageKind.HB, body={"node": node, "ranks_alive": []},
                                      step_id=1))
     assert list(t.heard_order)[0] == "n3"
     failure = t.check(8.0)
     assert failure is not None and failure.node == "n3" and failure.kind.value == "node_down"
-    t.on_message(Message(recv=1.0, m=MessageKind.HB, body={"node": "n4", "ranks_alive": []}, step_id=1))   # far older
+    t.on_message(Message.received(recv=1.0, m=MessageKind.HB, body={"node": "n4", "ranks_alive": []}, step_id=1))   # far older
     assert list(t.heard_order)[:2] == ["n4", "n3"] and t.check(8.0).node == "n4"
 
 

@@ -141,7 +141,7 @@ def test_reporter_checks_the_name_on_every_rank_and_path() -> None:
 
     sent: list[tuple[str, dict]] = []
     env = SimpleNamespace(run_dir=None, job_id="1", attempt=0, epoch=1)
-    channel = SimpleNamespace(connected=True, send=lambda m, body: sent.append((m, body)))
+    channel = SimpleNamespace(connected=True, send=lambda msg: sent.append((msg.KIND, msg.to_body())))
     Reporter(env=env, rank=0, channel=channel).emit(Event.ELASTIC_RESUME, step=3)
     assert sent[0][0] == "event" and sent[0][1]["record"]["event"] == "elastic_resume"
     for rank in (0, 1):  # rank 1 drops the event, but a bad name is still a bug there

@@ -2,6 +2,7 @@
 which node hashes what, the manifest kept in the run dir (round trip, confinement, hostile files
 through safe_io), the cheap and the hash checks, moving a folder out of the framework's folder,
 and a purge while a folder is hashed."""
+import dataclasses
 import os
 import re
 import stat
@@ -14,7 +15,8 @@ from ckptsup.config import load_config
 from ckptsup.errors import ConfigError
 from ckptsup.supervisor.external_agent import ExternalRequestError, answer, parse_request
 from ckptsup.supervisor.external_watch import ExternalCheckpoints
-from ckptsup.wire import MessageKind
+from ckptsup.messages import ExtHash
+from ckptsup.wire import FrameError, MessageKind
 
 PATTERN = ext.compile_pattern(ext.DEFAULT_PATTERN)
 
@@ -165,20 +167,20 @@ def test_the_agent_refuses_requests_it_cannot_carry_out_and_answers_the_rest(tmp
             "files": ["__0_0.distcp", "gone"], "algorithm": "xxh3-128"}
     for key, bad in (("dir", "relative"), ("folder", ".."), ("files", ["../x"]), ("algorithm", "md5"),
                      ("part", True), ("files", ["f"] * 201)):
-        with pytest.raises(ExternalRequestError):
-            parse_request({**good, key: bad})
-    reply = answer(parse_request(good))
-    assert [f["path"] for f in reply["files"]] == ["__0_0.distcp"]
-    assert reply["files"][0]["size"] == (folder / "__0_0.distcp").stat().st_size
-    assert reply["problems"] == ["step-5/gone: missing"]
+        with pytest.raises((ExternalRequestError, FrameError)):   # a wrong type: refused by messages.ExtHash
+            parse_request(ExtHash.from_body({**good, key: bad}))
+    reply = answer(parse_request(ExtHash.from_body(good)))
+    assert [f["path"] for f in reply.files] == ["__0_0.distcp"]
+    assert reply.files[0]["size"] == (folder / "__0_0.distcp").stat().st_size
+    assert reply.problems == ("step-5/gone: missing",)
 
 
 class FakeAgents:
     def __init__(self):
         self.sent = []
 
-    def send(self, m, body, *, nodes):
-        self.sent.append((m, nodes, body))
+    def send(self, msg, *, nodes):
+        self.sent.append((msg.KIND, nodes, msg))
         return True
 
 
@@ -201,10 +203,10 @@ def test_the_watch_writes_a_manifest_once_every_node_answered_and_survives_a_pur
     dcp_folder(tmp_path / "ckpt", "step-5")
     (tmp_path / "ckpt" / "step-10").mkdir()      # unfinished: not asked about
     poll(watch, agents)
-    assert [(m, nodes, body["files"]) for m, nodes, body in agents.sent] == [
-        (MessageKind.EXT_HASH, ["n1"], [".metadata", "__0_0.distcp"]), (MessageKind.EXT_HASH, ["n2"], ["__1_0.distcp"])]
+    assert [(m, nodes, body.files) for m, nodes, body in agents.sent] == [
+        (MessageKind.EXT_HASH, ["n1"], (".metadata", "__0_0.distcp")), (MessageKind.EXT_HASH, ["n2"], ("__1_0.distcp",))]
     replies = {nodes[0]: answer(parse_request(body)) for _, nodes, body in agents.sent}
-    watch.on_answer("n2", {**replies["n2"], "request": "someone else's"})   # ignored
+    watch.on_answer("n2", dataclasses.replace(replies["n2"], request="someone else's"))   # ignored
     watch.on_answer("n1", replies["n1"])
     assert events == []
     watch.on_answer("n2", replies["n2"])

@@ -13,7 +13,7 @@ import pytest
 
 from hooks_helpers import FakeAgent, base_env, private_dir, train_argv
 
-from ckptsup import wire
+from ckptsup import messages, wire
 from ckptsup.env import ExitStatus
 from ckptsup.hooks.agent_socket import RankChannel
 
@@ -127,9 +127,26 @@ def test_forged_and_replayed_commands_are_dropped(tmp_path) -> None:
     assert channel.commands.take_save_now() is None and channel.dropped == 2
 
 
+def test_a_command_with_a_mistyped_body_is_dropped_and_counted_and_intervals_merge(tmp_path) -> None:
+    """The rank's command reader types each body (messages.py): a bad one is dropped like a forged one."""
+    secret = secrets.token_hex(32).encode()
+    secret_file = tmp_path / "secret"
+    secret_file.write_bytes(secret)
+    secret_file.chmod(0o600)
+    channel = RankChannel(socket_path=None, secret_file=str(secret_file), rank=0)
+    channel.handle_frame(wire.encode("set_interval", {"interval_s": "soon"}, seq=1, secret=secret))
+    channel.handle_frame(wire.encode("stop_at", {"reason": "x", "save": "yes"}, seq=2, secret=secret))
+    assert channel.dropped == 2 and channel.commands.interval is None and channel.commands.stop_at is None
+    channel.handle_frame(wire.encode("set_interval", {"interval_s": 60}, seq=3, secret=secret))
+    channel.handle_frame(wire.encode("set_interval", {"memory_every_steps": 4}, seq=4, secret=secret))
+    channel.handle_frame(wire.encode("stop_at", {"reason": "x", "save": False, "budget_s": 5}, seq=5, secret=secret))
+    assert channel.commands.take_interval() == messages.SetInterval(interval_s=60, memory_every_steps=4)
+    assert channel.commands.stop_at == messages.StopAt(reason="x", save=False, budget_s=5) and channel.dropped == 2
+
+
 def test_without_a_socket_the_channel_is_a_no_op() -> None:
     channel = RankChannel(socket_path=None, secret_file=None, rank=3)
-    channel.send("step", {"step": 1})
+    channel.send(messages.Step(step=1))
     assert not channel.connected
 
 

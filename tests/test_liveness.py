@@ -148,7 +148,7 @@ def tracker():
 
 
 def msg(t, m, **body):
-    return Message(recv=t, m=m, body={"node": "n1", **body}, step_id=1)
+    return Message.received(recv=t, m=m, body={"node": "n1", **body}, step_id=1)
 
 
 def test_the_tracker_asks_for_stacks_then_names_the_rank_and_suspects_no_node():

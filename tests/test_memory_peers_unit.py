@@ -8,6 +8,8 @@ import functools
 
 import pytest
 
+from ckptsup.messages import MemoryReplicated
+
 from ckptsup.supervisor.memory_peers import MAX_HOLDERS, MemoryPeers, buddies, domain_of, shortfall
 
 RACKS = r"^(rack\d+)-"
@@ -95,7 +97,7 @@ def peers(replicas: int = 1, pattern: str = "", nodes: tuple[str, ...] = ("n0", 
 def test_commands_carry_every_buddys_address() -> None:
     mp = peers(replicas=2)
     assert mp.launch(["n0", "n1", "n2"], 1) is None
-    sent = mp.commands(["n0", "n1", "n2"])
+    sent = {node: cmd.to_body() for node, cmd in mp.commands(["n0", "n1", "n2"]).items()}
     assert sent["n0"] == {"buddies": ["10.0.0.1:7001", "10.0.0.2:7002"], "sources": {}}
     assert sent["n2"]["buddies"] == ["10.0.0.0:7000", "10.0.0.1:7001"]
 
@@ -103,7 +105,7 @@ def test_commands_carry_every_buddys_address() -> None:
 def test_a_launch_with_too_few_domains_returns_its_warning() -> None:
     mp = peers(replicas=1, pattern=r"^(n)", nodes=("n0", "n1"))
     assert "1 failure domain(s)" in mp.launch(["n0", "n1"], 1)
-    assert mp.commands(["n0", "n1"])["n0"]["buddies"] == []
+    assert mp.commands(["n0", "n1"])["n0"].buddies == ()
 
 
 def test_after_a_node_path_launch_a_rank_is_sourced_from_its_old_node_and_all_its_buddies() -> None:
@@ -111,7 +113,7 @@ def test_after_a_node_path_launch_a_rank_is_sourced_from_its_old_node_and_all_it
     mp.launch(["n0", "n1", "n2"], 2)
     mp.launch(["spare", "n1", "n2"], 2)   # n0 died: the spare runs ranks 0 and 1
     assert mp.holders[0] == ["n0", "n1", "n2"] and mp.holders[2] == ["n1", "n2", "n0"]
-    sent = mp.commands(["spare", "n1", "n2"])   # n0's agent is gone
+    sent = {node: cmd.to_body() for node, cmd in mp.commands(["spare", "n1", "n2"]).items()}   # n0's agent is gone
     assert sent["spare"]["sources"] == {"0": ["10.0.0.1:7001", "10.0.0.2:7002"], "1": ["10.0.0.1:7001", "10.0.0.2:7002"]}
     assert sent["n1"]["sources"] == {"2": ["10.0.0.2:7002"], "3": ["10.0.0.2:7002"]}   # its own rank, from its buddy
     for _ in range(5):   # many launches later a rank remembers at most MAX_HOLDERS nodes
@@ -120,8 +122,8 @@ def test_after_a_node_path_launch_a_rank_is_sourced_from_its_old_node_and_all_it
     assert all(len(h) <= MAX_HOLDERS for h in mp.holders.values())
 
 
-def note(step: int, rank: int, buddy: str, ok: bool = True) -> dict:
-    return {"step": step, "rank": rank, "buddy": buddy, "ok": ok}
+def note(step: int, rank: int, buddy: str, ok: bool = True) -> MemoryReplicated:
+    return MemoryReplicated(step=step, rank=rank, buddy=buddy, ok=ok)
 
 
 def test_a_step_is_replicated_once_every_rank_is_stored_on_each_of_its_buddies() -> None:

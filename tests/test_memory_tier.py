@@ -279,12 +279,12 @@ def test_a_bundle_is_replicated_to_every_buddy_and_fetched_from_the_one_left(tmp
             session.send(MemoryOp.PUT, {"step": 4, "rank": 1, "checkpoint_id": "c4", "manifest": "{}",
                                         "sizes": [1000]}, bundle.payload)
             assert session.recv()[0] is MemoryOp.STORED
-        notes: list[dict] = []
+        notes: list = []
         deadline = time.monotonic() + 30
         while len(notes) < 2 and time.monotonic() < deadline:
             notes += links.take()
             time.sleep(0.02)
-        assert sorted((n["buddy"], n["ok"], n["step"], n["rank"]) for n in notes) == [(b, True, 4, 1) for b in sorted(buddies)]
+        assert sorted((n.buddy, n.ok, n.step, n.rank) for n in notes) == [(b, True, 4, 1) for b in sorted(buddies)]
         assert first.store.get(4, 1) == bundle and second.store.get(4, 1) == bundle
         first.close()   # one buddy's node is lost: a spare's agent finds the bundle on the other
         spare = PeerLinks(secret=SECRET, node="spare", connect_timeout_s=2)

@@ -56,7 +56,7 @@ def test_rank_0_evaluating_keeps_the_others_waiting_in_a_barrier_alive():
 
 
 def msg(t: float, m: MessageKind, **body) -> Message:
-    return Message(recv=t, m=m, body={"node": "n1", **body}, step_id=1)
+    return Message.received(recv=t, m=m, body={"node": "n1", **body}, step_id=1)
 
 
 def tracker(config: SupervisorConfig = CFG) -> AttemptTracker:

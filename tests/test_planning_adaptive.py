@@ -222,10 +222,10 @@ def test_the_supervisors_tuner_sends_the_memory_schedule_with_its_level():
     assert tuner.observe(memory_saved(0.05)) == []          # no step time yet
     [change] = tuner.observe(step_progress(0.2))
     assert change.level == "memory" and change.every_steps == tuner.memory_every_steps() != 10
-    assert change.command() == {"memory_every_steps": change.every_steps}
+    assert change.command().to_body() == {"memory_every_steps": change.every_steps}
     assert change.event_fields()["level"] == "memory" and change.event_fields()["every_steps"] == change.every_steps
     changes = tuner.observe(commit(30.0))                   # disk first; its new interval bounds the memory one
-    assert changes[0].level == "disk" and changes[0].command() == {"interval_s": round(changes[0].interval_s, 3)}
+    assert changes[0].level == "disk" and changes[0].command().to_body() == {"interval_s": round(changes[0].interval_s, 3)}
     assert tuner.memory_every_steps() * 0.2 <= tuner._adaptive.interval_s
     config.memory.enabled = False
     off = IntervalTuner(config)
@@ -333,7 +333,7 @@ def test_a_schedule_learned_after_the_tuning_brings_the_memory_schedule_back_und
     tuner.learn_schedule({"save_every_steps": 20})
     [change] = tuner.retune("hello")
     assert change.level == "memory" and change.every_steps == 20 == tuner.memory_every_steps()
-    assert change.command() == {"memory_every_steps": 20}
+    assert change.command().to_body() == {"memory_every_steps": 20}
 
 
 def test_a_time_based_disk_schedule_caps_it_in_steps_and_follows_the_disk_tuner():

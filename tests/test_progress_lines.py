@@ -9,6 +9,7 @@ from ckptsup.config import load_config
 from ckptsup.errors import ConfigError
 from ckptsup.progress import (PRESETS, LineSplitter, PatternError, ProgressMatcher, clean, compile_pattern, split_rank,
                               step_of)
+from ckptsup.messages import Output
 from ckptsup.supervisor.rank_output import CONSOLE_BURST, FRAME_LINES, RankOutput, print_console
 
 
@@ -106,5 +107,5 @@ def test_a_flood_costs_console_lines_not_the_log_and_the_console_says_so(tmp_pat
     assert max(len(lines) for lines, _ in frames) <= FRAME_LINES and frames[0][1] == 3000 - CONSOLE_BURST
     assert log.read_bytes().count(b"\n") == 3000
     shown = io.StringIO()
-    print_console({"lines": frames[0][0], "dropped": frames[0][1]}, out=shown)
+    print_console(Output(lines=tuple(frames[0][0]), dropped=frames[0][1]), out=shown)
     assert "line 0" in shown.getvalue() and f"({3000 - CONSOLE_BURST} rank output line(s) not shown" in shown.getvalue()

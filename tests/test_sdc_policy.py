@@ -3,6 +3,7 @@ supervisor's reading of an `sdc` frame (supervisor/sdc.py)."""
 from ckptsup.config import SupervisorConfig
 from ckptsup.supervisor.observations import AttemptResult, Failure, FailureKind, History, Observation, Outcome, RecoveryPath
 from ckptsup.supervisor.policy import GiveUp, Requeue, RestartInAllocation, blamed, decide
+from ckptsup.messages import Sdc
 from ckptsup.supervisor.sdc import sdc_failure
 
 CFG = SupervisorConfig(max_restarts=10, crash_loop_threshold=3)
@@ -26,18 +27,18 @@ NODES = {0: "n1", 1: "n2", 2: "n3"}
 
 
 def test_an_sdc_frame_with_a_majority_names_the_outvoted_rank_and_its_node():
-    f = sdc_failure({"step": 24, "copies": 3, "disputed": [1], "majority": True}, node="n1", nodes_of=NODES)
+    f = sdc_failure(Sdc.from_body({"step": 24, "copies": 3, "disputed": [1], "majority": True}), node="n1", nodes_of=NODES)
     assert f.kind is FailureKind.SDC and f.rank == 1 and f.node == "n2" and f.step == 24 and f.suspects == ("n2",)
     assert "rank(s) 1 on n2" in f.detail and "majority of 3 copies" in f.detail
 
 
 def test_an_sdc_frame_without_a_majority_pins_no_node():
-    f = sdc_failure({"step": 9, "copies": 2, "disputed": [0, 1], "majority": False}, node="n1", nodes_of=NODES)
+    f = sdc_failure(Sdc.from_body({"step": 9, "copies": 2, "disputed": [0, 1], "majority": False}), node="n1", nodes_of=NODES)
     assert f.node is None and f.rank is None and f.suspects == ("n1", "n2") and "no majority" in f.detail
 
 
 def test_three_copies_exclude_the_outvoted_node_and_take_the_spare():
-    f = sdc_failure({"step": 24, "copies": 3, "disputed": [1], "majority": True}, node="n1", nodes_of=NODES)
+    f = sdc_failure(Sdc.from_body({"step": 24, "copies": 3, "disputed": [1], "majority": True}), node="n1", nodes_of=NODES)
     action = decide(observe(f, spares=("n4",)), History(attempts=(attempt(f),)), CFG)
     assert isinstance(action, RestartInAllocation) and action.nodes == ("n1", "n3", "n4")
     assert action.exclude == ("n2",) and action.path is RecoveryPath.NODE
@@ -45,13 +46,13 @@ def test_three_copies_exclude_the_outvoted_node_and_take_the_spare():
 
 
 def test_three_copies_without_a_spare_requeue_excluding_the_outvoted_node():
-    f = sdc_failure({"step": 24, "copies": 3, "disputed": [2], "majority": True}, node="n1", nodes_of=NODES)
+    f = sdc_failure(Sdc.from_body({"step": 24, "copies": 3, "disputed": [2], "majority": True}), node="n1", nodes_of=NODES)
     action = decide(observe(f, can_requeue=True), History(attempts=(attempt(f),)), CFG)
     assert isinstance(action, Requeue) and action.newly_excluded == ("n3",) and "sdc" in dict(action.reasons)["n3"]
 
 
 def test_three_copies_on_one_node_with_nothing_to_replace_it_resume_in_place():
-    f = sdc_failure({"step": 24, "copies": 3, "disputed": [1], "majority": True}, node="local",
+    f = sdc_failure(Sdc.from_body({"step": 24, "copies": 3, "disputed": [1], "majority": True}), node="local",
                     nodes_of={0: "local", 1: "local", 2: "local"})
     action = decide(observe(f, active=("local",)), History(attempts=(attempt(f),)), CFG)
     assert action == RestartInAllocation(nodes=("local",), path=RecoveryPath.FAST, exclude=(), backoff_s=0.0)

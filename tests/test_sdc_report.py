@@ -16,7 +16,9 @@ from ckptsup.planning.goodput_report import build_report, prom_text, render_html
 from ckptsup.planning.sdc_report import (AgreedBasis, Outcome, fingerprint_seconds, incidents, prom_metrics,
                                          sdc_line, sdc_lines, sdc_summary)
 from ckptsup.supervisor.prom_live import live_text
+from ckptsup.messages import Sdc
 from ckptsup.supervisor.sdc import sdc_failure, sdc_fields
+from ckptsup.wire import FrameError
 
 from test_supervisor_loop import Clock, Fault, FakeSlurm, World, fast_ticks, site, supervisor  # noqa: F401
 
@@ -234,20 +236,28 @@ def test_the_status_line_and_the_status_command(tmp_path):
 # ---- the supervisor's side ---------------------------------------------------------------------------
 def test_the_sdc_frames_agreed_step_and_ranks_reach_the_event_fields():
     nodes = {0: "n1", 1: "n2", 2: "n3"}
-    f = sdc_failure({"step": 24, "copies": 3, "disputed": [1], "majority": True, "agreed_step": 19}, node="n1",
+    f = sdc_failure(Sdc.from_body({"step": 24, "copies": 3, "disputed": [1], "majority": True, "agreed_step": 19}), node="n1",
                     nodes_of=nodes)
     assert sdc_fields(f) == {"ranks": [1], "nodes": ["n2"], "agreed_step": 19}
-    f = sdc_failure({"step": 9, "copies": 2, "disputed": [0, 1], "majority": False, "agreed_step": True}, node="n1",
+    with pytest.raises(FrameError):   # a bool is no agreed step: the frame's type refuses it
+        Sdc.from_body({"step": 9, "copies": 2, "disputed": [0, 1], "majority": False, "agreed_step": True})
+    f = sdc_failure(Sdc.from_body({"step": 9, "copies": 2, "disputed": [0, 1], "majority": False}), node="n1",
                     nodes_of=nodes)
-    assert sdc_fields(f) == {"ranks": [0, 1], "nodes": ["n1", "n2"]}   # no agreed step: not a bool's
+    assert sdc_fields(f) == {"ranks": [0, 1], "nodes": ["n1", "n2"]}   # no agreed step
     from ckptsup.supervisor.observations import Failure, FailureKind
 
     assert sdc_fields(Failure(kind=FailureKind.CRASH, step=3)) == {}
 
 
 def test_the_agent_relays_an_sdc_frame_and_a_step_only_with_good_new_fields():
-    from ckptsup.supervisor.agent import _rank_body_ok
+    from ckptsup.messages import parse
     from ckptsup.wire import MessageKind
+
+    def _rank_body_ok(m, body):   # the agent relays a rank frame only with a body its type takes
+        try:
+            return parse(m, body) is not None
+        except FrameError:
+            return False
 
     base = {"step": 9, "copies": 3, "disputed": [1], "majority": True}
     assert _rank_body_ok(MessageKind.SDC, {**base, "agreed_step": 4}) and _rank_body_ok(MessageKind.SDC, base)

@@ -55,14 +55,14 @@ def test_a_spares_agent_warms_up_at_once_and_its_node_starts_warm_when_a_launch_
     try:
         wait_for(inbox, MessageKind.HB, 30)
         ready = wait_for(inbox, MessageKind.WARM_READY, 120)   # a spare warms up without any launch
-        assert ready.node == "n2" and ready.body["interpreters"] == 1
+        assert ready.node == "n2" and ready.body.interpreters == 1
         step.send(MessageKind.RESTART, {"attempt": 1, "spec": first.to_json()})   # n1's launch, not n2's
         take_over = spec_for(tmp_path, "n2", script, run)
         step.send(MessageKind.RESTART, {"attempt": 2, "spec": take_over.to_json()})
         launched = wait_for(inbox, MessageKind.LAUNCHED, 30)
-        assert launched.body["attempt"] == 2 and launched.body["warm"] is True
+        assert launched.body.attempt == 2 and launched.body.warm is True
         ended = wait_for(inbox, MessageKind.TORCHRUN_EXIT, 60)
-        assert ended.body["rc"] == 0
+        assert ended.body.rc == 0
     finally:
         step.close(5)
     assert "ignored a restart command: n2 is not a node of that launch" in (tmp_path / "agents.log").read_text()

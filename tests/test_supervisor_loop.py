@@ -84,7 +84,7 @@ class FakeStep:
     active: tuple[str, ...] = ()   # the nodes of the current launch (the rest are spares)
 
     def put(self, m, node: str, **body: Any) -> None:
-        self.inbox.put(Message(recv=self.world.clock(), m=m, body={"node": node, **body}, step_id=self.step_id))
+        self.inbox.put(Message.received(recv=self.world.clock(), m=m, body={"node": node, **body}, step_id=self.step_id))
 
     def play(self, launch: tuple[str, ...]) -> None:
         world = self.world
@@ -268,7 +268,7 @@ def _tracker(*, hooked: bool, grace: float = 30.0):
 
 
 def _msg(t: float, m: MessageKind, **body: Any) -> Message:
-    return Message(recv=t, m=m, body={"node": "n1", **body}, step_id=1)
+    return Message.received(recv=t, m=m, body={"node": "n1", **body}, step_id=1)
 
 
 def test_the_exit_grace_never_cuts_a_rank_still_training():
@@ -468,7 +468,7 @@ def test_dead_agents_turn_the_fast_path_into_the_node_path(tmp_path, site):
                 ok = send(m, body, nodes=nodes)
                 if m is MessageKind.KILL:
                     step.running = False
-                    step.inbox.put(Message(recv=world.clock(), m=StepSignal.EOF, body={"rc": 1},
+                    step.inbox.put(Message.received(recv=world.clock(), m=StepSignal.EOF, body={"rc": 1},
                                            step_id=step.step_id))
                 return ok
 

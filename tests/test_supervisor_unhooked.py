@@ -138,7 +138,7 @@ def tracker(**kw) -> AttemptTracker:
     from ckptsup.supervisor.agent_step import Message
 
     t = AttemptTracker(attempt=0, nodes=("n1",), nproc_per_node=2, config=SupervisorConfig(), started=0.0, **kw)
-    t.msg = lambda m, at=1.0, **body: t.on_message(Message(recv=at, m=m, body={"node": "n1", **body}, step_id=1))
+    t.msg = lambda m, at=1.0, **body: t.on_message(Message.received(recv=at, m=m, body={"node": "n1", **body}, step_id=1))
     return t
 
 

@@ -315,7 +315,7 @@ def test_ckpt_commands_show_hostile_names_and_fields_literally(h):
 
 def relay(chunks: list[bytes], *, tee: bool) -> bytes:
     """Rank output through the agent's reader, an HMAC'd output frame and the supervisor's printer."""
-    from ckptsup import wire
+    from ckptsup import messages, wire
     from ckptsup.wire import MessageKind
 
     secret = b"k" * 64
@@ -326,9 +326,10 @@ def relay(chunks: list[bytes], *, tee: bool) -> bytes:
         out.finish()
         shown = io.TextIOWrapper(io.BytesIO(), encoding="utf-8", errors="strict", write_through=True)
         while (console := out.take_console()) is not None:
-            frame = wire.encode(MessageKind.OUTPUT, {"lines": console[0], "dropped": console[1]}, seq=1, secret=secret)
-            _, _, body = wire.decode(frame, secret=secret)
-            print_console(body, out=shown)
+            sent = messages.Output(lines=tuple(console[0]), dropped=console[1])
+            frame = wire.encode(MessageKind.OUTPUT, sent.to_body(), seq=1, secret=secret)
+            m, _, body = wire.decode(frame, secret=secret)
+            print_console(messages.parse(m, body), out=shown)
         out.close()
         return shown.buffer.getvalue()
 

@@ -22,7 +22,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any, Callable
 
-from .. import wire
+from .. import messages, wire
 from ..env import RANK_SOCKET, SECRET_FILE
 from ..errors import ConfigError
 from ..events import Event
@@ -39,9 +39,9 @@ log = logging.getLogger("ckptsup.hooks")
 class Commands:
     """What the agent asked for; written by the reader thread, consumed by the main thread."""
 
-    stop_at: dict[str, Any] | None = None
+    stop_at: messages.StopAt | None = None
     save_now: str | None = None
-    interval: dict[str, Any] | None = None
+    interval: messages.SetInterval | None = None
     timeout_s: float | None = None      # a steady collective timeout to apply (set_timeout)
     lock: threading.Lock = field(default_factory=threading.Lock)
 
@@ -50,7 +50,7 @@ class Commands:
             reason, self.save_now = self.save_now, None
             return reason
 
-    def take_interval(self) -> dict[str, Any] | None:
+    def take_interval(self) -> messages.SetInterval | None:
         with self.lock:
             interval, self.interval = self.interval, None
             return interval
@@ -154,12 +154,12 @@ class RankChannel:
     def connected(self) -> bool:
         return self._sock is not None
 
-    def send(self, m: MessageKind, body: dict[str, Any]) -> None:
+    def send(self, msg: messages.Body) -> None:
         if self._sock is None:
             return
         with self._send_lock:
             self._seq += 1
-            frame = wire.encode(m, body, seq=self._seq, secret=self._secret)
+            frame = messages.encode(msg, seq=self._seq, secret=self._secret)
             try:
                 self._sock.sendall(frame)
             except OSError as err:
@@ -207,21 +207,28 @@ class RankChannel:
         self.dropped += 1
 
     def handle(self, m: MessageKind, body: dict[str, Any]) -> None:
+        """One command from the agent: its body typed here (a bad one is dropped and counted)."""
+        try:
+            cmd = messages.parse(m, body)
+        except wire.FrameError:
+            self._count_drop()
+            return
         cmds = self.commands
         with cmds.lock:
-            if m == MessageKind.STOP_AT:
-                cmds.stop_at = dict(body)
-            elif m == MessageKind.SAVE_NOW:
-                cmds.save_now = str(body.get("reason", "requested"))
-            elif m == MessageKind.SET_INTERVAL:   # merged: a disk and a memory change may both wait for a sync
-                cmds.interval = {**(cmds.interval or {}), **body}
-            elif m == MessageKind.SET_TIMEOUT and isinstance(body.get("collective_s"), (int, float)):
-                cmds.timeout_s = float(body["collective_s"])
-        if m == MessageKind.DUMP_FR:
-            directory = body.get("path") or self.fr_dump_dir
+            if isinstance(cmd, messages.StopAt):
+                cmds.stop_at = cmd
+            elif isinstance(cmd, messages.SaveNow):
+                cmds.save_now = cmd.reason
+            elif isinstance(cmd, messages.SetInterval):   # merged: a disk and a memory change may both wait for a sync
+                cmds.interval = cmd if cmds.interval is None else cmds.interval.merged(cmd)
+            elif isinstance(cmd, messages.SetTimeout):
+                cmds.timeout_s = float(cmd.collective_s)
+        if isinstance(cmd, messages.DumpFr):
+            directory = cmd.path or self.fr_dump_dir
             if directory:
                 try:
                     path = dump_flight_recorder(directory, self.rank)
-                    self.send(MessageKind.EVENT, {"record": {"event": Event.FR_DUMPED.value, "rank": self.rank, "path": str(path)}})
+                    self.send(messages.EventRecord(record={"event": Event.FR_DUMPED.value, "rank": self.rank,
+                                                           "path": str(path)}))
                 except (OSError, RuntimeError) as err:
                     log.warning("ckptsup: flight recorder dump failed: %s", err)

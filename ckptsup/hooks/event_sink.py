@@ -10,7 +10,7 @@ from typing import Any
 
 from ..env import RankEnv
 from ..events import Event, EventWriter, make_event
-from ..wire import MessageKind
+from .. import messages
 from .agent_socket import RankChannel
 
 log = logging.getLogger("ckptsup.hooks")
@@ -36,7 +36,7 @@ class Reporter:
         fields.setdefault("rank", self.rank)
         if self.channel.connected:
             record = make_event(name, job_id=self.env.job_id, attempt=self.env.attempt, epoch=self.env.epoch, **fields)
-            self.channel.send(MessageKind.EVENT, {"record": record})
+            self.channel.send(messages.EventRecord(record=record))
         elif self._writer is not None:
             self._writer.emit(name, **fields)
         log.info("ckptsup event %s %s", name.value, fields)

@@ -25,7 +25,8 @@ from typing import Any, Callable
 
 from ..errors import ConfigError
 from ..events import Event
-from ..wire import MessageKind, Phase
+from .. import messages
+from ..wire import Phase
 from .agent_socket import RankChannel
 
 BEAT_EVERY_S = 1.0    # far below any allowance (eval_timeout_s is minutes), and a few frames a second at most
@@ -56,7 +57,7 @@ class PhaseLink:
             self.interrupted = self.interrupted or phase in USER_PHASES.values()
             if step is not None:
                 self.step = step
-            self.channel.send(MessageKind.PHASE, {"rank": self.rank, "phase": phase, "step": self.step})
+            self.channel.send(messages.PhaseChange(rank=self.rank, phase=phase, step=self.step))
             self.last_beat = self.clock()
         if phase is not was and self.emit is not None:
             self.emit(Event.PHASE, phase=phase.value, step=self.step, **({"was": was.value} if was else {}))

@@ -23,7 +23,7 @@ from typing import Any, NoReturn
 
 from ..env import LOCAL_RANK, ExitStatus, RankEnv, set_rank_title
 from ..errors import CkptsupError
-from ..wire import MessageKind
+from .. import messages
 from .agent_socket import RankChannel
 from .phase import PhaseLink, current as current_phase_link, register as register_phase_link
 from .process_group import set_steady_timeout
@@ -111,9 +111,9 @@ class StepLink:
                                    fr_dump_dir=env.fr_dump_dir)
         self.last_step_time: float | None = None
         self.first_step_seen = False
-        self.channel.send(MessageKind.HELLO, {"rank": rank, "local_rank": int(os.environ.get(LOCAL_RANK, "0")),
-                                              "world_size": world_size, "node": env.node, "pid": os.getpid(),
-                                              "checkpoints": checkpoints, **(schedule or {})})
+        self.channel.send(messages.Hello(rank=rank, local_rank=int(os.environ.get(LOCAL_RANK, "0")),
+                                         world_size=world_size, node=env.node, pid=os.getpid(),
+                                         checkpoints=checkpoints, **(schedule or {})))
         self.phases = PhaseLink(channel=self.channel, rank=rank)   # ckptsup.phase() speaks through it
         if self.channel.connected:
             set_rank_title(rank, sys.argv)   # ps shows the rank, not `python -u ...` (a warm rank set it already)
@@ -136,18 +136,16 @@ class StepLink:
     def report_nan(self, step: int, loss: Any) -> str:
         """The `nan` frame; returns the line that says what happened."""
         value = loss_value(loss)
-        self.channel.send(MessageKind.NAN, {"rank": self.rank, "step": step, "loss": str(value)})
+        self.channel.send(messages.Nan(rank=self.rank, step=step, loss=str(value)))
         return f"rank {self.rank} saw a non-finite loss ({value}) at step {step}"
 
     def report_sdc(self, step: int, verdict: Any, *, agreed_step: int | None = None) -> str:
         """The `sdc` frame (hooks/fingerprint.py Verdict); returns the line that says what happened.
         `agreed_step`: the last step after which this attempt's replicas agreed (None: no check agreed yet)."""
-        body: dict[str, Any] = {"rank": self.rank, "step": step, "copies": verdict.copies,
-                                "disputed": list(verdict.disputed), "majority": verdict.majority,
-                                "fingerprint": verdict.fingerprint}
-        if agreed_step is not None and 0 <= agreed_step < step:
-            body["agreed_step"] = agreed_step
-        self.channel.send(MessageKind.SDC, body)
+        agreed = agreed_step if agreed_step is not None and 0 <= agreed_step < step else None
+        self.channel.send(messages.Sdc(rank=self.rank, step=step, copies=verdict.copies,
+                                       disputed=tuple(verdict.disputed), majority=verdict.majority,
+                                       fingerprint=verdict.fingerprint, agreed_step=agreed))
         who = (f"rank(s) {list(verdict.odd)} differ from the majority" if verdict.majority
                else "no majority to say which")
         return (f"replicas disagree after step {step} ({verdict.copies} copies: {who}): silent data corruption "
@@ -160,14 +158,10 @@ class StepLink:
         step time minus the time blocked in collectives, when measured (hooks/compute_time.py).
         `loss` (rank 0's, finite): the supervisor compares a restore's first steps with it.
         `sdc_s` (rank 0's): seconds spent on replica fingerprints so far in this attempt."""
-        body: dict[str, Any] = {"rank": self.rank, "step": step, "step_time_s": step_time, "loss_finite": True}
-        if compute_s is not None:
-            body["compute_s"] = round(compute_s, 6)
-        if sdc_s is not None:
-            body["sdc_s"] = round(sdc_s, 6)
-        if loss is not None and math.isfinite(loss):
-            body["loss"] = loss
-        self.channel.send(MessageKind.STEP, body)
+        self.channel.send(messages.Step(rank=self.rank, step=step, step_time_s=step_time, loss_finite=True,
+                                        compute_s=None if compute_s is None else round(compute_s, 6),
+                                        sdc_s=None if sdc_s is None else round(sdc_s, 6),
+                                        loss=loss if loss is not None and math.isfinite(loss) else None))
         self.phases.stepped(step)
         first = not self.first_step_seen
         if first:
@@ -183,10 +177,10 @@ class StepLink:
         stop_at = self.channel.commands.stop_at
         if stop_at is None:
             return None
-        return int(stop_at.get("step", step))
+        return step if stop_at.step is None else stop_at.step
 
     def bye(self, status: int) -> None:
         if current_phase_link() is self.phases:
             register_phase_link(None)   # a phase() after the bye has no one to tell
-        self.channel.send(MessageKind.BYE, {"rank": self.rank, "status": status})
+        self.channel.send(messages.Bye(rank=self.rank, status=status))
         self.channel.close()

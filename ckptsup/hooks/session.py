@@ -39,6 +39,7 @@ from .compute_time import CommTimer
 from .process_group import new_gloo_group
 from .event_sink import Reporter
 from .settings import Settings, resolve_settings
+from .. import messages
 from ..wire import Phase
 from .memory_tier import (MemoryClient, MemorySaveResult, MemorySaver, available_bytes, fit_budget,
                           memory_checkpoint_id, newest_common)
@@ -470,12 +471,12 @@ class Run:
         change = self.channel.commands.take_interval()
         if change is None:
             return
-        if change.get("interval_s") is not None:
-            self.settings.save_every_s = float(change["interval_s"])
-        if change.get("save_every_steps") is not None:
-            self.settings.save_every_steps = int(change["save_every_steps"])
-        every = change.get("memory_every_steps")   # the adaptive memory schedule: the same step on every rank
-        if self.memory is not None and isinstance(every, int) and not isinstance(every, bool) and every >= 1:
+        if change.interval_s is not None:
+            self.settings.save_every_s = float(change.interval_s)
+        if change.save_every_steps is not None:
+            self.settings.save_every_steps = change.save_every_steps
+        every = change.memory_every_steps   # the adaptive memory schedule: the same step on every rank
+        if self.memory is not None and every is not None and every >= 1:
             self.memory_every = every
 
     def _nan(self, step: int, loss: Any) -> None:
@@ -571,11 +572,11 @@ class Run:
     # ---- stopping -----------------------------------------------------------------------------
     def _stop(self, step: int) -> None:
         preempted = self.preempted
-        command = self.channel.commands.stop_at or {}
+        command = self.channel.commands.stop_at or messages.StopAt()
         self.link.phases.enter(Phase.STOPPING, step)
         self.writer.wait()
-        want = preempted or bool(command.get("save", True))
-        budget = command.get("budget_s", self.env.preempt_budget_s)
+        want = preempted or command.save
+        budget = self.env.preempt_budget_s if command.budget_s is None else command.budget_s
         last = self.writer.last
         measured = last.total_s if last is not None and last.ok else None
         fits = want and emergency_save_fits(measured_save_s=measured, margin=self.settings.emergency_margin,

@@ -21,6 +21,7 @@ the agent goes on; only a rank that said hello can, by leaving, make a crash rep
 
 from __future__ import annotations
 
+import dataclasses
 import math
 import os
 import re
@@ -36,12 +37,11 @@ import time
 import uuid
 from dataclasses import dataclass
 from pathlib import Path
-from typing import IO, Any, BinaryIO, Callable, TypeGuard
+from typing import IO, Any, BinaryIO, Callable
 
 import psutil
 
-from .. import step_lines, wire
-from ..config import MAX_REPLICAS
+from .. import messages, step_lines, wire
 from ..errors import CkptsupError
 from ..wire import Hop, MessageKind, Phase
 from ..env import (RANK_MODULE_FLAG, cold_rank_argv, MEMORY_SOCKET, TEST_FLIP_MEMORY, NODE, PREEMPT_BUDGET_S, PYTHONUNBUFFERED, RANK_SOCKET, RUN_DIR, SECRET_FILE, WARM_DIR,
@@ -165,43 +165,6 @@ def _unauth_line(count: int) -> str:
             f"(not ranks of this job; at most one such line per {UNAUTH_LOG_EVERY_S:g}s)")
 
 
-def _is_int(value: Any, *, low: int | None = None) -> TypeGuard[int]:
-    return isinstance(value, int) and not isinstance(value, bool) and (low is None or value >= low)
-
-
-def _is_number(value: Any) -> bool:
-    return isinstance(value, (int, float)) and not isinstance(value, bool) and math.isfinite(value)
-
-
-RANK_SCOPED = frozenset({MessageKind.STEP, MessageKind.PHASE, MessageKind.NAN, MessageKind.SDC, MessageKind.BYE})
-
-
-def _rank_body_ok(m: MessageKind, body: dict[str, Any]) -> bool:
-    """Whether a rank frame's body has the types the agent and the supervisor rely on."""
-    if m == MessageKind.STEP:
-        return (_is_int(body.get("step"), low=0)
-                and (body.get("step_time_s") is None or _is_number(body["step_time_s"]))
-                and (body.get("compute_s") is None or _is_number(body["compute_s"]))
-                and (body.get("sdc_s") is None or _is_number(body["sdc_s"]))
-                and (body.get("loss") is None or _is_number(body["loss"]))
-                and body.get("loss_finite", True) in (True, False))
-    if m == MessageKind.PHASE:
-        return isinstance(body.get("phase"), str) and (body.get("step") is None or _is_int(body["step"]))
-    if m == MessageKind.NAN:
-        return body.get("step") is None or _is_int(body["step"])
-    if m == MessageKind.SDC:
-        disputed = body.get("disputed")
-        return (_is_int(body.get("step"), low=0) and _is_int(body.get("copies"), low=1)
-                and isinstance(disputed, list) and len(disputed) <= 1 << 16 and all(_is_int(r, low=0) for r in disputed)
-                and body.get("majority") in (True, False)
-                and (body.get("agreed_step") is None or _is_int(body["agreed_step"], low=0)))
-    if m == MessageKind.EVENT:
-        return isinstance(body.get("record"), dict)
-    if m == MessageKind.BYE:
-        return _is_int(body.get("status"))
-    return False
-
-
 class Agent:
     def __init__(self, *, spec: LaunchSpec, node: str, secret: bytes, out: BinaryIO, inp: BinaryIO,
                  attempt: int) -> None:
@@ -270,10 +233,10 @@ class Agent:
                                          store=store).start()
 
     # ---- output -------------------------------------------------------------------------------
-    def send(self, m: MessageKind, body: dict[str, Any]) -> None:
-        body = {**body, "node": self.node, "agent": self.instance}
+    def send(self, msg: messages.Body) -> None:
         try:
-            frame = wire.encode(m, body, seq=self.seq + 1, secret=self.secret)
+            frame = messages.encode(msg, seq=self.seq + 1, secret=self.secret,
+                                    envelope={"node": self.node, "agent": self.instance})
         except wire.FrameError:
             self._count_drop()  # a rank's frame too large once {node, agent} is added
             return
@@ -285,13 +248,14 @@ class Agent:
         except BrokenPipeError:
             self.exit_requested = True  # the supervisor is gone
 
-    def to_ranks(self, m: MessageKind, body: dict[str, Any]) -> None:
+    def to_ranks(self, msg: messages.Body) -> None:
+        body = msg.to_body()
         for conn in list(self.conns.values()):
             if conn.rank is None:
                 continue  # commands go to ranks, not to whoever connected
             self.seq += 1
             try:
-                conn.sock.sendall(wire.encode(m, body, seq=self.seq, secret=self.secret))
+                conn.sock.sendall(wire.encode(msg.KIND, body, seq=self.seq, secret=self.secret))
             except (OSError, wire.FrameError):
                 pass  # that rank is going away; its EOF is handled by the reader
 
@@ -379,7 +343,7 @@ class Agent:
         self.phase = Phase.INIT
         self.last_step = None
         self.stopped_ranks = set()
-        self.send(MessageKind.LAUNCHED, {"attempt": self.attempt, "pid": self.torchrun.pid, "warm": self.warm})
+        self.send(messages.Launched(attempt=self.attempt, pid=self.torchrun.pid, warm=self.warm))
         self.launched_at = time.monotonic()  # the next standby warms up once this attempt steps
 
     def kill_torchrun(self, grace: float) -> float:
@@ -443,10 +407,10 @@ class Agent:
             if rank not in self.hooked_ranks:
                 self.last_step = step if self.last_step is None else max(self.last_step, step)
                 self.phase = Phase.TRAIN
-                self.send(MessageKind.PROGRESS, {"rank": rank, "step": step})
+                self.send(messages.Progress(rank=rank, step=step))
         while (console := self.output.take_console()) is not None:
             lines, dropped = console
-            self.send(MessageKind.OUTPUT, {"lines": lines, "dropped": dropped})
+            self.send(messages.Output(lines=tuple(lines), dropped=dropped))
 
     def _close_output(self) -> None:
         if self.output_pipe is not None:
@@ -554,16 +518,12 @@ class Agent:
     def _count_drop(self) -> None:
         self.dropped += 1
 
-    def _hello(self, conn: RankConn, seq: int, body: dict[str, Any]) -> None:
-        """An authenticated hello makes the connection a rank: a well-typed body, and a sequence
-        number fresh for that rank and pid (a replayed hello on a new connection is refused).
-        `checkpoints` (false: heartbeat-only hooks, ckptsup keeps no checkpoints of this rank) is
-        relayed as it is; the supervisor relies on it being a bool when present."""
-        rank, pid = body.get("rank"), body.get("pid")
-        if not (_is_int(rank, low=0) and (pid is None or _is_int(pid, low=1))
-                and isinstance(body.get("checkpoints", True), bool)):
-            self._count_drop()
-            return
+    def _hello(self, conn: RankConn, seq: int, hello: messages.Hello) -> None:
+        """An authenticated hello makes the connection a rank: a well-typed body (messages.Hello),
+        and a sequence number fresh for that rank and pid (a replayed hello on a new connection is
+        refused). `checkpoints` (false: heartbeat-only hooks, ckptsup keeps no checkpoints of this
+        rank) is relayed."""
+        rank, pid = hello.rank, hello.pid
         conn.rank, conn.pid = rank, pid
         if not self.rank_guard.accept(conn.sender, seq):
             conn.rank = conn.pid = None
@@ -572,39 +532,41 @@ class Agent:
         self.hooked_ranks.add(rank)
         if pid is not None:
             self.rank_pids[rank] = pid
-        self.send(MessageKind.HELLO, body)
+        self.send(hello)
 
     def _rank_frame(self, conn: RankConn, m: MessageKind, seq: int, body: dict[str, Any]) -> None:
         if wire.HOPS.get(m) is not Hop.RANK_TO_AGENT:
             self._count_drop()  # an agent's or the supervisor's kind: not a rank's to send
             return
-        if conn.rank is None:
-            if m == MessageKind.HELLO:
-                self._hello(conn, seq, body)
-            else:
-                self._count_drop()  # nothing counts before an authenticated hello
-            return
-        if m == MessageKind.HELLO or not self.rank_guard.accept(conn.sender, seq):
+        if conn.rank is not None and (m == MessageKind.HELLO or not self.rank_guard.accept(conn.sender, seq)):
             self._count_drop()  # a second hello, or a replay
             return
-        if m in RANK_SCOPED:
-            rank = body.setdefault("rank", conn.rank)
-            if not _is_int(rank) or rank != conn.rank:
-                self._count_drop()  # another rank's identity
-                return
-        if not _rank_body_ok(m, body):
+        if conn.rank is None and m != MessageKind.HELLO:
+            self._count_drop()  # nothing counts before an authenticated hello
+            return
+        try:
+            msg = messages.parse(m, body)   # the body's types, the ones the supervisor relies on
+        except wire.FrameError:
             self._count_drop()
             return
-        if m == MessageKind.STEP:
-            step = body["step"]
-            if self.last_step is None or step > self.last_step:
-                self.last_step = step
+        if isinstance(msg, messages.Hello):
+            self._hello(conn, seq, msg)
+            return
+        if isinstance(msg, messages.RankScoped) and conn.rank is not None:   # (it is: a hello came first)
+            if msg.rank == messages.NO_RANK:
+                msg = dataclasses.replace(msg, rank=conn.rank)   # absent: the hello's
+            elif msg.rank != conn.rank:
+                self._count_drop()  # another rank's identity
+                return
+        if isinstance(msg, messages.Step):
+            if self.last_step is None or msg.step > self.last_step:
+                self.last_step = msg.step
             self.phase = Phase.TRAIN
-        elif m == MessageKind.PHASE:
-            self.phase = Phase.parse(body["phase"])
-        elif m == MessageKind.BYE:
+        elif isinstance(msg, messages.PhaseChange):
+            self.phase = msg.phase
+        elif isinstance(msg, messages.Bye):
             conn.said_bye = True
-        self.send(m, body)
+        self.send(msg)
 
     def _expire_unauthenticated(self, now: float) -> None:
         for conn in [c for c in self.conns.values() if c.rank is None and now - c.opened > HELLO_TIMEOUT_S]:
@@ -634,42 +596,43 @@ class Agent:
                 say(f"ckptsup agent: ignored a {m.value} command: {err}", file=sys.stderr)
 
     def _command(self, m: MessageKind, body: dict[str, Any]) -> None:
-        targets = body.get("nodes")
+        targets = body.get("nodes")   # the envelope: which agents it is for (all when absent)
         if targets is not None and not (isinstance(targets, list) and all(isinstance(t, str) for t in targets)):
             raise BadCommand(f"`nodes` must be a list of node names, not {type(targets).__name__}")
         if targets is not None and self.node not in targets:
             return
         if wire.HOPS.get(m) is not Hop.COMMAND:
             raise BadCommand("not a command kind")
-        if m == MessageKind.KILL:
-            grace = body.get("grace", 0)
-            if not _is_number(grace) or grace < 0:
-                raise BadCommand(f"`grace` must be a number of seconds >= 0, not {grace!r:.40}")
-            survivors = self.survivors() if body.get("report") is True else None
-            kill_s = self.kill_torchrun(float(grace))
-            self.send(MessageKind.KILLED, {"kill_s": kill_s, **({"survivors": survivors} if survivors is not None else {})})
-        elif m == MessageKind.RESTART:
-            attempt, spec, env = _restart_args(body, self.spec)  # checked before anything is killed
+        try:
+            cmd = messages.parse(m, body)
+        except wire.FrameError as err:
+            raise BadCommand(str(err)) from None
+        if isinstance(cmd, messages.Kill):
+            survivors = self.survivors() if cmd.report is True else None
+            kill_s = self.kill_torchrun(float(cmd.grace))
+            self.send(messages.Killed(kill_s=kill_s, survivors=None if survivors is None else tuple(survivors)))
+        elif isinstance(cmd, messages.Restart):
+            attempt, spec, env = _restart_args(cmd, self.spec)  # checked before anything is killed
             if self.node not in spec.node_addrs:
                 raise BadCommand(f"{self.node} is not a node of that launch (a spare stays in standby)")
             kill_s = self.kill_torchrun(0) if self.torchrun is not None else 0.0
             self.attempt, self.spec = attempt, spec
             self.start_torchrun(env)
-            self.send(MessageKind.RESTARTED, {"attempt": self.attempt, "kill_s": kill_s})
-        elif m == MessageKind.EXIT:
+            self.send(messages.Restarted(attempt=self.attempt, kill_s=kill_s))
+        elif isinstance(cmd, messages.Exit):
             self.exit_requested = True
-        elif m == MessageKind.MEMORY_PEERS:
-            self._memory_peers(body)
-        elif m == MessageKind.STACKS:
+        elif isinstance(cmd, messages.MemoryPeers):
+            self._memory_peers(cmd)
+        elif isinstance(cmd, messages.Stacks):
             self._stacks()
-        elif m == MessageKind.EXT_HASH:
+        elif isinstance(cmd, messages.ExtHash):
             try:
-                self.external.request(body)
+                self.external.request(cmd)
             except ExternalRequestError as err:
                 raise BadCommand(str(err)) from None
         elif m in wire.FORWARDED_COMMANDS:
-            self.to_ranks(m, {k: v for k, v in body.items() if k != "nodes"})
-            if m == MessageKind.STOP_AT and not self.stop_sent:
+            self.to_ranks(cmd)   # re-encoded from its type: without the envelope's `nodes`
+            if isinstance(cmd, messages.StopAt) and not self.stop_sent:
                 self.stop_sent = True
                 self._signal_unhooked(signal.SIGTERM)
 
@@ -700,7 +663,7 @@ class Agent:
             self.pool.reap()
             ready = self.pool.ready()
             if ready and not self.warm_told:
-                self.send(MessageKind.WARM_READY, {"interpreters": self.pool.size})
+                self.send(messages.WarmReady(interpreters=self.pool.size))
             self.warm_told = ready
         rc = self.torchrun.poll() if self.torchrun is not None else None
         now = time.monotonic()
@@ -720,14 +683,14 @@ class Agent:
             else:
                 code = status if isinstance(status, int) else None   # GONE: reaped, no status left
                 what = "died without saying goodbye" if code is None else describe_exit(code)
-                self.send(MessageKind.RANK_EXIT, {"rank": rank, "rc": code, "pid": pid, "step": self.last_step,
-                                        "age_s": now - seen, "detail": f"rank {rank} (pid {pid}) {what}"})
+                self.send(messages.RankExit(rank=rank, rc=code, pid=pid, step=self.last_step, age_s=now - seen,
+                                            detail=f"rank {rank} (pid {pid}) {what}"))
         self.pending_exits = keep
         if self.torchrun is not None and not self.torchrun_reported and rc is not None:
             self.torchrun_reported = True
             self._drain_output()
             self._flush_output()
-            self.send(MessageKind.TORCHRUN_EXIT, {"rc": rc, "step": self.last_step, "stopped": self.stop_sent})
+            self.send(messages.TorchrunExit(rc=rc, step=self.last_step, stopped=self.stop_sent))
         stopped = set()
         for conn in self.conns.values():
             if conn.pid is None or conn.rank is None:
@@ -756,11 +719,11 @@ class Agent:
         # or the warm interpreter it became)
         ranks = sorted({c.rank for c in self.conns.values() if c.rank is not None} | {p["rank"] for p in pids})
         running = self.torchrun is not None and self.torchrun.poll() is None
-        self.send(MessageKind.HB, {"ranks_alive": ranks, "last_step": self.last_step, "phase": self.phase,
-                         "stopped_ranks": sorted(self.stopped_ranks), "torchrun": running,
-                         "dropped": self.dropped, "attempt": self.attempt, "pids": pids,
-                         # each live rank's CPU time, I/O and state (supervisor/liveness.py: busy or hung)
-                         "evidence": [[rank, *got.to_wire()] for rank, got in samples.items()]})
+        self.send(messages.Heartbeat(ranks_alive=tuple(ranks), last_step=self.last_step, phase=self.phase,
+                                     stopped_ranks=tuple(sorted(self.stopped_ranks)), torchrun=running,
+                                     dropped=self.dropped, attempt=self.attempt, pids=tuple(pids),
+                                     # each live rank's CPU time, I/O and state (supervisor/liveness.py: busy or hung)
+                                     evidence=tuple([rank, *got.to_wire()] for rank, got in samples.items())))
 
     def _stacks(self) -> None:
         """Every local rank's Python stacks, for a suspected hang (stack_dump.py)."""
@@ -769,8 +732,8 @@ class Agent:
         files = {rank: stack_file(run_dir, self.attempt, rank) for rank in pids} if run_dir else {}
         taken = evidence.take_stacks(pids, files)
         wchan = {rank: w for rank, pid in pids.items() if (w := where(pid).get("wchan"))}
-        self.send(MessageKind.STACKS_TAKEN, {"attempt": self.attempt, "stacks": [[r, t] for r, t in sorted(taken.items())],
-                                             "wchan": [[r, w] for r, w in sorted(wchan.items())]})
+        self.send(messages.StacksTaken(attempt=self.attempt, stacks=tuple([r, t] for r, t in sorted(taken.items())),
+                                       wchan=tuple([r, w] for r, w in sorted(wchan.items()))))
 
     def _host_pid(self, pid: int) -> int:
         if pid not in self.host_pids:
@@ -812,8 +775,7 @@ class Agent:
                 what = f"rank {rank} (pid {pid}) exited with status {status}"
             self.exits_sent.add(rank)   # a failure's status is torchrun's to report; read once either way
             if status == 0:
-                self.send(MessageKind.RANK_EXIT, {"rank": rank, "rc": 0, "pid": pid, "step": self.last_step,
-                                                  "age_s": 0.0, "detail": what})
+                self.send(messages.RankExit(rank=rank, rc=0, pid=pid, step=self.last_step, age_s=0.0, detail=what))
 
     def on_signal(self, signum: int, _frame: Any) -> None:
         self.term_signal = signum  # handled in the loop
@@ -822,8 +784,8 @@ class Agent:
         """SIGTERM: Slurm preempts (every step process got it). Ask ranks to stop and save if
         the budget allows, wait for torchrun up to its shutdown timeout, report, exit."""
         budget = float(self.spec.env.get(PREEMPT_BUDGET_S, "0") or 0)
-        self.send(MessageKind.PREEMPT, {"signal": self.term_signal, "budget_s": budget})
-        self.to_ranks(MessageKind.STOP_AT, {"reason": "preempted", "save": True, "budget_s": budget})
+        self.send(messages.Preempt(signal=self.term_signal, budget_s=budget))
+        self.to_ranks(messages.StopAt(reason="preempted", save=True, budget_s=budget))
         if not self.stop_sent:
             self.stop_sent = True
             self._signal_unhooked(signal.SIGTERM)
@@ -834,7 +796,7 @@ class Agent:
         rc = self.torchrun.poll() if self.torchrun is not None else None
         self._drain_output()
         self.kill_torchrun(0)
-        self.send(MessageKind.TORCHRUN_EXIT, {"rc": rc, "step": self.last_step, "preempted": True})
+        self.send(messages.TorchrunExit(rc=rc, step=self.last_step, preempted=True))
         return ExitStatus.PREEMPTED
 
     def _pump(self, timeout: float) -> None:
@@ -855,7 +817,7 @@ class Agent:
             signal.signal(signum, self.on_signal)
         try:
             if self.replicas is not None:
-                self.send(MessageKind.MEMORY_PEER, {"addr": self.replicas.address})
+                self.send(messages.MemoryPeer(addr=self.replicas.address))
             self.heartbeat()
             if launch:
                 self.start_torchrun({})
@@ -869,9 +831,9 @@ class Agent:
                 self._check_processes()
                 self._warm_standby()
                 for answer in self.external.take():
-                    self.send(MessageKind.EXT_HASHED, answer)
+                    self.send(answer)
                 for note in self.peers.take() if self.peers is not None else ():
-                    self.send(MessageKind.MEMORY_REPLICATED, note)
+                    self.send(note)
                 now = time.monotonic()
                 if now - self.last_hb >= self.spec.heartbeat_interval_s:
                     self.last_hb = now
@@ -880,17 +842,11 @@ class Agent:
         finally:
             self.shutdown()
 
-    def _memory_peers(self, body: dict[str, Any]) -> None:
+    def _memory_peers(self, cmd: messages.MemoryPeers) -> None:
         """memory_peers: the buddies to replicate to and, per rank, the agents that may hold it."""
         if self.peers is None:
             raise BadCommand("memory_peers, but this agent has no memory store ([memory] enabled is false)")
-        buddies, sources = body.get("buddies", []), body.get("sources", {})
-        if not (isinstance(buddies, list) and len(buddies) <= MAX_REPLICAS and all(_peer_addr(a) for a in buddies)):
-            raise BadCommand(f"`buddies` must be a list of at most {MAX_REPLICAS} host:port, not {buddies!r:.60}")
-        if not (isinstance(sources, dict) and all(isinstance(k, str) and k.isascii() and k.isdigit() and isinstance(v, list)
-                                                  and all(_peer_addr(a) for a in v) for k, v in sources.items())):
-            raise BadCommand("`sources` must map ranks to lists of host:port")
-        self.peers.set(buddies=list(dict.fromkeys(buddies)), sources={int(k): list(v) for k, v in sources.items()})
+        self.peers.set(buddies=list(dict.fromkeys(cmd.buddies)), sources=cmd.rank_sources())
 
     def shutdown(self) -> None:
         self.kill_torchrun(0)
@@ -907,33 +863,19 @@ class Agent:
         shutil.rmtree(self.sock_dir, ignore_errors=True)
 
 
-def _peer_addr(value: Any) -> bool:
-    host, _, port = value.rpartition(":") if isinstance(value, str) else ("", "", "")
-    # at most 5 digits before int(): a port of thousands of digits is a ValueError, not a refusal
-    return bool(host) and port.isascii() and port.isdigit() and len(port) <= 5 and 0 < int(port) < 65536
-
-
 class BadCommand(CkptsupError):
     """A well-signed command whose body the agent cannot carry out: ignored, the agent goes on."""
 
 
-def _restart_args(body: dict[str, Any], current: LaunchSpec) -> tuple[int, LaunchSpec, dict[str, str]]:
-    attempt = body.get("attempt")
-    if not _is_int(attempt, low=0):
-        raise BadCommand(f"`attempt` must be an integer >= 0, not {attempt!r:.40}")
-    env = body.get("env") or {}
-    if not (isinstance(env, dict) and all(isinstance(k, str) and isinstance(v, str) for k, v in env.items())):
-        raise BadCommand("`env` must map names to strings")
-    spec = body.get("spec")
+def _restart_args(cmd: messages.Restart, current: LaunchSpec) -> tuple[int, LaunchSpec, dict[str, str]]:
+    attempt, env, spec = cmd.attempt, dict(cmd.env or {}), cmd.spec
     if not spec:
-        return attempt, current, dict(env)
-    if not isinstance(spec, (dict, str)):
-        raise BadCommand(f"`spec` must be a launch spec or its path, not {type(spec).__name__}")
+        return attempt, current, env
     try:
         new = LaunchSpec.from_json(spec, source="restart frame") if isinstance(spec, dict) else LaunchSpec.read(spec)
     except CkptsupError as err:  # from_json and read check every field and never raise anything else
         raise BadCommand(f"unusable launch spec ({str(err)[:120]})") from None
-    return attempt, new, dict(env)
+    return attempt, new, env
 
 
 

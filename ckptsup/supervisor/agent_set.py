@@ -13,6 +13,7 @@ from __future__ import annotations
 
 from typing import Any, Callable, Protocol, Sequence
 
+from ..messages import Body
 from ..wire import MessageKind
 from .agent_step import Message, StepSignal
 
@@ -70,10 +71,10 @@ class AgentSet:
     def alive(self) -> bool:
         return any(self.has_agent(n) for n in self.node_step)
 
-    def send(self, m: MessageKind, body: dict[str, Any] | None = None, *,
-             nodes: Sequence[str] | None = None) -> bool:
-        """Send to the agents of `nodes` (None: every live agent); False if a step's pipe is
-        gone. Each step gets one frame, addressed when it reaches more agents than meant."""
+    def send(self, msg: Body, *, nodes: Sequence[str] | None = None) -> bool:
+        """Send the command `msg` to the agents of `nodes` (None: every live agent); False if a
+        step's pipe is gone. Each step gets one frame, addressed when it reaches more agents than meant."""
+        m, body = msg.KIND, msg.to_body()
         targets = list(self.node_step) if nodes is None else [n for n in nodes if n in self.node_step]
         by_step: dict[int, list[str]] = {}
         for node in targets:

@@ -2,7 +2,8 @@
 
 Agents write frames on stdout (srun merges every task's stdout into one pipe: a long frame comes
 in pieces, step_lines.py); one reader thread per step joins and decodes them, drops forged or
-replayed ones, and queues (recv_mono, m, body).
+replayed ones, types the body (messages.py: the supervisor's one check of what an agent says; a
+bad body is dropped and counted like a forged frame), and queues a `Message`.
 Commands go down as frames on the step's stdin (srun --input=all hands them to every task; a
 `nodes` list in the body addresses a subset).
 """
@@ -17,9 +18,9 @@ import threading
 import time
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Any, Sequence
+from typing import Any, Mapping, Sequence
 
-from .. import step_lines, wire
+from .. import messages, step_lines, wire
 from ..wire import MessageKind
 from .processes import terminate
 
@@ -27,19 +28,33 @@ from .processes import terminate
 class StepSignal(enum.StrEnum):
     """What the supervisor's reader of an agent step queues besides frames (never on the wire)."""
 
-    EOF = "step_eof"   # {rc}: the step's stdout closed; every agent of it is gone
+    EOF = "step_eof"   # StepEof: the step's stdout closed; every agent of it is gone
+
+
+@dataclass(frozen=True, slots=True, kw_only=True)
+class StepEof(messages.Body):
+    """StepSignal.EOF's body (not a wire kind, so not in messages.BODIES)."""
+
+    rc: int | None = None
 
 
 @dataclass(frozen=True, kw_only=True)
 class Message:
     recv: float          # supervisor monotonic time of receipt
     m: MessageKind | StepSignal
-    body: dict[str, Any]
+    body: messages.Body
     step_id: int         # which AgentStep it came from (messages of a replaced step are stale)
+    node: str = "?"      # the envelope: which agent sent it
+    agent: str = ""
 
-    @property
-    def node(self) -> str:
-        return str(self.body.get("node", "?"))
+    @classmethod
+    def received(cls, *, recv: float, m: MessageKind | StepSignal, body: Mapping[str, Any], step_id: int) -> "Message":
+        """A message from the body as it came (a decoded frame's, with its envelope {node, agent}).
+        Raises wire.FrameError for a body its kind's type refuses."""
+        node, agent = body.get("node", "?"), body.get("agent", "")
+        typed = StepEof(rc=body.get("rc")) if m is StepSignal.EOF else messages.parse(MessageKind(m), body)
+        return cls(recv=recv, m=m, body=typed, step_id=step_id, node=node if isinstance(node, str) else str(node),
+                   agent=agent if isinstance(agent, str) else str(agent))
 
 
 class CommandSender:
@@ -91,17 +106,20 @@ class AgentStep:
                 continue
             try:
                 m, seq, body = wire.decode(line, secret=self.secret)
+                msg = Message.received(recv=recv, m=m, body=body, step_id=self.step_id)
             except wire.FrameError:
-                self.dropped += 1  # stray output or a forgery: never acted on
+                self.dropped += 1  # stray output, a forgery or a body of the wrong types: never acted on
                 continue
-            if not self.guard.accept(f"{body.get('node')}/{body.get('agent')}", seq):
+            if not self.guard.accept(f"{msg.node}/{msg.agent}", seq):
                 self.dropped += 1
                 continue
-            self.inbox.put(Message(recv=recv, m=m, body=body, step_id=self.step_id))
-        self.inbox.put(Message(recv=time.monotonic(), m=StepSignal.EOF, body={"rc": self.proc.wait()},
+            self.inbox.put(msg)
+        self.inbox.put(Message(recv=time.monotonic(), m=StepSignal.EOF, body=StepEof(rc=self.proc.wait()),
                                step_id=self.step_id))
 
     def send(self, m: MessageKind, body: dict[str, Any] | None = None, *, nodes: Sequence[str] | None = None) -> bool:
+        """The transport: one frame of kind `m` (AgentSet.send turns a typed body into `body`),
+        with the envelope's `nodes` when it is meant for some of this step's agents only."""
         body = dict(body or {})
         if nodes is not None:
             body["nodes"] = list(nodes)

@@ -16,7 +16,8 @@ from typing import Any
 from ..config import SupervisorConfig
 from ..env import ExitStatus
 from .agent_step import Message
-from ..wire import MessageKind, Phase
+from .. import messages
+from ..wire import Phase
 from .sdc import sdc_failure
 from .detection import (HangTimeout, NodeView, RankView, StepWindow, TeardownHang, classify_rank_exit, detect_hang, detect_silence, detect_stopped,
                         detect_node_down, detect_teardown_hang, nan_failure)
@@ -182,14 +183,12 @@ class AttemptTracker:
             return None  # an agent of a node not in this attempt (a late frame of an old step)
         view.last_heard = now
         self._heard(node, now)
-        m = msg.m
-        if m == MessageKind.HB:
-            alive = body.get("ranks_alive")
-            if isinstance(alive, list):
-                view.ranks_alive = tuple(r for r in alive if isinstance(r, int))
-            self._note_pids(node, body.get("pids"))
-            self._note_evidence(node, body.get("evidence"), now)
-            stopped = set(body.get("stopped_ranks") or ())
+        if isinstance(body, messages.Heartbeat):
+            if body.ranks_alive is not None:
+                view.ranks_alive = body.ranks_alive
+            self._note_pids(node, body.pids)
+            self._note_evidence(node, body.evidence, now)
+            stopped = set(body.stopped_ranks)
             for seen in self.ranks.values():
                 if seen.node == node:
                     seen.stopped = seen.rank in stopped
@@ -199,22 +198,21 @@ class AttemptTracker:
                 # a stopped worker that prints nothing (rank 1 while rank 0 prints): a view, so
                 # that the hang it causes is pinned on it
                 for quiet in stopped - set(self.ranks):
-                    if isinstance(quiet, int):
-                        self.ranks[quiet] = RankView(rank=quiet, node=node, phase=Phase.TRAIN, phase_since=now,
-                                                     last_progress=now, stopped=True, stopped_since=now)
-        elif m == MessageKind.HELLO:
-            rank = int(body.get("rank", -1))
+                    self.ranks[quiet] = RankView(rank=quiet, node=node, phase=Phase.TRAIN, phase_since=now,
+                                                 last_progress=now, stopped=True, stopped_since=now)
+        elif isinstance(body, messages.Hello):
+            rank = body.rank
             self.ranks[rank] = RankView(rank=rank, node=node, phase=Phase.INIT, phase_since=now,
                                         last_progress=now)
             self.hooked.add(rank)
-            if body.get("checkpoints") is False:
+            if body.checkpoints is False:
                 self.heartbeat_only.add(rank)
             self.hellos += 1
             if self.hellos >= self.world_size and self.marks.all_hello is None:
                 self.marks.all_hello = now
-        elif m == MessageKind.PHASE:
-            rv = self._rank(body, node, now)
-            phase = Phase.parse(body.get("phase"))
+        elif isinstance(body, messages.PhaseChange):
+            rv = self._rank(body.rank, node, now)
+            phase = body.phase
             if phase is rv.phase:
                 rv.last_progress = now   # the phase it is in, again: a heartbeat in it (an eval batch)
             else:
@@ -223,47 +221,45 @@ class AttemptTracker:
                 self.marks.rendezvous_done = now
             if rv.phase is Phase.TRAIN and self.marks.train_start is None:
                 self.marks.train_start = now
-        elif m == MessageKind.STEP:
+        elif isinstance(body, messages.Step):
             return self._on_step(body, node, now)
-        elif m == MessageKind.PROGRESS:
+        elif isinstance(body, messages.Progress):
             return self._on_progress(body, node, now)
-        elif m == MessageKind.BYE:
-            rv = self._rank(body, node, now)
+        elif isinstance(body, messages.Bye):
+            rv = self._rank(body.rank, node, now)
             rv.phase, rv.phase_since = Phase.DONE, now
-            if isinstance(body.get("status"), int):
-                self.bye_status[rv.rank] = body["status"]
+            self.bye_status[rv.rank] = body.status
             if len(self.bye_status) >= self.world_size and self.teardown_since is None:
                 self.teardown_since = now   # every rank is through run.close(): their processes have exit_grace_s
-            if body.get("status") == ExitStatus.DONE:
+            if body.status == ExitStatus.DONE:
                 self.finished_ranks.add(rv.rank)
                 # one rank finished its loop: the others are closing too (final save, draining
                 # promotions or test loads without step progress): give them the stopping allowance
                 for other in self.ranks.values():
                     if other.phase is Phase.TRAIN:
                         other.phase, other.phase_since = Phase.STOPPING, now
-        elif m == MessageKind.NAN:
-            return nan_failure(node=node, rank=int(body.get("rank", -1)), step=int(body.get("step", -1)),
-                               loss=body.get("loss"))
-        elif m == MessageKind.STACKS_TAKEN:
+        elif isinstance(body, messages.Nan):
+            return nan_failure(node=node, rank=body.rank, step=-1 if body.step is None else body.step, loss=body.loss)
+        elif isinstance(body, messages.StacksTaken):
             self.stacks_waiting.discard(node)
-            for key, into in (("stacks", self.stacks), ("wchan", self.wchan)):
-                for entry in body.get(key) or ():
+            for entries, into in ((body.stacks, self.stacks), (body.wchan, self.wchan)):
+                for entry in entries:
                     if isinstance(entry, list) and len(entry) == 2 and isinstance(entry[0], int) and isinstance(entry[1], str):
                         into[entry[0]] = entry[1]
-        elif m == MessageKind.SDC:
+        elif isinstance(body, messages.Sdc):
             return sdc_failure(body, node=node, nodes_of={r: v.node for r, v in self.ranks.items()})
-        elif m == MessageKind.RANK_EXIT:
-            if body.get("rc") == 0 and isinstance(body.get("rank"), int):
-                self._exited_ok(body["rank"], node, now)
-            failure = classify_rank_exit(node=node, rank=body.get("rank"), rc=body.get("rc"),
-                                         step=self.current_step(), age_s=float(body.get("age_s") or 0.0),
-                                         detail=str(body.get("detail", "")))
+        elif isinstance(body, messages.RankExit):
+            if body.rc == 0 and body.rank is not None:
+                self._exited_ok(body.rank, node, now)
+            failure = classify_rank_exit(node=node, rank=body.rank, rc=body.rc,
+                                         step=self.current_step(), age_s=float(body.age_s or 0.0),
+                                         detail=body.detail)
             return failure
-        elif m == MessageKind.TORCHRUN_EXIT:
-            rc = body.get("rc")
-            if body.get("stopped"):
+        elif isinstance(body, messages.TorchrunExit):
+            rc = body.rc
+            if body.stopped:
                 self.stopped_sent = True
-            if body.get("preempted"):
+            if body.preempted:
                 self.done_nodes.add(node)
                 return self._preemption(node, "torchrun exited after the agent got the preemption signal")
             if rc == 0:
@@ -280,16 +276,16 @@ class AttemptTracker:
                 return None
             return classify_rank_exit(node=node, rank=None, rc=rc, step=self.current_step(),
                                       detail=f"torchrun on {node} exited rc={rc}")
-        elif m == MessageKind.PREEMPT:
+        elif isinstance(body, messages.Preempt):
             self.preempted = True
             return Failure(kind=FailureKind.PREEMPTED, node=node, step=self.current_step(),
-                           detail=f"agent on {node} got signal {body.get('signal')}")
+                           detail=f"agent on {node} got signal {body.signal}")
         return None
 
-    def _note_pids(self, node: str, pids: Any) -> None:
+    def _note_pids(self, node: str, pids: tuple[Any, ...] | None) -> None:
         """The heartbeat lists the node's live rank processes: the others are gone. Per node, so
         that a heartbeat costs the same at 16,384 nodes as at 2 (bench_supervisor_scale.py)."""
-        if not isinstance(pids, list):
+        if pids is None:
             return
         self.node_pids[node] = {entry["rank"]: {"pid": entry["pid"], "host_pid": entry["host_pid"]} for entry in pids
                                 if isinstance(entry, dict) and all(isinstance(entry.get(k), int) and
@@ -307,7 +303,7 @@ class AttemptTracker:
         if self.hooked:
             return   # hooked ranks finish with bye
         self.exited_ok.add(rank)
-        rv = self._rank({"rank": rank}, node, now)
+        rv = self._rank(rank, node, now)
         rv.phase, rv.phase_since = Phase.DONE, now
         for other in self.ranks.values():
             if other.phase is Phase.TRAIN:
@@ -359,22 +355,21 @@ class AttemptTracker:
         on_node = [v.rank for v in self.ranks.values() if v.node == node]
         return len(on_node) == self.nproc_per_node and set(on_node) <= self.finished_ranks
 
-    def _rank(self, body: dict[str, Any], node: str, now: float) -> RankView:
-        rank = int(body.get("rank", -1))
+    def _rank(self, rank: int, node: str, now: float) -> RankView:
         rv = self.ranks.get(rank)
         if rv is None:
             rv = self.ranks[rank] = RankView(rank=rank, node=node, phase_since=now, last_progress=now)
         return rv
 
-    def _on_step(self, body: dict[str, Any], node: str, now: float) -> Failure | None:
-        rv = self._rank(body, node, now)
-        step = int(body.get("step", -1))
+    def _on_step(self, body: messages.Step, node: str, now: float) -> Failure | None:
+        rv = self._rank(body.rank, node, now)
+        step = body.step
         rv.last_step, rv.last_progress = step, now
-        loss = body.get("loss")
-        if rv.rank == 0 and isinstance(loss, (int, float)) and not isinstance(loss, bool):
+        loss = body.loss
+        if rv.rank == 0 and loss is not None:
             self._note_loss(step, float(loss))
-        sdc_s = body.get("sdc_s")
-        if rv.rank == 0 and isinstance(sdc_s, (int, float)) and not isinstance(sdc_s, bool) and sdc_s >= 0:
+        sdc_s = body.sdc_s
+        if rv.rank == 0 and sdc_s is not None and sdc_s >= 0:
             self.sdc_s = max(float(sdc_s), self.sdc_s or 0.0)   # cumulative: a late frame never lowers it
         closing = rv.phase is Phase.STOPPING and bool(self.exited_ok)   # a peer without hooks exited 0
         if rv.phase is not Phase.TRAIN and not closing:   # closing: its lines push exit_grace_s, not the hang timeout
@@ -383,8 +378,8 @@ class AttemptTracker:
                 self.marks.rendezvous_done = now
             if self.marks.train_start is None:
                 self.marks.train_start = now
-        st = body.get("step_time_s")
-        if isinstance(st, (int, float)) and step > self.resume_step and self.busy is None:
+        st = body.step_time_s
+        if st is not None and step > self.resume_step and self.busy is None:
             # not the first step after a (re)start (warm-up), nor the one a busy spell held up: an
             # evaluation is not a step, and would raise the automatic hang timeout for 512 steps
             self.step_window.add(float(st))
@@ -392,24 +387,24 @@ class AttemptTracker:
             if view.step_window is None:
                 view.step_window = StepWindow(size=128)
             view.step_window.add(float(st))
-        compute = body.get("compute_s")
-        if isinstance(compute, (int, float)) and step > self.resume_step and self.stragglers is not None:
+        compute = body.compute_s
+        if compute is not None and step > self.resume_step and self.stragglers is not None:
             self.straggler_flags += self.stragglers.add(rank=rv.rank, node=node, step=step, compute_s=float(compute))
         if self.first_step is None:
             self.first_step = step
             self.marks.first_step = now
         if self.last_step is None or step > self.last_step:
             self.last_step = step
-        if body.get("loss_finite") is False:
-            return nan_failure(node=node, rank=rv.rank, step=step, loss=body.get("loss"))
+        if body.loss_finite is False:
+            return nan_failure(node=node, rank=rv.rank, step=step, loss=body.loss)
         return None
 
-    def _on_progress(self, body: dict[str, Any], node: str, now: float) -> Failure | None:
+    def _on_progress(self, body: messages.Progress, node: str, now: float) -> Failure | None:
         """A progress line: a step of a rank that did not say hello. The time between two lines
         is the step time the hang timeout learns from (a script may print every k steps; the
         timeout must outlast the gap between its lines, not one step)."""
-        rank, step = body.get("rank"), body.get("step")
-        if not isinstance(rank, int) or not isinstance(step, int) or rank in self.hooked:
+        rank, step = body.rank, body.step
+        if rank in self.hooked:
             return None
         rv = self.ranks.get(rank)
         if rv is None:
@@ -424,7 +419,7 @@ class AttemptTracker:
                 self.step_window.add(now - previous)
         if rv.last_step is not None and step <= rv.last_step:
             return None
-        return self._on_step({"rank": rank, "step": step}, node, now)
+        return self._on_step(messages.Step(rank=rank, step=step), node, now)
 
     # ---- time-based detection -----------------------------------------------------------------
     def _heard(self, node: str, now: float) -> None:
@@ -574,8 +569,8 @@ class AttemptTracker:
         self.stacks_waiting = set(nodes)
         self.stacks, self.wchan = {}, {}
 
-    def _note_evidence(self, node: str, entries: Any, now: float) -> None:
-        for entry in entries if isinstance(entries, list) else ():
+    def _note_evidence(self, node: str, entries: tuple[Any, ...] | None, now: float) -> None:
+        for entry in entries or ():
             if not (isinstance(entry, list) and len(entry) == 4 and isinstance(entry[0], int)
                     and isinstance(entry[1], (int, float)) and isinstance(entry[2], int) and isinstance(entry[3], str)):
                 continue

@@ -12,11 +12,11 @@ import queue
 import threading
 import time
 from pathlib import Path
-from typing import Any
 
 from ..checkpoint.external import hash_files, name_ok
 from ..checkpoint.hashing import HASH_ALGORITHMS
 from ..errors import CkptsupError
+from ..messages import ExtHash, ExtHashed
 
 MAX_FILES_PER_FRAME = 200   # ~100 bytes an answer entry: well within a 64 KiB frame
 MAX_QUEUED = 64             # requests waiting; beyond, the oldest waiting one is answered "busy"
@@ -26,39 +26,34 @@ class ExternalRequestError(CkptsupError):
     """An `ext_hash` body the agent cannot carry out."""
 
 
-def parse_request(body: dict[str, Any]) -> dict[str, Any]:
-    """The request's fields, checked: an absolute `dir`, a `folder` and `files` that are single
-    path components, a known algorithm."""
-    request, part, where, folder, files, algorithm = (body.get(k) for k in
-                                                      ("request", "part", "dir", "folder", "files", "algorithm"))
-    if not (isinstance(request, str) and 0 < len(request) <= 64):
+def parse_request(cmd: ExtHash) -> ExtHash:
+    """The request, checked beyond its types (messages.ExtHash): an absolute `dir`, a `folder` and
+    `files` that are single path components, a known algorithm."""
+    if not 0 < len(cmd.request) <= 64:
         raise ExternalRequestError("`request` must be a short string")
-    if not (isinstance(part, int) and not isinstance(part, bool) and 0 <= part < 1_000_000):
+    if not cmd.part < 1_000_000:
         raise ExternalRequestError("`part` must be an integer >= 0")
-    if not (isinstance(where, str) and os.path.isabs(where) and "\x00" not in where):
+    if not (os.path.isabs(cmd.dir) and "\x00" not in cmd.dir):
         raise ExternalRequestError("`dir` must be an absolute path")
-    if not (isinstance(folder, str) and name_ok(folder)):
+    if not name_ok(cmd.folder):
         raise ExternalRequestError("`folder` must be one path component")
-    if not (isinstance(files, list) and len(files) <= MAX_FILES_PER_FRAME
-            and all(isinstance(f, str) and name_ok(f) for f in files)):
+    if not (len(cmd.files) <= MAX_FILES_PER_FRAME and all(name_ok(f) for f in cmd.files)):
         raise ExternalRequestError(f"`files` must be at most {MAX_FILES_PER_FRAME} single path components")
-    if algorithm not in HASH_ALGORITHMS:
+    if cmd.algorithm not in HASH_ALGORITHMS:
         raise ExternalRequestError(f"`algorithm` must be one of {', '.join(HASH_ALGORITHMS)}")
-    testload = body.get("testload")
-    if testload is not None and not (isinstance(testload, str) and os.path.isabs(testload) and "\x00" not in testload):
+    if cmd.testload is not None and not (os.path.isabs(cmd.testload) and "\x00" not in cmd.testload):
         raise ExternalRequestError("`testload` must be the absolute path of the folder's manifest")
-    return {"request": request, "part": part, "dir": where, "folder": folder, "files": files, "algorithm": algorithm,
-            "testload": testload}
+    return cmd
 
 
 class ExternalHasher:
     def __init__(self) -> None:
-        self.jobs: "queue.Queue[dict[str, Any]]" = queue.Queue()
-        self.answers: "queue.Queue[dict[str, Any]]" = queue.Queue()
+        self.jobs: "queue.Queue[ExtHash]" = queue.Queue()
+        self.answers: "queue.Queue[ExtHashed]" = queue.Queue()
         self.thread: threading.Thread | None = None
 
-    def request(self, body: dict[str, Any]) -> None:
-        job = parse_request(body)
+    def request(self, cmd: ExtHash) -> None:
+        job = parse_request(cmd)
         if self.jobs.qsize() >= MAX_QUEUED:
             raise ExternalRequestError(f"{MAX_QUEUED} hash requests already wait")
         self.jobs.put(job)
@@ -66,7 +61,7 @@ class ExternalHasher:
             self.thread = threading.Thread(target=self._work, name="ckptsup-external-hash", daemon=True)
             self.thread.start()
 
-    def take(self) -> list[dict[str, Any]]:
+    def take(self) -> list[ExtHashed]:
         out = []
         while True:
             try:
@@ -80,18 +75,20 @@ class ExternalHasher:
             self.answers.put(answer(job))
 
 
-def answer(job: dict[str, Any]) -> dict[str, Any]:
+def answer(job: ExtHash) -> ExtHashed:
     start = time.monotonic()
     try:
-        hashed, problems = hash_files(Path(job["dir"]) / job["folder"], job["files"], job["algorithm"])
+        hashed, problems = hash_files(Path(job.dir) / job.folder, list(job.files), job.algorithm)
     except CkptsupError as err:
         hashed, problems = {}, [str(err)]
-    out = {"request": job["request"], "part": job["part"], "folder": job["folder"],
-           "files": [{"path": n, "size": s, "hash": h} for n, (s, h) in sorted(hashed.items())],
-           "problems": [p[:300] for p in problems[:20]], "hash_s": round(time.monotonic() - start, 4)}
-    if job.get("testload"):
+    files = tuple({"path": n, "size": s, "hash": h} for n, (s, h) in sorted(hashed.items()))
+    found = tuple(p[:300] for p in problems[:20])
+    hash_s = round(time.monotonic() - start, 4)
+    testload = None
+    if job.testload:
         from .external_testload import run_test_load
 
-        ok, detail = run_test_load(Path(job["dir"]) / job["folder"], Path(job["testload"]))
-        out["testload"] = {"ok": ok, "detail": detail, "duration_s": round(time.monotonic() - start, 4)}
-    return out
+        ok, detail = run_test_load(Path(job.dir) / job.folder, Path(job.testload))
+        testload = {"ok": ok, "detail": detail, "duration_s": round(time.monotonic() - start, 4)}
+    return ExtHashed(request=job.request, part=job.part, folder=job.folder, files=files, problems=found,
+                     hash_s=hash_s, testload=testload)

@@ -20,7 +20,7 @@ from ..checkpoint.manifest import Manifest
 from ..errors import CkptsupError
 from ..events import Event
 from ..textsafe import say
-from ..wire import MessageKind
+from ..messages import ExtHash, ExtHashed
 from .agent_step import Message
 from .external_watch import ExternalCheckpoints, send_requests, take_answer
 
@@ -32,7 +32,7 @@ class Emit(Protocol):
 class Agents(Protocol):
     """What it asks of the supervisor's AgentSet."""
 
-    def send(self, m: MessageKind, body: dict, *, nodes: list[str]) -> bool: ...
+    def send(self, msg: ExtHash, *, nodes: list[str]) -> bool: ...
     def has_agent(self, node: str) -> bool: ...
 
 
@@ -134,17 +134,17 @@ class ExternalResume:
         assignment = ext.assign_files(names, nodes, self.nproc_per_node)
         parts: dict[tuple[str, int], list[str]] = {}   # what each request asked for
 
-        def send(m: MessageKind, body: dict, *, nodes: list[str]) -> bool:
-            parts[(nodes[0], body["part"])] = body["files"]
-            return self.agents.send(m, body, nodes=nodes)
+        def send(msg: ExtHash, *, nodes: list[str]) -> bool:
+            parts[(nodes[0], msg.part)] = list(msg.files)
+            return self.agents.send(msg, nodes=nodes)
 
         waiting, here = send_requests(send, request, folder, assignment, watch.algorithm, self.agents.has_agent)
         hashed: dict[str, tuple[int, str]] = {}
         problems: list[str] = []
 
         def answered(msg: Message) -> bool:
-            if msg.m is MessageKind.EXT_HASHED and msg.body.get("request") == request:
-                key = (msg.node, msg.body.get("part"))
+            if isinstance(msg.body, ExtHashed) and msg.body.request == request:
+                key = (msg.node, msg.body.part)
                 if key in waiting:
                     waiting.discard(key)
                     take_answer(msg.body, hashed, problems)

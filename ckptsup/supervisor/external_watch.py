@@ -23,7 +23,7 @@ from ..config import Config
 from ..errors import CkptsupError
 from ..events import Event
 from ..textsafe import say
-from ..wire import MessageKind
+from ..messages import ExtHash, ExtHashed
 from .external_agent import MAX_FILES_PER_FRAME
 
 POLL_S = 2.0
@@ -31,7 +31,7 @@ HASH_TIMEOUT_S = 300.0
 TESTLOAD_TIMEOUT_S = 600.0
 MAX_TRIES = 3
 
-Send = Callable[..., bool]          # AgentSet.send(m, body, nodes=[...])
+Send = Callable[..., bool]          # AgentSet.send(msg, nodes=[...])
 Emit = Callable[..., Any]
 
 
@@ -64,28 +64,26 @@ def send_requests(send: Send, request: str, folder: ext.StepFolder, assignment: 
         for i in range(0, len(names), MAX_FILES_PER_FRAME):
             chunk = names[i:i + MAX_FILES_PER_FRAME]
             number = next(part)
-            body = {"request": request, "part": number, "dir": str(folder.path.parent), "folder": folder.name,
-                    "files": chunk, "algorithm": algorithm}
-            if nodes_with_agent(node) and send(MessageKind.EXT_HASH, body, nodes=[node]):
+            body = ExtHash(request=request, part=number, dir=str(folder.path.parent), folder=folder.name,
+                           files=tuple(chunk), algorithm=algorithm)
+            if nodes_with_agent(node) and send(body, nodes=[node]):
                 waiting.add((node, number))
             else:
                 unsent.extend(chunk)
     return waiting, unsent
 
 
-def take_answer(body: dict[str, Any], into: dict[str, tuple[int, str]], problems: list[str]) -> None:
-    """Fold one `ext_hashed` body in (its types checked: it comes from an agent, signed, but a
-    bug must not become a manifest)."""
-    files = body.get("files")
-    for entry in files if isinstance(files, list) else []:
+def take_answer(body: ExtHashed, into: dict[str, tuple[int, str]], problems: list[str]) -> None:
+    """Fold one `ext_hashed` body in (each entry's types checked: it comes from an agent, signed,
+    but a bug must not become a manifest)."""
+    for entry in body.files:
         if not isinstance(entry, dict):
             continue
         path, size, digest = entry.get("path"), entry.get("size"), entry.get("hash")
         if (isinstance(path, str) and ext.name_ok(path) and isinstance(size, int) and not isinstance(size, bool)
                 and size >= 0 and isinstance(digest, str)):
             into[path] = (size, digest)
-    found = body.get("problems")
-    problems.extend(p for p in (found if isinstance(found, list) else []) if isinstance(p, str))
+    problems.extend(p for p in body.problems if isinstance(p, str))
 
 
 class ExternalCheckpoints:
@@ -164,9 +162,9 @@ class ExternalCheckpoints:
 
     def _request_testload(self, folder: ext.StepFolder, *, send: Send, node: str) -> None:
         request = self.new_request_id()
-        body = {"request": request, "part": 0, "dir": str(folder.path.parent), "folder": folder.name, "files": [],
-                "algorithm": self.algorithm, "testload": str(ext.manifest_path(self.run_dir, folder.name))}
-        if send(MessageKind.EXT_HASH, body, nodes=[node]):
+        body = ExtHash(request=request, part=0, dir=str(folder.path.parent), folder=folder.name, files=(),
+                       algorithm=self.algorithm, testload=str(ext.manifest_path(self.run_dir, folder.name)))
+        if send(body, nodes=[node]):
             now = self.clock()
             self.pending = Pending(request=request, folder=folder, listed={}, waiting={(node, 0)},
                                    deadline=now + HASH_TIMEOUT_S + TESTLOAD_TIMEOUT_S, started=now, testload=True)
@@ -196,11 +194,11 @@ class ExternalCheckpoints:
                   quarantined=where)
         say(f"ckptsup: {folder.name} failed its test load ({detail}); moved to {where or 'nowhere'}")
 
-    def on_answer(self, node: str, body: dict[str, Any]) -> None:
+    def on_answer(self, node: str, body: ExtHashed) -> None:
         pending = self.pending
-        if pending is None or body.get("request") != pending.request:
+        if pending is None or body.request != pending.request:
             return   # a resume's answer, or one of a request given up on
-        key = (node, body.get("part"))
+        key = (node, body.part)
         if key not in pending.waiting:
             return
         pending.waiting.discard(key)
@@ -208,7 +206,7 @@ class ExternalCheckpoints:
         if not pending.waiting:
             self.pending = None
             if pending.testload:
-                self._tested(pending, body.get("testload"))
+                self._tested(pending, body.testload)
             else:
                 self._finish(pending)
 

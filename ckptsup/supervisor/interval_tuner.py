@@ -16,6 +16,7 @@ from dataclasses import dataclass
 from typing import Any, Mapping
 
 from ..config import WEEK_S, Config, set_explicitly
+from ..messages import SetInterval
 from .preemption import STOP_RESERVE_S
 
 MAX_SAVE_EVERY_STEPS = 10**9   # [checkpoint] save_every_steps' bound (config.py)
@@ -55,12 +56,12 @@ class IntervalChange:
     why: str
     every_steps: int | None = None
 
-    def command(self) -> dict[str, Any]:
-        """The set_interval body (docs/contracts.md)."""
+    def command(self) -> SetInterval:
+        """The set_interval command."""
         if self.level is IntervalLevel.MEMORY:
-            return {"memory_every_steps": self.every_steps}
+            return SetInterval(memory_every_steps=self.every_steps)
         assert self.interval_s is not None
-        return {"interval_s": round(self.interval_s, 3)}
+        return SetInterval(interval_s=round(self.interval_s, 3))
 
     def event_fields(self) -> dict[str, Any]:
         fields: dict[str, Any] = {"level": str(self.level), "why": self.why}

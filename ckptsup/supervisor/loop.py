@@ -21,7 +21,7 @@ from dataclasses import dataclass, field, replace
 from pathlib import Path
 from typing import Any, Callable
 
-from .. import stack_dump
+from .. import messages, stack_dump
 from ..config import AUTO, Resolved, set_explicitly, write_config_json
 from ..env import ExitStatus
 from ..errors import CkptsupError
@@ -32,7 +32,7 @@ from ..wire import MessageKind
 from . import control, recovery
 from .agent import LaunchSpec
 from .agent_set import AgentSet, StepFactory
-from .agent_step import AgentStep, CommandSender, Message, StepSignal
+from .agent_step import AgentStep, CommandSender, Message, StepEof, StepSignal
 from .operating import Operator
 from .external_resume import ExternalResume
 from .external_watch import ExternalCheckpoints, resolve_dir
@@ -305,7 +305,7 @@ class Supervisor:
         progress (not a hang)."""
         if tracker.want_stacks:
             nodes = {n for n in tracker.nodes if n not in tracker.done_nodes}
-            self.agents.send(MessageKind.STACKS, nodes=sorted(nodes))
+            self.agents.send(messages.Stacks(), nodes=sorted(nodes))
             tracker.asked_for_stacks(self.clock(), nodes)
         while tracker.restore_news:
             jump = tracker.restore_news.pop(0)
@@ -371,13 +371,14 @@ class Supervisor:
         self.operator.heard_from(msg.node, msg.recv)
         if self._note(msg):
             return None
-        if msg.m is MessageKind.LAUNCHED:
+        body = msg.body
+        if isinstance(body, messages.Launched):
             self.operator.set_warm(msg.node, False)   # its warm interpreters (if any) now run these ranks
-        if msg.m is MessageKind.LAUNCHED and isinstance(msg.body.get("pid"), int):
-            self.torchrun_pids.add(msg.body["pid"])
+        if isinstance(body, messages.Launched) and body.pid is not None:
+            self.torchrun_pids.add(body.pid)
             if self.restart is not None and msg.node in self.active:
                 # restart_done says how the ranks started: warm only if every node's did
-                self.restart["warm"] = self.restart.get("warm", True) and msg.body.get("warm") is True
+                self.restart["warm"] = self.restart.get("warm", True) and body.warm is True
         had_first = tracker.first_step is not None
         failure = tracker.on_message(msg)
         while tracker.straggler_flags:
@@ -387,17 +388,18 @@ class Supervisor:
             say(f"ckptsup: every rank on {error['node']} finished, then torchrun exited rc={error['rc']}: "
                 "a crash in process teardown; nothing is lost, not restarting")
             self.emit(Event.TEARDOWN_ERROR, **error)
-        if msg.m in (MessageKind.STEP, MessageKind.PROGRESS):
+        if isinstance(body, (messages.Step, messages.Progress)):
             self._on_step(tracker, had_first, msg)
-        elif msg.m is MessageKind.HELLO:
-            self._on_hello(tracker, msg)
+        elif isinstance(body, messages.Hello):
+            self._on_hello(tracker, body)
         return failure
 
-    def _on_hello(self, tracker: AttemptTracker, msg: Message) -> None:
+    def _on_hello(self, tracker: AttemptTracker, hello: messages.Hello) -> None:
         """A rank's hello says its own disk schedule, the memory saves' cap (interval_tuner.py).
         Retuned at the last rank's hello: a set_interval sent earlier misses the ranks not yet
         connected, and the ranks apply one only once every rank holds it."""
-        self.state.measured.update(self.interval.learn_schedule(msg.body))
+        self.state.measured.update(self.interval.learn_schedule(
+            {"save_every_steps": hello.save_every_steps, "save_every_s": hello.save_every_s}))
         if tracker.hellos == tracker.world_size:
             for change in self.interval.retune("hello"):
                 self._set_interval(change)
@@ -405,21 +407,22 @@ class Supervisor:
     def _note(self, msg: Message) -> bool:
         """What is only recorded, in the loop and during every wait: ranks' events, their console
         lines, a node's warm interpreters. True when `msg` was one of those."""
-        if msg.m is MessageKind.EVENT:
-            self._forward_event(msg.body.get("record"))
-        elif msg.m is MessageKind.OUTPUT:
-            print_console(msg.body)
-        elif msg.m is MessageKind.WARM_READY:
+        body = msg.body
+        if isinstance(body, messages.EventRecord):
+            self._forward_event(body.record)
+        elif isinstance(body, messages.Output):
+            print_console(body)
+        elif isinstance(body, messages.WarmReady):
             self.operator.set_warm(msg.node, True)
-            self.emit(Event.WARM_READY, node=msg.node, interpreters=msg.body.get("interpreters"))
-        elif msg.m is MessageKind.EXT_HASHED:
+            self.emit(Event.WARM_READY, node=msg.node, interpreters=body.interpreters)
+        elif isinstance(body, messages.ExtHashed):
             if self.external is not None:
-                self.external.on_answer(msg.node, msg.body)
-        elif msg.m is MessageKind.MEMORY_PEER:
-            if self.memory_peers is not None and self.memory_peers.on_peer(msg.node, msg.body.get("addr")):
+                self.external.on_answer(msg.node, body)
+        elif isinstance(body, messages.MemoryPeer):
+            if self.memory_peers is not None and self.memory_peers.on_peer(msg.node, body.addr):
                 self._send_memory_peers()
-        elif msg.m is MessageKind.MEMORY_REPLICATED:
-            self._memory_replicated(msg)
+        elif isinstance(body, messages.MemoryReplicated):
+            self._memory_replicated(msg.node, body)
         else:
             return False
         return True
@@ -429,7 +432,7 @@ class Supervisor:
         starts it a new one); an active node's is the attempt's failure."""
         lost = self.agents.ended(msg.step_id)
         active = tuple(n for n in self.active if n in lost)
-        rc = msg.body.get("rc")
+        rc = msg.body.rc if isinstance(msg.body, StepEof) else None
         if not active:
             if lost:
                 self.emit(Event.AGENT_LOST, nodes=list(lost), rc=rc)
@@ -476,7 +479,7 @@ class Supervisor:
         if now - self.last_progress_event >= STEP_PROGRESS_EVERY_S:
             self.last_progress_event = now
             p99 = tracker.step_window.p99()
-            st = msg.body.get("step_time_s")
+            st = msg.body.step_time_s if isinstance(msg.body, messages.Step) else None
             self.emit(Event.STEP_PROGRESS, step=tracker.last_step, step_time_s=st,
                       step_p99_s=None if p99 is None else round(p99, 6),
                       hang_timeout_s=round(tracker.hang_timeout().s, 3), **sdc_cost(tracker.sdc_s))
@@ -490,7 +493,7 @@ class Supervisor:
                                            save_s=self.state.measured.get("stall_s"))
         if self.timeouts is None or steady.collective_s >= self.timeouts.collective_s:
             return
-        self.agents.send(MessageKind.SET_TIMEOUT, {"collective_s": round(steady.collective_s, 3)})
+        self.agents.send(messages.SetTimeout(collective_s=round(steady.collective_s, 3)))
         tracker.hang_cap_s, tracker.save_allowance_s = steady.hang_cap_s, steady.save_allowance_s
         self.emit(Event.COLLECTIVE_TIMEOUT_SET, collective_s=round(steady.collective_s, 3),
                   was_s=round(self.timeouts.collective_s, 3), steps=len(tracker.step_window.samples))
@@ -522,7 +525,7 @@ class Supervisor:
 
     def _set_interval(self, change: IntervalChange) -> None:
         """The ranks follow a new disk interval or memory schedule (interval_tuner.py decides)."""
-        self.agents.send(MessageKind.SET_INTERVAL, change.command())
+        self.agents.send(change.command())
         assert self.writer is not None
         self.writer.emit(Event.INTERVAL_CHANGED, **change.event_fields())
 
@@ -664,7 +667,7 @@ class Supervisor:
         agents = self.agents
         dead = {failure.node} if failure.kind is FailureKind.NODE_DOWN else set()
         waiting = {n for n in self.active if n not in dead}
-        if not agents.alive() or not agents.send(MessageKind.KILL, {"grace": 0}, nodes=self.active):
+        if not agents.alive() or not agents.send(messages.Kill(grace=0), nodes=self.active):
             self._kill_orphans()
             return []
 
@@ -685,19 +688,19 @@ class Supervisor:
         hang = tracker.teardown_hang(self.clock())
         if hang is None:
             return None
-        waiting, survivors = set(hang.nodes), []
+        waiting = set(hang.nodes)
+        survivors: list[dict[str, Any]] = []
 
         def acked(msg: Message) -> bool:
-            if msg.m is MessageKind.KILLED and msg.node in waiting:
+            if isinstance(msg.body, messages.Killed) and msg.node in waiting:
                 waiting.discard(msg.node)
-                for entry in msg.body.get("survivors") or ():
-                    if isinstance(entry, dict):
-                        survivors.append({"node": msg.node, **{k: entry[k] for k in
-                                          ("rank", "pid", "host_pid", "wchan", "stack") if k in entry}})
+                for entry in msg.body.survivors or ():
+                    survivors.append({"node": msg.node, **{k: entry[k] for k in
+                                      ("rank", "pid", "host_pid", "wchan", "stack") if k in entry}})
             return False
 
         agents = self.agents
-        if agents.alive() and agents.send(MessageKind.KILL, {"grace": 0, "report": True}, nodes=list(hang.nodes)):
+        if agents.alive() and agents.send(messages.Kill(grace=0, report=True), nodes=list(hang.nodes)):
             deadline = self.clock() + min(self.sup.node_silence_s, max(2.0, 3 * self.sup.heartbeat_interval_s))
             self._await(acked, deadline, until=lambda: not any(agents.has_agent(n) for n in waiting))
         else:
@@ -721,12 +724,12 @@ class Supervisor:
         nccl = self.config.nccl
         if not (nccl.dump_on_timeout and nccl.flight_recorder_entries > 0 and self.placement.gpus_per_node > 0):
             return
-        self.agents.send(MessageKind.DUMP_FR, {"path": str(self.run_dir.attempt_dir(self.state.attempt) / "flight_recorder")})
+        self.agents.send(messages.DumpFr(path=str(self.run_dir.attempt_dir(self.state.attempt) / "flight_recorder")))
         waiting = set(self.tracker.ranks) if self.tracker is not None else set()
 
         def dumped(msg: Message) -> bool:
-            record = msg.body.get("record") if msg.m is MessageKind.EVENT else None
-            if isinstance(record, dict) and record.get("event") == Event.FR_DUMPED:
+            record = msg.body.record if isinstance(msg.body, messages.EventRecord) else None
+            if record is not None and record.get("event") == Event.FR_DUMPED:
                 waiting.discard(record.get("rank"))
             return False
 
@@ -750,20 +753,20 @@ class Supervisor:
         last = tracker.last_step if tracker is not None else None
         if not agents.alive():
             return last
-        agents.send(MessageKind.STOP_AT, {"reason": reason, "save": save, "budget_s": budget_s})
+        agents.send(messages.StopAt(reason=reason, save=save, budget_s=budget_s))
         waiting = set(self.active) - (tracker.done_nodes if tracker else set())
         steps = [last] if last is not None else []
 
         def exited(msg: Message) -> bool:
-            if msg.m is MessageKind.TORCHRUN_EXIT:
+            if isinstance(msg.body, messages.TorchrunExit):
                 waiting.discard(msg.node)
-                if isinstance(msg.body.get("step"), int):
-                    steps.append(msg.body["step"])
+                if msg.body.step is not None:
+                    steps.append(msg.body.step)
             return False
 
         self._await(exited, self.clock() + budget_s + self.sup.kill_grace_s,
                     until=lambda: not waiting or not any(agents.has_agent(n) for n in waiting))
-        agents.send(MessageKind.KILL, {"grace": 0})
+        agents.send(messages.Kill(grace=0))
         return max(steps) if steps else None
 
     def _requeue(self, action: Requeue) -> ExitStatus:
@@ -868,7 +871,7 @@ class Supervisor:
         if present:
             # the agents that outlived the failure (survivors, warm spares) take the new spec; a
             # failed send means they just died: their step's EOF is the next failure
-            self.agents.send(MessageKind.RESTART, {"attempt": self.state.attempt, "spec": spec.to_json()},
+            self.agents.send(messages.Restart(attempt=self.state.attempt, spec=spec.to_json()),
                              nodes=present)
         missing = [n for n in nodes if n not in present]
         if missing:
@@ -885,17 +888,17 @@ class Supervisor:
         alive = [n for n in self.placement.nodes if self.agents.has_agent(n)]
         for node, body in self.memory_peers.commands(alive).items():
             if self.agents.has_agent(node):
-                self.agents.send(MessageKind.MEMORY_PEERS, body, nodes=[node])
+                self.agents.send(body, nodes=[node])
 
-    def _memory_replicated(self, msg: Message) -> None:
+    def _memory_replicated(self, node: str, note: messages.MemoryReplicated) -> None:
         if self.memory_peers is None:
             return
-        if msg.body.get("ok") is not True:
-            self.emit(Event.MEMORY_REPLICATED, ok=False, node=msg.node, step=msg.body.get("step"),
-                      rank=msg.body.get("rank"), buddy=msg.body.get("buddy"), reason=str(msg.body.get("reason", ""))[:300])
+        if note.ok is not True:
+            self.emit(Event.MEMORY_REPLICATED, ok=False, node=node, step=note.step,
+                      rank=note.rank, buddy=note.buddy, reason=(note.reason or "")[:300])
             return
         world = len(self.active) * int(self.sup.nproc_per_node)
-        step = self.memory_peers.on_replicated(msg.body, world)
+        step = self.memory_peers.on_replicated(note, world)
         if step is not None:
             self.emit(Event.MEMORY_REPLICATED, ok=True, step=step, ranks=world)
 
@@ -931,7 +934,7 @@ class Supervisor:
             return
         self.state.excluded_nodes[node] = reason
         self._save_state()
-        self.agents.send(MessageKind.EXIT, nodes=[node])   # a live agent there leaves (no ranks, no standby)
+        self.agents.send(messages.Exit(), nodes=[node])   # a live agent there leaves (no ranks, no standby)
         self.agents.lose(node)
         may_drain = self.placement.in_slurm and self.config.slurm.drain_bad_nodes
         drained = recovery.drain(self.placement.slurm if may_drain else None, node, reason,

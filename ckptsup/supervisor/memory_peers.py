@@ -19,6 +19,7 @@ from dataclasses import dataclass, field
 from typing import Any, Callable, Iterable, Mapping, Sequence
 
 from ..config import MAX_REPLICAS
+from .. import messages
 
 MAX_HOLDERS = 2 * (1 + MAX_REPLICAS)   # nodes remembered per rank: its node and buddies over the last two launches
 
@@ -129,25 +130,25 @@ class MemoryPeers:
         self.full.clear()
         return shortfall(self.placed, self.replicas, domain)
 
-    def commands(self, alive: Iterable[str]) -> dict[str, dict[str, Any]]:
+    def commands(self, alive: Iterable[str]) -> dict[str, messages.MemoryPeers]:
         """The memory_peers body for each launched node: its buddies' addresses (those known), and
         for each of its ranks the live agents other than itself that may hold that rank."""
         live = set(alive)
-        out: dict[str, dict[str, Any]] = {}
+        out: dict[str, messages.MemoryPeers] = {}
         for node, ranks in ranks_of(self.layout, self.nproc_per_node).items():
             sources = {str(r): [self.addrs[h] for h in self.holders.get(r, []) if h != node and h in live and h in self.addrs]
                        for r in ranks}
-            out[node] = {"buddies": self._buddy_addrs(node), "sources": {r: a for r, a in sources.items() if a}}
+            out[node] = messages.MemoryPeers(buddies=tuple(self._buddy_addrs(node)), sources={r: a for r, a in sources.items() if a})
         return out
 
     def _buddy_addrs(self, node: str) -> list[str]:
         return [self.addrs[b] for b in self.placed.get(node, []) if b in self.addrs]
 
-    def on_replicated(self, body: dict[str, Any], world_size: int) -> int | None:
+    def on_replicated(self, body: messages.MemoryReplicated, world_size: int) -> int | None:
         """A replica stored on a buddy; the step once every rank has one on each of its node's
         buddies (min(replicas, the buddies its domains allow)), else None."""
-        step, rank, buddy = body.get("step"), body.get("rank"), body.get("buddy")
-        if type(step) is not int or type(rank) is not int or body.get("ok") is not True or not isinstance(buddy, str):
+        step, rank, buddy = body.step, body.rank, body.buddy
+        if step is None or rank is None or body.ok is not True or buddy is None:
             return None
         index = rank // max(self.nproc_per_node, 1)
         if not 0 <= index < len(self.layout):

@@ -32,6 +32,7 @@ from typing import Any
 
 from ..env import TEST_FLIP_MEMORY
 from ..memory_wire import MemoryChannelError, MemoryOp, Payload, Session, recv_exact
+from ..messages import MemoryReplicated
 
 log = logging.getLogger("ckptsup.agent")
 
@@ -282,7 +283,7 @@ class PeerLinks:
         self._lock = threading.Lock()
         self._queue: dict[int, Held] = {}        # rank -> the newest bundle waiting to go to the buddies
         self._wake = threading.Event()
-        self._notes: list[dict[str, Any]] = []
+        self._notes: list[MemoryReplicated] = []
         self._thread = threading.Thread(target=self._replicate_loop, name="ckptsup-replica", daemon=True)
         self._thread.start()
 
@@ -297,7 +298,7 @@ class PeerLinks:
             self._queue[held.rank] = held
         self._wake.set()
 
-    def take(self) -> list[dict[str, Any]]:
+    def take(self) -> list[MemoryReplicated]:
         with self._lock:
             notes, self._notes = self._notes, []
         return notes
@@ -315,7 +316,7 @@ class PeerLinks:
                     with self._lock:
                         self._notes.append(note)
 
-    def _put(self, buddy: str, held: Held) -> dict[str, Any]:
+    def _put(self, buddy: str, held: Held) -> MemoryReplicated:
         """One replica of `held` on `buddy`'s store: the memory_replicated note of its outcome."""
         start = time.monotonic()
         try:
@@ -325,11 +326,8 @@ class PeerLinks:
             ok, reason = op is MemoryOp.STORED, "" if op is MemoryOp.STORED else str(body.get("reason", op.value))
         except (MemoryChannelError, OSError, ValueError) as err:
             ok, reason = False, str(err)[:200]
-        note = {"step": held.step, "rank": held.rank, "buddy": buddy, "ok": ok, "bytes": held.nbytes,
-                "replicate_s": round(time.monotonic() - start, 6)}
-        if not ok:
-            note["reason"] = reason
-        return note
+        return MemoryReplicated(step=held.step, rank=held.rank, buddy=buddy, ok=ok, bytes=held.nbytes,
+                                replicate_s=round(time.monotonic() - start, 6), reason=None if ok else reason)
 
     @contextlib.contextmanager
     def _session(self, addr: str) -> Any:

@@ -16,7 +16,7 @@ from ..events import Event, read_events
 from ..config import Config, SupervisorConfig
 from ..rundir import RunDir, RunState
 from ..textsafe import say
-from ..wire import MessageKind
+from .. import messages
 from . import control, prom_live, status
 from .agent_set import AgentSet
 from .attempt import AttemptTracker
@@ -157,7 +157,7 @@ class Operator:
                 if refusal:
                     self._ack(request.id, request.command, control.Outcome.REFUSED, refusal, tracker)
                 else:
-                    self.agents.send(MessageKind.SAVE_NOW, {"reason": f"operator request {request.id}"},
+                    self.agents.send(messages.SaveNow(reason=f"operator request {request.id}"),
                                      nodes=list(active))
                     self._ack(request.id, request.command, control.Outcome.ACCEPTED,
                               "a checkpoint at the next step boundary", tracker)
@@ -188,7 +188,7 @@ class Operator:
             self._ack(request.id, request.command, control.Outcome.REFUSED, refusal, tracker)
             return
         self.replace = PendingReplace(request=request.id, node=node)
-        self.agents.send(MessageKind.SAVE_NOW, {"reason": f"operator replace {request.id}"}, nodes=list(active))
+        self.agents.send(messages.SaveNow(reason=f"operator replace {request.id}"), nodes=list(active))
         self._ack(request.id, request.command, control.Outcome.ACCEPTED,
                   f"{node}'s ranks move to {spares[0]} after the next checkpoint; {node} is excluded", tracker)
 
@@ -204,7 +204,7 @@ class Operator:
             + (f"; moving it to {spares[0]} at the next checkpoint" if replace else ""))
         if replace:
             self.replace = PendingReplace(request=f"straggler-rank{found.rank}", node=found.node)
-            self.agents.send(MessageKind.SAVE_NOW, {"reason": f"straggler on {found.node}"}, nodes=list(active))
+            self.agents.send(messages.SaveNow(reason=f"straggler on {found.node}"), nodes=list(active))
 
     def _save_now_refusal(self, tracker: AttemptTracker) -> str:
         level = tracker.level

@@ -18,8 +18,9 @@ from __future__ import annotations
 
 import os
 from dataclasses import dataclass, field
-from typing import Callable
+from typing import Any, Callable
 
+from ..messages import Output
 from ..progress import LineSplitter, ProgressMatcher, Segment, clean, compile_pattern, split_rank
 
 CONSOLE_LINES_PER_S = 200.0   # sustained; a burst of CONSOLE_BURST passes at once
@@ -138,16 +139,15 @@ def _raw_bytes(line: str) -> bytes:
         return line.encode("utf-8", "backslashreplace")
 
 
-def print_console(body: dict, out=None) -> None:
+def print_console(body: Output, out: Any = None) -> None:
     """The supervisor's side: an `output` frame's lines on its console (the job's output file),
     byte for byte, each with the separator it had (a line without one, cut or the last, gets \\n)."""
     import sys
 
     out = out or sys.stdout
-    lines = body.get("lines")
-    if isinstance(lines, list):
-        data = b"".join(_raw_bytes(line if line.endswith(("\n", "\r")) else line + "\n")
-                        for line in lines if isinstance(line, str))
+    lines = body.lines
+    if lines:
+        data = b"".join(_raw_bytes(line if line.endswith(("\n", "\r")) else line + "\n") for line in lines)
         buffer = getattr(out, "buffer", None)
         if buffer is not None:
             out.flush()   # what went through the text layer first stays first
@@ -155,8 +155,8 @@ def print_console(body: dict, out=None) -> None:
             buffer.flush()
         else:   # a text-only stream (no bytes layer): the same text, undecodable bytes replaced
             out.write(data.decode("utf-8", "replace"))
-    dropped = body.get("dropped")
-    if isinstance(dropped, int) and dropped > 0:
+    dropped = body.dropped
+    if dropped > 0:
         out.write(f"ckptsup: ({dropped} rank output line(s) not shown: more than {CONSOLE_LINES_PER_S:g}/s; "
                   f"the rank log has them)\n")
     out.flush()

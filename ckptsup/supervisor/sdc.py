@@ -6,20 +6,17 @@ from __future__ import annotations
 
 from typing import Any, Mapping
 
+from ..messages import Sdc
+
 from .observations import Dispute, Failure, FailureKind
 
 
-def sdc_failure(body: Mapping[str, Any], *, node: str, nodes_of: Mapping[int, str]) -> Failure:
+def sdc_failure(body: Sdc, *, node: str, nodes_of: Mapping[int, str]) -> Failure:
     """`nodes_of`: the node of every rank the attempt has heard from. With a majority the failure
     is pinned on the (first) outvoted rank's node and every outvoted node is a suspect; without
     one (two copies, or no strict majority) nothing is pinned and the disputed nodes are listed."""
-    step = int(body.get("step", -1))
-    copies = int(body.get("copies", 0))
-    disputed = [int(r) for r in body.get("disputed") or []]
-    majority = bool(body.get("majority"))
-    agreed = body.get("agreed_step")
-    dispute = Dispute(ranks=tuple(disputed),
-                      agreed_step=agreed if isinstance(agreed, int) and not isinstance(agreed, bool) else None)
+    step, copies, disputed, majority = body.step, body.copies, list(body.disputed), body.majority
+    dispute = Dispute(ranks=tuple(disputed), agreed_step=body.agreed_step)
     where = sorted({nodes_of.get(r, node) for r in disputed})
     ranks = ", ".join(str(r) for r in disputed)
     if majority:
