@@ -13,7 +13,6 @@ import time
 import pytest
 
 from ckptsup import wire
-from ckptsup.supervisor import agent as agent_mod
 from ckptsup.supervisor import rank_processes, rank_socket
 from ckptsup.supervisor.agent import Agent, LaunchSpec
 
