@@ -38,7 +38,7 @@ def rank_socket(agent, *, hello: bool = True) -> socket.socket:
     """A connection to the rank socket; with `hello`, already a rank (rank 0, sequence 0): only a
     connection that said an authenticated hello counts as one."""
     sock = socket.socket(socket.AF_UNIX, socket.SOCK_STREAM)
-    sock.connect(str(agent.sock_path))
+    sock.connect(str(agent.ranks.path))
     agent._pump(0.1)  # accept
     if hello:
         sock.sendall(wire.encode("hello", {"rank": 0, "pid": 3_000_000_001}, seq=0, secret=SECRET))
@@ -47,8 +47,8 @@ def rank_socket(agent, *, hello: bool = True) -> socket.socket:
 
 
 def test_rank_socket_lives_in_a_private_directory(agent):
-    assert stat.S_IMODE(os.stat(agent.sock_dir).st_mode) == 0o700
-    assert stat.S_IMODE(os.stat(agent.sock_path).st_mode) == 0o600
+    assert stat.S_IMODE(os.stat(agent.ranks.dir).st_mode) == 0o700
+    assert stat.S_IMODE(os.stat(agent.ranks.path).st_mode) == 0o600
 
 
 def test_valid_rank_frames_are_relayed_with_the_node_added(agent):
@@ -169,7 +169,7 @@ def test_memory_peers_set_every_buddy_and_a_bad_body_is_one_ignored_command(tmp_
             a.test_in.write(wire.encode("memory_peers", body, seq=seq, secret=SECRET))
         a.test_in.flush()
         relayed(a)
-        assert a.peers.buddies == ["10.0.0.2:7000", "[fd00::3]:7001"] and a.peers.sources == {4: ["10.0.0.2:7000"]}
+        assert a.memory.peers.buddies == ["10.0.0.2:7000", "[fd00::3]:7001"] and a.memory.peers.sources == {4: ["10.0.0.2:7000"]}
         assert a.dropped == 4
         ignored = [line for line in capfd.readouterr().err.splitlines() if "ignored a memory_peers command" in line]
         assert len(ignored) == 4 and all("`buddies` must be a list of at most 3 host:port" in line for line in ignored)
@@ -187,7 +187,7 @@ def test_a_kill_with_report_names_the_live_rank_processes_and_heartbeats_list_th
                                  "[sys.executable, '-c', 'import time; time.sleep(60)']); print(p.pid, flush=True); "
                                  "time.sleep(60)"], stdout=subprocess.PIPE, start_new_session=True)
     rank_pid = int(torchrun.stdout.readline())
-    agent.torchrun, agent.rank_pids = torchrun, {1: rank_pid}
+    agent.torchrun, agent.procs.rank_pids = torchrun, {1: rank_pid}
     agent.heartbeat()
     [hb] = [body for m, body in relayed(agent) if m == "hb"]
     assert hb["pids"] == [{"rank": 1, "pid": rank_pid, "host_pid": rank_pid}]
@@ -221,7 +221,7 @@ def test_a_clean_exit_of_a_rank_without_hooks_goes_up_as_rank_exit_0_and_a_failu
     failed = subprocess.Popen([sys.executable, "-c", "raise SystemExit(3)"])
     alive = subprocess.Popen([sys.executable, "-c", "import time; time.sleep(60)"])
     try:
-        agent.torchrun, agent.rank_pids = FakeTorchrun(), {0: clean.pid, 1: alive.pid, 2: failed.pid}
+        agent.torchrun, agent.procs.rank_pids = FakeTorchrun(), {0: clean.pid, 1: alive.pid, 2: failed.pid}
         from ckptsup.supervisor.processes import RUNNING, zombie_status
         deadline = time.monotonic() + 10
         while RUNNING in (zombie_status(clean.pid), zombie_status(failed.pid)):   # zombies: statuses readable

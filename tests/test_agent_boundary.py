@@ -13,7 +13,7 @@ import time
 import pytest
 
 from ckptsup import wire
-from ckptsup.supervisor import agent as agent_mod
+from ckptsup.supervisor import rank_processes, rank_socket
 from ckptsup.supervisor.agent import Agent, LaunchSpec
 
 SECRET = b"k" * 64
@@ -31,7 +31,7 @@ class FakeTorchrun:
 
 @pytest.fixture
 def agent(tmp_path, monkeypatch):
-    monkeypatch.setattr(agent_mod, "EXIT_CONFIRM_S", 0.05)  # the crash confirmation, shortened
+    monkeypatch.setattr(rank_processes, "EXIT_CONFIRM_S", 0.05)  # the crash confirmation, shortened
     out_r, out_w = os.pipe()
     in_r, in_w = os.pipe()
     spec = LaunchSpec(script="x.py", script_args=[], nproc_per_node=1, nnodes=1, rdzv_endpoint="127.0.0.1:1",
@@ -43,7 +43,7 @@ def agent(tmp_path, monkeypatch):
     a.torchrun = FakeTorchrun()
     yield a
     a.torchrun = None
-    for conn in a.conns.values():
+    for conn in a.ranks.conns.values():
         conn.pid = None  # whatever a test made it claim, the teardown signals no process
     a.shutdown()
 
@@ -64,13 +64,13 @@ def relayed(agent) -> list[tuple[str, dict]]:
 def settle(agent) -> list[tuple[str, dict]]:
     """Everything relayed once every dropped connection had the time to become a crash report."""
     out = relayed(agent)
-    time.sleep(agent_mod.EXIT_CONFIRM_S + 0.1)
+    time.sleep(rank_processes.EXIT_CONFIRM_S + 0.1)
     return out + relayed(agent)
 
 
 def connect(agent) -> socket.socket:
     sock = socket.socket(socket.AF_UNIX, socket.SOCK_STREAM)
-    sock.connect(str(agent.sock_path))
+    sock.connect(str(agent.ranks.path))
     agent._pump(0.05)  # accept
     return sock
 
@@ -110,10 +110,10 @@ def test_connections_that_close_without_an_authenticated_hello_are_no_rank_and_c
     forged.close()
     frames = settle(agent)
     assert exits(frames) == [], exits(frames)
-    assert agent.conns == {} and not agent.exit_requested
+    assert agent.ranks.conns == {} and not agent.exit_requested
     logged = [line for line in capsys.readouterr().err.splitlines() if "rank socket" in line]
     assert len(logged) == 1 and "without an authenticated hello" in logged[0], logged  # rate-limited: one line
-    agent.unauth_log.last = -1e9                      # the next window: the count since the first line
+    agent.ranks.unauth_log.last = -1e9                      # the next window: the count since the first line
     connect(agent).close()
     settle(agent)
     logged = [line for line in capsys.readouterr().err.splitlines() if "rank socket" in line]
@@ -322,7 +322,7 @@ def test_the_agent_survives_whatever_anyone_sends(agent):
     for sock in authenticated:
         sock.close()
     settle(agent)
-    assert agent.conns == {}
+    assert agent.ranks.conns == {}
 
 
 def test_a_hello_cannot_make_the_agent_signal_another_process(agent):
@@ -346,11 +346,11 @@ def test_a_hello_cannot_make_the_agent_signal_another_process(agent):
 
 
 def test_connections_that_never_say_hello_are_closed_and_bounded(agent, monkeypatch):
-    monkeypatch.setattr(agent_mod, "MAX_UNAUTHENTICATED", 4)
+    monkeypatch.setattr(rank_socket, "MAX_UNAUTHENTICATED", 4)
     socks = [connect(agent) for _ in range(10)]
-    assert len(agent.conns) == 4                      # the oldest were closed to make room
-    monkeypatch.setattr(agent_mod, "HELLO_TIMEOUT_S", 0.0)
+    assert len(agent.ranks.conns) == 4                      # the oldest were closed to make room
+    monkeypatch.setattr(rank_socket, "HELLO_TIMEOUT_S", 0.0)
     time.sleep(0.01)
-    assert exits(settle(agent)) == [] and agent.conns == {}
+    assert exits(settle(agent)) == [] and agent.ranks.conns == {}
     for sock in socks:
         sock.close()

@@ -1,45 +1,36 @@
 """The agent: one per usable node (an srun task, or a child process in local mode). A spare's
 agent (its node outside the launch spec) starts in standby, warms up, and waits for a restart.
 
-It runs torchrun for its node, serves a node-local Unix socket (0700 directory) where the ranks
-send HMAC'd frames, relays them up as frames on stdout (with `node` added) plus a heartbeat, and
-reads the supervisor's commands as frames on stdin. One thread, one selector: the rank sockets,
-stdin and a short tick for heartbeats and process checks.
+It runs torchrun for its node, relays what its ranks send on their socket up as frames on stdout
+(with `node` added) plus a heartbeat, and reads the supervisor's commands as frames on stdin.
+One thread, one selector (each key's data is the callable that serves it): the rank sockets,
+torchrun's output, stdin, and a short tick for heartbeats and process checks.
+
+The agent is the loop and the decisions of a node; its parts are separate objects, each made
+once in the constructor:
+  ranks     the ranks' socket and its connections, a boundary (rank_socket.py)
+  procs     the ranks as processes: who is which rank, crashes and clean exits (rank_processes.py)
+  output    torchrun's output: progress lines and rank 0's console (rank_output.py)
+  memory    the memory tier's store and its replicas (memory_store.py), when on
+  pool      warm rank interpreters and a pre-imported torchrun for the next launch (warm_pool.py,
+            standby.py)
+  external  hashes of a framework's own checkpoints (external_agent.py)
 
 Crash detection happens here: a rank whose connection drops without `bye` is reported at once
 (no waiting for torchrun's monitor), and a stopped rank process (state T) is flagged in the
 heartbeat so the supervisor can blame it when the hang timeout fires.
-
-The rank socket is a boundary (docs/contracts.md §Wire frames): a connection is a rank only once
-it sent an authenticated `hello` (good MAC, well-typed body, a fresh sequence number for that
-rank and pid); until then its frames are dropped, and its end is logged (one line per
-UNAUTH_LOG_EVERY_S, with a count) and reported to nobody. Replays are refused per rank identity,
-across connections. Every relayed body is checked for the types the supervisor relies on; a
-frame that is not a rank's to send (an agent's or a command kind) is dropped. Whatever arrives,
-the agent goes on; only a rank that said hello can, by leaving, make a crash report.
 """
 
 from __future__ import annotations
 
-import dataclasses
-import math
 import os
-import re
 import selectors
-import shutil
 import signal
-import socket
-import struct
 import subprocess
 import sys
-import tempfile
 import time
 import uuid
-from dataclasses import dataclass
-from pathlib import Path
-from typing import IO, Any, BinaryIO, Callable
-
-import psutil
+from typing import Any, BinaryIO
 
 from .. import messages, step_lines, wire
 from ..errors import CkptsupError
@@ -50,119 +41,20 @@ from ..rundir import read_secret
 from ..textsafe import say
 from .spec import LaunchSpec
 from .torchrun_args import installed_torchrun_has
-from .rank_output import RankOutput
+from .rank_output import OutputPipe, RankOutput
+from .rank_processes import EXIT_CONFIRM_S, RankProcesses
+from .rank_socket import RankConn, RankSocket, socket_dir_prefix, sweep_stale_socket_dirs
 from .standby import Standby
 from .external_agent import ExternalHasher, ExternalRequestError
-from .memory_store import FlipMode, MemoryServer, MemoryStore, PeerLinks, tcp_listener, unix_listener
+from .memory_store import FlipMode, NodeMemory
 from .warm_pool import WarmPool
-from . import evidence
-from ..stack_dump import stack_file
-from .processes import GONE, RUNNING, describe_exit, is_stopped, pid_views, terminate, where, zombie_status
+from .processes import is_stopped, terminate
 
 TICK_S = 0.1
 STANDBY_DELAY_S = 30.0
-EXIT_CONFIRM_S = 0.3  # a dropped rank connection becomes a crash report unless torchrun exits 0 by then
-CLEAN_GONE_S = 2.0    # a worker reaped unseen, while torchrun and another rank carry on this long: it exited 0
 RANK_LINE_PREFIX = "[rank${rank}]: "   # torchrun --tee: the global rank on every line (progress.RANK_PREFIX)
-OUTPUT_READ_BYTES = 1 << 16  # per wake-up: a flooding rank cannot starve the rank sockets
-HELLO_TIMEOUT_S = 10.0   # a connection without an authenticated hello by then is closed (ranks say it at once)
-MAX_UNAUTHENTICATED = 64  # connections waiting for their hello; beyond, the oldest is closed
-UNAUTH_LOG_EVERY_S = 10.0
 
-
-SOCKET_DIR_PREFIX = "ckptsup-agent-"
-
-
-def socket_dir_prefix(host: str | None = None, pid: int | None = None, pidns: str | None = None) -> str:
-    """`ckptsup-agent-<host>-<pid namespace>-<pid>-`: whose directory it is, so that the next agent
-    on this host can remove those of killed agents (a SIGKILL skips our cleanup). The pid namespace
-    is part of the name because a pid means something only inside its own: two dev clusters on one
-    machine both have a node "n1" sharing /tmp, and their agents must not sweep each other's."""
-    return f"{_host_prefix(host, pidns)}{pid or os.getpid()}-"
-
-
-def _pid_namespace() -> str:
-    try:
-        return str(os.stat("/proc/self/ns/pid").st_ino)
-    except OSError:
-        return "0"
-
-
-def _host_prefix(host: str | None, pidns: str | None = None) -> str:
-    # a long FQDN is cut: the socket's whole path must stay within AF_UNIX's 108 bytes
-    return f"{SOCKET_DIR_PREFIX}{(host or socket.gethostname())[:40]}-{pidns or _pid_namespace()}-"
-
-
-def sweep_stale_socket_dirs(tmp: Path | None = None, host: str | None = None,
-                            alive: Callable[[int], bool] = psutil.pid_exists, pidns: str | None = None) -> list[Path]:
-    """Remove this host's agent socket directories whose agent is gone. Only our own uid's, only
-    this host's (nodes may share /tmp while their pid numbers are their own), never one whose pid
-    is alive (a reused pid keeps a stale directory, the safe side)."""
-    tmp = tmp or Path(tempfile.gettempdir())
-    prefix = _host_prefix(host, pidns)
-    removed = []
-    for path in tmp.glob(f"{prefix}*"):
-        # exactly <pid>-<mkdtemp's 8 characters>: host "n1" must not claim host "n1-2"'s directories
-        match = re.fullmatch(r"(\d+)-[a-z0-9_]{8}", path.name[len(prefix):])
-        try:
-            if not match or path.is_symlink() or path.lstat().st_uid != os.getuid():
-                continue
-        except OSError:
-            continue
-        if not alive(int(match.group(1))):
-            shutil.rmtree(path, ignore_errors=True)
-            removed.append(path)
-    return removed
-
-
-@dataclass(kw_only=True)
-class RankConn:
-    sock: socket.socket
-    reader: wire.FrameReader
-    opened: float = 0.0
-    peer_pid: int | None = None   # the kernel's word (SO_PEERCRED), not the hello's
-    rank: int | None = None       # set by an authenticated hello only: until then, no rank
-    pid: int | None = None
-    said_bye: bool = False
-
-    @property
-    def sender(self) -> str:
-        """The replay guard's key: the rank's identity, the same on every connection it opens."""
-        return f"rank {self.rank} pid {self.pid}"
-
-
-def _peer_pid(sock: socket.socket) -> int | None:
-    try:
-        pid, _uid, _gid = struct.unpack("3i", sock.getsockopt(socket.SOL_SOCKET, socket.SO_PEERCRED,
-                                                              struct.calcsize("3i")))
-    except (AttributeError, OSError, struct.error):
-        return None
-    return pid if pid > 0 else None
-
-
-@dataclass(kw_only=True)
-class RateLimitedLog:
-    """One stderr line per `every_s` at most, with how many things happened since the last one."""
-
-    every_s: float
-    clock: Callable[[], float] = time.monotonic
-    last: float = -math.inf
-    pending: int = 0
-
-    def note(self, what: Callable[[int], str]) -> None:
-        self.pending += 1
-        self.flush(what)
-
-    def flush(self, what: Callable[[int], str]) -> None:
-        now = self.clock()
-        if self.pending and now - self.last >= self.every_s:
-            say(f"ckptsup agent: {what(self.pending)}", file=sys.stderr)
-            self.last, self.pending = now, 0
-
-
-def _unauth_line(count: int) -> str:
-    return (f"{count} connection(s) to the rank socket ended without an authenticated hello; ignored "
-            f"(not ranks of this job; at most one such line per {UNAUTH_LOG_EVERY_S:g}s)")
+__all__ = ("Agent", "LaunchSpec", "run_agent", "EXIT_CONFIRM_S", "socket_dir_prefix", "sweep_stale_socket_dirs")
 
 
 class Agent:
@@ -176,61 +68,34 @@ class Agent:
         self.attempt = attempt
         self.instance = uuid.uuid4().hex[:12]
         self.seq = 0
-        self.stdin_reader = wire.FrameReader(secret=secret, sender="supervisor", on_drop=self._count_drop)
-        self.rank_guard = wire.ReplayGuard()   # keyed by rank identity, across connections
-        self.unauth_log = RateLimitedLog(every_s=UNAUTH_LOG_EVERY_S)
+        self.dropped = 0                        # frames dropped, from ranks or on stdin (the heartbeat says how many)
         self.sel = selectors.DefaultSelector()
-        sweep_stale_socket_dirs()
-        self.sock_dir = Path(tempfile.mkdtemp(prefix=socket_dir_prefix()))  # 0700
-        self.sock_path = self.sock_dir / "ranks.sock"
-        self.server = socket.socket(socket.AF_UNIX, socket.SOCK_STREAM)
-        self.server.bind(str(self.sock_path))
-        os.chmod(self.sock_path, 0o600)
-        self.server.listen(256)
-        self.server.setblocking(False)
-        self.sel.register(self.server, selectors.EVENT_READ, "accept")
+        self.stdin_reader = wire.FrameReader(secret=secret, sender="supervisor", on_drop=self._count_drop)
         os.set_blocking(inp.fileno(), False)
-        self.sel.register(inp, selectors.EVENT_READ, "stdin")
-        self.conns: dict[socket.socket, RankConn] = {}
+        self.sel.register(inp, selectors.EVENT_READ, self._read_stdin)
+        self.ranks = RankSocket(secret=secret, sel=self.sel, on_frame=self._rank_frame, on_lost=self._rank_lost,
+                                on_drop=self._count_drop)
+        self.procs = RankProcesses()
+        self.output: OutputPipe | None = None
         self.torchrun: subprocess.Popen | None = None
         self.torchrun_reported = True
-        self.standby: Standby | None = None
+        self.launched_at: float | None = None
         self.last_step: int | None = None
         self.phase = Phase.INIT
-        self.dropped = 0
+        self.stopped_ranks: set[int] = set()
+        self.stop_sent = False                  # a stop (preemption, time limit) reached this attempt's ranks
         self.term_signal: int | None = None
         self.exit_requested = False
         self.last_hb = 0.0
-        self.stopped_ranks: set[int] = set()
-        self.pending_exits: list[tuple[float, int | None, int | None]] = []
-        self.launched_at: float | None = None
-        self.output: RankOutput | None = None
-        self.output_pipe: IO[bytes] | None = None
-        self.hooked_ranks: set[int] = set()     # ranks that said hello this attempt: their steps come as frames
-        self.workers: dict[int, int] = {}       # pid -> global rank of torchrun's workers (from their environment)
-        self.rank_pids: dict[int, int] = {}     # global rank -> its process (hello pid, else the worker or its warm interpreter)
-        self.host_pids: dict[int, int] = {}     # pid here -> pid in the outermost namespace /proc shows
-        self.exits_seen: dict[int, float] = {}  # rank without hooks -> when its process was first seen gone
-        self.exits_sent: set[int] = set()       # ranks whose clean exit went up as rank_exit rc 0
-        self.stop_sent = False                  # a stop (preemption, time limit) reached this attempt's ranks
+        self.standby: Standby | None = None     # a pre-imported torchrun for the next launch
         self.pool: WarmPool | None = None       # warm rank interpreters for the next launch
         self.warm = False                       # this attempt's ranks run in warm interpreters
         self.warm_told = False                  # the supervisor heard that the pool is ready
         self.external = ExternalHasher()        # hashes of external step folders (supervisor/external_agent.py)
-        # the memory tier: the ranks' bundles live in this process, so a rank crash loses none; one
-        # store for the agent's life (a restart's ranks resume from it), replicated to a buddy
-        # node's agent over TCP (memory_store.py)
-        self.memory: MemoryServer | None = None
-        self.replicas: MemoryServer | None = None
-        self.peers: PeerLinks | None = None
-        if spec.memory_keep > 0:
-            store = MemoryStore(keep=spec.memory_keep, max_bytes=spec.memory_max_bytes,
-                                flip=FlipMode.parse(os.environ.get(TEST_FLIP_MEMORY, "")))
-            self.peers = PeerLinks(secret=secret, node=node)
-            self.memory = MemoryServer(unix_listener(self.sock_dir / "memory.sock"), secret=secret, store=store,
-                                       peers=self.peers).start()
-            self.replicas = MemoryServer(tcp_listener(spec.memory_addrs.get(node) or "127.0.0.1"), secret=secret,
-                                         store=store).start()
+        self.memory = NodeMemory(keep=spec.memory_keep, max_bytes=spec.memory_max_bytes, secret=secret, node=node,
+                                 directory=self.ranks.dir, addr=spec.memory_addrs.get(node) or "127.0.0.1",
+                                 flip=FlipMode.parse(os.environ.get(TEST_FLIP_MEMORY, ""))) \
+            if spec.memory_keep > 0 else None
 
     # ---- output -------------------------------------------------------------------------------
     def send(self, msg: messages.Body) -> None:
@@ -248,16 +113,8 @@ class Agent:
         except BrokenPipeError:
             self.exit_requested = True  # the supervisor is gone
 
-    def to_ranks(self, msg: messages.Body) -> None:
-        body = msg.to_body()
-        for conn in list(self.conns.values()):
-            if conn.rank is None:
-                continue  # commands go to ranks, not to whoever connected
-            self.seq += 1
-            try:
-                conn.sock.sendall(wire.encode(msg.KIND, body, seq=self.seq, secret=self.secret))
-            except (OSError, wire.FrameError):
-                pass  # that rank is going away; its EOF is handled by the reader
+    def _count_drop(self) -> None:
+        self.dropped += 1
 
     # ---- torchrun -----------------------------------------------------------------------------
     def torchrun_argv(self, *, warm: bool = False) -> list[str]:
@@ -307,7 +164,7 @@ class Agent:
             self.pool.close()
             self.pool = None
         if self.pool is None:
-            self.pool = WarmPool(directory=self.sock_dir, size=spec.nproc_per_node, cwd=spec.cwd,
+            self.pool = WarmPool(directory=self.ranks.dir, size=spec.nproc_per_node, cwd=spec.cwd,
                                  env=WarmPool.rank_env(self.rank_env({}), spec.nproc_per_node))
         return self.pool
 
@@ -315,9 +172,9 @@ class Agent:
         env = dict(os.environ)
         env.update(self.spec.env)
         env.update(extra)
-        env[RANK_SOCKET] = str(self.sock_path)
+        env[RANK_SOCKET] = str(self.ranks.path)
         if self.memory is not None:
-            env[MEMORY_SOCKET] = str(self.memory.path)
+            env[MEMORY_SOCKET] = str(self.memory.ranks.path)
         env[NODE] = self.node
         env[PYTHONUNBUFFERED] = "1"
         env[TORCHELASTIC_LOG_LINE_PREFIX_TEMPLATE] = RANK_LINE_PREFIX
@@ -336,8 +193,8 @@ class Agent:
         if self.warm and pool is not None:
             env[WARM_DIR] = str(pool.in_use_dir)
         self.torchrun = standby.launch(argv=self.torchrun_argv(warm=self.warm), env=env, cwd=self.spec.cwd)
-        self.hooked_ranks, self.workers, self.stop_sent = set(), {}, False
-        self.rank_pids, self.exits_seen, self.exits_sent = {}, {}, set()
+        self.procs.reset()
+        self.stop_sent = False
         self._open_output(log)
         self.torchrun_reported = False
         self.phase = Phase.INIT
@@ -354,224 +211,66 @@ class Agent:
         if self.pool is not None:
             self.pool.kill_in_use()
         self._close_output()
-        for conn in list(self.conns.values()):
-            if conn.rank is not None and conn.pid is not None and conn.pid == conn.peer_pid != os.getpid():
-                terminate(conn.pid, 0)  # a rank that escaped the tree: only the process at the other end
-            self._close(conn, report=False)
+        self.ranks.drop_all()
         self.torchrun_reported = True
-        self.pending_exits = []
+        self.procs.pending = []
         return time.monotonic() - t0
 
     # ---- rank output (supervisor/rank_output.py) ----------------------------------------------
     def _open_output(self, log: str) -> None:
         self._close_output()
         assert self.torchrun is not None and self.torchrun.stdout is not None
-        self.output_pipe = self.torchrun.stdout
-        os.set_blocking(self.output_pipe.fileno(), False)
-        self.output = RankOutput.open(log, pattern=self.spec.progress_pattern, tee=self.spec.tee,
-                                      nproc_per_node=self.spec.nproc_per_node,
-                                      console_local_ranks=self.spec.console_local_ranks,
-                                      hooked=lambda rank: rank in self.hooked_ranks, clock=time.monotonic)
-        self.sel.register(self.output_pipe, selectors.EVENT_READ, "output")
-
-    def _read_output(self) -> int:
-        """Read what the ranks wrote (bounded): bytes read, 0 when nothing is waiting, -1 at EOF
-        (torchrun and every worker holding the pipe are gone)."""
-        if self.output_pipe is None or self.output is None:
-            return -1
-        try:
-            data = os.read(self.output_pipe.fileno(), OUTPUT_READ_BYTES)
-        except (BlockingIOError, InterruptedError):
-            return 0
-        except OSError:
-            data = b""
-        if not data:
-            self.sel.unregister(self.output_pipe)
-            self.output_pipe.close()
-            self.output_pipe = None
-            self.output.finish()
-            return -1
-        self.output.feed(data)
-        return len(data)
-
-    def _drain_output(self) -> None:
-        """Everything torchrun wrote before it exited (bounded): its last lines are often the error."""
-        for _ in range(64):
-            if self._read_output() <= 0:
-                break
+        output = RankOutput.open(log, pattern=self.spec.progress_pattern, tee=self.spec.tee,
+                                 nproc_per_node=self.spec.nproc_per_node,
+                                 console_local_ranks=self.spec.console_local_ranks,
+                                 hooked=lambda rank: rank in self.procs.hooked, clock=time.monotonic)
+        self.output = OutputPipe(self.torchrun.stdout, output, self.sel)
 
     def _flush_output(self) -> None:
         if self.output is None:
             return
-        for rank, step in sorted(self.output.take_progress().items()):
-            if rank not in self.hooked_ranks:
+        for rank, step in sorted(self.output.output.take_progress().items()):
+            if rank not in self.procs.hooked:
                 self.last_step = step if self.last_step is None else max(self.last_step, step)
                 self.phase = Phase.TRAIN
                 self.send(messages.Progress(rank=rank, step=step))
-        while (console := self.output.take_console()) is not None:
+        while (console := self.output.output.take_console()) is not None:
             lines, dropped = console
             self.send(messages.Output(lines=tuple(lines), dropped=dropped))
 
     def _close_output(self) -> None:
-        if self.output_pipe is not None:
-            try:
-                self.sel.unregister(self.output_pipe)
-            except (KeyError, ValueError):
-                pass
-            self.output_pipe.close()
-            self.output_pipe = None
         if self.output is not None:
-            self._flush_output()
             self.output.close()
+            self._flush_output()
+            self.output.output.close()
             self.output = None
 
-    # ---- torchrun's workers, seen as processes (ranks that never say hello) -------------------
-    def _scan_workers(self) -> dict[int, int]:
-        """pid -> global rank of torchrun's live workers (their RANK variable; read once per pid)."""
-        if self.torchrun is None:
-            return {}
-        try:
-            children = psutil.Process(self.torchrun.pid).children()
-        except psutil.Error:
-            return {}
-        found = {}
-        warm = self.pool.in_use if self.warm and self.pool is not None else []
-        for child in children:
-            pid, rank = child.pid, self.workers.get(child.pid)
-            if rank is None:
-                try:
-                    env = child.environ()
-                    rank, local_rank = int(env.get("RANK", "")), int(env.get("LOCAL_RANK", "-1"))
-                except (psutil.Error, ValueError, OSError):
-                    continue
-                if 0 <= local_rank < len(warm):
-                    pid = warm[local_rank].pid   # the proxy stands in for its warm interpreter: watch that
-            found[pid] = rank
-            if rank not in self.hooked_ranks:
-                self.rank_pids.setdefault(rank, pid)
-        self.workers = found
-        return found
-
-    def _signal_unhooked(self, signum: int) -> None:
-        """Pass a stop to ranks that cannot hear stop_at: the script's own SIGTERM handler (its
-        checkpoint-and-exit) runs, as under Slurm without ckptsup."""
-        for pid, rank in self._scan_workers().items():
-            if rank not in self.hooked_ranks:
-                try:
-                    os.kill(pid, signum)
-                except OSError:
-                    pass
-
-    # ---- rank sockets -------------------------------------------------------------------------
-    def _accept(self) -> None:
-        try:
-            sock, _ = self.server.accept()
-        except (BlockingIOError, InterruptedError):
-            return
-        except OSError as err:  # out of descriptors: the next tick tries again
-            say(f"ckptsup agent: cannot accept a rank connection: {err.strerror or err}", file=sys.stderr)
-            return
-        sock.setblocking(False)
-        waiting = sorted((c for c in self.conns.values() if c.rank is None), key=lambda c: c.opened)
-        for stale in waiting[:max(0, len(waiting) - MAX_UNAUTHENTICATED + 1)]:
-            self._close(stale, report=True)  # many connections that never say hello: drop the oldest
-        self.conns[sock] = RankConn(sock=sock, opened=time.monotonic(), peer_pid=_peer_pid(sock),
-                                    reader=wire.FrameReader(secret=self.secret, sender="rank", on_drop=self._count_drop))
-        self.sel.register(sock, selectors.EVENT_READ, "rank")
-
-    def _close(self, conn: RankConn, *, report: bool) -> None:
-        if self.conns.pop(conn.sock, None) is None:
-            return
-        self.sel.unregister(conn.sock)
-        conn.sock.close()
-        if conn.rank is None:
-            if report:
-                self.unauth_log.note(_unauth_line)  # anyone may connect and leave: no rank, no report
-            return
-        if report and not conn.said_bye and self.torchrun is not None:
-            # A rank that finished without `bye` looks the same for a moment: confirm unless
-            # torchrun exits cleanly within EXIT_CONFIRM_S.
-            self.pending_exits.append((time.monotonic(), conn.rank, conn.pid))
-
-    def _read_rank(self, conn: RankConn) -> None:
-        try:
-            data = conn.sock.recv(65536)
-        except (BlockingIOError, InterruptedError):
-            return
-        except OSError:
-            data = b""
-        if not data:
-            self._close(conn, report=True)
-            return
-        try:
-            lines = conn.reader.lines(data)
-        except wire.FrameError:
-            self._close(conn, report=True)  # a flood is not a rank of ours
-            return
-        for line in lines:
-            if conn.sock not in self.conns:
-                return
-            frame = conn.reader.verified(line)
-            if frame is not None:
-                self._rank_frame(conn, *frame)
-
-    def _count_drop(self) -> None:
-        self.dropped += 1
-
-    def _hello(self, conn: RankConn, seq: int, hello: messages.Hello) -> None:
-        """An authenticated hello makes the connection a rank: a well-typed body (messages.Hello),
-        and a sequence number fresh for that rank and pid (a replayed hello on a new connection is
-        refused). `checkpoints` (false: heartbeat-only hooks, ckptsup keeps no checkpoints of this
-        rank) is relayed."""
-        rank, pid = hello.rank, hello.pid
-        conn.rank, conn.pid = rank, pid
-        if not self.rank_guard.accept(conn.sender, seq):
-            conn.rank = conn.pid = None
-            self._count_drop()
-            return
-        self.hooked_ranks.add(rank)
-        if pid is not None:
-            self.rank_pids[rank] = pid
-        self.send(hello)
-
-    def _rank_frame(self, conn: RankConn, m: MessageKind, seq: int, body: dict[str, Any]) -> None:
-        if wire.HOPS.get(m) is not Hop.RANK_TO_AGENT:
-            self._count_drop()  # an agent's or the supervisor's kind: not a rank's to send
-            return
-        if conn.rank is not None and (m == MessageKind.HELLO or not self.rank_guard.accept(conn.sender, seq)):
-            self._count_drop()  # a second hello, or a replay
-            return
-        if conn.rank is None and m != MessageKind.HELLO:
-            self._count_drop()  # nothing counts before an authenticated hello
-            return
-        try:
-            msg = messages.parse(m, body)   # the body's types, the ones the supervisor relies on
-        except wire.FrameError:
-            self._count_drop()
-            return
+    # ---- what the ranks send (supervisor/rank_socket.py) --------------------------------------
+    def _rank_frame(self, conn: RankConn, msg: messages.Body) -> None:
+        """A rank's frame, authenticated and typed: what it says of the attempt, then relayed up."""
         if isinstance(msg, messages.Hello):
-            self._hello(conn, seq, msg)
-            return
-        if isinstance(msg, messages.RankScoped) and conn.rank is not None:   # (it is: a hello came first)
-            if msg.rank == messages.NO_RANK:
-                msg = dataclasses.replace(msg, rank=conn.rank)   # absent: the hello's
-            elif msg.rank != conn.rank:
-                self._count_drop()  # another rank's identity
-                return
-        if isinstance(msg, messages.Step):
+            self.procs.said_hello(msg.rank, msg.pid)
+        elif isinstance(msg, messages.Step):
             if self.last_step is None or msg.step > self.last_step:
                 self.last_step = msg.step
             self.phase = Phase.TRAIN
         elif isinstance(msg, messages.PhaseChange):
             self.phase = msg.phase
-        elif isinstance(msg, messages.Bye):
-            conn.said_bye = True
         self.send(msg)
 
-    def _expire_unauthenticated(self, now: float) -> None:
-        for conn in [c for c in self.conns.values() if c.rank is None and now - c.opened > HELLO_TIMEOUT_S]:
-            self._close(conn, report=True)
-        self.unauth_log.flush(_unauth_line)
+    def _rank_lost(self, conn: RankConn) -> None:
+        # A rank that finished without `bye` looks the same for a moment: confirm unless torchrun
+        # exits cleanly within EXIT_CONFIRM_S.
+        if self.torchrun is not None:
+            self.procs.lost(conn.rank, conn.pid, time.monotonic())
+
+    def _warm_in_use(self) -> list[Any]:
+        """The warm interpreters this attempt's ranks run in (none on a cold launch)."""
+        return list(self.pool.in_use) if self.warm and self.pool is not None else []
+
+    def _signal_unhooked(self, signum: int) -> None:
+        self.procs.signal_unhooked(signum, self.torchrun.pid if self.torchrun is not None else None,
+                                   self._warm_in_use())
 
     # ---- supervisor commands ------------------------------------------------------------------
     def _read_stdin(self) -> None:
@@ -624,14 +323,14 @@ class Agent:
         elif isinstance(cmd, messages.MemoryPeers):
             self._memory_peers(cmd)
         elif isinstance(cmd, messages.Stacks):
-            self._stacks()
+            self.send(self.procs.stacks(self.spec.env.get(RUN_DIR), self.attempt))
         elif isinstance(cmd, messages.ExtHash):
             try:
                 self.external.request(cmd)
             except ExternalRequestError as err:
                 raise BadCommand(str(err)) from None
         elif m in wire.FORWARDED_COMMANDS:
-            self.to_ranks(cmd)   # re-encoded from its type: without the envelope's `nodes`
+            self.ranks.send(cmd)   # re-encoded from its type: without the envelope's `nodes`
             if isinstance(cmd, messages.StopAt) and not self.stop_sent:
                 self.stop_sent = True
                 self._signal_unhooked(signal.SIGTERM)
@@ -667,57 +366,28 @@ class Agent:
             self.warm_told = ready
         rc = self.torchrun.poll() if self.torchrun is not None else None
         now = time.monotonic()
-        if rc == 0:
-            self.pending_exits = []
-        keep = []
-        for seen, rank, pid in self.pending_exits:
-            status = zombie_status(pid) if pid is not None else GONE
-            if status is RUNNING and now - seen < EXIT_CONFIRM_S:
-                keep.append((seen, rank, pid))  # still exiting (fds close before the zombie appears)
-            elif status is RUNNING:
-                continue  # it closed its channel but lives on: not a crash (hang detection watches it)
-            elif status == 0:
-                continue  # a clean exit without `bye`
-            elif status is GONE and now - seen < EXIT_CONFIRM_S and rc is None:
-                keep.append((seen, rank, pid))  # reaped already: wait for torchrun's verdict
-            else:
-                code = status if isinstance(status, int) else None   # GONE: reaped, no status left
-                what = "died without saying goodbye" if code is None else describe_exit(code)
-                self.send(messages.RankExit(rank=rank, rc=code, pid=pid, step=self.last_step, age_s=now - seen,
-                                            detail=f"rank {rank} (pid {pid}) {what}"))
-        self.pending_exits = keep
+        for crash in self.procs.confirm(rc, now, self.last_step):
+            self.send(crash)
         if self.torchrun is not None and not self.torchrun_reported and rc is not None:
             self.torchrun_reported = True
-            self._drain_output()
+            if self.output is not None:
+                self.output.drain()
             self._flush_output()
             self.send(messages.TorchrunExit(rc=rc, step=self.last_step, stopped=self.stop_sent))
-        stopped = set()
-        for conn in self.conns.values():
-            if conn.pid is None or conn.rank is None:
-                continue
-            try:
-                if psutil.Process(conn.pid).status() == psutil.STATUS_STOPPED:
-                    stopped.add(conn.rank)
-            except (psutil.Error, ValueError, OverflowError):
-                pass
-        self.stopped_ranks = stopped
-        self._watch_clean_exits(rc, now)
-        self._expire_unauthenticated(now)
+        self.stopped_ranks = self.ranks.stopped()
+        if self.torchrun is not None and rc is None:
+            for clean in self.procs.clean_exits(now, self.last_step, self._warm_in_use()):
+                self.send(clean)
+        self.ranks.expire(now)
 
     def heartbeat(self) -> None:
-        workers = self._scan_workers()   # ranks without hello: seen as processes
-        pids = self.pid_list()
-        samples = {entry["rank"]: got for entry in pids if (got := evidence.sample(entry["pid"])) is not None}
-        for pid, rank in workers.items():
-            if rank in self.hooked_ranks:
-                continue
-            # one /proc read a rank a heartbeat: the evidence's state says stopped (T) too
-            got = samples.get(rank) if self.rank_pids.get(rank) == pid else evidence.sample(pid)
-            if got is not None and got.state == "T":
-                self.stopped_ranks.add(rank)
+        # ranks without hello, seen as processes; one /proc read a rank a heartbeat
+        workers = self.procs.scan(self.torchrun.pid if self.torchrun is not None else None, self._warm_in_use())
+        pids, samples, stopped = self.procs.evidence(workers)
+        self.stopped_ranks |= stopped
         # a rank is alive if it talks to us (hooks) or its real process runs (no hooks: a worker
         # or the warm interpreter it became)
-        ranks = sorted({c.rank for c in self.conns.values() if c.rank is not None} | {p["rank"] for p in pids})
+        ranks = sorted(self.ranks.ranks() | {p["rank"] for p in pids})
         running = self.torchrun is not None and self.torchrun.poll() is None
         self.send(messages.Heartbeat(ranks_alive=tuple(ranks), last_step=self.last_step, phase=self.phase,
                                      stopped_ranks=tuple(sorted(self.stopped_ranks)), torchrun=running,
@@ -725,57 +395,8 @@ class Agent:
                                      # each live rank's CPU time, I/O and state (supervisor/liveness.py: busy or hung)
                                      evidence=tuple([rank, *got.to_wire()] for rank, got in samples.items())))
 
-    def _stacks(self) -> None:
-        """Every local rank's Python stacks, for a suspected hang (stack_dump.py)."""
-        run_dir = self.spec.env.get(RUN_DIR)
-        pids = {rank: pid for rank, pid in self.rank_pids.items() if zombie_status(pid) is RUNNING}
-        files = {rank: stack_file(run_dir, self.attempt, rank) for rank in pids} if run_dir else {}
-        taken = evidence.take_stacks(pids, files)
-        wchan = {rank: w for rank, pid in pids.items() if (w := where(pid).get("wchan"))}
-        self.send(messages.StacksTaken(attempt=self.attempt, stacks=tuple([r, t] for r, t in sorted(taken.items())),
-                                       wchan=tuple([r, w] for r, w in sorted(wchan.items()))))
-
-    def _host_pid(self, pid: int) -> int:
-        if pid not in self.host_pids:
-            self.host_pids[pid] = pid_views(pid)[1]
-        return self.host_pids[pid]
-
-    def pid_list(self) -> list[dict[str, int]]:
-        """Every known rank's process, as this node sees it and as the outermost namespace does
-        (`ckptsup status`: whom to signal or py-spy)."""
-        return [{"rank": rank, "pid": pid, "host_pid": self._host_pid(pid)}
-                for rank, pid in sorted(self.rank_pids.items()) if zombie_status(pid) is RUNNING]
-
     def survivors(self) -> list[dict[str, Any]]:
-        """The rank processes still alive (a kill is about to end them), with where they wait."""
-        return [{**entry, **where(entry["pid"])} for entry in self.pid_list()]
-
-    def _watch_clean_exits(self, rc: int | None, now: float) -> None:
-        """Ranks without hooks say no bye: report each one's clean exit (rank_exit rc 0), which
-        starts the supervisor's exit_grace_s for the ranks left. A worker is torchrun's child and
-        may be reaped before its status is read; gone while torchrun and another rank carry on
-        for CLEAN_GONE_S means it exited 0 (a failed worker makes torchrun SIGTERM them all)."""
-        if self.torchrun is None or rc is not None:
-            return
-        warm = {p.pid: p for p in self.pool.in_use} if self.warm and self.pool is not None else {}
-        for rank, pid in self.rank_pids.items():
-            if rank in self.hooked_ranks or rank in self.exits_sent:
-                continue
-            status = warm[pid].poll() if pid in warm else zombie_status(pid)
-            if status is None or status is RUNNING:
-                continue
-            if status is GONE:
-                seen = self.exits_seen.setdefault(rank, now)
-                others = [p for r, p in self.rank_pids.items() if r != rank and zombie_status(p) is RUNNING]
-                if now - seen < CLEAN_GONE_S or not others:
-                    continue
-                status = 0
-                what = f"rank {rank} (pid {pid}) was gone while torchrun and the other ranks carried on: a clean exit"
-            else:
-                what = f"rank {rank} (pid {pid}) exited with status {status}"
-            self.exits_sent.add(rank)   # a failure's status is torchrun's to report; read once either way
-            if status == 0:
-                self.send(messages.RankExit(rank=rank, rc=0, pid=pid, step=self.last_step, age_s=0.0, detail=what))
+        return self.procs.survivors()
 
     def on_signal(self, signum: int, _frame: Any) -> None:
         self.term_signal = signum  # handled in the loop
@@ -785,7 +406,7 @@ class Agent:
         the budget allows, wait for torchrun up to its shutdown timeout, report, exit."""
         budget = float(self.spec.env.get(PREEMPT_BUDGET_S, "0") or 0)
         self.send(messages.Preempt(signal=self.term_signal, budget_s=budget))
-        self.to_ranks(messages.StopAt(reason="preempted", save=True, budget_s=budget))
+        self.ranks.send(messages.StopAt(reason="preempted", save=True, budget_s=budget))
         if not self.stop_sent:
             self.stop_sent = True
             self._signal_unhooked(signal.SIGTERM)
@@ -794,30 +415,22 @@ class Agent:
             self._pump(0.1)
             self._flush_output()
         rc = self.torchrun.poll() if self.torchrun is not None else None
-        self._drain_output()
+        if self.output is not None:
+            self.output.drain()
         self.kill_torchrun(0)
         self.send(messages.TorchrunExit(rc=rc, step=self.last_step, preempted=True))
         return ExitStatus.PREEMPTED
 
     def _pump(self, timeout: float) -> None:
         for key, _ in self.sel.select(timeout):
-            if key.data == "accept":
-                self._accept()
-            elif key.data == "output":
-                self._read_output()
-            elif key.data == "stdin":
-                self._read_stdin()
-            else:
-                conn = self.conns.get(key.fileobj)  # type: ignore[call-overload]  # a socket, registered by us
-                if conn is not None:
-                    self._read_rank(conn)
+            key.data()   # what registered the file serves it: stdin, torchrun's output, the rank sockets
 
     def run(self, *, launch: bool = True) -> int:
         for signum in (signal.SIGTERM, signal.SIGINT, signal.SIGHUP):  # a hangup stops like a preemption
             signal.signal(signum, self.on_signal)
         try:
-            if self.replicas is not None:
-                self.send(messages.MemoryPeer(addr=self.replicas.address))
+            if self.memory is not None:
+                self.send(messages.MemoryPeer(addr=self.memory.replicas.address))
             self.heartbeat()
             if launch:
                 self.start_torchrun({})
@@ -826,13 +439,13 @@ class Agent:
             while not self.exit_requested:
                 if self.term_signal is not None:
                     return self._preempted()
-                self._pump(0.005 if self.pending_exits else TICK_S)
+                self._pump(0.005 if self.procs.pending else TICK_S)
                 self._flush_output()
                 self._check_processes()
                 self._warm_standby()
                 for answer in self.external.take():
                     self.send(answer)
-                for note in self.peers.take() if self.peers is not None else ():
+                for note in self.memory.peers.take() if self.memory is not None else ():
                     self.send(note)
                 now = time.monotonic()
                 if now - self.last_hb >= self.spec.heartbeat_interval_s:
@@ -844,9 +457,9 @@ class Agent:
 
     def _memory_peers(self, cmd: messages.MemoryPeers) -> None:
         """memory_peers: the buddies to replicate to and, per rank, the agents that may hold it."""
-        if self.peers is None:
+        if self.memory is None:
             raise BadCommand("memory_peers, but this agent has no memory store ([memory] enabled is false)")
-        self.peers.set(buddies=list(dict.fromkeys(cmd.buddies)), sources=cmd.rank_sources())
+        self.memory.peers.set(buddies=list(dict.fromkeys(cmd.buddies)), sources=cmd.rank_sources())
 
     def shutdown(self) -> None:
         self.kill_torchrun(0)
@@ -856,11 +469,9 @@ class Agent:
         if self.pool is not None:
             self.pool.close()
             self.pool = None
-        self.server.close()
-        for server in (self.memory, self.replicas):
-            if server is not None:
-                server.close()
-        shutil.rmtree(self.sock_dir, ignore_errors=True)
+        if self.memory is not None:
+            self.memory.close()
+        self.ranks.close()
 
 
 class BadCommand(CkptsupError):

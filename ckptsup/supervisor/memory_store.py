@@ -394,3 +394,22 @@ _HEADER_KEYS = ("step", "rank", "checkpoint_id", "manifest", "sizes")
 def _put_body(fields: Any) -> dict[str, Any]:
     """A put's or bundle's header: from a Held's fields (`vars(held)`) or bundle_fields' dict."""
     return {key: list(fields[key]) if key == "sizes" else fields[key] for key in _HEADER_KEYS}
+
+
+class NodeMemory:
+    """The node agent's memory tier (docs/training.md §The memory tier): one store for the agent's
+    life (a restart's ranks resume from it, so a rank crash loses no bundle), served to the
+    node's ranks on `<directory>/memory.sock` and to the peer agents on TCP at `addr` (the node's
+    own address), replicated to the buddies the supervisor names (`peers`)."""
+
+    def __init__(self, *, keep: int, max_bytes: int, secret: bytes, node: str, directory: Path, addr: str,
+                 flip: FlipMode | None) -> None:
+        store = MemoryStore(keep=keep, max_bytes=max_bytes, flip=flip)
+        self.peers = PeerLinks(secret=secret, node=node)
+        self.ranks = MemoryServer(unix_listener(directory / "memory.sock"), secret=secret, store=store,
+                                  peers=self.peers).start()
+        self.replicas = MemoryServer(tcp_listener(addr), secret=secret, store=store).start()
+
+    def close(self) -> None:
+        for server in (self.ranks, self.replicas):
+            server.close()

@@ -17,8 +17,9 @@ apply.
 from __future__ import annotations
 
 import os
+import selectors
 from dataclasses import dataclass, field
-from typing import Any, Callable
+from typing import IO, Any, Callable
 
 from ..messages import Output
 from ..progress import LineSplitter, ProgressMatcher, Segment, clean, compile_pattern, split_rank
@@ -160,3 +161,56 @@ def print_console(body: Output, out: Any = None) -> None:
         out.write(f"ckptsup: ({dropped} rank output line(s) not shown: more than {CONSOLE_LINES_PER_S:g}/s; "
                   f"the rank log has them)\n")
     out.flush()
+
+
+OUTPUT_READ_BYTES = 1 << 16  # per wake-up: a flooding rank cannot starve the rank sockets
+
+
+class OutputPipe:
+    """torchrun's stdout (every rank's lines, `--tee 3`), read without blocking in the agent's
+    selector into a RankOutput, until EOF: torchrun and every worker holding the pipe are gone."""
+
+    def __init__(self, pipe: IO[bytes], output: RankOutput, sel: selectors.BaseSelector) -> None:
+        self.pipe: IO[bytes] | None = pipe
+        self.output = output
+        self.sel = sel
+        os.set_blocking(pipe.fileno(), False)
+        sel.register(pipe, selectors.EVENT_READ, self.read)
+
+    def read(self) -> int:
+        """Read what the ranks wrote (bounded): bytes read, 0 when nothing is waiting, -1 at EOF."""
+        if self.pipe is None:
+            return -1
+        try:
+            data = os.read(self.pipe.fileno(), OUTPUT_READ_BYTES)
+        except (BlockingIOError, InterruptedError):
+            return 0
+        except OSError:
+            data = b""
+        if not data:
+            self._unregister()
+            self.output.finish()
+            return -1
+        self.output.feed(data)
+        return len(data)
+
+    def drain(self) -> None:
+        """Everything torchrun wrote before it exited (bounded): its last lines are often the error."""
+        for _ in range(64):
+            if self.read() <= 0:
+                break
+
+    def close(self) -> None:
+        """Stop reading; the caller takes what is left (take_progress, take_console), then closes
+        the RankOutput."""
+        self._unregister()
+
+    def _unregister(self) -> None:
+        if self.pipe is None:
+            return
+        try:
+            self.sel.unregister(self.pipe)
+        except (KeyError, ValueError):
+            pass
+        self.pipe.close()
+        self.pipe = None
