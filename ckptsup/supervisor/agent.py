@@ -47,7 +47,7 @@ from ..wire import Hop, MessageKind, Phase
 from ..env import (RANK_MODULE_FLAG, cold_rank_argv, MEMORY_SOCKET, TEST_FLIP_MEMORY, NODE, PREEMPT_BUDGET_S, PYTHONUNBUFFERED, RANK_SOCKET, RUN_DIR, SECRET_FILE, WARM_DIR,
                    TORCHELASTIC_LOG_LINE_PREFIX_TEMPLATE, ExitStatus, node_name)
 from ..rundir import read_secret
-from ..textsafe import say
+from .. import console
 from .spec import LaunchSpec
 from .torchrun_args import installed_torchrun_has
 from .rank_output import RankOutput
@@ -156,7 +156,7 @@ class RateLimitedLog:
     def flush(self, what: Callable[[int], str]) -> None:
         now = self.clock()
         if self.pending and now - self.last >= self.every_s:
-            say(f"ckptsup agent: {what(self.pending)}", file=sys.stderr)
+            console.warning(f"ckptsup agent: {what(self.pending)}", err=True)
             self.last, self.pending = now, 0
 
 
@@ -505,7 +505,7 @@ class Agent:
         except (BlockingIOError, InterruptedError):
             return
         except OSError as err:  # out of descriptors: the next tick tries again
-            say(f"ckptsup agent: cannot accept a rank connection: {err.strerror or err}", file=sys.stderr)
+            console.warning(f"ckptsup agent: cannot accept a rank connection: {err.strerror or err}", err=True)
             return
         sock.setblocking(False)
         waiting = sorted((c for c in self.conns.values() if c.rank is None), key=lambda c: c.opened)
@@ -631,7 +631,7 @@ class Agent:
                 self._command(m, body)
             except BadCommand as err:
                 self._count_drop()
-                say(f"ckptsup agent: ignored a {m.value} command: {err}", file=sys.stderr)
+                console.warning(f"ckptsup agent: ignored a {m.value} command: {err}", err=True)
 
     def _command(self, m: MessageKind, body: dict[str, Any]) -> None:
         targets = body.get("nodes")
