@@ -88,6 +88,7 @@ COLLECTIVE_TIMEOUT_INIT_S = "CKPTSUP_COLLECTIVE_TIMEOUT_INIT_S"
 COLLECTIVE_TIMEOUT_S = "CKPTSUP_COLLECTIVE_TIMEOUT_S"
 FR_DUMP_DIR = "CKPTSUP_FR_DUMP_DIR"
 PREEMPT_BUDGET_S = "CKPTSUP_PREEMPT_BUDGET_S"
+LOG_FORMAT = "CKPTSUP_LOG_FORMAT"
 TEST_SAVE_DELAY_S = "CKPTSUP_TEST_SAVE_DELAY_S"
 TEST_LOAD_DELAY_S = "CKPTSUP_TEST_LOAD_DELAY_S"
 TEST_FLIP_MEMORY = "CKPTSUP_TEST_FLIP_MEMORY"
@@ -116,6 +117,7 @@ VARS: tuple[Var, ...] = (
     Var(name=COLLECTIVE_TIMEOUT_S, set_by="supervisor", read_by="hooks.init_process_group", meaning="steady-state collective timeout (derived from step/save time, above the supervisor hang/save deadlines; docs/timeouts.md)"),
     Var(name=FR_DUMP_DIR, set_by="supervisor", read_by="hooks", meaning="flight-recorder dump directory in the run dir"),
     Var(name=PREEMPT_BUDGET_S, set_by="supervisor", read_by="agent, hooks", meaning="seconds the ranks have for an emergency save after a stop command"),
+    Var(name=LOG_FORMAT, set_by="user", read_by="supervisor, agent, watchdog, ranks (console.py)", meaning="console (unset: today's lines) or json (one JSON object per line with timestamp, level, component, event; for log shippers); another value stops `ckptsup launch` with one line"),
     Var(name=TEST_SAVE_DELAY_S, set_by="tests", read_by="hooks (writer)", meaning="fault injection: sleep between writing the shards and the commit; never set in production"),
     Var(name=TEST_LOAD_DELAY_S, set_by="tests", read_by="hooks (loader)", meaning="fault injection: sleep before loading a checkpoint; never set in production"),
     Var(name=TEST_FLIP_MEMORY, set_by="tests", read_by="agent (memory store)", meaning="fault injection: flip one bit of the bundles the agent's memory store keeps: 1 every one, own its node's ranks' only, replica the peers' copies only; never set in production"),

@@ -9,8 +9,8 @@ reason cannot flood a terminal. `text` wraps it in a rich Text: never parsed as
 markup, no emoji codes (`[127.0.0.1]:1234:` in a markup string would print an emoji), no
 highlighting — so data goes to rich only as Text, never as a str (rich.markup.escape leaves the
 emoji codes alone); our own styles are Text styles. `mathtext` for matplotlib, where `$` starts
-mathtext. `say` prints a console message. A top-level module: imports nothing
-of ckptsup, and rich only on use.
+mathtext. A console line about the run goes through console.py, which makes it literal here.
+A top-level module: imports nothing of ckptsup, and rich only on use.
 """
 
 from __future__ import annotations
@@ -67,9 +67,3 @@ def text(value: Any, style: str = "", *, limit: int = LIMIT, newlines: bool = Fa
 def mathtext(value: Any, *, limit: int = 200) -> str:
     """`literal(value)` for a matplotlib label: `$` would start mathtext (a bad formula raises)."""
     return literal(value, limit=limit).replace("$", r"\$")
-
-
-def say(line: Any, *, file: Any = None, newlines: bool = False) -> None:
-    """print() of a console message that quotes untrusted text (the supervisor's and the agents'
-    lines to the job's output): literal, flushed; a lone surrogate never kills the process."""
-    print(literal(line, newlines=newlines), file=file, flush=True)

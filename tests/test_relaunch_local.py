@@ -41,8 +41,9 @@ def argv(world: Path, *flags: str, sleep: bool = False) -> list[str]:
             str(world / "train.py"), *(["--sleep"] if sleep else [])]
 
 
-def launch(world: Path, *flags: str) -> subprocess.CompletedProcess[str]:
-    return subprocess.run(argv(world, *flags), capture_output=True, text=True, timeout=120, env=env(), cwd=world)
+def launch(world: Path, *flags: str, **more_env: str) -> subprocess.CompletedProcess[str]:
+    return subprocess.run(argv(world, *flags), capture_output=True, text=True, timeout=120, env={**env(), **more_env},
+                          cwd=world)
 
 
 def state(run: Path) -> dict:
@@ -85,9 +86,16 @@ def test_a_second_launch_into_an_ended_run_needs_resume_or_new(world):
     assert f"{run} holds a finished run (1 attempt)" in line and "--resume" in line and "--new" in line
     assert starts(run) == [False] and state(run)["status"] == "done"   # the refused launch touched nothing
 
-    resumed = launch(world, "--resume")
+    # for a log shipper (ckptsup/console.py): the supervisor's lines are JSON, on the same stream;
+    # the rank's relayed lines stay its bytes, and the agent's frames are untouched
+    resumed = launch(world, "--resume", CKPTSUP_LOG_FORMAT="json")
     assert resumed.returncode == 0, resumed.stdout + resumed.stderr
-    assert "resuming the run in" in resumed.stderr
+    said = [json.loads(line) for line in resumed.stderr.splitlines()]   # every one a JSON object
+    [resuming] = [s for s in said if s["event"].startswith(f"ckptsup: resuming the run in {run}: ")]
+    assert resuming["level"] == "info" and resuming["component"] == "supervisor"
+    assert resuming["timestamp"].endswith("Z")
+    assert "[rank0]: trained" in resumed.stdout.splitlines()
+    assert all(line.startswith("[rank") or json.loads(line) for line in resumed.stdout.splitlines())
     assert starts(run) == [False, True] and state(run)["attempt"] == 1 and state(run)["status"] == "done"
 
     new = launch(world, "--new")

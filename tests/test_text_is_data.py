@@ -363,12 +363,12 @@ def test_the_splitter_keeps_every_separator_for_the_relay():
 # ---- the supervisor's own console messages ------------------------------------------------------
 
 def test_a_console_message_quoting_data_is_literal_and_survives_a_strict_stdout(monkeypatch):
-    from ckptsup.textsafe import say
+    from ckptsup import console
 
     screen = io.TextIOWrapper(io.BytesIO(), encoding="utf-8", errors="strict", write_through=True)
     monkeypatch.setattr(sys, "stdout", screen)
-    say(f"ckptsup: giving up: {HOSTILE}")   # a bare print() of this raises UnicodeEncodeError (\ud800)
-    say("Traceback (most recent call last):\n  File \"x.py\", line 1\n\x1b[31mValueError\x1b[0m", newlines=True)
+    console.error(f"ckptsup: giving up: {HOSTILE}")   # a bare print() of this raises UnicodeEncodeError (\ud800)
+    console.error("Traceback (most recent call last):\n  File \"x.py\", line 1\n\x1b[31mValueError\x1b[0m", newlines=True)
     shown = screen.buffer.getvalue().decode("utf-8")
     lines = shown.splitlines()
     assert lines[0] == "ckptsup: giving up: " + literal(HOSTILE) and len(lines) == 4   # the quote keeps its lines

@@ -9,5 +9,5 @@
 
 The node agent (supervisor/) starts them by module name and talks to them over pipes and Unix
 sockets. It never imports them. They import only the base modules (env, errors, safe_io,
-stack_dump) and never the supervisor (tests/test_imports.py).
+stack_dump, console: a rank's ckptsup log lines) and never the supervisor (tests/test_imports.py).
 """

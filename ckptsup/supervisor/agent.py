@@ -38,7 +38,7 @@ from ..wire import Hop, MessageKind, Phase
 from ..env import (RANK_MODULE_FLAG, cold_rank_argv, MEMORY_SOCKET, TEST_FLIP_MEMORY, NODE, PREEMPT_BUDGET_S, PYTHONUNBUFFERED, RANK_SOCKET, RUN_DIR, SECRET_FILE, WARM_DIR,
                    TORCHELASTIC_LOG_LINE_PREFIX_TEMPLATE, ExitStatus, node_name)
 from ..rundir import read_secret
-from ..textsafe import say
+from .. import console
 from .spec import LaunchSpec
 from .torchrun_args import installed_torchrun_has
 from .rank_output import OutputPipe, RankOutput
@@ -292,7 +292,7 @@ class Agent:
                 self._command(m, body)
             except BadCommand as err:
                 self._count_drop()
-                say(f"ckptsup agent: ignored a {m.value} command: {err}", file=sys.stderr)
+                console.warning(f"ckptsup agent: ignored a {m.value} command: {err}", err=True)
 
     def _command(self, m: MessageKind, body: dict[str, Any]) -> None:
         targets = body.get("nodes")   # the envelope: which agents it is for (all when absent)

@@ -11,8 +11,9 @@ from typing import TYPE_CHECKING, Any, Callable, Mapping
 
 import click
 
+from .. import console
 from ..config import Resolved, load_config
-from ..env import SLURM_JOB_ID, SLURM_STEP_ID
+from ..env import SLURM_JOB_ID, SLURM_STEP_ID, node_name
 from .torchrun_args import UsageError
 
 if TYPE_CHECKING:
@@ -110,9 +111,10 @@ def launch(nproc_per_node: str | None, nodes: str | None, module: bool, no_pytho
     from .torchrun_args import check_target, interpret, node_range, nproc_choice
 
     refuse_srun_tasks(os.environ)
+    console.configure("supervisor")   # a bad CKPTSUP_LOG_FORMAT stops here, in one line
     line = interpret({**torchrun, "tee": tee}, cwd=os.getcwd())
     for info in line.infos:
-        click.echo(f"ckptsup: {info}", err=True)
+        console.info(f"ckptsup: {info}", err=True)
     if line.run_path:   # torchrun's --run-path wins over -m and --no-python: SCRIPT is a python file
         module = no_python = False
     least, most = node_range(nodes, flag=click.get_current_context().meta.get("ckptsup.nodes_flag", "--nnodes"))
@@ -200,5 +202,7 @@ def agent(spec_path: str, attempt: int, standby: bool) -> None:
     A missing, damaged or foreign spec (LaunchSpec.read: safe_io, every field checked) or secret is
     one `ckptsup: error:` line and exit 2 (USAGE), through main()."""
     from .agent import run_agent  # its first act: LaunchSpec.read(spec_path)
+
+    console.configure(f"agent {node_name()}")
 
     sys.exit(int(run_agent(spec_path=spec_path, attempt=attempt, launch=not standby)))

@@ -14,6 +14,7 @@ from typing import Any, Iterator
 
 import click
 
+from .. import console
 from ..env import SLURM_JOB_ID
 from ..errors import ConfigError
 from ..events import Event
@@ -130,6 +131,7 @@ def watchdog(run_dir: str, job_id: str | None, poll_s: float | None) -> None:
     from .health import effective_config
     from .watchdog import WatchOutcome, watch
 
+    console.configure("watchdog")
     job = _job_id(job_id)
     stop = _StopFlag().install()
     # The batch script starts us next to the supervisor, which creates the run dir and writes
@@ -163,6 +165,7 @@ def requeue(run_dir: str, reason: str, exclude: tuple[str, ...], job_id: str | N
     from .health import effective_config
     from .requeue import RequeueRequest, requeue_job
 
+    console.configure("requeue")
     job = _job_id(job_id)
     _StopFlag().install()
     with _run_dir_files(Path(run_dir), "requeue"):

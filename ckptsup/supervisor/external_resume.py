@@ -19,7 +19,7 @@ from ..checkpoint import external as ext
 from ..checkpoint.manifest import Manifest
 from ..errors import CkptsupError
 from ..events import Event
-from ..textsafe import say
+from .. import console
 from ..messages import ExtHash, ExtHashed
 from .agent_step import Message
 from .external_watch import ExternalCheckpoints, send_requests, take_answer
@@ -74,18 +74,18 @@ class ExternalResume:
                     raise CkptsupError(f"external step folder {folder.name} is bad ({reason[:200]}) and {err}") from None
                 self.emit(Event.CHECKPOINT_REJECTED, step=folder.step, level=1, external=folder.name,
                           reason=reason[:400], quarantined=where)
-                say(f"ckptsup: moved {folder.name} out of {watch.dir} to {where}: {reason[:300]}")
+                console.warning(f"ckptsup: moved {folder.name} out of {watch.dir} to {where}: {reason[:300]}")
                 moved.append(folder.name)
                 continue
             assert manifest is not None
             self.emit(Event.CHECKPOINT_VALIDATED, step=folder.step, level=1, external=folder.name, checked=checked,
                       duration_s=round(self.clock() - start, 4))
             self.emit(Event.EXTERNAL_RESUME, folder=folder.name, step=folder.step, checked=checked, moved_aside=moved)
-            say(f"ckptsup: the framework resumes from {folder.name} (validated: {checked})")
+            console.info(f"ckptsup: the framework resumes from {folder.name} (validated: {checked})")
             return
         if moved:
             self.emit(Event.EXTERNAL_RESUME, folder=None, step=None, checked="", moved_aside=moved)
-            say(f"ckptsup: no external step folder in {watch.dir} validates: the framework starts fresh")
+            console.warning(f"ckptsup: no external step folder in {watch.dir} validates: the framework starts fresh")
 
     def _check(self, folder: ext.StepFolder, nodes: tuple[str, ...], *, attempt: int,
                epoch: int) -> tuple[list[str], str, Manifest | None]:

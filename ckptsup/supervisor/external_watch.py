@@ -22,7 +22,7 @@ from ..checkpoint import external as ext
 from ..config import Config
 from ..errors import CkptsupError
 from ..events import Event
-from ..textsafe import say
+from .. import console
 from ..messages import ExtHash, ExtHashed
 from .external_agent import MAX_FILES_PER_FRAME
 
@@ -192,7 +192,7 @@ class ExternalCheckpoints:
             self._say(str(err))
         self.emit(Event.CHECKPOINT_REJECTED, step=folder.step, level=3, external=folder.name, reason=detail,
                   quarantined=where)
-        say(f"ckptsup: {folder.name} failed its test load ({detail}); moved to {where or 'nowhere'}")
+        console.warning(f"ckptsup: {folder.name} failed its test load ({detail}); moved to {where or 'nowhere'}")
 
     def on_answer(self, node: str, body: ExtHashed) -> None:
         pending = self.pending
@@ -243,4 +243,4 @@ class ExternalCheckpoints:
     def _say(self, line: str) -> None:
         if line not in self.said:
             self.said.add(line)
-            say(f"ckptsup: {line}")
+            console.warning(f"ckptsup: {line}")

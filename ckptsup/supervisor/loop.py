@@ -27,7 +27,7 @@ from ..env import ExitStatus
 from ..errors import CkptsupError
 from ..events import Event, EventWriter, read_events
 from ..rundir import RunDir, RunState, RunStatus
-from ..textsafe import say
+from .. import console
 from ..wire import MessageKind
 from . import control, recovery
 from .agent import LaunchSpec
@@ -174,7 +174,7 @@ class Supervisor:
             try:
                 self.run_dir.renew_lease(epoch=self.state.epoch, host=host)
             except OSError as err:  # a full or flaky FS: the watchdog will see a stale lease
-                say(f"ckptsup: lease renewal failed: {err}")
+                console.warning(f"ckptsup: lease renewal failed: {err}")
             self.lease_stop.wait(self.sup.lease_interval_s)
 
     def _on_signal(self, signum: int, _frame: Any) -> None:
@@ -203,7 +203,7 @@ class Supervisor:
             self.emit(Event.GIVE_UP, reason=str(err))
         self.state.status = RunStatus.GAVE_UP
         self._save_state()
-        say(f"ckptsup: stopping: {err}")
+        console.error(f"ckptsup: stopping: {err}")
 
     def _start(self) -> None:
         first = not self.run_dir.state_path.exists()
@@ -232,7 +232,7 @@ class Supervisor:
                   spares=max(0, len(usable) - self.job.nodes_needed), ranks_per_node=self.sup.nproc_per_node,
                   active=self.job.nodes_needed)
         if self.sup is not self.resolved.config.supervisor:
-            say(f"ckptsup: {len(self.placement.nodes)} nodes: agents beat every {self.sup.heartbeat_interval_s:g}s and "
+            console.info(f"ckptsup: {len(self.placement.nodes)} nodes: agents beat every {self.sup.heartbeat_interval_s:g}s and "
                 f"a node silent {self.sup.node_silence_s:g}s is down (one supervisor core folds in "
                 f"{HEARTBEATS_PER_S} heartbeats a second; set supervisor.heartbeat_interval_s to choose)")
 
@@ -252,7 +252,7 @@ class Supervisor:
                   **sdc_cost(self.tracker.sdc_s if self.tracker is not None else None))
         self.state.status = RunStatus.CANCELLED
         self._save_state()
-        say(f"ckptsup: stopped on request {request.id} at step {step}; not requeueing")
+        console.info(f"ckptsup: stopped on request {request.id} at step {step}; not requeueing")
         return ExitStatus.CANCELLED
 
     def _spares(self, active: tuple[str, ...] | None = None) -> tuple[str, ...]:
@@ -311,13 +311,13 @@ class Supervisor:
             jump = tracker.restore_news.pop(0)
             self.emit(Event.RESTORE_LOSS_JUMP, step=jump.step, loss=jump.loss, before=jump.before, basis=jump.basis,
                       detail=jump.detail)
-            print(f"ckptsup: warning: {jump.detail}", flush=True)
+            console.warning(f"ckptsup: warning: {jump.detail}")
         while tracker.busy_news:
             news = tracker.busy_news.pop(0)
             self.emit(Event.BUSY, ranks=list(news.ranks), detail=news.detail,
                       silent_s=None if tracker.busy_quiet_since is None else round(self.clock() - tracker.busy_quiet_since, 3))
-            print(f"ckptsup: no progress past the hang timeout, but the ranks work: busy, not hung ({news.detail}; "
-                  f"killed only after supervisor.busy_limit_s={self.sup.busy_limit_s:g}s)", flush=True)
+            console.warning(f"ckptsup: no progress past the hang timeout, but the ranks work: busy, not hung ({news.detail}; "
+                            f"killed only after supervisor.busy_limit_s={self.sup.busy_limit_s:g}s)")
         while tracker.busy_over_news:
             ranks, busy_s = tracker.busy_over_news.pop(0)
             self.emit(Event.BUSY_OVER, ranks=list(ranks), busy_s=round(busy_s, 3))
@@ -385,7 +385,7 @@ class Supervisor:
             self.operator.straggler(tracker, tracker.straggler_flags.pop(0), self.active)
         while tracker.teardown_errors:
             error = tracker.teardown_errors.pop(0)
-            say(f"ckptsup: every rank on {error['node']} finished, then torchrun exited rc={error['rc']}: "
+            console.warning(f"ckptsup: every rank on {error['node']} finished, then torchrun exited rc={error['rc']}: "
                 "a crash in process teardown; nothing is lost, not restarting")
             self.emit(Event.TEARDOWN_ERROR, **error)
         if isinstance(body, (messages.Step, messages.Progress)):
@@ -454,7 +454,7 @@ class Supervisor:
         if level is not None:
             self.emit(Event.SUPERVISION_LEVEL, level=level, detail=level_detail(level, self.sup))
             if level is SupervisionLevel.PROCESS:
-                say(f"ckptsup: attempt {self.state.attempt}: {level_detail(level, self.sup)}")
+                console.info(f"ckptsup: attempt {self.state.attempt}: {level_detail(level, self.sup)}")
         stale = tracker.progress_stale(self.clock(), self.sup.progress_warn_s)
         if stale is not None:
             self.emit(Event.PROGRESS_STALE, since_launch_s=round(stale, 1), pattern=self.sup.progress_pattern)
@@ -505,7 +505,7 @@ class Supervisor:
         not know (a rank of another ckptsup version) is logged and dropped."""
         name = Event.parse(record.get("event")) if isinstance(record, dict) else None
         if name is None:
-            say(f"ckptsup: dropped a rank event of unknown name: {str(record)[:120]}")
+            console.warning(f"ckptsup: dropped a rank event of unknown name: {str(record)[:120]}")
             return
         if name in OWN_EVENTS:
             return
@@ -628,9 +628,9 @@ class Supervisor:
                 self.emit(Event.GIVE_UP, reason=reason, kind=failure.kind if failure else None)
                 self.state.status = RunStatus.GAVE_UP
                 self._save_state()
-                say(f"ckptsup: giving up: {reason}")
-                say(recovery.log_tail(self.run_dir.attempt_dir(self.state.attempt),
-                                      rank=failure.rank if failure else None), newlines=True)
+                console.error(f"ckptsup: giving up: {reason}")
+                console.error(recovery.log_tail(self.run_dir.attempt_dir(self.state.attempt),
+                                                rank=failure.rank if failure else None), newlines=True)
                 return ExitStatus.GIVE_UP
             case Requeue(preempted=True):
                 kind = self._stop_for_preemption()
@@ -658,7 +658,7 @@ class Supervisor:
 
     def _shrink_decided(self, choice: ShrinkChoice) -> None:
         self.emit(Event.SHRINK_DECIDED, **choice.event_fields())
-        say(f"ckptsup: node lost, no spare left: {choice.reason}")
+        console.warning(f"ckptsup: node lost, no spare left: {choice.reason}")
 
     def _kill_attempt(self, failure: Failure) -> list[str]:
         """SIGKILL every rank of the attempt and wait (bounded) for each live agent's ack. The ack
@@ -710,8 +710,8 @@ class Supervisor:
                   waited_s=round(hang.waited_s, 3))
         named = ", ".join(f"rank {e.get('rank')} on {e['node']} (pid {e.get('pid')})" for e in survivors) or \
             f"torchrun on {', '.join(hang.nodes)}"
-        print(f"ckptsup: the ranks finished, but {named} had not exited {self.sup.exit_grace_s:g}s later "
-              "([supervisor] exit_grace_s): killed; the run counts as finished", flush=True)
+        console.warning(f"ckptsup: the ranks finished, but {named} had not exited {self.sup.exit_grace_s:g}s later "
+                        "([supervisor] exit_grace_s): killed; the run counts as finished")
         failure = None
         for node in hang.nodes:
             failure = failure or tracker.teardown_done(node)
@@ -793,10 +793,10 @@ class Supervisor:
             self.emit(Event.GIVE_UP, reason=str(err))
             self.state.status = RunStatus.GAVE_UP
             self.run_dir.save_state(self.state)
-            say(f"ckptsup: {err}")
+            console.error(f"ckptsup: {err}")
             return ExitStatus.GIVE_UP
         except CkptsupError as err:  # e.g. Slurm already requeued a preempted job: the template retries
-            say(f"ckptsup: requeue failed: {err}; leaving it to the batch script")
+            console.error(f"ckptsup: requeue failed: {err}; leaving it to the batch script")
         return ExitStatus.PREEMPTED if action.preempted else ExitStatus.REQUEUE
 
     def _requeue_in_slurm(self, request: RequeueRequest) -> RequeueResult:
@@ -866,7 +866,7 @@ class Supervisor:
         if self.memory_peers is not None:   # before the restart: the ranks ask their agents at once
             too_few = self.memory_peers.launch(nodes, int(self.sup.nproc_per_node))
             if too_few is not None:
-                say(f"ckptsup: {too_few}")
+                console.warning(f"ckptsup: {too_few}")
             self._send_memory_peers()
         if present:
             # the agents that outlived the failure (survivors, warm spares) take the new spec; a

@@ -15,7 +15,7 @@ from typing import Any, Callable, Protocol
 from ..events import Event, read_events
 from ..config import Config, SupervisorConfig
 from ..rundir import RunDir, RunState
-from ..textsafe import say
+from .. import console
 from .. import messages
 from . import control, prom_live, status
 from .agent_set import AgentSet
@@ -139,7 +139,7 @@ class Operator:
         """A line for a problem that repeats every few seconds: said once per run."""
         if line not in self.said:
             self.said.add(line)
-            say(f"ckptsup: {line}")
+            console.warning(f"ckptsup: {line}")
 
     # ---- operator requests (control.py) -------------------------------------------------------
     def take_control(self, tracker: AttemptTracker, active: tuple[str, ...]) -> control.ControlRequest | None:
@@ -199,9 +199,9 @@ class Operator:
         replace = (self.sup.straggler_replace and bool(spares) and self.replace is None
                    and tracker.level is SupervisionLevel.HOOKS)
         self.emit(Event.STRAGGLER, **found.evidence(), replace=replace)
-        say(f"ckptsup: rank {found.rank} on {found.node} is a straggler: {found.ratio:.2f}x the other ranks' "
-            f"compute time per step for {found.windows} windows"
-            + (f"; moving it to {spares[0]} at the next checkpoint" if replace else ""))
+        console.warning(f"ckptsup: rank {found.rank} on {found.node} is a straggler: {found.ratio:.2f}x the other "
+                        f"ranks' compute time per step for {found.windows} windows"
+                        + (f"; moving it to {spares[0]} at the next checkpoint" if replace else ""))
         if replace:
             self.replace = PendingReplace(request=f"straggler-rank{found.rank}", node=found.node)
             self.agents.send(messages.SaveNow(reason=f"straggler on {found.node}"), nodes=list(active))
@@ -219,4 +219,4 @@ class Operator:
              detail: str, tracker: AttemptTracker) -> None:
         self.emit(Event.CONTROL, request=request, command=command.value if command else None,
                   outcome=outcome.value, detail=detail, step=tracker.current_step())
-        say(f"ckptsup: operator request {request} ({command.value if command else '?'}): {outcome.value}: {detail}")
+        console.info(f"ckptsup: operator request {request} ({command.value if command else '?'}): {outcome.value}: {detail}")

@@ -14,7 +14,7 @@ from typing import Any, Mapping, Sequence
 from ..config import PORT_SPREAD
 from ..env import JOB_ID, NODE, SLURM_JOB_END_TIME, node_name
 from ..errors import CkptsupError, ConfigError
-from ..textsafe import say
+from .. import console
 
 
 def free_port_in(host: str, base: int, start: int, span: int = PORT_SPREAD + 1) -> int | None:
@@ -92,14 +92,14 @@ class Placement:
             try:
                 addrs[node] = client.node_addr(node)
             except CkptsupError as err:  # names resolve on real clusters; the address is a refinement
-                say(f"ckptsup: NodeAddr of {node} unavailable ({err}); using its name", file=sys.stderr)
+                console.warning(f"ckptsup: NodeAddr of {node} unavailable ({err}); using its name", err=True)
                 addrs[node] = node
         gpus = alloc.gpus_on_node
         if gpus is None:  # the environment does not say: ask Slurm (0 for a job without GPUs)
             try:
                 gpus = client.job_gpus_per_node(alloc.job_id, alloc.batch_host)
             except CkptsupError as err:
-                say(f"ckptsup: GPUs of job {alloc.job_id} unknown ({err}); counting none", file=sys.stderr)
+                console.warning(f"ckptsup: GPUs of job {alloc.job_id} unknown ({err}); counting none", err=True)
                 gpus = 0
         return cls(job_id=alloc.job_id, nodes=tuple(alloc.nodes), addrs=addrs, in_slurm=True, slurm=client,
                    grace_time_s=partition_grace_time(client, alloc.partition), here=alloc.batch_host,

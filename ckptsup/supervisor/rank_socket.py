@@ -22,7 +22,6 @@ import selectors
 import shutil
 import socket
 import struct
-import sys
 import tempfile
 import time
 from dataclasses import dataclass
@@ -32,7 +31,7 @@ from typing import Any, Callable
 import psutil
 
 from .. import messages, wire
-from ..textsafe import say
+from .. import console
 from ..wire import Hop, MessageKind
 from .processes import terminate
 
@@ -125,7 +124,7 @@ class RateLimitedLog:
     def flush(self, what: Callable[[int], str]) -> None:
         now = self.clock()
         if self.pending and now - self.last >= self.every_s:
-            say(f"ckptsup agent: {what(self.pending)}", file=sys.stderr)
+            console.warning(f"ckptsup agent: {what(self.pending)}", err=True)
             self.last, self.pending = now, 0
 
 
@@ -213,7 +212,7 @@ class RankSocket:
         except (BlockingIOError, InterruptedError):
             return
         except OSError as err:  # out of descriptors: the next tick tries again
-            say(f"ckptsup agent: cannot accept a rank connection: {err.strerror or err}", file=sys.stderr)
+            console.warning(f"ckptsup agent: cannot accept a rank connection: {err.strerror or err}", err=True)
             return
         sock.setblocking(False)
         waiting = sorted((c for c in self.conns.values() if c.rank is None), key=lambda c: c.opened)

@@ -6,7 +6,6 @@ decisions live in policy.py / preemption.py / nccl.py."""
 from __future__ import annotations
 
 import os
-import sys
 from pathlib import Path
 from typing import Any, Callable, Iterable
 
@@ -19,7 +18,7 @@ from ..config import Config
 from ..env import RankEnv
 from ..errors import CkptsupError
 from ..events import Event
-from ..textsafe import literal
+from .. import console
 from .error_quote import quote_logs
 from .health import NodeHealth
 from .nccl import Timeouts, derive_timeouts, nccl_env
@@ -111,7 +110,7 @@ def pick_resume(ckpt_dir: Path, emit: Emit, *, warn: Callable[[str], None] | Non
 
 
 def _warn(line: str) -> None:
-    print(literal(f"ckptsup: warning: {line}"), file=sys.stderr, flush=True)
+    console.warning(f"ckptsup: warning: {line}", err=True)
 
 
 def recheck(step_dir: Path) -> list[str]:

@@ -28,7 +28,6 @@ run's checkpoints).
 from __future__ import annotations
 
 import os
-import sys
 import time
 from dataclasses import dataclass
 from pathlib import Path
@@ -40,7 +39,7 @@ from ..env import SLURM_JOB_ID, SLURM_RESTART_COUNT, ExitStatus
 from ..errors import CkptsupError, ConfigError
 from ..events import last_event
 from ..rundir import STATE_FILE, RunDir, RunStatus
-from ..textsafe import literal
+from .. import console
 from .recovery import checkpoint_dir
 
 
@@ -254,4 +253,4 @@ def _has_entries(path: Path) -> bool:
 
 
 def _stderr(line: str) -> None:
-    print(literal(f"ckptsup: {line}"), file=sys.stderr, flush=True)
+    console.info(f"ckptsup: {line}", err=True)

@@ -46,7 +46,7 @@ from ..errors import CkptsupError
 from ..events import Event, EventWriter
 from ..env import SLURM_JOB_ID, ExitStatus
 from ..rundir import FINISHED, RunDir, RunState, RunStatus
-from ..textsafe import say
+from .. import console
 
 CLAIM_PREFIX = "requeue.claim-"
 FINISH_LOG = "requeue-finish.log"
@@ -214,7 +214,7 @@ def requeue_job(client: RequeueClient, run_dir: str | os.PathLike[str] | RunDir,
                              partition=request.partition, phases=phases)
     if detach:
         if log_error:
-            say(log_error, file=sys.stderr)
+            console.error(log_error, err=True)
         argv = finisher_argv(run_dir=rd.path, job_id=job_id, exclude=excluded, partition=request.partition,
                              restart_count=info.restart_count, requeued_mono=t_requeue,
                              requeued_wall=requeued_wall, deadline_s=effects.finish_deadline_s)

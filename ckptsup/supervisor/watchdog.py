@@ -23,12 +23,12 @@ from __future__ import annotations
 import enum
 import json
 import os
-import sys
 import time
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Callable, Sequence
 
+from .. import console
 from ..config import Config
 from ..errors import CkptsupError, SlurmCommandError
 from ..events import Event, EventWriter
@@ -109,7 +109,7 @@ def watch(*, run_dir: str | os.PathLike[str] | RunDir, job_id: str, config: Conf
             except SlurmCommandError as err:
                 # Slurm did not answer within its seam's retries: the job's fate is unknown, so
                 # keep watching and ask again; never a cancel on a guess
-                print(f"ckptsup watchdog: Slurm did not answer ({err}); trying again", file=sys.stderr, flush=True)
+                console.warning(f"ckptsup watchdog: Slurm did not answer ({err}); trying again", err=True)
         sleep(poll)
 
 
