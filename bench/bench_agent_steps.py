@@ -1,6 +1,6 @@
 """What running the agents costs the batch host, per design, on the dev cluster: one srun client
 per node (`srun -N1 -w NODE` each) against ckptsup's one `--no-kill` step over every node
-(supervisor/agent_set.py). Each task prints a one-line heartbeat a second, as an agent does.
+(supervisor/job/agent_set.py). Each task prints a one-line heartbeat a second, as an agent does.
 Reports each design's srun processes on the batch host — CPU (% of a core, utime+stime over the
 window) and memory (PSS, so shared libslurm pages count once) — per node and scaled to 2,048
 nodes, then kills one node and checks that the --no-kill step's other tasks keep running (the

@@ -54,8 +54,8 @@ SCRIPT = ROOT / "tests" / "helpers" / "plain_ddp.py"
 sys.path.insert(0, str(ROOT))
 from ckptsup.events import read_events  # noqa: E402
 from ckptsup.stack_dump import stack_file  # noqa: E402
-from ckptsup.supervisor import evidence  # noqa: E402
-from ckptsup.supervisor.liveness import EVIDENCE_WINDOW_S  # noqa: E402
+from ckptsup.supervisor.node import evidence  # noqa: E402
+from ckptsup.supervisor.job.liveness import EVIDENCE_WINDOW_S  # noqa: E402
 
 HOLDER = "import time\nfrom ckptsup.stack_dump import install\ninstall()\nimport torch\nprint('ready', flush=True)\ntime.sleep(120)\n"
 

@@ -49,7 +49,7 @@ SECRET_HEX = "ab" * 32
 
 def serve(kind: str, where: str, sources: str) -> None:
     """A memory store in its own process (an agent's, without the rest of the agent)."""
-    from ckptsup.supervisor.memory_store import MemoryServer, MemoryStore, PeerLinks, tcp_listener, unix_listener
+    from ckptsup.supervisor.node.memory_store import MemoryServer, MemoryStore, PeerLinks, tcp_listener, unix_listener
 
     secret = SECRET_HEX.encode()
     store = MemoryStore(keep=2)
@@ -216,7 +216,7 @@ def main() -> int:
         client.put(bundle)
         put_s = time.perf_counter() - t0
         # the peer holds rank 1's replica (as a buddy would), put there over TCP by a peer link
-        from ckptsup.supervisor.memory_store import Held, PeerLinks
+        from ckptsup.supervisor.node.memory_store import Held, PeerLinks
 
         links = PeerLinks(secret=SECRET_HEX.encode(), node="own")
         names = [f.path for f in bundle.manifest.files]

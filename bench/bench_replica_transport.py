@@ -33,7 +33,7 @@ SECRET = b"cd" * 32
 
 def serve_store() -> None:
     """A replica store in its own process, as a buddy agent's."""
-    from ckptsup.supervisor.memory_store import MemoryServer, MemoryStore, tcp_listener
+    from ckptsup.supervisor.node.memory_store import MemoryServer, MemoryStore, tcp_listener
 
     server = MemoryServer(tcp_listener("127.0.0.1"), secret=SECRET, store=MemoryStore(keep=1)).start()
     print(server.address, flush=True)

@@ -34,7 +34,7 @@ from ckptsup.rundir import RunDir
 from ckptsup.slurm.devcluster import DevCluster, slurm_version
 from ckptsup.slurm.devconf import SPANNING, ClusterSpec
 from ckptsup.slurm.parsers import JobState
-from ckptsup.supervisor.requeue import RequeueEffects, RequeueRequest, requeue_job
+from ckptsup.supervisor.job.requeue import RequeueEffects, RequeueRequest, requeue_job
 
 SLEEPER = "#!/bin/bash\nsleep 600\n"
 BATCH = """#!/bin/bash

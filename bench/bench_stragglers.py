@@ -1,4 +1,4 @@
-"""Straggler detection figures (supervisor/stragglers.py, hooks/compute_time.py) on this machine:
+"""Straggler detection figures (supervisor/job/stragglers.py, hooks/compute_time.py) on this machine:
 examples/train.py under `ckptsup launch`, 3 DDP ranks over gloo, 0.1 s steps. For a rank slowed
 1.3x and 2x from step 100: steps from the slowdown to the `straggler` event. Without any slow
 rank for --quiet-s seconds: false flags, scaled to an hour. The baseline is the same run's other

@@ -5,7 +5,7 @@ tracker and detectors, run by the same loop code as `ckptsup launch` (AgentStep 
 reports the supervisor process's CPU (% of one core, excluding the simulator, which is a separate
 process) and RSS, and the node-death detection latency against `node_silence_s`.
 
-Each heartbeat carries its ranks' evidence (CPU time, I/O, state: supervisor/liveness.py) unless
+Each heartbeat carries its ranks' evidence (CPU time, I/O, state: supervisor/job/liveness.py) unless
 --no-evidence, so the two can be compared in one sitting.
 
 usage: python bench/bench_supervisor_scale.py [--agents 2048] [--seconds 30] [--ranks-per-node 1] [--no-evidence]
@@ -23,9 +23,9 @@ from pathlib import Path
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 from ckptsup.config import SupervisorConfig  # noqa: E402
-from ckptsup.supervisor.attempt import AttemptTracker  # noqa: E402
-from ckptsup.supervisor.agent_step import AgentStep, CommandSender  # noqa: E402
-from ckptsup.supervisor.detection import at_scale  # noqa: E402
+from ckptsup.supervisor.job.attempt import AttemptTracker  # noqa: E402
+from ckptsup.supervisor.job.agent_step import AgentStep, CommandSender  # noqa: E402
+from ckptsup.supervisor.job.detection import at_scale  # noqa: E402
 
 SIMULATOR = r'''
 import sys, time
@@ -44,7 +44,7 @@ while True:
             continue  # this node died
         seq[i] += 1
         ranks = list(range(i * per, (i + 1) * per))
-        # what Agent.heartbeat sends (supervisor/agent.py): the pids too (an O(nodes) bookkeeping
+        # what Agent.heartbeat sends (supervisor/node/agent.py): the pids too (an O(nodes) bookkeeping
         # of them made a heartbeat cost 5 ms at 16,384 nodes, hidden while the bench left them out)
         body = {"node": f"n{i}", "agent": "a1b2c3d4e5f6", "ranks_alive": ranks, "last_step": tick,
                 "phase": "train", "stopped_ranks": [], "torchrun": True, "dropped": 0, "attempt": 0,

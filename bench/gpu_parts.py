@@ -70,7 +70,7 @@ def part_env(ctx: Context) -> dict[str, Any]:
 
     failed = {}
     for mod in ("ckptsup.hooks.session", "ckptsup.hooks.writer", "ckptsup.hooks.loader", "ckptsup.hooks.memory_tier",
-                "ckptsup.hooks.sampler", "ckptsup.supervisor.loop", "ckptsup.rankside.warm_rank"):
+                "ckptsup.hooks.sampler", "ckptsup.supervisor.job.loop", "ckptsup.rankside.warm_rank"):
         try:
             importlib.import_module(mod)
         except Exception as err:   # recorded: the parts that need it then fail with the same cause
@@ -393,7 +393,7 @@ def part_memory_tier(ctx: Context) -> dict[str, Any]:
     from ckptsup.hooks.memory_tier import BundleReader, MemoryClient, MemorySaver, memory_checkpoint_id
     from ckptsup.hooks.reader import safe_load_planner
     from ckptsup.hooks.state import TrainingState
-    from ckptsup.supervisor.memory_store import MemoryServer, MemoryStore, unix_listener
+    from ckptsup.supervisor.node.memory_store import MemoryServer, MemoryStore, unix_listener
 
     free_shared(ctx)
     secret_hex = os.urandom(32).hex()

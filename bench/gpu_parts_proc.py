@@ -208,7 +208,7 @@ SOURCES = {"gpu_xid": (["dmesg"], ["dcgmi", "dmon", "-e", "230", "-c", "1"]),
 
 
 def _argv(argv: list[str]) -> list[str]:
-    from ckptsup.supervisor.gpu_health import QUERY_FIELDS, REMAP_FIELDS
+    from ckptsup.supervisor.health.gpu_health import QUERY_FIELDS, REMAP_FIELDS
 
     return [a.replace("QUERY", ",".join(QUERY_FIELDS)).replace("REMAP", ",".join(REMAP_FIELDS)) for a in argv]
 
@@ -262,7 +262,7 @@ def verdicts(sources: dict[str, dict[str, Any]], findings: list[Any]) -> dict[st
 
 def health_round(runner: Any) -> dict[str, Any]:
     from ckptsup.config import Config
-    from ckptsup.supervisor.gpu_health import gpu_checks
+    from ckptsup.supervisor.health.gpu_health import gpu_checks
 
     health = Config().health
     sources = read_sources(runner, health.timeout_s)
@@ -272,7 +272,7 @@ def health_round(runner: Any) -> dict[str, Any]:
 
 
 def part_gpu_health(ctx: Context) -> dict[str, Any]:
-    from ckptsup.supervisor.gpu_health import run_tool
+    from ckptsup.supervisor.health.gpu_health import run_tool
 
     rounds: dict[str, Any] = {}
     if ctx.dry_run:   # the recorded tools, and none at all
@@ -314,7 +314,7 @@ def free_port() -> int:
 def part_nccl(ctx: Context) -> dict[str, Any]:
     from ckptsup import env as envvars
     from ckptsup.config import Config
-    from ckptsup.supervisor.nccl import flight_recorder_dir, nccl_env
+    from ckptsup.supervisor.job.nccl import flight_recorder_dir, nccl_env
 
     config = Config()
     run_dir = ctx.work / "nccl-run"

@@ -1,5 +1,5 @@
 """One rank of gpu_check's NCCL part, started with the environment a rank under ckptsup gets
-(supervisor/nccl.py nccl_env + RANK/WORLD_SIZE/MASTER_*): ckptsup.init_process_group (NCCL on a
+(supervisor/job/nccl.py nccl_env + RANK/WORLD_SIZE/MASTER_*): ckptsup.init_process_group (NCCL on a
 GPU, gloo on the CPU), one all-reduce on the device, the group's timeout read back from the live
 backend before and after the hooks move it to the steady value; prints one JSON line."""
 

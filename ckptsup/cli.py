@@ -17,20 +17,20 @@ from .textsafe import literal
 COMMANDS: dict[str, str] = {
     "launch": "ckptsup.supervisor.cli:launch",
     "agent": "ckptsup.supervisor.cli:agent",
-    "log": "ckptsup.supervisor.cli_ops:log",
-    "watchdog": "ckptsup.supervisor.cli_ops:watchdog",
-    "requeue": "ckptsup.supervisor.cli_ops:requeue",
-    "save-now": "ckptsup.supervisor.cli_control:save_now",
-    "stop": "ckptsup.supervisor.cli_control:stop",
-    "replace": "ckptsup.supervisor.cli_control:replace",
-    "status": "ckptsup.supervisor.cli_status:status",
+    "log": "ckptsup.supervisor.ops.cli_ops:log",
+    "watchdog": "ckptsup.supervisor.ops.cli_ops:watchdog",
+    "requeue": "ckptsup.supervisor.ops.cli_ops:requeue",
+    "save-now": "ckptsup.supervisor.ops.cli_control:save_now",
+    "stop": "ckptsup.supervisor.ops.cli_control:stop",
+    "replace": "ckptsup.supervisor.ops.cli_control:replace",
+    "status": "ckptsup.supervisor.ops.cli_status:status",
     "plan": "ckptsup.planning.cli:plan",
     "simulate": "ckptsup.planning.cli:simulate",
     "report": "ckptsup.planning.cli:report",
     "ckpt": "ckptsup.checkpoint.cli:ckpt",
     "sbatch": "ckptsup.slurm.cli:sbatch",
     "dev-cluster": "ckptsup.slurm.cli:dev_cluster",
-    "config": "ckptsup.supervisor.cli_ops:config",
+    "config": "ckptsup.supervisor.ops.cli_ops:config",
 }
 
 

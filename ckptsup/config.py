@@ -259,7 +259,7 @@ class SupervisorConfig:
     busy_limit_s: float = knob(600.0, "ranks that work (CPU, I/O) without progress are busy, not hung: killed only after "
                                       "this long without progress (s)", positive, max=WEEK_S)
     straggler_ratio: float = knob(1.15, "a rank whose compute time per step is this many times the other ranks' "
-                                        "median is a straggler (supervisor/stragglers.py)", positive, max=100)
+                                        "median is a straggler (supervisor/job/stragglers.py)", positive, max=100)
     straggler_window_steps: int = knob(10, "steps per straggler comparison window", at_least_one, max=10**6)
     straggler_windows: int = knob(3, "windows in a row a rank must be slower to be flagged", at_least_one, max=10**6)
     straggler_replace: bool = knob(False, "a flagged straggler's node is replaced by a spare at the next checkpoint")

@@ -9,8 +9,8 @@
       secret              0600 per-job HMAC key (ranks/agent get its path, never its value):
                           64 hex characters (secrets.token_hex(32)); anything shorter is refused
       config.json         0600 effective config the supervisor resolved (config.write_config_json)
-      status.json         0600 the live status for `ckptsup status`, rewritten every 2 s (supervisor/status.py)
-      control/            0700 operator requests (`ckptsup save-now`, `ckptsup stop`; supervisor/control.py)
+      status.json         0600 the live status for `ckptsup status`, rewritten every 2 s (supervisor/job/status.py)
+      control/            0700 operator requests (`ckptsup save-now`, `ckptsup stop`; supervisor/job/control.py)
       checkpoints/        default checkpoint_dir
       attempt-<N>/        per-attempt agent and rank logs, flight-recorder dumps
 
@@ -145,7 +145,7 @@ class RunState:
         return cls(**known)
 
 
-# The attempt history's records (supervisor/observations.py AttemptResult.to_record, read back by
+# The attempt history's records (supervisor/job/observations.py AttemptResult.to_record, read back by
 # AttemptResult.from_record): key -> (check, what it must be). FAILURE_OUTCOMES is Outcome's
 # values (a test holds them equal; the run dir may not import the supervisor).
 FAILURE_OUTCOMES = ("running", "completed", "failed", "preempted")

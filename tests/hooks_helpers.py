@@ -314,7 +314,7 @@ def capture_supervisor(monkeypatch) -> dict:
     """Replace the loop's Supervisor with a stand-in that records what `ckptsup launch` hands it
     (resolved config, job, placement) and exits DONE without running; returns that record."""
     from ckptsup.env import ExitStatus
-    from ckptsup.supervisor import loop
+    from ckptsup.supervisor.job import loop
 
     seen: dict = {}
 

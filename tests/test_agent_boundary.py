@@ -13,8 +13,8 @@ import time
 import pytest
 
 from ckptsup import wire
-from ckptsup.supervisor import rank_processes, rank_socket
-from ckptsup.supervisor.agent import Agent, LaunchSpec
+from ckptsup.supervisor.node import rank_processes, rank_socket
+from ckptsup.supervisor.node.agent import Agent, LaunchSpec
 
 SECRET = b"k" * 64
 BIG = 3_000_000_007  # a pid no process has (pid_max is at most 2**22)

@@ -1,4 +1,4 @@
-"""The job's agents (supervisor/agent_set.py): which node's agent is live, which messages count,
+"""The job's agents (supervisor/job/agent_set.py): which node's agent is live, which messages count,
 how commands are addressed (a real spare's agent: tests/test_spare_agent.py)."""
 from __future__ import annotations
 
@@ -6,8 +6,8 @@ from dataclasses import dataclass, field
 from typing import Any
 
 from ckptsup import messages
-from ckptsup.supervisor.agent_set import AgentSet
-from ckptsup.supervisor.agent_step import Message, StepSignal
+from ckptsup.supervisor.job.agent_set import AgentSet
+from ckptsup.supervisor.job.agent_step import Message, StepSignal
 from ckptsup.wire import MessageKind
 
 

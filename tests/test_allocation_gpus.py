@@ -8,7 +8,7 @@ from ckptsup.errors import CkptsupError, ConfigError, SlurmCommandError
 from ckptsup.slurm.allocation import (allocation_from_env, count_devices, gpus_from_env, gpus_from_scontrol,
                                       local_gpus, node_gpus)
 from ckptsup.slurm.client import CommandResult, SlurmClient
-from ckptsup.supervisor.placement import Placement
+from ckptsup.supervisor.job.placement import Placement
 
 # `scontrol show job -d` of a `--gpus-per-node=2` job on the dev cluster (Slurm 22.05.8), trimmed
 GPU_JOB = """\

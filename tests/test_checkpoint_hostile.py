@@ -135,7 +135,7 @@ def test_retention_skips_a_hostile_newest_checkpoint(ckdir: Path, make_bad) -> N
 PICK = """
 import json, sys
 from pathlib import Path
-from ckptsup.supervisor.recovery import pick_resume
+from ckptsup.supervisor.job.recovery import pick_resume
 events = []
 chosen = pick_resume(Path(sys.argv[1]), lambda name, **fields: events.append([str(name.value), fields.get("step")]))
 print(json.dumps({"chosen": chosen, "events": events}))

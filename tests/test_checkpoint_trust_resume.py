@@ -21,7 +21,7 @@ from ckptsup.checkpoint.trust import CheckpointDirUntrusted, OwnerModeError
 from ckptsup.checkpoint.validate import read_validation, validate
 from ckptsup.env import ExitStatus, should_requeue
 from ckptsup.errors import TrustError
-from ckptsup.supervisor.recovery import pick_resume
+from ckptsup.supervisor.job.recovery import pick_resume
 
 CKPTSUP = str(Path(sys.executable).with_name("ckptsup"))
 ROOT = Path(__file__).resolve().parent.parent

@@ -246,7 +246,7 @@ def test_every_numeric_knob_has_an_upper_bound_no_site_would_exceed() -> None:
 
 def test_every_knob_at_its_upper_bound_still_derives_finite_timeouts(tmp_path: Path) -> None:
     """The bounds are what keeps the derivation (sums, int() of seconds, ports + spread) finite."""
-    from ckptsup.supervisor import nccl
+    from ckptsup.supervisor.job import nccl
 
     lines: dict[str, list[str]] = {}
     for section, fld in numeric_knobs():

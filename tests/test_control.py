@@ -1,4 +1,4 @@
-"""Operator requests through the run directory (supervisor/control.py): what the supervisor takes
+"""Operator requests through the run directory (supervisor/job/control.py): what the supervisor takes
 and refuses, and the loop in-process (the scripted agents of test_supervisor_loop): save-now is
 sent to the ranks and acknowledged; stop checkpoints, stops, ends CANCELLED and is never requeued;
 a script without ckptsup checkpoints is told why save-now cannot work."""
@@ -11,8 +11,8 @@ from ckptsup.env import ExitStatus, should_requeue
 from ckptsup.events import Event
 from ckptsup.rundir import RunDir, RunStatus
 from ckptsup.slurm.render import no_requeue_statuses
-from ckptsup.supervisor import control
-from ckptsup.supervisor.control import BadRequest, ControlCommand, ControlRequest
+from ckptsup.supervisor.job import control
+from ckptsup.supervisor.job.control import BadRequest, ControlCommand, ControlRequest
 from ckptsup.wire import MessageKind
 
 from test_supervisor_loop import Clock, FakeSlurm, Fault, World, fast_ticks, of, site, supervisor  # noqa: F401

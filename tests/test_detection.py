@@ -6,9 +6,9 @@ import pytest
 from ckptsup.config import SupervisorConfig
 from ckptsup.env import ExitStatus
 from ckptsup.wire import Phase
-from ckptsup.supervisor.detection import (NodeView, RankView, StepWindow, allowance, classify_rank_exit,
+from ckptsup.supervisor.job.detection import (NodeView, RankView, StepWindow, allowance, classify_rank_exit,
                                           detect_hang, detect_node_down, HangTimeout, percentile)
-from ckptsup.supervisor.observations import FailureKind
+from ckptsup.supervisor.job.observations import FailureKind
 
 CFG = SupervisorConfig(hang_min_s=30.0, hang_step_factor=10.0, init_timeout_s=300.0, load_timeout_s=600.0,
                        save_timeout_s=600.0)
@@ -49,7 +49,7 @@ def test_the_save_allowance_detection_applies_is_the_one_the_collective_timeout_
     """docs/timeouts.md: min(save_timeout_s, max(hang_s, 3 x slowest save)); one figure for the
     detector and for the ranks' collective timeout (nccl.derive_timeouts), not two."""
     from ckptsup.config import Config
-    from ckptsup.supervisor import nccl
+    from ckptsup.supervisor.job import nccl
 
     config = Config()
     t = nccl.derive_timeouts(config, step_times=[0.5] * 20, save_times=saves)
@@ -114,8 +114,8 @@ def test_exit_codes_classify_into_crash_nan_or_nothing():
 
 
 def test_after_a_rank_finishes_the_others_get_the_stopping_allowance():
-    from ckptsup.supervisor.attempt import AttemptTracker
-    from ckptsup.supervisor.agent_step import Message
+    from ckptsup.supervisor.job.attempt import AttemptTracker
+    from ckptsup.supervisor.job.agent_step import Message
 
     cfg = SupervisorConfig(hang_timeout_s=5, save_timeout_s=600.0, node_silence_s=1e9)
     t = AttemptTracker(attempt=0, nodes=("n1",), nproc_per_node=2, config=cfg, started=0.0)
@@ -128,7 +128,7 @@ def test_after_a_rank_finishes_the_others_get_the_stopping_allowance():
 
 
 def test_the_hang_timeout_is_clamped_below_the_attempts_collective_timeout():
-    from ckptsup.supervisor.attempt import AttemptTracker
+    from ckptsup.supervisor.job.attempt import AttemptTracker
 
     t = AttemptTracker(attempt=0, nodes=("n1",), nproc_per_node=1, config=CFG, started=0.0, hang_cap_s=40.0)
     for _ in range(50):
@@ -138,8 +138,8 @@ def test_the_hang_timeout_is_clamped_below_the_attempts_collective_timeout():
 
 @pytest.mark.parametrize("finished, crash", [((0, 1), False), ((1,), True), ((), True)])
 def test_torchrun_failing_after_every_rank_of_the_node_finished_is_a_teardown_error_not_a_crash(finished, crash):
-    from ckptsup.supervisor.attempt import AttemptTracker
-    from ckptsup.supervisor.agent_step import Message
+    from ckptsup.supervisor.job.attempt import AttemptTracker
+    from ckptsup.supervisor.job.agent_step import Message
 
     cfg = SupervisorConfig(hang_timeout_s=5, save_timeout_s=600.0, node_silence_s=1e9)
     t = AttemptTracker(attempt=0, nodes=("n1",), nproc_per_node=2, config=cfg, started=0.0)
@@ -158,8 +158,8 @@ def test_the_node_down_check_reads_only_the_silent_front_yet_finds_what_a_full_s
     """heard_order keeps nodes oldest-heard first (bench_supervisor_scale.py: 16,384 views are not
     read every tick): a silent node is found wherever it started, also after frames out of order."""
     from ckptsup.config import SupervisorConfig
-    from ckptsup.supervisor.agent_step import Message
-    from ckptsup.supervisor.attempt import AttemptTracker
+    from ckptsup.supervisor.job.agent_step import Message
+    from ckptsup.supervisor.job.attempt import AttemptTracker
     from ckptsup.wire import MessageKind
 
     t = AttemptTracker(attempt=0, nodes=("n1", "n2", "n3", "n4"), nproc_per_node=1, config=SupervisorConfig(),
@@ -177,7 +177,7 @@ def test_the_node_down_check_reads_only_the_silent_front_yet_finds_what_a_full_s
 
 
 def test_beyond_2048_nodes_agents_beat_less_often_and_a_dead_node_takes_as_many_missed_beats():
-    from ckptsup.supervisor.detection import HEARTBEATS_PER_S, MISSED_HEARTBEATS, at_scale
+    from ckptsup.supervisor.job.detection import HEARTBEATS_PER_S, MISSED_HEARTBEATS, at_scale
 
     base = SupervisorConfig()
     assert at_scale(base, 8) is base and at_scale(base, HEARTBEATS_PER_S) is base

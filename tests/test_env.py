@@ -74,8 +74,8 @@ def test_local_placement_and_health_checks_name_the_node_through_node_name(monke
 
     from ckptsup.config import Config
     from ckptsup.rundir import RunDir
-    from ckptsup.supervisor.health import CheckPaths, run_local_checks
-    from ckptsup.supervisor.placement import Placement
+    from ckptsup.supervisor.health.health import CheckPaths, run_local_checks
+    from ckptsup.supervisor.job.placement import Placement
 
     monkeypatch.delenv("CKPTSUP_NODE", raising=False)
     monkeypatch.setenv("SLURMD_NODENAME", "s1")
@@ -155,7 +155,7 @@ def test_variables_is_the_one_writer_of_rank_variables_and_blanks_what_it_unsets
 
 def test_the_supervisors_rank_env_reads_back_as_what_it_was_given(tmp_path) -> None:
     from ckptsup.config import Config
-    from ckptsup.supervisor.recovery import attempt_timeouts, rank_env
+    from ckptsup.supervisor.job.recovery import attempt_timeouts, rank_env
 
     config = Config()
     env = rank_env(config, run_dir=tmp_path, config_json=tmp_path / "c.json", secret_path=tmp_path / "s",

@@ -1,13 +1,13 @@
-"""The give-up summary's error quote (supervisor/error_quote.py), on literal rank-log text: plain,
+"""The give-up summary's error quote (supervisor/job/error_quote.py), on literal rank-log text: plain,
 prefixed once and twice, interleaved ranks, torchrun's ChildFailedError summary."""
 from __future__ import annotations
 
 import os
 from pathlib import Path
 
-from ckptsup.supervisor import error_quote
-from ckptsup.supervisor.error_quote import MAX_CHARS, MAX_LINE_CHARS, MAX_LINES, clean, quote, quote_logs, read_tail
-from ckptsup.supervisor.recovery import log_tail
+from ckptsup.supervisor.job import error_quote
+from ckptsup.supervisor.job.error_quote import MAX_CHARS, MAX_LINE_CHARS, MAX_LINES, clean, quote, quote_logs, read_tail
+from ckptsup.supervisor.job.recovery import log_tail
 
 # torchrun's own traceback and summary, as torch 2.13 prints them after a rank exits 1 (trimmed frames)
 LAUNCHER = """\

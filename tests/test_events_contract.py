@@ -88,10 +88,10 @@ def f(e, kind, m):
             return 3
     return "run_complete" if e.get("event") == "not_an_event" else None
 '''
-    problems = _violations("ckptsup/supervisor/attempt.py", ast.parse(source), set())
+    problems = _violations("ckptsup/supervisor/job/attempt.py", ast.parse(source), set())
     assert [p.split(": ", 1)[1].split(" ")[0] for p in problems] == \
         ["'run_complete'", "'launch'", "'hang'", "'first_step'", "'nan'", "'give_up'"]
-    assert all(p.startswith("ckptsup/supervisor/attempt.py:") for p in problems)
+    assert all(p.startswith("ckptsup/supervisor/job/attempt.py:") for p in problems)
 
 
 def test_writers_pass_members_not_strings() -> None:
@@ -170,7 +170,7 @@ def test_every_hook_event_is_a_member() -> None:
 # ---- members behave as the strings readers see ----------------------------------------------------
 
 def test_members_compare_and_hash_as_their_values() -> None:
-    from ckptsup.supervisor import restart_log
+    from ckptsup.supervisor.ops import restart_log
 
     assert {"event": "run_complete"}.get("event") == Event.RUN_COMPLETE
     assert "give_up" in {Event.GIVE_UP} and "node_down" in (FailureKind.NODE_DOWN,)
@@ -182,7 +182,7 @@ def test_reports_show_values_never_member_reprs(tmp_path: Path) -> None:
     """Python 3.11 formats a (str, Enum) member as `Event.X`: no output built from a log written
     with members (and FailureKind fields) may show one."""
     from ckptsup.planning.accounting import account
-    from ckptsup.supervisor import restart_log
+    from ckptsup.supervisor.ops import restart_log
 
     writer = EventWriter(run_dir=tmp_path, job_id="7", attempt=0, epoch=1)
     writer.emit(Event.SUPERVISOR_START, script="train.py", resumed=False)

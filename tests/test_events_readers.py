@@ -19,7 +19,7 @@ from ckptsup.cli import cli
 from ckptsup.errors import CkptsupError
 from ckptsup import events as events_mod
 from ckptsup.events import EVENTS_FILE, follow_events, parse_line, read_events
-from ckptsup.supervisor import restart_log as timeline
+from ckptsup.supervisor.ops import restart_log as timeline
 
 BASE = {"mono": 1.0, "job_id": "7", "attempt": 0}
 

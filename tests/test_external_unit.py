@@ -13,8 +13,8 @@ import pytest
 from ckptsup.checkpoint import external as ext
 from ckptsup.config import load_config
 from ckptsup.errors import ConfigError
-from ckptsup.supervisor.external_agent import ExternalRequestError, answer, parse_request
-from ckptsup.supervisor.external_watch import ExternalCheckpoints
+from ckptsup.supervisor.node.external_agent import ExternalRequestError, answer, parse_request
+from ckptsup.supervisor.job.external_watch import ExternalCheckpoints
 from ckptsup.messages import ExtHash
 from ckptsup.wire import FrameError, MessageKind
 
@@ -244,7 +244,7 @@ def real_dcp_folder(root: Path, name: str) -> Path:
 
 
 def test_the_level3_test_load_verifies_the_hashes_first_then_loads_everything(tmp_path):
-    from ckptsup.supervisor.external_testload import run_test_load
+    from ckptsup.supervisor.node.external_testload import run_test_load
 
     run, ckpt = tmp_path / "run", tmp_path / "ckpt"
     folder = real_dcp_folder(ckpt, "step-5")

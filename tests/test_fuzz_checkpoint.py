@@ -38,7 +38,7 @@ from ckptsup.checkpoint.synthetic import write_synthetic
 from ckptsup.checkpoint.trust import OwnerModeError, check_dir_trusted
 from ckptsup.checkpoint.validate import QUARANTINE_DIR, read_validation, validate
 from ckptsup.errors import ManifestError, TrustError
-from ckptsup.supervisor.recovery import pick_resume
+from ckptsup.supervisor.job.recovery import pick_resume
 from fuzz_helpers import (FILE_KINDS, assert_one_line, finite_json, fresh_dir, json_bytes, json_values,
                           mutated, plain_text, plant, scalars, strings, write_private)
 

@@ -1,4 +1,4 @@
-"""The give-up summary quotes the traceback that ended the run (supervisor/error_quote.py), with the
+"""The give-up summary quotes the traceback that ended the run (supervisor/job/error_quote.py), with the
 real CLI, agent and torchrun on a script whose rank 1 always raises (local mode, no Slurm)."""
 from __future__ import annotations
 

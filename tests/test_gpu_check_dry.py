@@ -104,7 +104,7 @@ def test_an_unreadable_kernel_log_without_dcgm_is_not_healthy() -> None:
     sys.path.insert(0, str(BENCH))
     from gpu_parts_proc import health_round
 
-    from ckptsup.supervisor.gpu_health import Ran
+    from ckptsup.supervisor.health.gpu_health import Ran
 
     def runner(argv, timeout_s):
         if argv[0] == "dmesg":

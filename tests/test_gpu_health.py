@@ -1,4 +1,4 @@
-"""GPU health (supervisor/gpu_health.py) against stand-in nvidia-smi, dcgmi and dmesg that print
+"""GPU health (supervisor/health/gpu_health.py) against stand-in nvidia-smi, dcgmi and dmesg that print
 recorded output in the real tools' formats (tests/helpers/gpu_tools): XIDs from the kernel log and
 DCGM, ECC and pending retirements, row remaps, clock throttling, dcgmi diag; the thresholds in
 [health]; and the checks through run_local_checks."""
@@ -14,7 +14,7 @@ import pytest
 
 from ckptsup.config import HealthConfig, load_config
 from ckptsup.errors import ConfigError
-from ckptsup.supervisor.gpu_health import Ran, gpu_checks, run_tool
+from ckptsup.supervisor.health.gpu_health import Ran, gpu_checks, run_tool
 
 TOOLS = Path(__file__).parent / "helpers" / "gpu_tools"
 
@@ -94,7 +94,7 @@ def test_without_any_gpu_tool_there_is_no_gpu_result(monkeypatch):
 
 
 def test_the_gpu_checks_run_with_the_gpu_count_in_the_nodes_checks(monkeypatch, tmp_path):
-    from ckptsup.supervisor.health import CheckPaths, run_local_checks
+    from ckptsup.supervisor.health.health import CheckPaths, run_local_checks
 
     monkeypatch.setenv("CKPTSUP_FAKE_GPU", "xid79")
     config = load_config().config

@@ -3,8 +3,8 @@ of an unmodified script are alive in `ckptsup status` whether they run cold or i
 interpreters (issue 22, the "blind" and "late" cases). In-process here; the real SIGSTOP runs are
 test_supervisor_train.py and test_drop_in_local.py."""
 from ckptsup.config import SupervisorConfig
-from ckptsup.supervisor.detection import RankView, detect_hang
-from ckptsup.supervisor.observations import FailureKind
+from ckptsup.supervisor.job.detection import RankView, detect_hang
+from ckptsup.supervisor.job.observations import FailureKind
 from ckptsup.wire import Phase
 
 CFG = SupervisorConfig()   # the defaults: hang_min_s 10 s, heartbeat_interval_s 1 s

@@ -11,8 +11,8 @@ from pathlib import Path
 
 from ckptsup.config import Config, Resolved, write_config_json
 from ckptsup.rundir import RunDir
-from ckptsup.supervisor import health
-from ckptsup.supervisor.health import CheckPaths, NodeHealth, check_paths, parse_node_results, run_local_checks
+from ckptsup.supervisor.health import health
+from ckptsup.supervisor.health.health import CheckPaths, NodeHealth, check_paths, parse_node_results, run_local_checks
 
 
 def config(**health_kw) -> Config:
@@ -165,7 +165,7 @@ def test_module_entry_prints_one_json_line_and_exits_1_when_unhealthy(tmp_path) 
     rd = RunDir.create(tmp_path / "run")
     c = config(commands=["false"], check_gpus="off")
     write_config_json(Resolved(config=c, provenance={}), rd.config_json_path)
-    proc = subprocess.run([sys.executable, "-m", "ckptsup.supervisor.health", "--run-dir", str(rd.path),
+    proc = subprocess.run([sys.executable, "-m", "ckptsup.supervisor.health.health", "--run-dir", str(rd.path),
                            "--node", "n4"], capture_output=True, text=True, timeout=60)
     assert proc.returncode == 1, proc.stderr
     (line,) = proc.stdout.splitlines()
@@ -178,14 +178,14 @@ def test_node_checks_argv_is_one_overlapping_step_per_node(tmp_path) -> None:
     argv = health.node_checks_argv(["n1", "n3"], tmp_path, job_id="5")
     assert argv[0] == "srun" and "--overlap" in argv and "--nodelist=n[1,3]" in argv
     assert "--ntasks-per-node=1" in argv and "--jobid=5" in argv
-    assert argv[argv.index("-m") + 1:] == ["ckptsup.supervisor.health", "--run-dir", str(tmp_path)]
+    assert argv[argv.index("-m") + 1:] == ["ckptsup.supervisor.health.health", "--run-dir", str(tmp_path)]
     with_gpus = health.node_checks_argv(["n1"], tmp_path, job_id="5", gpus_per_node=2)
-    assert with_gpus[with_gpus.index("-m") + 1:] == ["ckptsup.supervisor.health", "--run-dir", str(tmp_path),
+    assert with_gpus[with_gpus.index("-m") + 1:] == ["ckptsup.supervisor.health.health", "--run-dir", str(tmp_path),
                                                      "--gpus", "2"]
 
 
 def test_the_supervisors_health_checker_hands_every_node_the_allocations_gpus(tmp_path, monkeypatch) -> None:
-    from ckptsup.supervisor import recovery
+    from ckptsup.supervisor.job import recovery
 
     seen = []
     monkeypatch.setattr(health, "check_gpus", lambda mode, expected, *a, **kw: seen.append(expected))
@@ -215,7 +215,7 @@ def test_module_entry_checks_the_gpus_it_is_told_of_against_the_step(tmp_path) -
     env = {k: v for k, v in os.environ.items() if not k.startswith(("SLURM_", "CUDA_"))}
     env.update(SLURM_JOB_ID="5", SLURM_GPUS_ON_NODE="2", PATH=os.path.dirname(sys.executable))  # no nvidia-smi
     for want, rc in (("2", 0), ("4", 1)):
-        proc = subprocess.run([sys.executable, "-m", "ckptsup.supervisor.health", "--run-dir", str(rd.path),
+        proc = subprocess.run([sys.executable, "-m", "ckptsup.supervisor.health.health", "--run-dir", str(rd.path),
                                "--node", "n1", "--gpus", want], capture_output=True, text=True, timeout=60, env=env)
         assert proc.returncode == rc, proc.stdout + proc.stderr
         gpus = {r["name"]: r for r in json.loads(proc.stdout)["results"]}["gpus"]

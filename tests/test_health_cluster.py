@@ -11,7 +11,7 @@ import pytest
 from ckptsup.config import Config, Resolved, write_config_json
 from ckptsup.rundir import RunDir
 from ckptsup.slurm.parsers import JobState
-from ckptsup.supervisor.health import run_node_checks
+from ckptsup.supervisor.health.health import run_node_checks
 
 pytestmark = pytest.mark.slurm
 

@@ -38,7 +38,7 @@ def test_the_memory_schedule_starts_from_the_launch_and_follows_set_interval(age
     """What the supervisor's adaptive memory interval does (interval_tuner.py): the launch's
     CKPTSUP_MEMORY_EVERY_STEPS wins over [memory] every_steps, and a set_interval with
     memory_every_steps moves a real rank's memory saves."""
-    from ckptsup.supervisor.memory_store import MemoryServer, MemoryStore, unix_listener
+    from ckptsup.supervisor.node.memory_store import MemoryServer, MemoryStore, unix_listener
 
     site = tmp_path / "site.toml"
     site.write_text("[checkpoint]\nkeep_daily_days = 0\ntest_load_every = 0\n[memory]\nenabled = true\nevery_steps = 10\n")

@@ -134,7 +134,7 @@ def test_new_refuses_while_the_object_store_holds_the_old_runs_checkpoints(tmp_p
     from ckptsup.config import load_config
     from ckptsup.events import EventWriter
     from ckptsup.rundir import RunDir, RunState, RunStatus
-    from ckptsup.supervisor import relaunch
+    from ckptsup.supervisor.job import relaunch
 
     make_bucket(moto)
     for prefix, holds in (("new-empty", False), ("new-held", True)):

@@ -204,7 +204,7 @@ def _describe(graph: Mapping[str, Set[str]], found: list[list[str]]) -> str:
 
 def test_the_graph_sees_relative_lazy_and_type_checking_imports() -> None:
     graph = import_graph()
-    assert "ckptsup.wire" in graph["ckptsup.supervisor.agent_step"]          # from .. import wire
+    assert "ckptsup.wire" in graph["ckptsup.supervisor.job.agent_step"]          # from .. import wire
     assert "ckptsup.hooks.session" in graph["ckptsup"]                       # inside a function
     assert "ckptsup.checkpoint.commit" in graph["ckptsup.checkpoint.tiers"]   # from .commit import ...
     assert all(name.startswith("ckptsup") for deps in graph.values() for name in deps)

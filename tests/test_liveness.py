@@ -1,4 +1,4 @@
-"""Busy or hung (supervisor/liveness.py): the pure verdict in milliseconds, the attempt tracker's
+"""Busy or hung (supervisor/job/liveness.py): the pure verdict in milliseconds, the attempt tracker's
 stacks round in-process, and the evidence sources against real processes — /proc readings of a
 computing and a sleeping process, and a faulthandler dump taken from a process blocked in C."""
 import os
@@ -11,10 +11,10 @@ from pathlib import Path
 
 from ckptsup.config import SupervisorConfig
 from ckptsup.stack_dump import STACK_SIGNAL, stack_file
-from ckptsup.supervisor import evidence
-from ckptsup.supervisor.agent_step import Message
-from ckptsup.supervisor.attempt import AttemptTracker
-from ckptsup.supervisor.liveness import (CPU_FLOOR, STALE_S, Hung, Leaving, NeedStacks, RankEvidence, Where, Working, judge,
+from ckptsup.supervisor.node import evidence
+from ckptsup.supervisor.job.agent_step import Message
+from ckptsup.supervisor.job.attempt import AttemptTracker
+from ckptsup.supervisor.job.liveness import (CPU_FLOOR, STALE_S, Hung, Leaving, NeedStacks, RankEvidence, Where, Working, judge,
                                         parse_stack)
 from ckptsup.wire import MessageKind
 
@@ -263,8 +263,8 @@ def test_proc_readings_tell_a_computing_process_from_a_sleeping_one(tmp_path):
 
 
 def test_status_shows_a_busy_spell_with_its_ranks_its_age_and_the_limit():
-    from ckptsup.supervisor.cli_status import render
-    from ckptsup.supervisor.status import Seen, build_status
+    from ckptsup.supervisor.ops.cli_status import render
+    from ckptsup.supervisor.job.status import Seen, build_status
 
     t = tracker()
     for second in range(0, 20):
@@ -287,7 +287,7 @@ def test_status_shows_a_busy_spell_with_its_ranks_its_age_and_the_limit():
 
 
 def test_a_restore_is_compared_at_the_same_steps_first_then_with_the_window_and_warns_once():
-    from ckptsup.supervisor.restore_check import keep, loss_jump
+    from ckptsup.supervisor.job.restore_check import keep, loss_jump
 
     before = {s: 1.0 - 0.01 * s for s in range(10, 30)}
     assert loss_jump(before, 20, before[20]) is None and loss_jump(before, 20, before[20] * 1.05) is None

@@ -1,4 +1,4 @@
-"""The memory tier's placement (supervisor/memory_peers.py), pure: failure domains from node names,
+"""The memory tier's placement (supervisor/job/memory_peers.py), pure: failure domains from node names,
 buddies in other domains, the warning when the domains are too few, the holders a node path
 launch leaves, and when a step counts as replicated."""
 
@@ -10,7 +10,7 @@ import pytest
 
 from ckptsup.messages import MemoryReplicated
 
-from ckptsup.supervisor.memory_peers import MAX_HOLDERS, MemoryPeers, buddies, domain_of, shortfall
+from ckptsup.supervisor.job.memory_peers import MAX_HOLDERS, MemoryPeers, buddies, domain_of, shortfall
 
 RACKS = r"^(rack\d+)-"
 

@@ -13,7 +13,7 @@ from hooks_helpers import private_dir
 from ckptsup.errors import ValidationError
 from ckptsup.hooks.dcp_errors import failure_errors, root_cause
 from ckptsup.hooks.memory_tier import MemoryClient, serialize
-from ckptsup.supervisor.memory_store import (FlipMode, Held, MemoryServer, MemoryStore, PeerLinks, tcp_listener,
+from ckptsup.supervisor.node.memory_store import (FlipMode, Held, MemoryServer, MemoryStore, PeerLinks, tcp_listener,
                                               unix_listener)
 
 

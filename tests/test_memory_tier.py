@@ -21,7 +21,7 @@ from ckptsup.errors import ValidationError
 from ckptsup.hooks.dcp_errors import root_cause
 from ckptsup.hooks.memory_tier import Bundle, BundleReader, MemoryClient, newest_common, serialize
 from ckptsup.memory_wire import MemoryChannelError, MemoryOp, Session
-from ckptsup.supervisor.memory_store import Held, MemoryServer, MemoryStore, PeerLinks, tcp_listener, unix_listener
+from ckptsup.supervisor.node.memory_store import Held, MemoryServer, MemoryStore, PeerLinks, tcp_listener, unix_listener
 
 SECRET = secrets.token_hex(32).encode()
 

@@ -222,7 +222,7 @@ def test_the_supervisors_reader_types_each_body_and_drops_a_mistyped_one_like_a_
     import queue
     import sys
 
-    from ckptsup.supervisor.agent_step import AgentStep, CommandSender, StepEof, StepSignal
+    from ckptsup.supervisor.job.agent_step import AgentStep, CommandSender, StepEof, StepSignal
 
     good = messages.Heartbeat(ranks_alive=(0,), last_step=4, attempt=1)
     env = {"node": "n1", "agent": "a1"}

@@ -7,7 +7,7 @@ import pytest
 
 from ckptsup.config import Config
 from ckptsup.env import NAMES
-from ckptsup.supervisor import nccl
+from ckptsup.supervisor.job import nccl
 
 
 def cfg(**sections) -> Config:

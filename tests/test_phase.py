@@ -16,10 +16,10 @@ from ckptsup.events import Event
 from ckptsup.hooks import phase as phases
 from ckptsup.hooks.rank_link import StepLink
 from ckptsup.planning.phase_time import phase_times, phases_line
-from ckptsup.supervisor.agent_step import Message
-from ckptsup.supervisor.attempt import AttemptTracker
-from ckptsup.supervisor.detection import RankView, allowance, detect_hang
-from ckptsup.supervisor.observations import FailureKind
+from ckptsup.supervisor.job.agent_step import Message
+from ckptsup.supervisor.job.attempt import AttemptTracker
+from ckptsup.supervisor.job.detection import RankView, allowance, detect_hang
+from ckptsup.supervisor.job.observations import FailureKind
 from ckptsup.wire import MessageKind, Phase
 
 from hooks_helpers import FakeAgent

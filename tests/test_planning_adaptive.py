@@ -124,7 +124,7 @@ def test_seed_carries_failures_and_costs_across_a_requeue():
 
 def test_the_supervisors_tuner_counts_the_allocations_gpus_else_the_ranks():
     from ckptsup.config import Config
-    from ckptsup.supervisor.interval_tuner import IntervalTuner
+    from ckptsup.supervisor.job.interval_tuner import IntervalTuner
 
     config = Config()
     config.supervisor.nodes, config.supervisor.nproc_per_node, config.sbatch.gpus_per_node = 2, 3, 8
@@ -211,7 +211,7 @@ def test_noise_around_a_step_boundary_does_not_flip_the_schedule():
 
 def test_the_supervisors_tuner_sends_the_memory_schedule_with_its_level():
     from ckptsup.config import Config
-    from ckptsup.supervisor.interval_tuner import IntervalTuner
+    from ckptsup.supervisor.job.interval_tuner import IntervalTuner
 
     config = Config()
     config.supervisor.nodes, config.supervisor.nproc_per_node = 4, 8
@@ -235,7 +235,7 @@ def test_the_supervisors_tuner_sends_the_memory_schedule_with_its_level():
 
 def test_the_tuner_starts_a_requeued_run_from_the_memory_costs_it_measured():
     from ckptsup.config import Config
-    from ckptsup.supervisor.interval_tuner import IntervalTuner
+    from ckptsup.supervisor.job.interval_tuner import IntervalTuner
     from test_accounting import with_memory_saves
 
     config = Config()
@@ -249,7 +249,7 @@ def test_the_tuner_starts_a_requeued_run_from_the_memory_costs_it_measured():
 def test_a_launch_carries_the_tuned_memory_schedule_so_a_relaunch_keeps_it(tmp_path):
     from ckptsup.config import Config
     from ckptsup.env import MEMORY_EVERY_STEPS, RankEnv
-    from ckptsup.supervisor.recovery import attempt_timeouts, rank_env
+    from ckptsup.supervisor.job.recovery import attempt_timeouts, rank_env
 
     config = Config()
     args = dict(run_dir=tmp_path, config_json=tmp_path / "c.json", secret_path=tmp_path / "s", ckpt_dir=tmp_path / "ck",
@@ -298,7 +298,7 @@ def test_before_any_measurement_the_default_count_is_held_to_a_shorter_disk_step
 
 def small_job_tuner(provenance=None, **checkpoint):
     from ckptsup.config import Config
-    from ckptsup.supervisor.interval_tuner import IntervalTuner
+    from ckptsup.supervisor.job.interval_tuner import IntervalTuner
 
     config = Config()
     config.supervisor.nodes, config.supervisor.nproc_per_node = 2, 1   # MTBF of years: Young's is hours
@@ -351,7 +351,7 @@ def test_the_config_step_schedule_caps_the_first_launch_before_any_hello():
 
 
 def test_a_malformed_schedule_in_a_hello_is_ignored():
-    from ckptsup.supervisor.interval_tuner import rank_schedule
+    from ckptsup.supervisor.job.interval_tuner import rank_schedule
 
     for body in ({}, {"save_every_steps": True, "save_every_s": False}, {"save_every_steps": -1, "save_every_s": 0},
                  {"save_every_steps": 2.5, "save_every_s": float("nan")}, {"save_every_steps": "20", "save_every_s": "6"},

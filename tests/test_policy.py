@@ -1,8 +1,8 @@
 """The recovery policy is a pure function: each rule tested on literal observations."""
 from ckptsup.config import SupervisorConfig
-from ckptsup.supervisor.observations import (AttemptResult, Failure, FailureKind, History, Observation,
+from ckptsup.supervisor.job.observations import (AttemptResult, Failure, FailureKind, History, Observation,
                                              Outcome, RecoveryPath)
-from ckptsup.supervisor.policy import Continue, GiveUp, Requeue, RestartInAllocation, backoff_s, decide
+from ckptsup.supervisor.job.policy import Continue, GiveUp, Requeue, RestartInAllocation, backoff_s, decide
 
 CFG = SupervisorConfig(max_restarts=10, crash_loop_threshold=3)
 

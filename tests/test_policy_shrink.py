@@ -7,10 +7,10 @@ import pytest
 
 from ckptsup.config import SupervisorConfig
 from ckptsup.planning.shrink import Figure, ShrinkInputs, break_even_horizon_s, price
-from ckptsup.supervisor.observations import (AttemptResult, Failure, FailureKind, History, Observation, Outcome,
+from ckptsup.supervisor.job.observations import (AttemptResult, Failure, FailureKind, History, Observation, Outcome,
                                              RecoveryPath, ShrinkCosts)
-from ckptsup.supervisor.policy import Requeue, RestartInAllocation, ShrinkWay, decide
-from ckptsup.supervisor.shrinking import queue_time_s, shrink_costs
+from ckptsup.supervisor.job.policy import Requeue, RestartInAllocation, ShrinkWay, decide
+from ckptsup.supervisor.job.shrinking import queue_time_s, shrink_costs
 
 CFG = SupervisorConfig(max_restarts=10, crash_loop_threshold=3)
 ACTIVE = ("n1", "n2", "n3")
@@ -118,7 +118,7 @@ def test_queue_time_is_the_last_requeue_to_the_new_supervisor():
 
 def test_the_jobs_end_comes_from_slurm_job_end_time_else_squeue():
     from ckptsup.slurm.parsers import JobInfo, JobState
-    from ckptsup.supervisor.placement import Placement, job_end_time
+    from ckptsup.supervisor.job.placement import Placement, job_end_time
 
     assert job_end_time({"SLURM_JOB_END_TIME": "1796364000"}) == 1796364000.0
     assert job_end_time({"SLURM_JOB_END_TIME": "0"}) is None and job_end_time({}) is None

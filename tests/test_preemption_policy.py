@@ -7,7 +7,7 @@ import signal
 import pytest
 
 from ckptsup.config import Config
-from ckptsup.supervisor.preemption import STOP_RESERVE_S, StopKind, plan_stop, stop_kind
+from ckptsup.supervisor.job.preemption import STOP_RESERVE_S, StopKind, plan_stop, stop_kind
 
 
 def test_usr1_is_a_time_limit_and_term_a_preemption() -> None:

@@ -1,5 +1,5 @@
 """Progress lines (ckptsup/progress.py) and the agent's reader of rank output
-(supervisor/rank_output.py): pure, on literal output of the frameworks we know."""
+(supervisor/node/rank_output.py): pure, on literal output of the frameworks we know."""
 import io
 import os
 
@@ -10,7 +10,7 @@ from ckptsup.errors import ConfigError
 from ckptsup.progress import (PRESETS, LineSplitter, PatternError, ProgressMatcher, clean, compile_pattern, split_rank,
                               step_of)
 from ckptsup.messages import Output
-from ckptsup.supervisor.rank_output import CONSOLE_BURST, FRAME_LINES, RankOutput, print_console
+from ckptsup.supervisor.node.rank_output import CONSOLE_BURST, FRAME_LINES, RankOutput, print_console
 
 
 @pytest.mark.parametrize(("line", "preset", "step"), [

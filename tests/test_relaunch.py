@@ -1,4 +1,4 @@
-"""A launch into a run dir that already holds a run (supervisor/relaunch.py): the pure decision,
+"""A launch into a run dir that already holds a run (supervisor/job/relaunch.py): the pure decision,
 the facts read from a real run dir, and moving an old run aside."""
 from __future__ import annotations
 
@@ -12,8 +12,8 @@ from ckptsup.config import Config, load_config
 from ckptsup.env import ExitStatus
 from ckptsup.events import LAST_EVENT_TAIL_BYTES, Event, EventWriter, last_event
 from ckptsup.rundir import RunDir, RunState, RunStatus
-from ckptsup.supervisor import relaunch
-from ckptsup.supervisor.relaunch import LaunchRefused, New, Previous, Refuse, Resume, decide_relaunch
+from ckptsup.supervisor.job import relaunch
+from ckptsup.supervisor.job.relaunch import LaunchRefused, New, Previous, Refuse, Resume, decide_relaunch
 
 STALE = 10.0
 

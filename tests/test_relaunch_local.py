@@ -1,6 +1,6 @@
 """`ckptsup launch` twice into one run dir, locally (no Slurm), with the real CLI, agent and torchrun
 on a script without the hooks: an ended run needs --resume or --new, a live one is refused, a run
-whose supervisor was killed resumes (supervisor/relaunch.py; docs/supervisor.md §Launching again)."""
+whose supervisor was killed resumes (supervisor/job/relaunch.py; docs/supervisor.md §Launching again)."""
 from __future__ import annotations
 
 import json

@@ -14,8 +14,8 @@ from ckptsup.errors import SlurmCommandError
 from ckptsup.events import read_events
 from ckptsup.rundir import RunDir
 from ckptsup.slurm.client import CommandResult, SlurmClient
-from ckptsup.supervisor import requeue as rq
-from ckptsup.supervisor.requeue import RequeueEffects, RequeueRefused, RequeueRequest, requeue_job
+from ckptsup.supervisor.job import requeue as rq
+from ckptsup.supervisor.job.requeue import RequeueEffects, RequeueRefused, RequeueRequest, requeue_job
 
 
 @dataclass
@@ -198,7 +198,7 @@ def test_inside_the_job_the_finish_step_is_detached(tmp_path, monkeypatch) -> No
                          RequeueEffects(clock=fake_clock(), spawn=lambda argv, path: spawned.append(argv) or 999))
     assert result.finisher_pid == 999 and result.finish is None
     (argv,) = spawned
-    assert argv[1:4] == ["-m", "ckptsup.supervisor.requeue", "--finish"]
+    assert argv[1:4] == ["-m", "ckptsup.supervisor.job.requeue", "--finish"]
     assert argv[argv.index("--partition") + 1] == "spanning"
     assert [argv[i + 1] for i, a in enumerate(argv) if a == "--exclude"] == ["n2", "n7"]
 
@@ -210,7 +210,7 @@ def test_a_requeue_event_that_cannot_be_written_still_starts_the_finisher(tmp_pa
     def full_disk(self, *a, **kw):
         raise OSError(28, "No space left on device")
 
-    monkeypatch.setattr("ckptsup.supervisor.requeue.EventWriter.emit", full_disk)
+    monkeypatch.setattr("ckptsup.supervisor.job.requeue.EventWriter.emit", full_disk)
     spawned = []
     result = requeue_job(FakeSlurm(), rd, RequeueRequest(job_id="42", reason="node_down", exclude=("n2",),
                                                          partition="spanning"),
@@ -524,9 +524,9 @@ def test_the_next_supervisor_refuses_an_allocation_s_excluded_nodes(tmp_path, mo
 
     from ckptsup.config import Config, Resolved
     from ckptsup.env import ExitStatus
-    from ckptsup.supervisor.loop import Job, Supervisor
-    from ckptsup.supervisor.placement import Placement
-    from ckptsup.supervisor.policy import Requeue
+    from ckptsup.supervisor.job.loop import Job, Supervisor
+    from ckptsup.supervisor.job.placement import Placement
+    from ckptsup.supervisor.job.policy import Requeue
 
     rd = RunDir.create(tmp_path / "run")
     state = rd.load_state()

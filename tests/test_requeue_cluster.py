@@ -16,7 +16,7 @@ from ckptsup.events import read_events
 from ckptsup.rundir import RunDir
 from ckptsup.slurm.devconf import SPANNING
 from ckptsup.slurm.parsers import JobState
-from ckptsup.supervisor.requeue import RequeueEffects, RequeueRefused, RequeueRequest, requeue_job
+from ckptsup.supervisor.job.requeue import RequeueEffects, RequeueRefused, RequeueRequest, requeue_job
 
 pytestmark = pytest.mark.slurm
 

@@ -12,7 +12,7 @@ from rich.console import Console
 
 from ckptsup.cli import cli
 from ckptsup.events import EventWriter
-from ckptsup.supervisor import restart_log as timeline
+from ckptsup.supervisor.ops import restart_log as timeline
 
 E = [
     {"event": "supervisor_start", "ts": "2026-01-01T00:00:00.000+00:00", "mono": 1.0, "job_id": "7", "attempt": 0},

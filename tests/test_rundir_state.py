@@ -99,7 +99,7 @@ def test_a_non_finite_measurement_is_forgotten_not_fatal(run: RunDir) -> None:
 
 
 def test_the_failure_outcomes_are_the_supervisors() -> None:
-    from ckptsup.supervisor.observations import Outcome, SupervisionLevel
+    from ckptsup.supervisor.job.observations import Outcome, SupervisionLevel
 
     assert set(FAILURE_OUTCOMES) == {o.value for o in Outcome}
     assert set(SUPERVISION_LEVELS) == {level.value for level in SupervisionLevel}

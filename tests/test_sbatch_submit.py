@@ -18,7 +18,7 @@ from ckptsup.resources import sbatch_templates_dir
 from ckptsup.slurm.parsers import JobState
 from ckptsup.slurm.render import SbatchParams, render_sbatch
 from ckptsup.slurm.submit import Prepared, submit_script
-from ckptsup.supervisor.requeue import CREDENTIAL_SETTLE_S
+from ckptsup.supervisor.job.requeue import CREDENTIAL_SETTLE_S
 
 pytestmark = pytest.mark.slurm
 TEMPLATE = sbatch_templates_dir() / "train.sbatch"

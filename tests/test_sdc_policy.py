@@ -1,10 +1,10 @@
 """The SDC and NaN-replay rules of the policy (docs/sdc.md), on literal observations, and the
-supervisor's reading of an `sdc` frame (supervisor/sdc.py)."""
+supervisor's reading of an `sdc` frame (supervisor/job/sdc.py)."""
 from ckptsup.config import SupervisorConfig
-from ckptsup.supervisor.observations import AttemptResult, Failure, FailureKind, History, Observation, Outcome, RecoveryPath
-from ckptsup.supervisor.policy import GiveUp, Requeue, RestartInAllocation, blamed, decide
+from ckptsup.supervisor.job.observations import AttemptResult, Failure, FailureKind, History, Observation, Outcome, RecoveryPath
+from ckptsup.supervisor.job.policy import GiveUp, Requeue, RestartInAllocation, blamed, decide
 from ckptsup.messages import Sdc
-from ckptsup.supervisor.sdc import sdc_failure
+from ckptsup.supervisor.job.sdc import sdc_failure
 
 CFG = SupervisorConfig(max_restarts=10, crash_loop_threshold=3)
 

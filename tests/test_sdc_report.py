@@ -15,9 +15,9 @@ from ckptsup.events import EVENTS_FILE, Event, read_events
 from ckptsup.planning.goodput_report import build_report, prom_text, render_html, render_terminal
 from ckptsup.planning.sdc_report import (AgreedBasis, Outcome, fingerprint_seconds, incidents, prom_metrics,
                                          sdc_line, sdc_lines, sdc_summary)
-from ckptsup.supervisor.prom_live import live_text
+from ckptsup.supervisor.job.prom_live import live_text
 from ckptsup.messages import Sdc
-from ckptsup.supervisor.sdc import sdc_failure, sdc_fields
+from ckptsup.supervisor.job.sdc import sdc_failure, sdc_fields
 from ckptsup.wire import FrameError
 
 from test_supervisor_loop import Clock, Fault, FakeSlurm, World, fast_ticks, site, supervisor  # noqa: F401
@@ -216,7 +216,7 @@ def test_the_reports_prom_and_the_live_textfile_carry_the_same_sdc_metrics():
 
 
 def test_the_status_line_and_the_status_command(tmp_path):
-    from ckptsup.supervisor import cli_status
+    from ckptsup.supervisor.ops import cli_status
 
     line = sdc_line(sdc_summary(chained()))
     assert line.startswith("SDC 2 (transient 2), flip to detection <= 5 steps, 15 steps rolled back, fingerprints 90ms")
@@ -244,7 +244,7 @@ def test_the_sdc_frames_agreed_step_and_ranks_reach_the_event_fields():
     f = sdc_failure(Sdc.from_body({"step": 9, "copies": 2, "disputed": [0, 1], "majority": False}), node="n1",
                     nodes_of=nodes)
     assert sdc_fields(f) == {"ranks": [0, 1], "nodes": ["n1", "n2"]}   # no agreed step
-    from ckptsup.supervisor.observations import Failure, FailureKind
+    from ckptsup.supervisor.job.observations import Failure, FailureKind
 
     assert sdc_fields(Failure(kind=FailureKind.CRASH, step=3)) == {}
 
@@ -290,7 +290,7 @@ def test_the_loop_writes_the_incident_and_rank_0s_fingerprint_cost_and_status_sh
     assert 'ckptsup_sdc_incidents_total{job_id="77"} 1' in text
     assert 'ckptsup_sdc_outcomes_total{job_id="77",outcome="excluded"} 1' in text
     assert 'ckptsup_sdc_rolled_back_steps_total{job_id="77"} 5' in text
-    from ckptsup.supervisor.cli_status import snapshot
+    from ckptsup.supervisor.ops.cli_status import snapshot
 
     st = snapshot(tmp_path / "run")
     assert st["sdc"]["incidents"] == 1 and st["sdc"]["by_outcome"] == {"excluded": 1}

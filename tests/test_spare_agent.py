@@ -14,8 +14,8 @@ from hooks_helpers import free_port
 
 from ckptsup.env import NODE, SECRET_FILE
 from ckptsup.rundir import RunDir
-from ckptsup.supervisor.agent_step import AgentStep, CommandSender, Message, StepSignal
-from ckptsup.supervisor.placement import agent_command
+from ckptsup.supervisor.job.agent_step import AgentStep, CommandSender, Message, StepSignal
+from ckptsup.supervisor.job.placement import agent_command
 from ckptsup.supervisor.spec import LaunchSpec
 from ckptsup.wire import MessageKind
 

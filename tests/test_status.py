@@ -1,4 +1,4 @@
-"""`ckptsup status` (supervisor/status.py, supervisor/cli_status.py): the published status from the
+"""`ckptsup status` (supervisor/job/status.py, supervisor/ops/cli_status.py): the published status from the
 in-process loop (scripted agents: a spare, a node death), and the CLI's one-line refusals."""
 from __future__ import annotations
 
@@ -8,7 +8,7 @@ import subprocess
 import sys
 
 from ckptsup.rundir import RunDir
-from ckptsup.supervisor.status import STATUS_FILE, read_status
+from ckptsup.supervisor.job.status import STATUS_FILE, read_status
 
 from test_supervisor_loop import Clock, Fault, FakeSlurm, World, fast_ticks, site, supervisor  # noqa: F401
 
@@ -56,7 +56,7 @@ def test_a_prom_textfile_in_a_missing_directory_is_refused_at_launch_in_one_line
 
 
 def test_the_live_textfile_is_exposition_format_with_conventional_units():
-    from ckptsup.supervisor.prom_live import live_text
+    from ckptsup.supervisor.job.prom_live import live_text
 
     text = live_text({"job_id": 'j"1', "written": 1.5, "status": "running", "attempt": 2, "step": 7,
                       "step_p50_s": 0.1, "step_p99_s": float("nan"), "active": ["n1"], "spares": [], "excluded": {},

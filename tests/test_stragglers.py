@@ -1,4 +1,4 @@
-"""Straggler detection (supervisor/stragglers.py) on compute times, and the loop's answer to a
+"""Straggler detection (supervisor/job/stragglers.py) on compute times, and the loop's answer to a
 flag (the event; with straggler_replace, the node moves to a spare at the next checkpoint)."""
 from __future__ import annotations
 
@@ -8,7 +8,7 @@ from typing import Any
 
 from ckptsup.events import Event
 from ckptsup.supervisor.spec import LaunchSpec
-from ckptsup.supervisor.stragglers import StragglerDetector
+from ckptsup.supervisor.job.stragglers import StragglerDetector
 from ckptsup.wire import MessageKind
 
 from test_supervisor_loop import (Clock, FakeSlurm, FakeStep, Fault, World, fast_ticks, launch_nodes, of,  # noqa: F401

@@ -156,7 +156,7 @@ def test_bad_launches_get_one_clear_line_and_usage_status(tmp_path, argv, needle
 
 
 def test_the_supervisor_imports_no_torch():
-    code = ("import sys; import ckptsup.supervisor.cli, ckptsup.supervisor.loop, ckptsup.supervisor.agent; "
+    code = ("import sys; import ckptsup.supervisor.cli, ckptsup.supervisor.job.loop, ckptsup.supervisor.node.agent; "
             "print('torch' in sys.modules)")
     out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, timeout=60)
     assert out.stdout.strip() == "False", out.stderr

@@ -16,12 +16,12 @@ from ckptsup.env import ExitStatus
 from ckptsup.events import Event, read_events
 from ckptsup.rundir import RunDir, RunStatus
 from ckptsup.planning.accounting import account
-from ckptsup.supervisor import loop as loop_mod
-from ckptsup.supervisor import restart_log
-from ckptsup.supervisor.agent_step import Message, StepSignal
-from ckptsup.supervisor.health import NodeHealth
-from ckptsup.supervisor.loop import Job, Supervisor
-from ckptsup.supervisor.placement import Placement
+from ckptsup.supervisor.job import loop as loop_mod
+from ckptsup.supervisor.ops import restart_log
+from ckptsup.supervisor.job.agent_step import Message, StepSignal
+from ckptsup.supervisor.health.health import NodeHealth
+from ckptsup.supervisor.job.loop import Job, Supervisor
+from ckptsup.supervisor.job.placement import Placement
 from ckptsup.supervisor.spec import LaunchSpec
 from ckptsup.wire import MessageKind, Phase
 
@@ -261,7 +261,7 @@ def test_ranks_that_never_exit_after_their_bye_are_killed_after_exit_grace_and_t
 
 
 def _tracker(*, hooked: bool, grace: float = 30.0):
-    from ckptsup.supervisor.attempt import AttemptTracker
+    from ckptsup.supervisor.job.attempt import AttemptTracker
 
     config = load_config(flags={"supervisor.exit_grace_s": grace}).config.supervisor
     return AttemptTracker(attempt=0, nodes=("n1",), nproc_per_node=2, config=config, started=0.0, expect_hello=hooked)
@@ -626,7 +626,7 @@ def test_a_dead_node_without_a_spare_requeues_excluding_it(tmp_path, site, monke
 
 
 def test_a_refused_requeue_gives_up_with_slurms_reason(tmp_path, site, monkeypatch):
-    from ckptsup.supervisor.requeue import RequeueRefused
+    from ckptsup.supervisor.job.requeue import RequeueRefused
 
     def refuse(request):
         raise RequeueRefused("job 77 is not requeueable (--no-requeue); resubmit it")
@@ -694,7 +694,7 @@ def test_the_next_allocation_starts_from_the_earlier_ones_failures_and_costs(tmp
 
 
 def test_the_load_phase_is_split_by_the_sources_files_came_from():
-    from ckptsup.supervisor.loop import load_by_source
+    from ckptsup.supervisor.job.loop import load_by_source
 
     files = {"memory": 2, "peer_memory": 2, "node_local": 0, "shared": 0, "object": 0}
     assert load_by_source(1.0, files) == {"memory": 0.5, "peer_memory": 0.5}

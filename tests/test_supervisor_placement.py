@@ -5,8 +5,8 @@ import pytest
 
 from ckptsup.config import PORT_SPREAD
 from ckptsup.errors import ConfigError
-from ckptsup.supervisor.agent import Agent, LaunchSpec
-from ckptsup.supervisor.placement import Placement
+from ckptsup.supervisor.node.agent import Agent, LaunchSpec
+from ckptsup.supervisor.job.placement import Placement
 
 
 def slurm_placement(**kw):

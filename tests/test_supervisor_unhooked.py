@@ -10,8 +10,8 @@ from typing import Any
 from ckptsup.env import ExitStatus
 from ckptsup.events import Event
 from ckptsup.rundir import RunDir
-from ckptsup.supervisor.attempt import AttemptTracker
-from ckptsup.supervisor.observations import SupervisionLevel
+from ckptsup.supervisor.job.attempt import AttemptTracker
+from ckptsup.supervisor.job.observations import SupervisionLevel
 from ckptsup.wire import MessageKind
 
 from test_supervisor_loop import Clock, Fault, FakeStep, World, fast_ticks, of, site, supervisor  # noqa: F401
@@ -135,7 +135,7 @@ def test_exit_0_after_a_stop_reached_the_ranks_is_a_preemption_not_done(tmp_path
 
 def tracker(**kw) -> AttemptTracker:
     from ckptsup.config import SupervisorConfig
-    from ckptsup.supervisor.agent_step import Message
+    from ckptsup.supervisor.job.agent_step import Message
 
     t = AttemptTracker(attempt=0, nodes=("n1",), nproc_per_node=2, config=SupervisorConfig(), started=0.0, **kw)
     t.msg = lambda m, at=1.0, **body: t.on_message(Message.received(recv=at, m=m, body={"node": "n1", **body}, step_id=1))

@@ -31,8 +31,8 @@ from ckptsup.config import SupervisorConfig
 from ckptsup.events import EventWriter
 from ckptsup.progress import LineSplitter
 from ckptsup.rundir import RunDir
-from ckptsup.supervisor.rank_output import RankOutput, print_console
-from ckptsup.supervisor.status import Seen, build_status, publish
+from ckptsup.supervisor.node.rank_output import RankOutput, print_console
+from ckptsup.supervisor.job.status import Seen, build_status, publish
 from ckptsup.textsafe import LIMIT, literal, mathtext, text
 
 GLOO = ("[/__w/pytorch/pytorch/third_party/gloo/gloo/transport/tcp/pair.cc:537] Read error "

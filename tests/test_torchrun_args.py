@@ -10,9 +10,9 @@ import pytest
 
 from ckptsup import cli
 from ckptsup.env import ExitStatus
-from ckptsup.supervisor import loop
-from ckptsup.supervisor.agent import Agent
-from ckptsup.supervisor.placement import Placement
+from ckptsup.supervisor.job import loop
+from ckptsup.supervisor.node.agent import Agent
+from ckptsup.supervisor.job.placement import Placement
 from ckptsup.supervisor.spec import LaunchSpec
 from ckptsup.supervisor.torchrun_args import (BY_SPELLING, OPTIONS, TEE_ALL, Handling, TorchrunLine, UsageError,
                                               check_target, interpret, node_count, node_range, normalize, nproc_choice,
@@ -444,7 +444,7 @@ def test_the_loop_puts_the_jobs_module_flag_in_the_spec(tmp_path, monkeypatch):
     job = loop.Job(script="pkg.train", script_args=[], cwd=str(tmp_path), nodes_needed=1, module=True)
     sv = loop.Supervisor(resolved=resolved, job=job, run_dir=RunDir.create(tmp_path / "run"),
                          placement=Placement(job_id="1", nodes=("n1",), addrs={"n1": "127.0.0.1"}))
-    from ckptsup.supervisor.nccl import derive_timeouts
+    from ckptsup.supervisor.job.nccl import derive_timeouts
 
     written, path = sv._spec(("n1",), "", derive_timeouts(resolved.config, step_times=[], save_times=[]))
     assert LaunchSpec.read(path).module is True and not written.no_python  # what every agent reads
@@ -484,7 +484,7 @@ def test_the_spec_checks_the_torchrun_fields(field, value, says):
 def test_the_loop_hands_the_launch_lines_torchrun_options_to_the_spec(tmp_path, monkeypatch):
     from ckptsup.config import load_config
     from ckptsup.rundir import RunDir
-    from ckptsup.supervisor.nccl import derive_timeouts
+    from ckptsup.supervisor.job.nccl import derive_timeouts
 
     monkeypatch.setenv("CKPTSUP_SITE_CONFIG", str(tmp_path / "site.toml"))
     (tmp_path / "site.toml").write_text("")
@@ -547,7 +547,7 @@ def test_an_option_the_installed_torchrun_lacks_is_a_one_line_error_naming_it():
 def test_torchrun_gets_the_shutdown_timeout_only_when_it_knows_the_option(monkeypatch, has):
     """The GPU machine's torch 2.11: `torchrun: error: unrecognized arguments: --shutdown-timeout`
     on every attempt, a crash loop at step 0."""
-    from ckptsup.supervisor import agent as agent_module
+    from ckptsup.supervisor.node import agent as agent_module
 
     monkeypatch.setattr(agent_module, "installed_torchrun_has", lambda flag: has or flag != "--shutdown-timeout")
     agent = Agent.__new__(Agent)

@@ -1,4 +1,4 @@
-"""Warm rank interpreters (rankside/warm_rank.py and warm_proxy.py, supervisor/warm_pool.py) as real
+"""Warm rank interpreters (rankside/warm_rank.py and warm_proxy.py, supervisor/node/warm_pool.py) as real
 processes: the proxy stands in for the rank exactly — its streams, environment, cwd, argv,
 exit status and signals — and starts cold when no warm interpreter is ready."""
 import os
@@ -12,7 +12,7 @@ import psutil
 import pytest
 
 from ckptsup.env import WARM_DIR
-from ckptsup.supervisor.warm_pool import WarmPool
+from ckptsup.supervisor.node.warm_pool import WarmPool
 
 pytestmark = pytest.mark.integration
 

@@ -8,8 +8,8 @@ from pathlib import Path
 from ckptsup.config import Config
 from ckptsup.events import read_events
 from ckptsup.rundir import RunDir, atomic_write_json
-from ckptsup.supervisor.requeue import RequeueRefused, RequeueResult
-from ckptsup.supervisor.watchdog import WatchOutcome, watch
+from ckptsup.supervisor.job.requeue import RequeueRefused, RequeueResult
+from ckptsup.supervisor.job.watchdog import WatchOutcome, watch
 
 from test_requeue import FakeSlurm, fake_clock
 
@@ -183,7 +183,7 @@ def test_watchdog_command_without_a_run_dir_config_exits_quietly(tmp_path, monke
     from click.testing import CliRunner
 
     from ckptsup.cli import cli
-    from ckptsup.supervisor import cli_ops
+    from ckptsup.supervisor.ops import cli_ops
 
     monkeypatch.setattr(cli_ops, "STARTUP_WAIT_S", 0.6)
     result = CliRunner().invoke(cli, ["watchdog", "--run-dir", str(tmp_path / "never"), "--job-id", "42"])

@@ -1,7 +1,7 @@
 """A rank's compute time per step: its step time minus the time it sat blocked in collectives.
 
 Under DDP every rank's step wall time is the same — the gradient all-reduce makes the fast ranks
-wait for the slowest — so the supervisor's straggler detection (supervisor/stragglers.py)
+wait for the slowest — so the supervisor's straggler detection (supervisor/job/stragglers.py)
 compares compute times instead. Blocked time, without CUDA-specific hooks:
 
 - DDP's gradient all-reduce, through a comm hook (`allreduce_hook`, DDP's own default arithmetic,

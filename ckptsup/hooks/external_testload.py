@@ -1,5 +1,5 @@
 """Level 3 for an external step folder: a test load in its own process, on global rank 0's node
-(started by supervisor/external_testload.py: the agent never imports torch).
+(started by supervisor/node/external_testload.py: the agent never imports torch).
 
     python -m ckptsup.hooks.external_testload FOLDER MANIFEST
 

@@ -75,7 +75,7 @@ def phases_line(times: dict[str, Any]) -> str:
 
 
 def busy_time(events: Iterable[dict[str, Any]], *, until: float | None = None) -> dict[str, float | int]:
-    """Busy spells (supervisor/liveness.py: no progress past the hang timeout while ranks work:
+    """Busy spells (supervisor/job/liveness.py: no progress past the hang timeout while ranks work:
     a quiet evaluation, a compile, a data phase; never a hang): {"spells", "busy_s"}. A spell runs
     from its last progress to `busy_over`; one still open ends at the failure or the end of its
     allocation (or `until`: a live run's status)."""

@@ -341,7 +341,7 @@ def _join(values: Any) -> str:
 
 def prom_metrics(summary: dict[str, Any]) -> list[tuple[str, str, str, list[tuple[str, Any]]]]:
     """(name without `ckptsup_`, help, type, [(extra labels, value)]) for both Prometheus files:
-    `ckptsup report --prom` (goodput_report.prom_text) and the live textfile (supervisor/prom_live.py).
+    `ckptsup report --prom` (goodput_report.prom_text) and the live textfile (supervisor/job/prom_live.py).
     Values that are None are left out by the renderers."""
     if not isinstance(summary, dict):
         return []

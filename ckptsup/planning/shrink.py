@@ -10,7 +10,7 @@ one): what the job has done at the end of the horizon, compared with a job that 
       the whole job waits in the queue, then starts a new allocation of N nodes
 
 First order: a failure inside the horizon, and the restart a requeued job makes anyway at its
-next time limit, are the same either way. Used by supervisor/policy.py `decide` with measured
+next time limit, are the same either way. Used by supervisor/job/policy.py `decide` with measured
 or configured inputs (each named with its source), and by `ckptsup plan --min-nodes`.
 """
 

@@ -1,7 +1,7 @@
-"""A pre-imported torchrun: started by the node agent ahead of need (supervisor/standby.py is its
+"""A pre-imported torchrun: started by the node agent ahead of need (supervisor/node/standby.py is its
 handle), it imports torch's launcher (~1.7 s here) and then waits for one JSON request on stdin:
 {"argv": [...], "env": {...}, "cwd": "..."}. On it, it becomes torchrun; its stdout and stderr are
-one pipe to the agent (supervisor/rank_output.py reads it into the rank log, progress lines and
+one pipe to the agent (supervisor/node/rank_output.py reads it into the rank log, progress lines and
 the console).
 
 Run as `python -m ckptsup.rankside.torchrun_standby`. Rank side: it imports torch, so it lives

@@ -17,7 +17,7 @@ from ..env import SLURM_JOB_ID, SLURM_STEP_ID, node_name
 from .torchrun_args import UsageError
 
 if TYPE_CHECKING:
-    from .placement import Placement
+    from .job.placement import Placement
 
 
 _NOT_TORCHRUN = "(ckptsup's, not torchrun's)"
@@ -104,10 +104,10 @@ def launch(nproc_per_node: str | None, nodes: str | None, module: bool, no_pytho
     its options); its rendezvous flags (--standalone, --rdzv-*, --master-*, --node-rank,
     --local-addr) are ignored with one line: ckptsup picks the rendezvous."""
     from ..rundir import RunDir
-    from .loop import Job, Supervisor
-    from .placement import Placement
-    from .relaunch import prepare
-    from .unhooked import uses_hooks
+    from .job.loop import Job, Supervisor
+    from .job.placement import Placement
+    from .job.relaunch import prepare
+    from .job.unhooked import uses_hooks
     from .torchrun_args import check_target, interpret, node_range, nproc_choice
 
     refuse_srun_tasks(os.environ)
@@ -201,7 +201,7 @@ def agent(spec_path: str, attempt: int, standby: bool) -> None:
     """Internal: the per-node agent started by `ckptsup launch` (srun task or child process).
     A missing, damaged or foreign spec (LaunchSpec.read: safe_io, every field checked) or secret is
     one `ckptsup: error:` line and exit 2 (USAGE), through main()."""
-    from .agent import run_agent  # its first act: LaunchSpec.read(spec_path)
+    from .node.agent import run_agent  # its first act: LaunchSpec.read(spec_path)
 
     console.configure(f"agent {node_name()}")
 

@@ -40,7 +40,7 @@ class LaunchSpec:
     tee: bool = False                   # every rank's output to the console, not only rank 0's
     module: bool = False                # torchrun -m: `script` is a module name
     no_python: bool = False             # torchrun --no-python: `script` is an executable
-    warm_ranks: bool = True             # relaunches run the ranks in warm interpreters (supervisor/warm_pool.py)
+    warm_ranks: bool = True             # relaunches run the ranks in warm interpreters (supervisor/node/warm_pool.py)
     memory_keep: int = 0                # [memory]: bundles the agent's memory store keeps per rank; 0 = no store
     memory_max_bytes: int = 0           # [memory] max_bytes: a larger bundle is refused; 0 = no limit
     memory_addrs: dict[str, str] = dataclasses.field(default_factory=dict)  # every usable node -> the address its replica listener binds

@@ -6,7 +6,7 @@ torchrun's words plus "did you mean") and the interpretation of the values (`int
 - OWN: ckptsup's meaning, said in the row (`--nproc-per-node`, `--nnodes`, `--max-restarts`, `-m`,
   `--no-python`); torchrun is always started with `--max-restarts 0` and the resolved counts;
 - PASS: handed on to the torchrun ckptsup starts on every node, with torchrun's meaning;
-- RELAY: honoured by ckptsup's relay of the ranks' output (supervisor/rank_output.py), not passed:
+- RELAY: honoured by ckptsup's relay of the ranks' output (supervisor/node/rank_output.py), not passed:
   torchrun always runs with `--tee 3` because the relay reads every rank's lines from its console
   (a redirect or a console filter there would starve progress lines, the rank log, error quotes);
 - IGNORE: accepted, one info line (the rendezvous group: ckptsup picks it; `--run-path`).

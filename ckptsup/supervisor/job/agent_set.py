@@ -1,0 +1,100 @@
+"""The job's agents as the loop sees them: which steps run them, and which node's agent is live.
+
+Inside Slurm one srun step, started with the first launch, runs an agent on every usable node —
+spares too, in standby (agent.py) — with `--no-kill`: a node's death ends only that node's task,
+so the other agents, their warm interpreters and whatever they hold outlive it, and a node-path
+restart is a `restart` command to the agents of the new node set. A node whose agent is gone
+while the node is still wanted gets a step of its own (`srun -N1 -w NODE`). One srun client for
+the whole job keeps the batch host's cost flat with the node count (BENCHMARKS.md §Supervisor
+cost: one client per node would cost ~4 MB of memory each). Local mode: one step, one agent.
+"""
+
+from __future__ import annotations
+
+from typing import Any, Callable, Protocol, Sequence
+
+from ...messages import Body
+from ...wire import MessageKind
+from .agent_step import Message, StepSignal
+
+
+class Step(Protocol):
+    """What the set needs of one running step of agents (agent_step.AgentStep; a fake in tests)."""
+
+    step_id: int
+    nodes: tuple[str, ...]
+
+    def send(self, m: MessageKind, body: dict[str, Any] | None = None, *,
+             nodes: Sequence[str] | None = None) -> bool: ...
+    def alive(self) -> bool: ...
+    def close(self, grace: float) -> int | None: ...
+    def abandon(self) -> None: ...
+
+
+StepFactory = Callable[..., Step]   # keywords: argv, env, nodes, secret, sender, inbox, log_path
+
+
+class AgentSet:
+    def __init__(self) -> None:
+        self.steps: dict[int, Step] = {}
+        self.node_step: dict[str, int] = {}   # node -> the step whose agent there is live
+
+    def add(self, step: Step) -> None:
+        self.steps[step.step_id] = step
+        for node in step.nodes:
+            self.node_step[node] = step.step_id
+
+    def current(self, msg: Message) -> bool:
+        """A message from a live agent of ours (not a replaced step's, not a lost node's)."""
+        if msg.m is StepSignal.EOF:
+            return msg.step_id in self.steps
+        return self.node_step.get(msg.node) == msg.step_id
+
+    def has_agent(self, node: str) -> bool:
+        step = self.steps.get(self.node_step.get(node, -1))
+        return step is not None and step.alive()
+
+    def ended(self, step_id: int) -> tuple[str, ...]:
+        """A step's output closed: every agent of it is gone. Returns the nodes that lost theirs."""
+        step = self.steps.pop(step_id, None)
+        if step is None:
+            return ()
+        lost = tuple(n for n in step.nodes if self.node_step.get(n) == step_id)
+        for node in lost:
+            del self.node_step[node]
+        return lost
+
+    def lose(self, node: str) -> None:
+        """`node`'s agent is dead or was told to exit: nothing it says counts any more."""
+        self.node_step.pop(node, None)
+
+    def alive(self) -> bool:
+        return any(self.has_agent(n) for n in self.node_step)
+
+    def send(self, msg: Body, *, nodes: Sequence[str] | None = None) -> bool:
+        """Send the command `msg` to the agents of `nodes` (None: every live agent); False if a
+        step's pipe is gone. Each step gets one frame, addressed when it reaches more agents than meant."""
+        m, body = msg.KIND, msg.to_body()
+        targets = list(self.node_step) if nodes is None else [n for n in nodes if n in self.node_step]
+        by_step: dict[int, list[str]] = {}
+        for node in targets:
+            by_step.setdefault(self.node_step[node], []).append(node)
+        ok = bool(by_step)
+        for step_id, wanted in by_step.items():
+            step = self.steps[step_id]
+            ok = step.send(m, body, nodes=None if set(wanted) == set(step.nodes) else wanted) and ok
+        return ok
+
+    def close(self, grace: float) -> None:
+        for step in list(self.steps.values()):
+            step.close(grace)
+        self.steps.clear()
+        self.node_step.clear()
+
+    def abandon(self) -> None:
+        """Stop caring about every step (a requeue): close their pipes, kill the local srun
+        clients without waiting for Slurm."""
+        for step in list(self.steps.values()):
+            step.abandon()
+        self.steps.clear()
+        self.node_step.clear()

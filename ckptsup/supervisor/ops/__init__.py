@@ -1,0 +1,1 @@
+"""ckptsup.supervisor.ops"""
