@@ -198,6 +198,25 @@ def part(module: str) -> str:
     return ".".join(module.split(".")[:2])
 
 
+# The supervisor's rooms (ckptsup/supervisor/__init__.py; docs/architecture.md §Rooms): which room
+# may import which. A room is a sub-package; the supervisor's top-level modules are shared by all.
+SUPERVISOR = "ckptsup.supervisor"
+SHARED = {f"{SUPERVISOR}.{m}" for m in ("spec", "torchrun_args", "processes")}
+ROOM_MAY_IMPORT = {
+    **{name: SHARED for name in SHARED},
+    f"{SUPERVISOR}.health": SHARED,
+    f"{SUPERVISOR}.node": SHARED,
+    f"{SUPERVISOR}.job": SHARED | {f"{SUPERVISOR}.health", f"{SUPERVISOR}.node"},
+    f"{SUPERVISOR}.ops": SHARED | {f"{SUPERVISOR}.health", f"{SUPERVISOR}.job"},
+    f"{SUPERVISOR}.cli": SHARED | {f"{SUPERVISOR}.job", f"{SUPERVISOR}.node"},   # the two entry points
+    SUPERVISOR: set(),
+}
+
+
+def room(module: str) -> str:
+    return ".".join(module.split(".")[:3])
+
+
 def _describe(graph: Mapping[str, Set[str]], found: list[list[str]]) -> str:
     return "\n".join(" -> ".join(cycle_path(graph, c)) for c in found)
 
@@ -252,3 +271,23 @@ def test_no_import_cycles_in_the_package() -> None:
     graph = import_graph()
     found = cycles(graph)
     assert not found, "import cycles in ckptsup/ (break each one):\n" + _describe(graph, found)
+
+
+def test_every_supervisor_module_sits_in_a_room() -> None:
+    rooms = {room(m) for m in import_graph() if part(m) == SUPERVISOR}
+    assert rooms <= set(ROOM_MAY_IMPORT), sorted(rooms - set(ROOM_MAY_IMPORT))
+
+
+def test_supervisor_rooms_import_only_what_their_init_allows() -> None:
+    bad = sorted(f"{a} -> {b}" for a, deps in import_graph().items() for b in deps
+                 if part(a) == part(b) == SUPERVISOR and room(a) != room(b)
+                 and room(b) not in ROOM_MAY_IMPORT.get(room(a), set()))
+    assert not bad, "imports across the supervisor's rooms (their __init__ docstrings):\n" + "\n".join(bad)
+
+
+def test_the_room_rule_sees_a_forbidden_import() -> None:
+    """The node agent may not reach into the job supervisor: a graph with that edge is caught."""
+    graph = {f"{SUPERVISOR}.node.agent": {f"{SUPERVISOR}.job.policy", f"{SUPERVISOR}.spec"}}
+    bad = [b for a, deps in graph.items() for b in deps
+           if room(a) != room(b) and room(b) not in ROOM_MAY_IMPORT[room(a)]]
+    assert bad == [f"{SUPERVISOR}.job.policy"]

@@ -30,7 +30,7 @@ from ...rundir import RunDir, RunState, RunStatus
 from ... import console
 from ...wire import MessageKind
 from . import control, recovery
-from ..node.agent import LaunchSpec
+from ..spec import LaunchSpec
 from .agent_set import AgentSet, StepFactory
 from .agent_step import AgentStep, CommandSender, Message, StepEof, StepSignal
 from .operating import Operator
