@@ -39,9 +39,10 @@ test-slurm: setup
 # The whole suite through pytest-xdist, whole files per worker (--dist loadfile: a module's shared
 # reference run stays on one; each worker's dev-cluster tests take their own numbered cluster slot,
 # tests/conftest.py), the longest files first (conftest FILE_SECONDS; --no-loadscope-reorder keeps
-# that order). One worker by default: `make test TEST_WORKERS=3` takes 31-32 min here instead of
-# ~50, but test_supervisor_slurm.py alone holds one worker ~21 min, and each loaded parallel run
-# so far found a new timing race (BENCHMARKS.md §Test suite).
+# that order). One worker by default: `make test TEST_WORKERS=3` takes ~29 min here instead of
+# ~50 (the workers now end within a minute of each other: the floor is the total, not one file),
+# but each parallel run so far found a new timing race, and three green runs in a row come first
+# (BENCHMARKS.md §Test suite).
 TEST_WORKERS ?= 1
 test: setup typecheck
 	$(PY) -m pytest -q --timeout 900 -n $(TEST_WORKERS) --dist loadfile --no-loadscope-reorder

@@ -7,6 +7,7 @@ process finders are in drop_in_helpers.py, the environment of a rank (base_env) 
 from __future__ import annotations
 
 import json
+import re
 import subprocess
 import sys
 import time
@@ -63,10 +64,26 @@ def torchrun(script: Path, *args: str, env: dict[str, str] | None = None, timeou
                           timeout=timeout, cwd=cwd)
 
 
+# torch's gloo teardown at interpreter exit, after the script returned: a worker's threads are
+# destroyed joinable and it aborts (docs/integrations.md; seen on 2 of ~10 loaded suite runs, with
+# destroy_process_group called). ckptsup itself counts it as a teardown crash that loses nothing.
+TEARDOWN_ABORT = "terminate called without an active exception"
+
+
+def teardown_abort_only(proc: subprocess.CompletedProcess) -> bool:
+    """torchrun failed only because workers aborted at exit as above: the abort message is there,
+    a worker ended with -6 (SIGABRT), and every other failure it reports is its own SIGTERM (-15)
+    to the workers left."""
+    codes = set(re.findall(r"exitcode\s*:\s*(-?\d+)", proc.stderr))
+    return proc.returncode != 0 and TEARDOWN_ABORT in proc.stderr and "-6" in codes and codes <= {"-6", "-15"}
+
+
 def uninterrupted(script: Path, *args: str, timeout: float = 300, cwd: Path | None = None) -> None:
-    """The reference: `script` uninterrupted under plain torchrun, which must succeed."""
+    """The reference: `script` uninterrupted under plain torchrun, which must succeed — or end with
+    nothing but torch's teardown abort, after the script wrote its output (its callers load that
+    output: a save cut short by torchrun's SIGTERM to the other ranks fails there, never silently)."""
     proc = torchrun(script, *args, timeout=timeout, cwd=cwd)
-    assert proc.returncode == 0, proc.stdout[-2000:] + proc.stderr[-3000:]
+    assert proc.returncode == 0 or teardown_abort_only(proc), proc.stdout[-2000:] + proc.stderr[-3000:]
 
 
 def launch(tmp: Path, run: Path, script: Path, *args: str, config: str | None = None,

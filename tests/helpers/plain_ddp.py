@@ -169,6 +169,7 @@ def main():
             return
     if rank == 0:
         torch.save(model.module.state_dict(), args.out)
+    dist.barrier()   # no rank leaves (and may be torn down) before the model is written
     dist.destroy_process_group()
 
 
