@@ -30,8 +30,9 @@ demo: setup
 typecheck: venv
 	$(PY) -m mypy
 
+# The unit tier: independent tests, so both cores run them (pytest-xdist, whole files per worker)
 test-fast: venv typecheck
-	$(PY) -m pytest -q -m "not slurm and not integration" --timeout 300
+	$(PY) -m pytest -q -m "not slurm and not integration" --timeout 300 -n 2 --dist loadfile
 
 test-slurm: setup
 	$(PY) -m pytest -q -m slurm --timeout 600
