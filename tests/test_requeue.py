@@ -569,3 +569,43 @@ def test_the_next_supervisor_refuses_an_allocation_s_excluded_nodes(tmp_path, mo
         assert launched == [("n2", "n3")] and not carried
     else:
         assert not launched and isinstance(carried[0], Requeue) and "n1" in carried[0].exclude
+
+
+class BusyController(FakeSlurm):
+    """Slurm 26.05 seen on the version matrix: right after the requeue, slurmctld answers the
+    pending job's `scontrol update` with "Resource temporarily unavailable" for longer than the
+    client's own retries (11 s there); `busy` updates are answered so, then they apply."""
+
+    def __init__(self, busy: int, **kw):
+        super().__init__(**kw)
+        self.busy = busy
+
+    def update_job(self, job_id, *, exc_nodes=None, partition=None, start_time_now=False):
+        if self.requeued and self.completing_polls == 0 and self.busy > 0:
+            self.busy -= 1
+            self.calls.append(("busy", job_id))
+            raise SlurmCommandError(["scontrol", "update"], 1, f"Resource temporarily unavailable for job {job_id}")
+        super().update_job(job_id, exc_nodes=exc_nodes, partition=partition, start_time_now=start_time_now)
+
+
+def test_a_controller_busy_past_the_clients_retries_gets_the_updates_once_it_answers(tmp_path) -> None:
+    rd = run_dir(tmp_path)
+    slurm = BusyController(busy=3, completing_polls=1)   # the whole update answered busy three times
+    naps: list[float] = []
+    result = requeue_job(slurm, rd, RequeueRequest(job_id="42", reason="node_down", exclude=("n2",), partition="spanning"),
+                         RequeueEffects(clock=fake_clock(), sleep=naps.append, detach=False))
+    assert result.finish.ok and result.finish.error == "", result.finish
+    assert slurm.calls[-1] == ("update_job", "42", ("n2", "n7"), "spanning", True)   # all three, as one update
+    assert [c[0] for c in slurm.calls].count("busy") == 3 and naps.count(rq.BUSY_RETRY_S) == 3
+    [updated] = [e for e in read_events(rd.path) if e["event"] == "requeue_updated"]
+    assert updated["ok"] is True
+
+
+def test_a_controller_busy_until_the_finish_deadline_is_one_recorded_error(tmp_path) -> None:
+    rd = run_dir(tmp_path)
+    slurm = BusyController(busy=10**6, completing_polls=1)
+    result = requeue_job(slurm, rd, RequeueRequest(job_id="42", reason="node_down", exclude=("n2",), partition="spanning"),
+                         RequeueEffects(clock=fake_clock(1.0), sleep=lambda s: None, detach=False, finish_deadline_s=30))
+    assert not result.finish.ok and "still busy at the finish deadline" in result.finish.error
+    assert "Resource temporarily unavailable" in result.finish.error
+    assert [c[0] for c in slurm.calls].count("busy") < 100   # bounded by the deadline, not by luck

@@ -28,6 +28,7 @@ excluded in state.json. docs/timeouts.md records this limitation.
 from __future__ import annotations
 
 import argparse
+import enum
 import functools
 import json
 import math
@@ -43,6 +44,7 @@ from pathlib import Path
 from typing import Any, Callable, Protocol, Sequence
 
 from ...errors import CkptsupError
+from ...slurm.parsers import is_transient
 from ...events import Event, EventWriter
 from ...env import SLURM_JOB_ID, ExitStatus
 from ...rundir import FINISHED, RunDir, RunState, RunStatus
@@ -60,6 +62,7 @@ CREDENTIAL_SETTLE_S = 2.0
 ALREADY_PENDING = "pending execution"  # scontrol's refusal to requeue a job that is already pending
 NOT_PENDING = "no longer pending"      # scontrol's refusal to update a job that has started
 NOT_PENDING_RETRIES = 3                # a refused update whose job shows PENDING again is retried
+BUSY_RETRY_S = 1.0                     # between updates that slurmctld answered "try again" (EAGAIN)
 
 
 class RequeueRefused(CkptsupError):
@@ -357,7 +360,8 @@ def finish_requeue(client: RequeueClient, run_dir: RunDir, job_id: str, *, exclu
     t_hold = clock()
     if not error:
         error, landed = _update_pending(client, job_id, exclude, partition, sleep=sleep, poll_s=poll_s,
-                                        on_state=lambda st: on_state(st, clock() - t0))
+                                        on_state=lambda st: on_state(st, clock() - t0),
+                                        busy_until=lambda: clock() - t0 < deadline_s)
     t_done = clock()
     nodes = tuple(getattr(landed, "nodes", None) or ()) if landed is not None else ()
     result = FinishResult(ok=not error, wait_pending_s=t_pending - t0, hold_s=t_hold - t_pending,
@@ -404,15 +408,22 @@ def _restarted_error(info: JobInfoLike, job_id: str, state: str, exclude: Sequen
 
 def _update_pending(client: RequeueClient, job_id: str, exclude: Sequence[str], partition: str | None, *,
                     on_state: Callable[[str], None] = lambda state: None, sleep: Callable[[float], None] = time.sleep,
-                    poll_s: float = POLL_S, retries: int = NOT_PENDING_RETRIES) -> tuple[str, JobInfoLike | None]:
+                    poll_s: float = POLL_S, retries: int = NOT_PENDING_RETRIES,
+                    busy_until: Callable[[], bool] = lambda: False) -> tuple[str, JobInfoLike | None]:
     """Apply the updates to the job seen PENDING. Slurm may start it in between (no BeginTime
     hold after a dead batch host) and then refuses them: "Job is no longer pending execution".
     Then look where it landed: (error, the new run's JobInfo) — recorded like a job restarted at
-    once. Returns ('', None) when the updates applied; never raises for Slurm's answers."""
-    for _ in range(retries + 1):
-        error, not_pending = _apply_updates(client, job_id, exclude, partition)
-        if not not_pending:
+    once. slurmctld may also answer "Resource temporarily unavailable" for a while after the
+    requeue (Slurm 26.05, past the client's own retries): while `busy_until()` holds and the job
+    still shows PENDING, the updates are tried again. Returns ('', None) when the updates applied;
+    never raises for Slurm's answers."""
+    refusals = 0
+    while True:
+        error, answer = _apply_updates(client, job_id, exclude, partition)
+        if answer is _Answer.APPLIED or answer is _Answer.REFUSED:
             return error, None
+        if answer is _Answer.BUSY and not busy_until():
+            return f"{error}; slurmctld still busy at the finish deadline", None
         try:
             info = client.job_info(job_id)
         except CkptsupError as err:
@@ -423,15 +434,29 @@ def _update_pending(client: RequeueClient, job_id: str, exclude: Sequence[str], 
             return f"job {job_id} is gone after it was seen pending; updates not applied ({error})", None
         if state != "PENDING":
             return _restarted_error(info, job_id, state, exclude, refused=error), info
-        sleep(poll_s)  # pending again (refused in a moment it was not): try once more
-    return f"{error}; the job still shows pending after {retries + 1} refused updates", None
+        if answer is _Answer.NOT_PENDING:
+            refusals += 1
+            if refusals > retries:
+                return f"{error}; the job still shows pending after {refusals} refused updates", None
+            sleep(poll_s)  # pending again (refused in a moment it was not): try once more
+        else:
+            sleep(BUSY_RETRY_S)
+
+
+class _Answer(enum.Enum):
+    """What slurmctld made of the updates (`_apply_updates`)."""
+
+    APPLIED = "applied"          # all, or what it accepts of them (the error says what it refused)
+    NOT_PENDING = "not_pending"  # "Job is no longer pending execution": nothing more was tried
+    BUSY = "busy"                # a transient error ("try again"): nothing applied
+    REFUSED = "refused"          # every update refused for good
 
 
 def _apply_updates(client: RequeueClient, job_id: str, exclude: Sequence[str],
-                   partition: str | None) -> tuple[str, bool]:
+                   partition: str | None) -> tuple[str, _Answer]:
     """All three in one update; if Slurm refuses (e.g. the partition), keep what it accepts:
-    the exclusion and StartTime matter most. Returns (the error text, '' when all applied;
-    whether Slurm refused because the job is no longer pending — then nothing more is tried)."""
+    the exclusion and StartTime matter most; a transient error ends the round (the caller tries
+    the whole update again). Returns (the error text, '' when all applied; what Slurm answered)."""
     attempts: list[dict[str, Any]] = [
         {"exc_nodes": list(exclude), "partition": partition, "start_time_now": True},
         {"exc_nodes": list(exclude), "start_time_now": True},
@@ -446,10 +471,12 @@ def _apply_updates(client: RequeueClient, job_id: str, exclude: Sequence[str],
         except CkptsupError as err:
             errors.append(f"update {sorted(k for k, v in kwargs.items() if v)} refused: {err}")
             if NOT_PENDING in str(err).lower():
-                return "; ".join(errors), True
+                return "; ".join(errors), _Answer.NOT_PENDING
+            if is_transient(str(err)):
+                return "; ".join(errors), _Answer.BUSY   # "try again": the same update, not a lesser one
             continue
-        return "; ".join(errors), False
-    return "; ".join(errors), False
+        return "; ".join(errors), _Answer.APPLIED
+    return "; ".join(errors), _Answer.REFUSED
 
 
 def finisher_argv(*, run_dir: Path, job_id: str, exclude: Sequence[str], partition: str | None,
