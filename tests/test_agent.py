@@ -138,7 +138,7 @@ def test_a_dead_ranks_exit_status_is_read_from_its_zombie():
 def test_socket_dirs_of_killed_agents_on_this_host_are_swept_and_no_others(tmp_path) -> None:
     import tempfile
 
-    from ckptsup.supervisor.node.agent import socket_dir_prefix, sweep_stale_socket_dirs
+    from ckptsup.supervisor.node.rank_socket import socket_dir_prefix, sweep_stale_socket_dirs
 
     def make(host, pid, pidns="7"):
         return Path(tempfile.mkdtemp(prefix=socket_dir_prefix(host, pid, pidns), dir=tmp_path))

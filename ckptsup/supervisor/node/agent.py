@@ -30,7 +30,7 @@ import subprocess
 import sys
 import time
 import uuid
-from typing import Any, BinaryIO
+from typing import Any, BinaryIO, Sequence
 
 from ... import messages, step_lines, wire
 from ...errors import CkptsupError
@@ -42,8 +42,8 @@ from ... import console
 from ..spec import LaunchSpec
 from ..torchrun_args import installed_torchrun_has
 from .rank_output import OutputPipe, RankOutput
-from .rank_processes import EXIT_CONFIRM_S, RankProcesses
-from .rank_socket import RankConn, RankSocket, socket_dir_prefix, sweep_stale_socket_dirs
+from .rank_processes import RankProcesses
+from .rank_socket import RankConn, RankSocket
 from .standby import Standby
 from .external_agent import ExternalHasher, ExternalRequestError
 from .memory_store import FlipMode, NodeMemory
@@ -54,7 +54,6 @@ TICK_S = 0.1
 STANDBY_DELAY_S = 30.0
 RANK_LINE_PREFIX = "[rank${rank}]: "   # torchrun --tee: the global rank on every line (progress.RANK_PREFIX)
 
-__all__ = ("Agent", "LaunchSpec", "run_agent", "EXIT_CONFIRM_S", "socket_dir_prefix", "sweep_stale_socket_dirs")
 
 
 class Agent:
@@ -213,7 +212,7 @@ class Agent:
         self._close_output()
         self.ranks.drop_all()
         self.torchrun_reported = True
-        self.procs.pending = []
+        self.procs.clear_lost()
         return time.monotonic() - t0
 
     # ---- rank output (supervisor/node/rank_output.py) ----------------------------------------------
@@ -260,13 +259,13 @@ class Agent:
 
     def _rank_lost(self, conn: RankConn) -> None:
         # A rank that finished without `bye` looks the same for a moment: confirm unless torchrun
-        # exits cleanly within EXIT_CONFIRM_S.
+        # exits cleanly within rank_processes.EXIT_CONFIRM_S.
         if self.torchrun is not None:
             self.procs.lost(conn.rank, conn.pid, time.monotonic())
 
-    def _warm_in_use(self) -> list[Any]:
+    def _warm_in_use(self) -> Sequence[subprocess.Popen]:
         """The warm interpreters this attempt's ranks run in (none on a cold launch)."""
-        return list(self.pool.in_use) if self.warm and self.pool is not None else []
+        return self.pool.in_use if self.warm and self.pool is not None else ()
 
     def _signal_unhooked(self, signum: int) -> None:
         self.procs.signal_unhooked(signum, self.torchrun.pid if self.torchrun is not None else None,
@@ -307,7 +306,7 @@ class Agent:
         except wire.FrameError as err:
             raise BadCommand(str(err)) from None
         if isinstance(cmd, messages.Kill):
-            survivors = self.survivors() if cmd.report is True else None
+            survivors = self.procs.survivors() if cmd.report is True else None
             kill_s = self.kill_torchrun(float(cmd.grace))
             self.send(messages.Killed(kill_s=kill_s, survivors=None if survivors is None else tuple(survivors)))
         elif isinstance(cmd, messages.Restart):
@@ -394,9 +393,6 @@ class Agent:
                                      dropped=self.dropped, attempt=self.attempt, pids=tuple(pids),
                                      # each live rank's CPU time, I/O and state (supervisor/job/liveness.py: busy or hung)
                                      evidence=tuple([rank, *got.to_wire()] for rank, got in samples.items())))
-
-    def survivors(self) -> list[dict[str, Any]]:
-        return self.procs.survivors()
 
     def on_signal(self, signum: int, _frame: Any) -> None:
         self.term_signal = signum  # handled in the loop

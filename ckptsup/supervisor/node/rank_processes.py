@@ -47,6 +47,10 @@ class RankProcesses:
         if pid is not None:
             self.rank_pids[rank] = pid
 
+    def clear_lost(self) -> None:
+        """The ranks are being killed: no lost connection of theirs is a crash to confirm."""
+        self.pending = []
+
     def lost(self, rank: int | None, pid: int | None, now: float) -> None:
         """A rank's connection ended without `bye`: a crash, once confirmed (`confirm`)."""
         self.pending.append((now, rank, pid))
