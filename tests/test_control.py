@@ -122,10 +122,12 @@ def test_a_run_without_a_live_supervisor_gets_one_line_and_no_request(tmp_path):
 
 
 class SavingStep:
-    """A FakeStep whose ranks commit a checkpoint when asked to save now (the hooks' answer)."""
+    """A FakeStep whose ranks commit checkpoints when asked to save now (the hooks' answer): by
+    default a save of step 4 that began before they heard (the slowest rank's position when the
+    request was taken: its write ran in the background), then the one asked for, of step 5."""
 
     @staticmethod
-    def wrap(world: World):
+    def wrap(world: World, steps: tuple[int, ...] = (4, 5)):
         original = world.factory
 
         def factory(**kw):
@@ -133,9 +135,9 @@ class SavingStep:
             send = step.send
 
             def send_and_save(m, body=None, *, nodes=None):
-                if m is MessageKind.SAVE_NOW:
-                    step.put(MessageKind.EVENT, step.active[0], record={"event": "checkpoint_committed", "step": 4,
-                                                                       "stall_s": 0.1})
+                for saved in steps if m is MessageKind.SAVE_NOW else ():
+                    step.put(MessageKind.EVENT, step.active[0], record={"event": "checkpoint_committed",
+                                                                       "step": saved, "stall_s": 0.1})
                 return send(m, body, nodes=nodes)
 
             step.send = send_and_save  # type: ignore[method-assign]
@@ -155,11 +157,27 @@ def test_replace_checkpoints_then_moves_the_nodes_ranks_to_the_spare_and_drains_
     assert ack["outcome"] == "accepted" and ack["request"] == request.id and "n3" in ack["detail"]
     [detected] = of(tmp_path, Event.FAILURE_DETECTED)
     assert detected["kind"] == "replaced" and detected["node"] == "n2"
+    from ckptsup.events import read_events
+
+    order = [(e["event"], e.get("step")) for e in read_events(tmp_path / "run")
+             if e["event"] in ("checkpoint_committed", "failure_detected")]
+    assert order == [("checkpoint_committed", 4), ("checkpoint_committed", 5), ("failure_detected", 4)]
     [relaunch] = [e for e in of(tmp_path, Event.LAUNCH) if e["path"] == "node"]
     assert relaunch["nodes"] == ["n1", "n3"]
     assert [e["node"] for e in of(tmp_path, Event.NODE_EXCLUDED)] == ["n2"] and slurm.drained == ["n2"]
     state = RunDir(path=tmp_path / "run").load_state()
     assert state.restarts == 0 and "replaced" in state.excluded_nodes["n2"]   # no restart budget spent
+
+
+def test_a_replace_waits_for_a_checkpoint_newer_than_where_the_ranks_were_when_it_was_asked(tmp_path, site):
+    world = World(clock=Clock(), faults={0: Fault("hang", 4)})
+    sv = supervisor(tmp_path, world, nodes=("n1", "n2", "n3"), needed=2, in_slurm=True, slurm=FakeSlurm())
+    sv.step_factory = SavingStep.wrap(world, steps=(4,))   # only the save that was already under way
+    control.submit(sv.run_dir.path, ControlCommand.REPLACE, node="n2")
+    sv.run()
+    [ack] = of(tmp_path, Event.CONTROL)
+    assert ack["outcome"] == "accepted" and ack["step"] == 4
+    assert [e["kind"] for e in of(tmp_path, Event.FAILURE_DETECTED)] == ["hang"]   # never "replaced"
 
 
 def test_replace_of_a_node_not_active_or_without_a_spare_is_refused(tmp_path, site):

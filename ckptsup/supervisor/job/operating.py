@@ -30,6 +30,7 @@ CONTROL_POLL_S = 0.5   # how often the run dir's control/ is looked at (one scan
 class PendingReplace:
     request: str
     node: str
+    after_step: int      # the slowest rank's position when asked: the save it asked for is newer
     due: bool = False    # the checkpoint it waits for was committed
 
     def failure(self, step: int | None) -> Failure:
@@ -86,7 +87,9 @@ class Operator:
                                   **({"tier": record["tier"]} if isinstance(record.get("tier"), str) else {})}
         if tier == "committed":
             self.last_commit_mono = self.clock()
-            if self.replace is not None:
+            # a save of this step or an earlier one began before the ranks heard the request
+            # (its write runs in the background): the replace waits for a newer one
+            if self.replace is not None and record["step"] > self.replace.after_step:
                 self.replace.due = True
 
     def due_replace(self, step: int | None) -> Failure | None:
@@ -187,7 +190,7 @@ class Operator:
         if refusal:
             self._ack(request.id, request.command, control.Outcome.REFUSED, refusal, tracker)
             return
-        self.replace = PendingReplace(request=request.id, node=node)
+        self.replace = PendingReplace(request=request.id, node=node, after_step=tracker.current_step() or 0)
         self.agents.send(messages.SaveNow(reason=f"operator replace {request.id}"), nodes=list(active))
         self._ack(request.id, request.command, control.Outcome.ACCEPTED,
                   f"{node}'s ranks move to {spares[0]} after the next checkpoint; {node} is excluded", tracker)
@@ -203,7 +206,8 @@ class Operator:
                         f"ranks' compute time per step for {found.windows} windows"
                         + (f"; moving it to {spares[0]} at the next checkpoint" if replace else ""))
         if replace:
-            self.replace = PendingReplace(request=f"straggler-rank{found.rank}", node=found.node)
+            self.replace = PendingReplace(request=f"straggler-rank{found.rank}", node=found.node,
+                                          after_step=tracker.current_step() or 0)
             self.agents.send(messages.SaveNow(reason=f"straggler on {found.node}"), nodes=list(active))
 
     def _save_now_refusal(self, tracker: AttemptTracker) -> str:
