@@ -18,8 +18,8 @@ class Sent:
     running: bool = True
     log: list[tuple[MessageKind, Any]] = field(default_factory=list)
 
-    def send(self, m, body=None, *, nodes=None) -> bool:
-        self.log.append((m, nodes))
+    def send(self, msg, *, nodes=None) -> bool:
+        self.log.append((msg.KIND, nodes))
         return self.running
 
     def alive(self) -> bool:

@@ -134,11 +134,11 @@ class SavingStep:
             step = original(**kw)
             send = step.send
 
-            def send_and_save(m, body=None, *, nodes=None):
-                for saved in steps if m is MessageKind.SAVE_NOW else ():
+            def send_and_save(msg, *, nodes=None):
+                for saved in steps if msg.KIND is MessageKind.SAVE_NOW else ():
                     step.put(MessageKind.EVENT, step.active[0], record={"event": "checkpoint_committed",
                                                                        "step": saved, "stall_s": 0.1})
-                return send(m, body, nodes=nodes)
+                return send(msg, nodes=nodes)
 
             step.send = send_and_save  # type: ignore[method-assign]
             return step

@@ -12,6 +12,7 @@ import pytest
 
 from hooks_helpers import free_port
 
+from ckptsup import messages
 from ckptsup.env import NODE, SECRET_FILE
 from ckptsup.rundir import RunDir
 from ckptsup.supervisor.job.agent_step import AgentStep, CommandSender, Message, StepSignal
@@ -56,9 +57,9 @@ def test_a_spares_agent_warms_up_at_once_and_its_node_starts_warm_when_a_launch_
         wait_for(inbox, MessageKind.HB, 30)
         ready = wait_for(inbox, MessageKind.WARM_READY, 120)   # a spare warms up without any launch
         assert ready.node == "n2" and ready.body.interpreters == 1
-        step.send(MessageKind.RESTART, {"attempt": 1, "spec": first.to_json()})   # n1's launch, not n2's
+        step.send(messages.Restart(attempt=1, spec=first.to_json()))   # n1's launch, not n2's
         take_over = spec_for(tmp_path, "n2", script, run)
-        step.send(MessageKind.RESTART, {"attempt": 2, "spec": take_over.to_json()})
+        step.send(messages.Restart(attempt=2, spec=take_over.to_json()))
         launched = wait_for(inbox, MessageKind.LAUNCHED, 30)
         assert launched.body.attempt == 2 and launched.body.warm is True
         ended = wait_for(inbox, MessageKind.TORCHRUN_EXIT, 60)

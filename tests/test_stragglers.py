@@ -74,10 +74,10 @@ class ComputeStep(FakeStep):
             body["compute_s"] = 0.2 if body.get("rank") == 1 and self.world.launches == 1 else 0.1
         super().put(m, node, **body)
 
-    def send(self, m, body=None, *, nodes=None) -> bool:
-        if m is MessageKind.SAVE_NOW:
+    def send(self, msg, *, nodes=None) -> bool:
+        if msg.KIND is MessageKind.SAVE_NOW:
             self.put(MessageKind.EVENT, self.active[0], record={"event": "checkpoint_committed", "step": 35})
-        return super().send(m, body, nodes=nodes)
+        return super().send(msg, nodes=nodes)
 
 
 def test_the_loop_records_the_straggler_and_with_replace_moves_its_node_to_the_spare(tmp_path, site):

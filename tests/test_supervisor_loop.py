@@ -13,6 +13,7 @@ import pytest
 
 from ckptsup.config import load_config
 from ckptsup.env import ExitStatus
+from ckptsup import messages
 from ckptsup.events import Event, read_events
 from ckptsup.rundir import RunDir, RunStatus
 from ckptsup.planning.accounting import account
@@ -138,8 +139,8 @@ class FakeStep:
         # hang: nothing more is said
 
     # -- the Step protocol --
-    def send(self, m: MessageKind, body: dict[str, Any] | None = None, *, nodes=None) -> bool:
-        body = dict(body or {})
+    def send(self, msg: messages.Body, *, nodes=None) -> bool:
+        m, body = msg.KIND, msg.to_body()
         self.world.sent.append((self.step_id, m, body, nodes))
         if not self.running:
             return False
@@ -464,9 +465,9 @@ def test_dead_agents_turn_the_fast_path_into_the_node_path(tmp_path, site):
             step.running_after_kill = False
             send = step.send
 
-            def send_then_die(m, body=None, *, nodes=None):
-                ok = send(m, body, nodes=nodes)
-                if m is MessageKind.KILL:
+            def send_then_die(msg, *, nodes=None):
+                ok = send(msg, nodes=nodes)
+                if msg.KIND is MessageKind.KILL:
                     step.running = False
                     step.inbox.put(Message.received(recv=world.clock(), m=StepSignal.EOF, body={"rc": 1},
                                            step_id=step.step_id))
@@ -535,12 +536,12 @@ def test_ranks_events_are_forwarded_during_every_wait(tmp_path, site, fault, com
         step = original(**kw)
         send = step.send
 
-        def send_and_report(m, body=None, *, nodes=None):
-            if m is command:
+        def send_and_report(msg, *, nodes=None):
+            if msg.KIND is command:
                 step.put(MessageKind.EVENT, "n1", record={"event": "checkpoint_committed", "step": 1, "stall_s": 0.5})
                 step.put(MessageKind.EVENT, "n1", record={"event": "fr_dumped", "rank": 0, "path": "x"})
                 step.put(MessageKind.EVENT, "n1", record={"event": "from_a_newer_ckptsup", "rank": 0})
-            return send(m, body, nodes=nodes)
+            return send(msg, nodes=nodes)
 
         step.send = send_and_report  # type: ignore[method-assign]
         return step
@@ -562,7 +563,7 @@ def test_the_allocation_event_and_the_flight_recorder_follow_the_allocations_gpu
     def factory(**kw):
         step = original(**kw)
         send = step.send
-        step.send = lambda m, body=None, *, nodes=None: (sent.append(m), send(m, body, nodes=nodes))[1]
+        step.send = lambda msg, *, nodes=None: (sent.append(msg.KIND), send(msg, nodes=nodes))[1]
         return step
 
     sv.step_factory = factory

@@ -55,12 +55,13 @@ class UnhookedStep(FakeStep):
             return  # torchrun exits 0 only when the stop reaches the ranks (send below)
         self.put(MessageKind.TORCHRUN_EXIT, node, rc=0, step=None)
 
-    def send(self, m: MessageKind, body: dict[str, Any] | None = None, *, nodes=None) -> bool:
+    def send(self, msg, *, nodes=None) -> bool:
+        m = msg.KIND
         if m is MessageKind.STOP_AT and self.running:
-            self.world.sent.append((self.step_id, m, dict(body or {}), nodes))
+            self.world.sent.append((self.step_id, m, msg.to_body(), nodes))
             self.put(MessageKind.TORCHRUN_EXIT, self.nodes[0], rc=0, step=None, stopped=True)
             return True
-        return super().send(m, body, nodes=nodes)
+        return super().send(msg, nodes=nodes)
 
 
 def test_a_script_that_never_says_hello_is_not_killed_and_its_lines_are_its_steps(tmp_path, site):

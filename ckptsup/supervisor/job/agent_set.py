@@ -11,10 +11,9 @@ cost: one client per node would cost ~4 MB of memory each). Local mode: one step
 
 from __future__ import annotations
 
-from typing import Any, Callable, Protocol, Sequence
+from typing import Callable, Protocol, Sequence
 
 from ...messages import Body
-from ...wire import MessageKind
 from .agent_step import Message, StepSignal
 
 
@@ -24,8 +23,7 @@ class Step(Protocol):
     step_id: int
     nodes: tuple[str, ...]
 
-    def send(self, m: MessageKind, body: dict[str, Any] | None = None, *,
-             nodes: Sequence[str] | None = None) -> bool: ...
+    def send(self, msg: Body, *, nodes: Sequence[str] | None = None) -> bool: ...
     def alive(self) -> bool: ...
     def close(self, grace: float) -> int | None: ...
     def abandon(self) -> None: ...
@@ -74,7 +72,6 @@ class AgentSet:
     def send(self, msg: Body, *, nodes: Sequence[str] | None = None) -> bool:
         """Send the command `msg` to the agents of `nodes` (None: every live agent); False if a
         step's pipe is gone. Each step gets one frame, addressed when it reaches more agents than meant."""
-        m, body = msg.KIND, msg.to_body()
         targets = list(self.node_step) if nodes is None else [n for n in nodes if n in self.node_step]
         by_step: dict[int, list[str]] = {}
         for node in targets:
@@ -82,7 +79,7 @@ class AgentSet:
         ok = bool(by_step)
         for step_id, wanted in by_step.items():
             step = self.steps[step_id]
-            ok = step.send(m, body, nodes=None if set(wanted) == set(step.nodes) else wanted) and ok
+            ok = step.send(msg, nodes=None if set(wanted) == set(step.nodes) else wanted) and ok
         return ok
 
     def close(self, grace: float) -> None:

@@ -117,13 +117,13 @@ class AgentStep:
         self.inbox.put(Message(recv=time.monotonic(), m=StepSignal.EOF, body=StepEof(rc=self.proc.wait()),
                                step_id=self.step_id))
 
-    def send(self, m: MessageKind, body: dict[str, Any] | None = None, *, nodes: Sequence[str] | None = None) -> bool:
-        """The transport: one frame of kind `m` (AgentSet.send turns a typed body into `body`),
-        with the envelope's `nodes` when it is meant for some of this step's agents only."""
-        body = dict(body or {})
+    def send(self, msg: messages.Body, *, nodes: Sequence[str] | None = None) -> bool:
+        """The transport: one frame of the command `msg`, with the envelope's `nodes` when it is
+        meant for some of this step's agents only."""
+        body = msg.to_body()
         if nodes is not None:
             body["nodes"] = list(nodes)
-        data = self.sender.frame(m, body)
+        data = self.sender.frame(msg.KIND, body)
         try:
             assert self.proc.stdin is not None
             self.proc.stdin.write(data)
@@ -137,7 +137,7 @@ class AgentStep:
 
     def close(self, grace: float) -> int | None:
         """Ask the agents to exit (they kill their ranks), then terminate the step."""
-        self.send(MessageKind.EXIT)
+        self.send(messages.Exit())
         try:
             if self.proc.stdin is not None:
                 self.proc.stdin.close()
