@@ -123,11 +123,14 @@ def _checker(tp: Any, meta: Mapping[str, Any]) -> tuple[Check, str]:
     if origin is tuple and len(args) == 2 and args[1] is Ellipsis:
         item, item_desc = _checker(args[0], meta)
         most = int(meta.get("max_items", MAX_LIST_ITEMS))
+        item_as_is = _as_is(args[0], meta)
 
         def items(v: Any) -> tuple[Any, ...]:
             if not isinstance(v, (list, tuple)) or len(v) > most:
                 raise Problem(desc)
-            return tuple(v) if item is _anything else tuple([item(x) for x in v])
+            if item is _anything or all(type(x) in item_as_is for x in v):
+                return tuple(v)
+            return tuple([item(x) for x in v])
         desc = f"a list of at most {most} ({item_desc})"
         return items, desc
     if origin is dict and args and args[0] is str:
@@ -142,6 +145,20 @@ def _checker(tp: Any, meta: Mapping[str, Any]) -> tuple[Check, str]:
     raise TypeError(f"no check for the annotation {tp!r}")
 
 
+def _as_is(tp: Any, meta: Mapping[str, Any]) -> frozenset[type]:
+    """The exact types a field of annotation `tp` keeps unchanged with nothing more to check (an
+    unbounded int, a bool, a string, or None where allowed): from_body's fast path, which the
+    heartbeats of 16,384 agents take (BENCHMARKS.md §Supervisor cost)."""
+    if meta.get("check") is not None or meta.get("low") is not None or meta.get("high") is not None:
+        return frozenset()
+    if tp in (int, bool, str):
+        return frozenset({tp})
+    if typing.get_origin(tp) in (UnionType, typing.Union):
+        parts = [_as_is(a, meta) if a is not NoneType else frozenset({NoneType}) for a in typing.get_args(tp)]
+        return frozenset().union(*parts)
+    return frozenset()
+
+
 @dataclass(frozen=True)
 class _Field:
     name: str
@@ -151,6 +168,7 @@ class _Field:
     opt: bool
     lenient: bool
     extra: Callable[[Any], bool] | None
+    as_is: frozenset[type]   # _as_is: values of these exact types need no check
 
 
 def _plain(value: Any) -> Any:
@@ -188,6 +206,9 @@ class Body:
                     raise FrameError(f"`{f.name}` is missing")
                 continue
             raw = body[f.name]
+            if type(raw) in f.as_is:
+                values[f.name] = raw
+                continue
             try:
                 value = f.check(raw)
                 if f.extra is not None and value is not None and not f.extra(value):
@@ -212,7 +233,8 @@ def kind(m: MessageKind) -> Callable[[type[B]], type[B]]:
             meta = f.metadata
             check, desc = _checker(hints[f.name], meta)
             built.append(_Field(name=f.name, check=check, desc=meta.get("what") or desc, default=f.default,
-                                opt=bool(meta.get("opt")), lenient=bool(meta.get("lenient")), extra=meta.get("check")))
+                                opt=bool(meta.get("opt")), lenient=bool(meta.get("lenient")), extra=meta.get("check"),
+                                as_is=_as_is(hints[f.name], meta)))
         cls.KIND = m
         cls._fields = tuple(built)
         BODIES[m] = cls

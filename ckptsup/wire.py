@@ -116,10 +116,11 @@ class Phase(enum.StrEnum):
 
     @classmethod
     def parse(cls, value: Any) -> "Phase":
-        """Lenient: an unknown phase from a newer rank counts as training (hang-checked)."""
+        """Lenient: an unknown phase from a newer rank counts as training (hang-checked). A dict
+        lookup, not cls(value): every heartbeat carries a phase (BENCHMARKS.md §Supervisor cost)."""
         try:
-            return cls(value)
-        except ValueError:
+            return cls._value2member_map_.get(value, cls.TRAIN)   # type: ignore[return-value]
+        except TypeError:   # an unhashable value
             return cls.TRAIN
 
 

@@ -119,6 +119,11 @@ def test_missing_optional_fields_take_the_defaults_the_readers_assumed() -> None
     (MessageKind.SDC, {"step": 1, "copies": 2, "disputed": list(range(70_000)), "majority": True}, "`disputed` must be"),
     (MessageKind.EVENT, {"record": [1]}, "`record` must be an object"),
     (MessageKind.BYE, {"status": None}, "`status` must be an integer"),
+    # the fast path (exact types kept as they are) keeps these refusals: a bool is no integer
+    (MessageKind.BYE, {"status": True}, "`status` must be an integer"),
+    (MessageKind.HB, {"last_step": False}, "`last_step` must be an integer or null"),
+    (MessageKind.HB, {"ranks_alive": [0, True]}, "`ranks_alive` must be a list"),
+    (MessageKind.HB, {"ranks_alive": [0, "1"]}, "`ranks_alive` must be a list"),
     (MessageKind.KILL, {"grace": "soon"}, "`grace` must be a number of seconds >= 0, not 'soon'"),
     (MessageKind.KILL, {"grace": -1}, "`grace` must be a number of seconds >= 0"),
     (MessageKind.RESTART, {}, "`attempt` is missing"),

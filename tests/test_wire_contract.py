@@ -57,6 +57,7 @@ def test_a_well_signed_frame_of_an_unknown_kind_is_dropped_and_counted() -> None
 def test_phase_parse_is_lenient() -> None:
     assert Phase.parse("load") is Phase.LOAD
     assert Phase.parse("compiling") is Phase.TRAIN and Phase.parse(None) is Phase.TRAIN
+    assert Phase.parse(["train"]) is Phase.TRAIN   # unhashable: still a phase, never a TypeError
 
 
 def test_a_nan_in_a_body_travels_as_null_instead_of_losing_the_frame() -> None:
