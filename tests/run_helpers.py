@@ -26,6 +26,11 @@ def named(events: Events, name: str) -> Events:
     return [e for e in events if e["event"] == name]
 
 
+def run_named(run: Path, name: str) -> Events:
+    """The run's events called `name` (none while its log does not exist yet)."""
+    return named(read_events(run), name) if (run / "events.jsonl").exists() else []
+
+
 def node_deaths(events: Events) -> Events:
     """Node deaths as the supervisor found them: detected as such (silence), or attributed after the
     kill (the dead node's agent did not answer; a peer's crash was the first symptom)."""
@@ -38,13 +43,13 @@ def ended(run: Path) -> bool:
     return bool(named(events, "run_complete") or named(events, "give_up"))
 
 
-def wait_for(cond: Callable[[], Any], timeout: float, what: str, proc: subprocess.Popen | None = None) -> None:
-    """Poll `cond` until true; fail naming `what` after `timeout` s, or at once (with its output's
-    end) when `proc`, the run waited on, ended first."""
+def wait_for(cond: Callable[[], Any], timeout: float, what: str, proc: subprocess.Popen | None = None) -> Any:
+    """Poll `cond` until true and return what it gave; fail naming `what` after `timeout` s, or at
+    once (with its output's end) when `proc`, the run waited on, ended first."""
     deadline = time.monotonic() + timeout
     while time.monotonic() < deadline:
-        if cond():
-            return
+        if got := cond():
+            return got
         if proc is not None and proc.poll() is not None:
             output = proc.stdout.read() if proc.stdout else ""
             raise AssertionError(f"the run ended (rc {proc.returncode}) before {what}: {output[-3000:]!s}")

@@ -15,30 +15,15 @@ from pathlib import Path
 import pytest
 
 from hooks_helpers import base_env
+from run_helpers import run_named, wait_for
 
 from ckptsup.env import ExitStatus
-from ckptsup.events import read_events
 from ckptsup.rundir import RunDir, RunStatus
 
 pytestmark = pytest.mark.torch
 
 ROOT = Path(__file__).resolve().parents[1]
 CKPTSUP = [sys.executable, "-m", "ckptsup.cli"]
-
-
-def named(run: Path, name: str) -> list[dict]:
-    return [e for e in read_events(run) if e["event"] == name] if (run / "events.jsonl").exists() else []
-
-
-def wait_for(predicate, proc: subprocess.Popen, timeout: float = 120):
-    deadline = time.monotonic() + timeout
-    while time.monotonic() < deadline:
-        got = predicate()
-        if got:
-            return got
-        assert proc.poll() is None, proc.communicate()[0][-3000:]
-        time.sleep(0.2)
-    raise AssertionError("timed out")
 
 
 def control(*args: str) -> subprocess.CompletedProcess:
@@ -57,14 +42,14 @@ def test_save_now_status_then_stop_from_another_shell(tmp_path):
                                "--out", str(tmp_path / "out")], cwd=tmp_path, env=base_env(), stdout=subprocess.PIPE,
                               stderr=subprocess.STDOUT, text=True)
     try:
-        wait_for(lambda: named(run, "first_step"), launch)
+        wait_for(lambda: run_named(run, "first_step"), 120, "the first step", launch)
         time.sleep(1.0)
-        assert not named(run, "checkpoint_committed")   # nothing saves on its own in this run
+        assert not run_named(run, "checkpoint_committed")   # nothing saves on its own in this run
         asked = control("save-now", str(run))
         assert asked.returncode == 0, asked.stdout + asked.stderr
-        [ack] = named(run, "control")
+        [ack] = run_named(run, "control")
         assert ack["outcome"] == "accepted" and f"(at step {ack['step']})" in asked.stdout
-        [saved] = wait_for(lambda: named(run, "checkpoint_committed"), launch)
+        [saved] = wait_for(lambda: run_named(run, "checkpoint_committed"), 120, "a checkpoint", launch)
         # the next step boundary the ranks agree on: after the step the supervisor had seen, within a second of steps
         assert ack["step"] <= saved["step"] <= ack["step"] + 20
         time.sleep(2.5)   # past one STATUS_EVERY_S: the status has the commit
@@ -94,12 +79,12 @@ def test_save_now_status_then_stop_from_another_shell(tmp_path):
     finally:
         launch.kill()
     assert launch.returncode == ExitStatus.CANCELLED, output[-3000:]
-    [cancelled] = named(run, "run_cancelled")
-    last = named(run, "checkpoint_committed")[-1]
+    [cancelled] = run_named(run, "run_cancelled")
+    last = run_named(run, "checkpoint_committed")[-1]
     # the stop's checkpoint resumes at the step after the last one run: nothing lost
     assert cancelled["saved"] is True and last["step"] > saved["step"] and last["step"] == cancelled["step"] + 1
     assert RunDir(path=run).load_state().status is RunStatus.CANCELLED
-    assert not named(run, "requeue") and not named(run, "run_complete")
+    assert not run_named(run, "requeue") and not run_named(run, "run_complete")
     ended = (tmp_path / "textfile" / "ckptsup-local.prom").read_text()   # the last one says the run ended
     assert re.search(r'^ckptsup_run_running\{job_id="local"\} 0$', ended, re.M)
     again = control("save-now", str(run))

@@ -12,16 +12,13 @@ from pathlib import Path
 
 import pytest
 
-from ckptsup.events import read_events
+
+from run_helpers import run_named
 
 pytestmark = [pytest.mark.slurm, pytest.mark.torch]
 
 ROOT = Path(__file__).resolve().parents[1]
 CKPTSUP = [sys.executable, "-m", "ckptsup.cli"]
-
-
-def named(run: Path, name: str) -> list[dict]:
-    return [e for e in read_events(run) if e["event"] == name] if (run / "events.jsonl").exists() else []
 
 
 def test_save_now_then_stop_end_the_job_without_a_requeue(dev_cluster, tmp_path):
@@ -35,12 +32,12 @@ def test_save_now_then_stop_end_the_job_without_a_requeue(dev_cluster, tmp_path)
                           "--out", str(tmp_path / "out")], capture_output=True, text=True, timeout=60, cwd=tmp_path)
     assert sub.returncode == 0, sub.stderr
     job = str(json.loads(sub.stdout)["job_id"])
-    dev_cluster.wait_for(lambda: named(run, "first_step"), 180, what="the first step")
+    dev_cluster.wait_for(lambda: run_named(run, "first_step"), 180, what="the first step")
     time.sleep(1.0)
     asked = subprocess.run([*CKPTSUP, "save-now", str(run)], capture_output=True, text=True, timeout=60)
     assert asked.returncode == 0, asked.stdout + asked.stderr
-    [ack] = named(run, "control")
-    [saved] = dev_cluster.wait_for(lambda: named(run, "checkpoint_committed"), 60, what="the save-now checkpoint")
+    [ack] = run_named(run, "control")
+    [saved] = dev_cluster.wait_for(lambda: run_named(run, "checkpoint_committed"), 60, what="the save-now checkpoint")
     assert ack["step"] <= saved["step"] <= ack["step"] + 20   # the next step boundary the ranks agreed on
     stopped = subprocess.run([*CKPTSUP, "stop", str(run)], capture_output=True, text=True, timeout=60)
     assert stopped.returncode == 0, stopped.stdout + stopped.stderr
@@ -48,8 +45,8 @@ def test_save_now_then_stop_end_the_job_without_a_requeue(dev_cluster, tmp_path)
     time.sleep(2.0)   # a requeue, had there been one, would show the job pending again by now
     state = dev_cluster.job_state(job)
     assert state is None or state.finished
-    [cancelled] = named(run, "run_cancelled")
-    assert named(run, "checkpoint_committed")[-1]["step"] == cancelled["step"] + 1   # nothing lost
-    assert not named(run, "requeue") and json.loads((run / "state.json").read_text())["status"] == "cancelled"
+    [cancelled] = run_named(run, "run_cancelled")
+    assert run_named(run, "checkpoint_committed")[-1]["step"] == cancelled["step"] + 1   # nothing lost
+    assert not run_named(run, "requeue") and json.loads((run / "state.json").read_text())["status"] == "cancelled"
     log = (run / f"slurm-{job}.out").read_text()
     assert "supervisor exited 8: not requeueing" in log

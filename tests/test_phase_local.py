@@ -16,15 +16,12 @@ import pytest
 from ckptsup.events import read_events
 
 from hooks_helpers import base_env, private_dir
+from run_helpers import named
 
 pytestmark = pytest.mark.integration
 
 ROOT = Path(__file__).resolve().parents[1]
 HELPERS = ROOT / "tests" / "helpers"
-
-
-def named(events: list[dict], name: str) -> list[dict]:
-    return [e for e in events if e["event"] == name]
 
 
 def launch(tmp: Path, script: str, *args: str, config: str | None = None, timeout: float = 420) -> tuple[int, str, Path]:

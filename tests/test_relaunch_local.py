@@ -16,6 +16,8 @@ import pytest
 
 from ckptsup.events import read_events
 
+from run_helpers import wait_for
+
 ROOT = Path(__file__).resolve().parents[1]
 CKPTSUP = [sys.executable, "-m", "ckptsup.cli"]
 SCRIPT = "import sys, time\nif '--sleep' in sys.argv:\n    time.sleep(60)\nprint('trained')\n"
@@ -60,13 +62,6 @@ def refusal(proc: subprocess.CompletedProcess[str]) -> str:
     [line] = proc.stderr.strip().splitlines()
     assert line.startswith("ckptsup: error: "), line
     return line
-
-
-def wait_for(predicate, timeout: float, what: str) -> None:
-    deadline = time.monotonic() + timeout
-    while not predicate():
-        assert time.monotonic() < deadline, f"timed out waiting for {what}"
-        time.sleep(0.05)
 
 
 def running(run: Path) -> bool:

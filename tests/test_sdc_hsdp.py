@@ -13,7 +13,8 @@ from pathlib import Path
 
 import pytest
 
-from ckptsup.events import read_events
+
+from run_helpers import run_named
 
 pytestmark = pytest.mark.torch
 
@@ -21,10 +22,6 @@ ROOT = Path(__file__).resolve().parents[1]
 SCRIPT = ROOT / "tests" / "helpers" / "sdc_hsdp.py"
 REPLICAS, SHARDS = 3, 2
 WORLD = REPLICAS * SHARDS
-
-
-def named(run: Path, name: str) -> list[dict]:
-    return [e for e in read_events(run) if e["event"] == name]
 
 
 @pytest.mark.parametrize("fsdp", ["fsdp2", "fsdp1-hybrid-shard"])
@@ -39,10 +36,10 @@ def test_a_flip_in_one_replica_of_a_shard_is_caught_across_the_replica_groups_an
                            *(["--fsdp1"] if fsdp == "fsdp1-hybrid-shard" else [])],
                           cwd=tmp_path, capture_output=True, text=True, timeout=600)
     log = proc.stdout + proc.stderr
-    assert proc.returncode != 0 and named(run, "give_up"), log[-4000:]
+    assert proc.returncode != 0 and run_named(run, "give_up"), log[-4000:]
     assert f"replica fingerprints: HSDP, each shard compared across its {REPLICAS} replicas" in log
     # rank 3 holds shard 1 in replica group 1: ranks 1 and 5 hold the same bytes, and outvote it
-    [failure] = named(run, "failure_detected")
+    [failure] = run_named(run, "failure_detected")
     assert (failure["kind"], failure["rank"], failure["step"], failure["ranks"]) == ("sdc", 3, 7, [3]), failure
     assert "rank(s) 3 on" in failure["detail"] and "majority of 3 copies" in failure["detail"], failure
     # no false alarm: every check up to the flip agreed (one per step; shard 0's ranks hold other
@@ -67,9 +64,9 @@ def test_a_mixed_layout_compares_the_replicas_it_has_and_the_rank_without_one_ta
                            "--steps", "12", "--save-every-steps", "5", "--flip", "7:2", "--out", str(out)],
                           cwd=tmp_path, capture_output=True, text=True, timeout=600)
     log = proc.stdout + proc.stderr
-    assert proc.returncode != 0 and named(run, "give_up"), log[-4000:]
+    assert proc.returncode != 0 and run_named(run, "give_up"), log[-4000:]
     assert "replica fingerprints on ranks 0,2 only; the other 1 ranks hold no replica" in log, log[-4000:]
-    [failure] = named(run, "failure_detected")
+    [failure] = run_named(run, "failure_detected")
     assert (failure["kind"], failure["step"], failure["ranks"]) == ("sdc", 7, [0, 2]), failure
     assert failure["agreed_step"] == 6, failure   # every check before the flip agreed
     saved = json.loads((run / "checkpoints" / "step_5" / "manifest.json").read_text())

@@ -15,7 +15,8 @@ from pathlib import Path
 import pytest
 import torch
 
-from ckptsup.events import read_events
+
+from run_helpers import run_named
 
 pytestmark = pytest.mark.torch
 
@@ -41,15 +42,11 @@ def finals(out: Path) -> list[dict]:
     return [torch.load(out / f"final_rank{r}.pt") for r in range(RANKS)]
 
 
-def named(run: Path, name: str) -> list[dict]:
-    return [e for e in read_events(run) if e["event"] == name]
-
-
 @pytest.fixture(scope="module")
 def reference(tmp_path_factory) -> list[dict]:
     """The uninterrupted run, fingerprints at every step: no false alarm either."""
     run, out, _ = launch(tmp_path_factory.mktemp("reference"), "--steps", "60", every_steps=1)
-    assert not named(run, "failure_detected")
+    assert not run_named(run, "failure_detected")
     return finals(out)
 
 
@@ -60,11 +57,11 @@ def test_a_flipped_bit_is_caught_the_rank_named_and_the_run_ends_as_if_it_never_
     live = tmp_path / "live.prom"
     run, out, _ = launch(tmp_path, "--steps", "60", "--flip", "23:1", "--flip", "39:2", every_steps=5,
                          extra=f'[report]\nprom_textfile = "{live}"\n')
-    failures = named(run, "failure_detected")
+    failures = run_named(run, "failure_detected")
     assert [(f["kind"], f["rank"], f["step"]) for f in failures] == [("sdc", 1, 24), ("sdc", 2, 39)]
     assert "rank(s) 1" in failures[0]["detail"] and "majority of 3 copies" in failures[0]["detail"]
-    assert [r["resume_step"] for r in named(run, "restart_done")] == [20, 30]
-    [rejected] = named(run, "checkpoint_rejected")
+    assert [r["resume_step"] for r in run_named(run, "restart_done")] == [20, 30]
+    [rejected] = run_named(run, "checkpoint_rejected")
     assert rejected["step"] == 40 and "replicas disagreed at step 40 (ranks 2 in dispute)" in rejected["reason"]
     [quarantined] = list((run / "checkpoints" / "quarantine").iterdir())
     assert quarantined.name.startswith("step_40")
@@ -122,7 +119,7 @@ def the_run_reports_its_sdc(run: Path, live: Path, tmp: Path) -> None:
 
 def test_no_false_alarm_over_2000_steps_with_fingerprints_at_every_step(tmp_path):
     run, out, _ = launch(tmp_path, "--steps", "2000", "--save-every-steps", "500", every_steps=1)
-    assert not [e for e in named(run, "failure_detected")]
+    assert not [e for e in run_named(run, "failure_detected")]
     assert [f["checks"] for f in finals(out)] == [2000] * RANKS
     for step in (500, 1000, 1500, 2000):
         manifest = json.loads((run / "checkpoints" / f"step_{step}" / "manifest.json").read_text())
@@ -134,7 +131,7 @@ def test_ranks_that_hold_different_models_by_design_are_not_compared(tmp_path):
     other bytes): at the defaults nothing says they are replicas, so no check runs and nothing is
     a false alarm, even with fingerprints due at every step."""
     run, out, log = launch(tmp_path, "--steps", "20", "--per-rank-model", every_steps=1)
-    assert not named(run, "failure_detected"), [(e["kind"], e["detail"]) for e in named(run, "failure_detected")]
+    assert not run_named(run, "failure_detected"), [(e["kind"], e["detail"]) for e in run_named(run, "failure_detected")]
     assert [f["checks"] for f in finals(out)] == [0] * RANKS
     assert "no replica fingerprints: the model is not DistributedDataParallel" in log
     manifest = json.loads((run / "checkpoints" / "step_20" / "manifest.json").read_text())

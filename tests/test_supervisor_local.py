@@ -10,6 +10,8 @@ import pytest
 
 from ckptsup.events import read_events
 
+from run_helpers import named
+
 ROOT = Path(__file__).resolve().parents[1]
 RANK = ROOT / "tests" / "helpers" / "wire_rank.py"
 CKPTSUP = [sys.executable, "-m", "ckptsup.cli"]
@@ -29,10 +31,6 @@ def launch(tmp_path, cfg, *rank_args, nproc=2, extra=(), timeout=120):
             *extra, str(RANK), *rank_args, "--out", str(tmp_path / "out")]
     proc = subprocess.run(argv, capture_output=True, text=True, timeout=timeout, cwd=tmp_path)
     return proc, read_events(run) if run.exists() else []
-
-
-def named(events, name):
-    return [e for e in events if e["event"] == name]
 
 
 def no_rank_left(tmp_path):

@@ -15,6 +15,7 @@ import pytest
 from ckptsup.events import read_events
 
 from drop_in_helpers import rank_process
+from run_helpers import named
 
 pytestmark = pytest.mark.torch
 
@@ -46,10 +47,6 @@ def finish(proc: subprocess.Popen, timeout: float = 240) -> tuple[int, str]:
 
 def params(out: Path) -> str:
     return json.loads((out / "final.json").read_text())["params_sha256"]
-
-
-def named(events, name):
-    return [e for e in events if e["event"] == name]
 
 
 def held(tmp: Path) -> tuple[str, ...]:

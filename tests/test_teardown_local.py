@@ -18,6 +18,8 @@ import pytest
 from ckptsup.env import node_name
 from ckptsup.events import read_events
 
+from run_helpers import named, wait_for
+
 pytestmark = pytest.mark.integration
 
 ROOT = Path(__file__).resolve().parents[1]
@@ -83,22 +85,6 @@ def start(tmp_path: Path, script: Path, *args: str, supervisor: str = "") -> tup
     argv = [*CKPTSUP, "launch", "--nproc-per-node", "2", "--config", str(write_cfg(tmp_path, supervisor)),
             "--run-dir", str(run), str(script), *args]
     return subprocess.Popen(argv, cwd=tmp_path, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True), run
-
-
-def named(events, name):
-    return [e for e in events if e["event"] == name]
-
-
-def wait_for(what, timeout: float, why: str, proc: subprocess.Popen | None = None):
-    deadline = time.monotonic() + timeout
-    while True:
-        got = what()
-        if got:
-            return got
-        if proc is not None and proc.poll() is not None:
-            pytest.fail(f"launch ended (rc {proc.returncode}) before {why}: {proc.stdout.read()[-3000:]}")
-        assert time.monotonic() < deadline, f"timed out waiting for {why}"
-        time.sleep(0.05)
 
 
 def cmdline(pid: int) -> str:
