@@ -16,7 +16,7 @@ Faults and quiet phases for the liveness tests (each once per run: a marker file
   printing nothing; the others wait in dist.barrier() (an evaluation pass as users write it);
 --read-at S[:R] (with --busy-s T): the same, but rank R reads a file slowly (64 KiB every 0.1 s):
   I/O progressing, next to no CPU (a data phase waiting on storage);
---hold-at S[,S] --hold-file F: before step S every rank computes (busy, not hung) until F holds
+--hold-at S[,S] --hold-file F: before step S every rank reads slowly (busy, not hung) until F holds
   the line S (at most 300 s); rank 0 first writes F.held-S: a test signals a rank while it is
   there, whatever the machine's speed, then releases it.
 """
@@ -59,20 +59,25 @@ def busy(seconds):
 
 
 def hold(path, step, rank):
-    """Compute until `path` holds the line `step` (a test's release), at most 300 s."""
+    """Read slowly (as read_slowly: busy at ckptsup's I/O floor, not hung, and next to no CPU
+    however loaded the machine) until `path` holds the line `step` (a test's release), at most 300 s."""
+    import sys
+
     if rank == 0:
         with open(f"{path}.held-{step}", "w") as fh:
             fh.write(f"{step}\n")
-    a = torch.randn(64, 64)
     end = time.monotonic() + 300
-    while time.monotonic() < end:
-        a = torch.tanh(a @ a)
-        try:
-            with open(path) as fh:
-                if str(step) in fh.read().split():
-                    return
-        except FileNotFoundError:
-            pass
+    with open(sys.executable, "rb", buffering=0) as source:
+        while time.monotonic() < end:
+            if not source.read(64 << 10):
+                source.seek(0)
+            try:
+                with open(path) as fh:
+                    if str(step) in fh.read().split():
+                        return
+            except FileNotFoundError:
+                pass
+            time.sleep(0.1)
 
 
 def read_slowly(seconds):
