@@ -108,6 +108,13 @@ def _checker(tp: Any, meta: Mapping[str, Any]) -> tuple[Check, str]:
     if origin in (UnionType, typing.Union):
         parts = [_checker(a, meta) for a in args if a is not NoneType]
         nullable = NoneType in args
+        desc = " or ".join([d for _, d in parts] + (["null"] if nullable else []))
+        if len(parts) == 1:   # X | None, the common case: no loop, no try
+            only = parts[0][0]
+
+            def optional(v: Any) -> Any:
+                return None if v is None and nullable else only(v)
+            return optional, desc
 
         def union(v: Any) -> Any:
             if v is None and nullable:
@@ -118,7 +125,6 @@ def _checker(tp: Any, meta: Mapping[str, Any]) -> tuple[Check, str]:
                 except Problem:
                     continue
             raise Problem(desc)
-        desc = " or ".join([d for _, d in parts] + (["null"] if nullable else []))
         return union, desc
     if origin is tuple and len(args) == 2 and args[1] is Ellipsis:
         item, item_desc = _checker(args[0], meta)

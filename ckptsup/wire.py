@@ -19,7 +19,6 @@ together). A rank's `phase` is a `Phase`.
 from __future__ import annotations
 
 import enum
-import hashlib
 import hmac
 import json
 import math
@@ -131,7 +130,7 @@ class FrameError(CkptsupError, ValueError):
 def _mac(secret: bytes, m: str, seq: int, body_json: str) -> str:
     # surrogatepass: a received `m` may hold a lone surrogate (a \ud800 escape); it gets a MAC that
     # matches nothing instead of a UnicodeEncodeError (every real frame encodes the same either way)
-    return hmac.new(secret, f"{m}\n{seq}\n{body_json}".encode("utf-8", "surrogatepass"), hashlib.sha256).hexdigest()
+    return hmac.digest(secret, f"{m}\n{seq}\n{body_json}".encode("utf-8", "surrogatepass"), "sha256").hex()
 
 
 def _finite(value: Any) -> Any:
@@ -202,7 +201,7 @@ def _decode_ours(line: bytes, secret: bytes) -> tuple[MessageKind, int, dict[str
         return None
     body_json = line[len(_OURS_HEAD):tail.start()]
     m, mac, seq = tail[1].decode(), tail[2].decode(), int(tail[3])
-    expected = hmac.new(secret, f"{m}\n{seq}\n".encode() + body_json, hashlib.sha256).hexdigest()
+    expected = hmac.digest(secret, f"{m}\n{seq}\n".encode() + body_json, "sha256").hex()   # one-shot: the C path
     if not hmac.compare_digest(mac, expected):
         return None   # perhaps a body whose own text ends like a frame: the general path decides
     body = loads_json(body_json, what="frame body", error=FrameError, max_depth=MAX_FRAME_DEPTH - 1)

@@ -287,10 +287,13 @@ class AttemptTracker:
         that a heartbeat costs the same at 16,384 nodes as at 2 (bench_supervisor_scale.py)."""
         if pids is None:
             return
-        self.node_pids[node] = {entry["rank"]: {"pid": entry["pid"], "host_pid": entry["host_pid"]} for entry in pids
-                                if isinstance(entry, dict) and all(isinstance(entry.get(k), int) and
-                                                                   not isinstance(entry.get(k), bool)
-                                                                   for k in ("rank", "pid", "host_pid"))}
+        known: dict[int, dict[str, int]] = {}
+        for entry in pids:
+            if isinstance(entry, dict):
+                rank, pid, host_pid = entry.get("rank"), entry.get("pid"), entry.get("host_pid")
+                if type(rank) is int and type(pid) is int and type(host_pid) is int:   # JSON ints, never bools
+                    known[rank] = {"pid": pid, "host_pid": host_pid}
+        self.node_pids[node] = known
 
     @property
     def pids(self) -> dict[int, dict[str, Any]]:
