@@ -26,9 +26,9 @@ def uninterrupted(tmp_path_factory) -> dict:
     return reference(tmp_path_factory.mktemp("liveness-reference"), STEPS)
 
 
-def launch(tmp: Path, *faults: str) -> tuple[subprocess.CompletedProcess, list[dict]]:
+def launch(tmp: Path, *faults: str, script: Path = SCRIPT) -> tuple[subprocess.CompletedProcess, list[dict]]:
     run = tmp / "run"
-    argv = [*CKPTSUP, "launch", "--nproc-per-node", "2", "--run-dir", str(run), str(SCRIPT), "--steps", str(STEPS),
+    argv = [*CKPTSUP, "launch", "--nproc-per-node", "2", "--run-dir", str(run), str(script), "--steps", str(STEPS),
             "--ckpt-dir", str(tmp / "ckpt"), "--out", str(tmp / "final.pt"), *faults]
     proc = subprocess.run(argv, capture_output=True, text=True, timeout=400, cwd=tmp)
     return proc, read_events(run)
@@ -39,8 +39,13 @@ def test_a_stuck_rank_is_a_hang_named_where_it_is_cold_and_warm_and_no_node_is_s
     (attempt 0, cold ranks: rankside/cold_rank.py installed the stack dump): a hang, both ranks seen
     waiting in a collective, rank 1 named by the script line it entered from (rank 0's differs);
     then sleeps forever before step 45 (attempt 1, warm interpreters): named with its Python frame.
-    No node health-checked or excluded; resumed both times; the final model is torchrun's."""
-    proc, events = launch(tmp_path, "--collective-at", "24", "--sleep-at", "45")
+    No node health-checked or excluded; resumed both times; the final model is torchrun's. The
+    script's user left a comment naming the supervisor at its end: a mention is no use of the
+    hooks, so no hello is awaited (a wait that hid both hangs for init_timeout_s, 300 s)."""
+    script = tmp_path / "job" / SCRIPT.name
+    script.parent.mkdir()
+    script.write_text(SCRIPT.read_text() + "\n# this job runs under `ckptsup launch` (docs/drop-in.md)\n")
+    proc, events = launch(tmp_path, "--collective-at", "24", "--sleep-at", "45", script=script)
     assert proc.returncode == 0, proc.stdout[-3000:] + proc.stderr[-3000:]
     hangs = named(events, "failure_detected")
     assert [h["kind"] for h in hangs] == ["hang"] * 2 and [h["rank"] for h in hangs] == [1, 1], hangs

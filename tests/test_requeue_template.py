@@ -57,7 +57,9 @@ def test_sigkilled_supervisor_is_requeued_by_the_batch_script_and_resumes(dev_cl
         assert requeues[0]["reason"] == "supervisor_died" and requeues[0]["epoch"] == 2
         resumed = [e["resume_from"] for e in events if e["event"] == "launch"]
         assert resumed[0] is None and resumed[1]
-        assert back_after < 15, back_after  # StartTime=now: no 121 s BeginTime hold
+        # StartTime=now: no 121 s BeginTime hold. ~10 s on a quiet box; the bound is the hold's half,
+        # not a speed figure: 34 s was seen on Slurm 26.05 with the 2 cores under other test runs
+        assert back_after < 60, back_after
         print(f"\nSUPERVISOR_KILLED job={job}: killed -> new supervisor {back_after:.2f}s")
     finally:
         dev_cluster.client.cancel(job)

@@ -192,3 +192,36 @@ def test_a_stopped_rank_that_prints_nothing_is_blamed_for_the_hang():
     t.msg(MessageKind.HB, at=2.0, stopped_ranks=[1])
     hang = t.check(now=9.0)
     assert hang is not None and hang.kind.value == "hang" and hang.rank == 1 and "process stopped" in hang.detail
+
+
+def test_the_unmodified_script_helpers_never_name_the_supervisor():
+    """A script that mentions ckptsup anywhere in its source, a comment included, is expected to
+    say hello (unhooked.uses_hooks): a helper standing for an unmodified script that did would be
+    supervised as a hooked one and its hangs missed (seen: a docstring that named it)."""
+    from pathlib import Path
+
+    from ckptsup.supervisor.job.unhooked import uses_hooks
+
+    helpers = Path(__file__).resolve().parent / "helpers"
+    assert not uses_hooks(str(helpers / "plain_ddp.py")) and not uses_hooks(str(helpers / "titan_train.py"))
+    assert uses_hooks(str(helpers / "heartbeat_train.py"))
+
+
+def test_a_script_uses_the_hooks_when_it_imports_ckptsup_not_when_it_names_it(tmp_path):
+    from ckptsup.supervisor.job.unhooked import uses_hooks
+
+    cases = {
+        "# launched by ckptsup launch; see the ckptsup docs\nimport torch\n": False,
+        'print("ckptsup")\nx = "import ckptsup"\n': False,
+        "import ckptsup\n": True,
+        "import os, ckptsup as c\n": True,
+        "from ckptsup.integrations.hf import CkptsupCallback\n": True,
+        "def main():\n    from ckptsup import attach\n": True,
+        'mod = importlib.import_module("ckptsup")\n': True,
+        "import ckptsupport\n": False,
+    }
+    for i, (source, expected) in enumerate(cases.items()):
+        script = tmp_path / f"s{i}.py"
+        script.write_text(source)
+        assert uses_hooks(str(script)) is expected, source
+    assert uses_hooks(str(script), module=True) is False and uses_hooks(str(tmp_path / "none.py")) is False

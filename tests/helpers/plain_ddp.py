@@ -59,7 +59,7 @@ def busy(seconds):
 
 
 def hold(path, step, rank):
-    """Read slowly (as read_slowly: busy at ckptsup's I/O floor, not hung, and next to no CPU
+    """Read slowly (as read_slowly: busy at the supervisor's I/O floor, not hung, and next to no CPU
     however loaded the machine) until `path` holds the line `step` (a test's release), at most 300 s."""
     import sys
 

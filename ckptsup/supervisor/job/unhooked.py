@@ -5,6 +5,7 @@ for each supervision level."""
 from __future__ import annotations
 
 import os
+import re
 from pathlib import Path
 
 from ...config import SupervisorConfig
@@ -15,15 +16,21 @@ DIR_ENTRIES = 100_000
 MTIME_SLACK_S = 0.05    # progress_dir entries looked at (a huge directory costs a bounded scan)
 
 
+# an import of ckptsup (attach, heartbeat, a framework callback all need one), indented or not;
+# a mere mention — "# run with ckptsup launch" in a comment — is no use of the hooks
+_IMPORTS_CKPTSUP = re.compile(rb"^[ \t]*(?:from[ \t]+ckptsup\b|import[ \t]+[^\n#]*\bckptsup\b)"
+                              rb"|(?:import_module|__import__)\(\s*[\"']ckptsup\b", re.M)
+
+
 def uses_hooks(script: str, *, module: bool = False, no_python: bool = False) -> bool:
-    """Whether the script mentions ckptsup (attach, heartbeat, a callback): then a rank that does
+    """Whether the script imports ckptsup (attach, heartbeat, a callback): then a rank that does
     not say hello within the init allowance hangs. A module (-m) or an executable is not read:
     it is watched at the process level until a rank says hello."""
     if module or no_python:
         return False
     try:
         with open(script, "rb") as f:
-            return b"ckptsup" in f.read(SOURCE_BYTES)
+            return _IMPORTS_CKPTSUP.search(f.read(SOURCE_BYTES)) is not None
     except OSError:
         return False
 
