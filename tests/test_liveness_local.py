@@ -65,7 +65,12 @@ def test_a_stuck_rank_is_a_hang_named_where_it_is_cold_and_warm_and_no_node_is_s
     assert "rank 0 waiting in" in sleep["detail"], sleep["detail"]
     assert len(named(events, "health_check")) == 1   # the start's: a rank stuck in its own code suspects no node
     assert not named(events, "node_excluded")
-    assert [r["warm"] for r in named(events, "restart_done")] == [True, True]
+    first, second = named(events, "restart_done")
+    assert first["warm"] is True   # attempt 1's ranks ran in warm interpreters: the second hang is named in one
+    # the second restart starts warm when attempt 1's warm interpreters were ready before its hang
+    # (~12 s after the first restart; on a loaded box their torch imports can take longer)
+    ready = [e["mono"] for e in named(events, "warm_ready") if e["attempt"] == 1]
+    assert second["warm"] or not (ready and ready[0] < sleep["mono"]), (ready, sleep["mono"], second)
     assert list((tmp_path / "run" / "attempt-1" / "stacks").glob("rank*.txt"))   # the stacks stay in the run dir
     # the whole evidence rides the event (ckptsup log --json), the named line the log's table
     seen = {r["rank"]: r for r in sleep["ranks_seen"]}
