@@ -40,7 +40,7 @@ test-slurm: setup
 # The whole suite through pytest-xdist, whole files per worker (--dist loadfile: a module's shared
 # reference run stays on one; each worker's dev-cluster tests take their own numbered cluster slot,
 # tests/conftest.py), the longest files first (conftest FILE_SECONDS; --no-loadscope-reorder keeps
-# that order). One worker by default: `make test TEST_WORKERS=3` takes ~29 min here instead of
+# that order). One worker by default: `make test TEST_WORKERS=3` takes 26-29 min here instead of
 # ~50 (the workers now end within a minute of each other: the floor is the total, not one file),
 # but each parallel run so far found a new timing race, and three green runs in a row come first
 # (BENCHMARKS.md §Test suite).
