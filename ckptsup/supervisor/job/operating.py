@@ -89,7 +89,8 @@ class Operator:
             self.last_commit_mono = self.clock()
             # a save of this step or an earlier one began before the ranks heard the request
             # (its write runs in the background): the replace waits for a newer one
-            if self.replace is not None and record["step"] > self.replace.after_step:
+            step = record["step"]
+            if self.replace is not None and isinstance(step, int) and step > self.replace.after_step:
                 self.replace.due = True
 
     def due_replace(self, step: int | None) -> Failure | None:
