@@ -109,11 +109,11 @@ def _checker(tp: Any, meta: Mapping[str, Any]) -> tuple[Check, str]:
         parts = [_checker(a, meta) for a in args if a is not NoneType]
         nullable = NoneType in args
         desc = " or ".join([d for _, d in parts] + (["null"] if nullable else []))
-        if len(parts) == 1:   # X | None, the common case: no loop, no try
+        if len(parts) == 1:   # X | None (one type besides None is always Optional): no loop, no try
             only = parts[0][0]
 
             def optional(v: Any) -> Any:
-                return None if v is None and nullable else only(v)
+                return None if v is None else only(v)
             return optional, desc
 
         def union(v: Any) -> Any:

@@ -8,7 +8,7 @@ import json
 import os
 
 from ckptsup.env import ExitStatus, should_requeue
-from ckptsup.events import Event
+from ckptsup.events import Event, read_events
 from ckptsup.rundir import RunDir, RunStatus
 from ckptsup.slurm.render import no_requeue_statuses
 from ckptsup.supervisor.job import control
@@ -157,8 +157,6 @@ def test_replace_checkpoints_then_moves_the_nodes_ranks_to_the_spare_and_drains_
     assert ack["outcome"] == "accepted" and ack["request"] == request.id and "n3" in ack["detail"]
     [detected] = of(tmp_path, Event.FAILURE_DETECTED)
     assert detected["kind"] == "replaced" and detected["node"] == "n2"
-    from ckptsup.events import read_events
-
     order = [(e["event"], e.get("step")) for e in read_events(tmp_path / "run")
              if e["event"] in ("checkpoint_committed", "failure_detected")]
     assert order == [("checkpoint_committed", 4), ("checkpoint_committed", 5), ("failure_detected", 4)]

@@ -5,6 +5,7 @@ test_drop_in_local.py and test_drop_in_slurm.py."""
 from __future__ import annotations
 
 from dataclasses import dataclass
+from pathlib import Path
 from typing import Any
 
 from ckptsup.env import ExitStatus
@@ -12,6 +13,7 @@ from ckptsup.events import Event
 from ckptsup.rundir import RunDir
 from ckptsup.supervisor.job.attempt import AttemptTracker
 from ckptsup.supervisor.job.observations import SupervisionLevel
+from ckptsup.supervisor.job.unhooked import uses_hooks
 from ckptsup.wire import MessageKind
 
 from test_supervisor_loop import Clock, Fault, FakeStep, World, fast_ticks, of, site, supervisor  # noqa: F401
@@ -198,18 +200,12 @@ def test_the_unmodified_script_helpers_never_name_the_supervisor():
     """A script that mentions ckptsup anywhere in its source, a comment included, is expected to
     say hello (unhooked.uses_hooks): a helper standing for an unmodified script that did would be
     supervised as a hooked one and its hangs missed (seen: a docstring that named it)."""
-    from pathlib import Path
-
-    from ckptsup.supervisor.job.unhooked import uses_hooks
-
     helpers = Path(__file__).resolve().parent / "helpers"
     assert not uses_hooks(str(helpers / "plain_ddp.py")) and not uses_hooks(str(helpers / "titan_train.py"))
     assert uses_hooks(str(helpers / "heartbeat_train.py"))
 
 
 def test_a_script_uses_the_hooks_when_it_imports_ckptsup_not_when_it_names_it(tmp_path):
-    from ckptsup.supervisor.job.unhooked import uses_hooks
-
     cases = {
         "# launched by ckptsup launch; see the ckptsup docs\nimport torch\n": False,
         'print("ckptsup")\nx = "import ckptsup"\n': False,
