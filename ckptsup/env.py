@@ -234,20 +234,24 @@ def split_module_flag(args: list[str]) -> tuple[list[str], bool]:
 
 
 RANK_TITLE = "ckptsup rank {rank}: {command}"   # a rank's process title (ps, top, py-spy; docs/supervisor.md §Finding a rank)
+WARM_TITLE = "ckptsup warm interpreter {local_rank}: {path}"   # a warm interpreter waiting for its rank
 
 
-def prepare_rank_title() -> bool:
+def prepare_rank_title(*, keep_environ: bool = True) -> bool:
     """Ready setproctitle while this process's environment is still its own: it finds the command
     line's memory through `environ` on first use, so a warm interpreter (which replaces its
     environment with the rank's) calls this at start. SPT_NOENV: the title is then cut to the
     original command line's length rather than overwriting /proc/PID/environ (the agent reads RANK
-    there). False when setproctitle is missing: a title is a convenience, never a reason to fail."""
+    there). `keep_environ=False` (a child forked by the zygote, whose /proc environ is the zygote's
+    and read by nobody): the title may use that room too. False when setproctitle is missing: a
+    title is a convenience, never a reason to fail."""
     try:
         import setproctitle
     except ImportError:
         return False
-    ours = "SPT_NOENV" not in os.environ
-    os.environ.setdefault("SPT_NOENV", "1")
+    ours = keep_environ and "SPT_NOENV" not in os.environ
+    if ours:
+        os.environ["SPT_NOENV"] = "1"
     try:
         setproctitle.getproctitle()   # the one-time set-up
     finally:
@@ -264,6 +268,19 @@ def set_rank_title(rank: int | str, argv: list[str]) -> bool:
     import setproctitle
 
     setproctitle.setproctitle(RANK_TITLE.format(rank=rank, command=" ".join(argv)))
+    return True
+
+
+def set_warm_title(local_rank: int, path: str) -> bool:
+    """A warm interpreter forked by the zygote waits titled `ckptsup warm interpreter L: PATH`:
+    ps (and a test) tells it by its local rank and socket, as its own environment is not in
+    /proc (a fork's is its parent's). That environment's room is the title's, so the rank's title
+    later is not cut to the zygote's short command line."""
+    if not prepare_rank_title(keep_environ=False):
+        return False
+    import setproctitle
+
+    setproctitle.setproctitle(WARM_TITLE.format(local_rank=local_rank, path=path))
     return True
 
 

@@ -8,8 +8,6 @@ from pathlib import Path
 import psutil
 import torch
 
-from ckptsup.env import WARM_LOCAL_RANK
-
 from run_helpers import uninterrupted
 
 ROOT = Path(__file__).resolve().parents[1]
@@ -70,22 +68,23 @@ def words(cmd: list[str]) -> list[str]:
 
 def real_rank(proc: psutil.Process) -> psutil.Process:
     """The process that runs a rank. A cold worker is the rank itself; a warm_proxy worker stands in
-    for a warm rank interpreter (docs/supervisor.md §Warm restarts): the one of its local rank, in
-    use (its socket gone, or titled `ckptsup rank R: ...` once it runs the rank), with the same
-    working directory. Signals meant for the rank's process (SIGSTOP) must go there."""
+    for a warm rank interpreter (docs/supervisor.md §Warm restarts): the agent's child (its zygote
+    forked it; the proxy is torchrun's, torchrun the agent's) of the proxy's local rank, in use
+    (titled `ckptsup rank R: ...` once it runs the rank, or still `ckptsup warm interpreter L: PATH`
+    with its socket gone), with the same working directory. Signals meant for the rank's process
+    (SIGSTOP) must go there."""
     cmd = proc.cmdline()
     if "ckptsup.rankside.warm_proxy" not in cmd:
         return proc
-    local_rank, cwd, rank = proc.environ().get("LOCAL_RANK"), proc.cwd(), proc.environ().get("RANK")
-    for p in psutil.process_iter(["cmdline"]):
-        argv = p.info["cmdline"] or []
-        titled = " ".join(argv).startswith(f"ckptsup rank {rank}: ")
-        if "ckptsup.rankside.warm_rank" not in argv and not titled:
-            continue
+    env, cwd = proc.environ(), proc.cwd()
+    agent = proc.parent().parent()
+    for child in agent.children():
         try:
-            in_use = titled or not Path(argv[argv.index("--listen") + 1]).exists()
-            if p.environ().get(WARM_LOCAL_RANK) == local_rank and p.cwd() == cwd and in_use:
-                return p
-        except (psutil.Error, ValueError, IndexError):
+            title = " ".join(words(child.cmdline()))
+            waiting = title.startswith(f"ckptsup warm interpreter {env.get('LOCAL_RANK')}: ") \
+                and not Path(title.split(": ", 1)[1]).exists()
+            if (title.startswith(f"ckptsup rank {env.get('RANK')}: ") or waiting) and child.cwd() == cwd:
+                return child
+        except psutil.Error:
             continue
     raise AssertionError(f"no warm rank interpreter behind proxy {proc.pid}")

@@ -169,21 +169,22 @@ def test_a_hooked_rank_hanging_after_close_is_killed_and_the_run_is_complete_and
     print(f"hooked teardown: launch ended {elapsed:.1f}s after rank 1's close() with exit 0 (exit_grace_s=3)")
 
 
-def test_stopped_warm_interpreters_and_launcher_do_not_delay_the_end(tmp_path):
-    """SIGSTOP the agent's warm rank interpreters and its pre-imported launcher (they answer no
-    signal but SIGKILL): the run still ends promptly once its ranks finish, and they are gone."""
+def test_stopped_warm_interpreters_and_zygote_do_not_delay_the_end(tmp_path):
+    """SIGSTOP the agent's waiting warm rank interpreters and its zygote (they answer no signal
+    but SIGKILL): the run still ends promptly once its ranks finish, and they are gone."""
     out_dir = tmp_path / "out"
     go = out_dir / "go"
     proc, run = start(tmp_path, WIRE_RANK, "--steps", "5", "--step-s", "0.05", "--until", str(go), "--out", str(out_dir))
     try:
         wait_for(lambda: named(read_events(run), "warm_ready"), 240, "warm_ready", proc)
         me = psutil.Process(proc.pid)
-        standby = wait_for(lambda: [p for p in me.children(recursive=True)
-                                    if "ckptsup.rankside.warm_rank" in cmdline(p.pid)
-                                    # the launcher kept for the next launch; the running torchrun has workers
-                                    or ("ckptsup.rankside.torchrun_standby" in cmdline(p.pid) and not p.children())],
-                           30, "the warm processes")
-        assert sum("warm_rank" in cmdline(p.pid) for p in standby) == 2, [cmdline(p.pid) for p in standby]
+        def warm_processes() -> list[psutil.Process]:
+            """The zygote and both waiting interpreters (warm_ready: forked, but maybe not yet titled)."""
+            found = [p for p in me.children(recursive=True)
+                     if cmdline(p.pid).startswith("ckptsup warm interpreter") or "ckptsup.rankside.zygote" in cmdline(p.pid)]
+            return found if len(found) == 3 else []
+        standby = wait_for(warm_processes, 30, "the zygote and 2 waiting interpreters")
+        assert sum("rankside.zygote" in cmdline(p.pid) for p in standby) == 1, [cmdline(p.pid) for p in standby]
         for p in standby:
             p.send_signal(signal.SIGSTOP)
         go.touch()

@@ -1,6 +1,7 @@
 """Warm rank interpreters (rankside/warm_rank.py and warm_proxy.py, supervisor/node/warm_pool.py) as real
 processes: the proxy stands in for the rank exactly — its streams, environment, cwd, argv,
 exit status and signals — and starts cold when no warm interpreter is ready."""
+import ctypes
 import os
 import signal
 import subprocess
@@ -12,7 +13,9 @@ import psutil
 import pytest
 
 from ckptsup.env import WARM_DIR
+from ckptsup.supervisor.node.forked import PR_SET_CHILD_SUBREAPER, is_subreaper, reap_orphans
 from ckptsup.supervisor.node.warm_pool import WarmPool
+from ckptsup.supervisor.node.zygote import Zygote
 
 pytestmark = pytest.mark.integration
 
@@ -31,16 +34,33 @@ sys.exit(int(sys.argv[1]))
 """
 
 
+def wait_ready(what, ready, timeout=60):
+    deadline = time.monotonic() + timeout
+    while not ready():
+        assert time.monotonic() < deadline, f"{what} never got ready"
+        time.sleep(0.05)
+
+
+@pytest.fixture(scope="module")
+def zygote(tmp_path_factory):
+    """One zygote for the module, as an agent keeps one for its restarts. This test process is
+    the subreaper its children need (as the agent is) until the module ends."""
+    z = Zygote.start(env=dict(os.environ), cwd=str(tmp_path_factory.mktemp("zygote")))
+    assert z is not None and is_subreaper()
+    wait_ready("the zygote", z.ready)
+    yield z
+    z.close()
+    ctypes.CDLL(None).prctl(PR_SET_CHILD_SUBREAPER, 0, 0, 0, 0)
+    reap_orphans(())
+
+
 @pytest.fixture
-def pool(tmp_path):
+def pool(tmp_path, zygote):
     directory = tmp_path / "sock"
     directory.mkdir(mode=0o700)
-    p = WarmPool(directory=directory, size=1, env=dict(os.environ), cwd=str(tmp_path))
-    p.start()
-    deadline = time.monotonic() + 60
-    while not p.ready():
-        assert time.monotonic() < deadline, "the warm interpreter never got ready"
-        time.sleep(0.05)
+    p = WarmPool(directory=directory, size=1, cwd=str(tmp_path))
+    p.start(zygote)
+    wait_ready("the warm interpreter", p.ready)
     yield p
     p.close()
 
@@ -112,21 +132,54 @@ def test_a_stopped_rank_is_killed_with_its_launch(tmp_path, pool):
     assert rank.wait(timeout=30) == -signal.SIGKILL and not pool.in_use
 
 
-def test_the_pool_applies_torchruns_thread_rule_and_gives_up_on_interpreters_that_die(tmp_path):
+def test_the_pool_applies_torchruns_thread_rule_and_gives_up_on_interpreters_that_die(tmp_path, zygote):
     assert WarmPool.rank_env({}, 2)["OMP_NUM_THREADS"] == "1"
     assert WarmPool.rank_env({"OMP_NUM_THREADS": "4"}, 2)["OMP_NUM_THREADS"] == "4"
     assert "OMP_NUM_THREADS" not in WarmPool.rank_env({}, 1)
     directory = tmp_path / "sock"
     directory.mkdir(mode=0o700)
-    broken = WarmPool(directory=directory, size=1, env={**os.environ, "PYTHONHOME": "/nonexistent"},
-                      cwd="/")   # python cannot start: the interpreter dies at once
-    for _ in range(broken.MAX_FAILED):
-        broken.start()
-        broken.procs[0].wait(timeout=30) if broken.procs else None
-        broken.reap()
-    assert broken.failed == broken.MAX_FAILED and not broken.procs
-    broken.start()
-    assert not broken.procs and not broken.hand_out()   # warming stops; launches start cold
+    dying = WarmPool(directory=directory, size=1, cwd=str(tmp_path))
+    for _ in range(dying.MAX_FAILED):
+        dying.start(zygote)
+        dying.procs[0].kill()   # it dies while waiting for its rank
+        dying.procs[0].wait(timeout=30)
+        dying.reap()
+    assert dying.failed == dying.MAX_FAILED and not dying.procs
+    dying.start(zygote)
+    assert not dying.procs and not dying.hand_out()   # warming stops; launches start cold
+    assert zygote.ready()   # the zygote itself is unharmed
+
+
+def test_a_zygote_that_cannot_start_forks_nothing_and_its_pool_gives_up(tmp_path):
+    broken = Zygote.start(env={**os.environ, "PYTHONHOME": "/nonexistent"}, cwd="/")   # python cannot start
+    assert broken is not None
+    broken.proc.wait(timeout=30)
+    assert broken.dead() and not broken.ready()
+    directory = tmp_path / "sock"
+    directory.mkdir(mode=0o700)
+    pool = WarmPool(directory=directory, size=2, cwd=str(tmp_path))
+    for _ in range(pool.MAX_FAILED + 1):
+        pool.start(broken)
+    assert pool.failed == pool.MAX_FAILED and not pool.procs and not pool.hand_out()
+    assert broken.fork_torchrun(argv=["--help"], env=dict(os.environ), cwd="/") is None
+    broken.close()
+
+
+def test_a_forked_torchrun_is_our_child_with_its_output_and_exit_status(tmp_path, zygote):
+    child = zygote.fork_torchrun(argv=["--nproc-per-node", "1", "--no-python", "sh", "-c", "echo out; echo err >&2; exit 3"],
+                                 env={**os.environ, "TEST_MARK": "x"}, cwd=str(tmp_path))
+    assert child is not None and psutil.Process(child.pid).ppid() == os.getpid()   # reparented to us
+    out = child.stdout.read().decode()
+    assert child.wait(timeout=60) == 1, out   # torchrun's status for a failed worker
+    assert "out" in out and "err" in out and "exitcode  : 3" in out, out
+    child.stdout.close()
+
+
+def test_a_waiting_interpreter_is_titled_with_its_local_rank_and_socket(pool):
+    with open(f"/proc/{pool.procs[0].pid}/cmdline", "rb") as fh:
+        title = fh.read().rstrip(b"\0").decode().rstrip()
+    assert title == f"ckptsup warm interpreter 0: {pool.socket(0)}", title
+    assert psutil.Process(pool.procs[0].pid).cwd() == pool.cwd
 
 
 def test_the_warm_rank_is_titled_as_its_rank_for_ps_and_py_spy(tmp_path, pool):
@@ -136,9 +189,7 @@ def test_the_warm_rank_is_titled_as_its_rank_for_ps_and_py_spy(tmp_path, pool):
     assert p.stdout.readline().startswith("rank 3")
     with open(f"/proc/{pool.in_use[0].pid}/cmdline", "rb") as fh:
         title = fh.read().rstrip(b"\0").decode()
-    assert title == f"ckptsup rank 3: {tmp_path / 's.py'} wait", title
-    with open(f"/proc/{pool.in_use[0].pid}/environ", "rb") as fh:
-        assert b"CKPTSUP_WARM_LOCAL_RANK=0" in fh.read()   # the title did not overwrite the environment
+    assert title.rstrip() == f"ckptsup rank 3: {tmp_path / 's.py'} wait", title   # not cut to the zygote's argv
     p.kill()
 
 

@@ -19,8 +19,7 @@ import sys
 
 def main() -> int:
     # Until a request arrives this process is idle; the agent kills it with SIGKILL if unused.
-    import torch.distributed.run as torchrun  # the expensive import, done ahead of need
-    from torch.distributed.elastic.multiprocessing.errors import ChildFailedError
+    import torch.distributed.run  # noqa: F401 — the expensive import, done ahead of need
 
     line = sys.stdin.readline()
     if not line.strip():
@@ -29,6 +28,15 @@ def main() -> int:
     devnull = os.open(os.devnull, os.O_RDONLY)
     os.dup2(devnull, 0)
     os.close(devnull)
+    return become_torchrun(request)
+
+
+def become_torchrun(request: dict) -> int:
+    """Run torchrun with the request's argv, environment and cwd (stdin, stdout and stderr are
+    already the ones torchrun gets); its exit status."""
+    import torch.distributed.run as torchrun
+    from torch.distributed.elastic.multiprocessing.errors import ChildFailedError
+
     if isinstance(sys.stdout, io.TextIOWrapper):
         sys.stdout.reconfigure(line_buffering=True)  # a pipe is block-buffered: rank lines must be live
     os.environ.clear()
@@ -44,7 +52,6 @@ def main() -> int:
         print(f"torchrun: {type(err).__name__}: {err}", file=sys.stderr, flush=True)
         return 1
     return 0
-
 
 if __name__ == "__main__":
     sys.exit(main())

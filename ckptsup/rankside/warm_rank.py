@@ -64,7 +64,7 @@ def _peer_uid(conn: socket.socket) -> int | None:
     return uid
 
 
-def _die_with_parent() -> None:
+def die_with_parent() -> None:
     """The agent is our parent: if it dies (SIGKILL skips its cleanup), we die too."""
     try:
         import ctypes
@@ -144,32 +144,32 @@ def become_rank(request: dict, fds: list[int], conn: socket.socket) -> int:
 PREIMPORTS = ("torch", "torch.distributed", "torch.distributed.checkpoint", "ckptsup.hooks.session")
 
 
-def _preimport() -> None:
+def preimport(names: tuple[str, ...] = PREIMPORTS) -> None:
     import importlib
 
-    for name in PREIMPORTS:
+    for name in names:
         try:
             importlib.import_module(name)
         except ImportError:
             continue
 
 
-def main(argv: list[str] | None = None) -> int:
-    args = argv if argv is not None else sys.argv[1:]
-    if len(args) != 2 or args[0] != "--listen":
-        print("usage: python -m ckptsup.rankside.warm_rank --listen PATH", file=sys.stderr)
-        return 2
-    _die_with_parent()
+def listen(path: str) -> socket.socket:
+    """The socket a proxy connects to (0600 in the agent's 0700 dir)."""
     server = socket.socket(socket.AF_UNIX, socket.SOCK_STREAM)
-    server.bind(args[1])
-    os.chmod(args[1], 0o600)
+    server.bind(path)
+    os.chmod(path, 0o600)
     server.listen(1)
-    _preimport()
+    return server
+
+
+def serve(server: socket.socket, path: str) -> int:
+    """Say ready (torch is in), wait for the one proxy that hands this interpreter its rank, and
+    become that rank: its exit status is returned."""
     from ..env import prepare_rank_title
 
     prepare_rank_title()   # now: the rank's environment replaces ours, and setproctitle needs ours
-
-    with open(args[1] + ".ready", "w"):
+    with open(path + ".ready", "w"):
         pass   # the agent hands this interpreter out only once torch is in
     while True:
         conn, _ = server.accept()
@@ -187,9 +187,21 @@ def main(argv: list[str] | None = None) -> int:
             conn.close()
             continue
         server.close()
-        os.unlink(args[1])
+        os.unlink(path)
         return become_rank(request, fds, conn)
 
+
+def main(argv: list[str] | None = None) -> int:
+    """A warm interpreter of its own (the agent forks them from rankside/zygote.py; this entry
+    point serves tests and a node without a zygote)."""
+    args = argv if argv is not None else sys.argv[1:]
+    if len(args) != 2 or args[0] != "--listen":
+        print("usage: python -m ckptsup.rankside.warm_rank --listen PATH", file=sys.stderr)
+        return 2
+    die_with_parent()
+    server = listen(args[1])
+    preimport()
+    return serve(server, args[1])
 
 if __name__ == "__main__":
     sys.exit(main())

@@ -11,7 +11,7 @@ import enum
 import signal
 import subprocess
 import time
-from typing import Callable
+from typing import Callable, Protocol
 
 import psutil
 
@@ -77,12 +77,23 @@ def signal_tree(pid: int, sig: int) -> None:
             pass
 
 
-def terminate(proc: subprocess.Popen | int, grace: float, *, sleep: Callable[[float], None] = time.sleep,
+class Child(Protocol):
+    """A child process we wait on: a subprocess.Popen, or one the agent adopted from its zygote
+    (supervisor/node/forked.py)."""
+
+    pid: int
+
+    def poll(self) -> int | None: ...
+
+    def wait(self, timeout: float | None = None) -> int: ...
+
+
+def terminate(proc: Child | int, grace: float, *, sleep: Callable[[float], None] = time.sleep,
               clock: Callable[[], float] = time.monotonic) -> int | None:
     """Stop `proc` and every descendant: SIGTERM, wait up to `grace` seconds, then SIGKILL.
     Stopped processes and grace <= 0 go straight to SIGKILL. Returns proc's exit status when it
-    is our child (Popen), else None."""
-    pid = proc.pid if isinstance(proc, subprocess.Popen) else int(proc)
+    is our child (a Child), else None."""
+    pid = proc if isinstance(proc, int) else proc.pid
     members = tree(pid)
     if grace > 0:
         for member in members:
@@ -92,7 +103,7 @@ def terminate(proc: subprocess.Popen | int, grace: float, *, sleep: Callable[[fl
                 pass
         deadline = clock() + grace
         while clock() < deadline and any(_alive(m) for m in members):
-            if isinstance(proc, subprocess.Popen):
+            if not isinstance(proc, int):
                 proc.poll()
             sleep(0.02)
     for member in members:
@@ -101,7 +112,7 @@ def terminate(proc: subprocess.Popen | int, grace: float, *, sleep: Callable[[fl
                 member.kill()
             except psutil.NoSuchProcess:
                 pass
-    if isinstance(proc, subprocess.Popen):
+    if not isinstance(proc, int):
         try:
             return proc.wait(timeout=max(grace, 5.0))
         except subprocess.TimeoutExpired:

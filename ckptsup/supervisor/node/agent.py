@@ -12,8 +12,9 @@ once in the constructor:
   procs     the ranks as processes: who is which rank, crashes and clean exits (rank_processes.py)
   output    torchrun's output: progress lines and rank 0's console (rank_output.py)
   memory    the memory tier's store and its replicas (memory_store.py), when on
-  pool      warm rank interpreters and a pre-imported torchrun for the next launch (warm_pool.py,
-            standby.py)
+  zygote    one pre-imported interpreter that forks the next launch's torchrun and warm ranks
+            (zygote.py; its children are the agent's: forked.py)
+  pool      warm rank interpreters for the next launch (warm_pool.py)
   external  hashes of a framework's own checkpoints (external_agent.py)
 
 Crash detection happens here: a rank whose connection drops without `bye` is reported at once
@@ -44,14 +45,17 @@ from ..torchrun_args import installed_torchrun_has
 from .rank_output import OutputPipe, RankOutput
 from .rank_processes import RankProcesses
 from .rank_socket import RankConn, RankSocket
-from .standby import Standby
+from .forked import ForkedChild, reap_orphans
+from .standby import start_cold
 from .external_agent import ExternalHasher, ExternalRequestError
 from .memory_store import FlipMode, NodeMemory
 from .warm_pool import WarmPool
-from ..processes import is_stopped, terminate
+from .zygote import Zygote
+from ..processes import terminate
 
 TICK_S = 0.1
 STANDBY_DELAY_S = 30.0
+MAX_ZYGOTE_FAILURES = 2   # zygotes that died before they were ready: then every launch starts cold
 RANK_LINE_PREFIX = "[rank${rank}]: "   # torchrun --tee: the global rank on every line (progress.RANK_PREFIX)
 
 
@@ -76,7 +80,7 @@ class Agent:
                                 on_drop=self._count_drop)
         self.procs = RankProcesses()
         self.output: OutputPipe | None = None
-        self.torchrun: subprocess.Popen | None = None
+        self.torchrun: subprocess.Popen | ForkedChild | None = None
         self.torchrun_reported = True
         self.launched_at: float | None = None
         self.last_step: int | None = None
@@ -86,7 +90,9 @@ class Agent:
         self.term_signal: int | None = None
         self.exit_requested = False
         self.last_hb = 0.0
-        self.standby: Standby | None = None     # a pre-imported torchrun for the next launch
+        self.zygote: Zygote | None = None       # forks the next launch's torchrun and warm ranks
+        self.zygote_failures = 0                # zygotes that died before they were ready
+        self.warming = False                    # the next launch's processes are to be prepared now
         self.pool: WarmPool | None = None       # warm rank interpreters for the next launch
         self.warm = False                       # this attempt's ranks run in warm interpreters
         self.warm_told = False                  # the supervisor heard that the pool is ready
@@ -163,9 +169,45 @@ class Agent:
             self.pool.close()
             self.pool = None
         if self.pool is None:
-            self.pool = WarmPool(directory=self.ranks.dir, size=spec.nproc_per_node, cwd=spec.cwd,
-                                 env=WarmPool.rank_env(self.rank_env({}), spec.nproc_per_node))
+            self.pool = WarmPool(directory=self.ranks.dir, size=spec.nproc_per_node, cwd=spec.cwd)
         return self.pool
+
+    def _zygote_env(self) -> dict[str, str]:
+        """What torch is imported with: the ranks' environment when ranks are forked from it (some
+        variables, OMP_NUM_THREADS among them, are read at import), else the agent's own."""
+        if self._pool_for() is None:
+            return dict(os.environ)
+        return WarmPool.rank_env(self.rank_env({}), self.spec.nproc_per_node)
+
+    def _ready_zygote(self) -> Zygote | None:
+        """The zygote, if it can fork now; a dead, stopped or failed one is discarded (the next
+        launch starts cold, the loop starts another)."""
+        if self.zygote is not None and self.zygote.dead():
+            if not self.zygote.is_ready:
+                self.zygote_failures += 1
+            self.zygote.close()
+            self.zygote = None
+        return self.zygote if self.zygote is not None and self.zygote.ready() else None
+
+    def _tend_zygote(self) -> None:
+        """While warming: a zygote with the current environment, then the pool forked from it."""
+        if not self.warming:
+            return
+        env = self._zygote_env()
+        if self.zygote is not None and self.zygote.env != env:
+            self.zygote.close()   # the spec changed: torch must be imported anew
+            self.zygote = None
+        zygote = self._ready_zygote()
+        if zygote is None:
+            if self.zygote is None and self.zygote_failures < MAX_ZYGOTE_FAILURES:
+                self.zygote = Zygote.start(env=env, cwd=self.spec.cwd)
+                if self.zygote is None:
+                    self.zygote_failures = MAX_ZYGOTE_FAILURES   # no subreaper here: every launch is cold
+            return
+        pool = self._pool_for()
+        if pool is not None:
+            pool.start(zygote)   # the next launch's warm interpreters
+        self.warming = False
 
     def rank_env(self, extra: dict[str, str]) -> dict[str, str]:
         env = dict(os.environ)
@@ -180,18 +222,17 @@ class Agent:
         return env
 
     def start_torchrun(self, extra_env: dict[str, str]) -> None:
-        if self.standby is not None and is_stopped(self.standby.proc.pid):
-            self.standby.discard()   # a stopped launcher would never start torchrun: the restart would wait for nothing
-            self.standby = None
-        standby = self.standby or Standby()
-        self.standby = None
         log = os.path.join(self.spec.log_dir, f"ranks-{self.node}.log")
         pool = self._pool_for()
         self.warm = pool is not None and pool.hand_out()
         env = self.rank_env(extra_env)
         if self.warm and pool is not None:
             env[WARM_DIR] = str(pool.in_use_dir)
-        self.torchrun = standby.launch(argv=self.torchrun_argv(warm=self.warm), env=env, cwd=self.spec.cwd)
+        argv = self.torchrun_argv(warm=self.warm)
+        # a stopped or stuck zygote would never start torchrun: the restart would wait for nothing
+        zygote = self._ready_zygote()
+        forked = zygote.fork_torchrun(argv=argv, env=env, cwd=self.spec.cwd) if zygote is not None else None
+        self.torchrun = forked or start_cold(argv=argv, env=env, cwd=self.spec.cwd)
         self.procs.reset()
         self.stop_sent = False
         self._open_output(log)
@@ -200,7 +241,7 @@ class Agent:
         self.last_step = None
         self.stopped_ranks = set()
         self.send(messages.Launched(attempt=self.attempt, pid=self.torchrun.pid, warm=self.warm))
-        self.launched_at = time.monotonic()  # the next standby warms up once this attempt steps
+        self.launched_at = time.monotonic()  # the next launch's processes warm up once this attempt steps
 
     def kill_torchrun(self, grace: float) -> float:
         t0 = time.monotonic()
@@ -263,7 +304,7 @@ class Agent:
         if self.torchrun is not None:
             self.procs.lost(conn.rank, conn.pid, time.monotonic())
 
-    def _warm_in_use(self) -> Sequence[subprocess.Popen]:
+    def _warm_in_use(self) -> Sequence[ForkedChild]:
         """The warm interpreters this attempt's ranks run in (none on a cold launch)."""
         return self.pool.in_use if self.warm and self.pool is not None else ()
 
@@ -336,27 +377,21 @@ class Agent:
 
     # ---- periodic -----------------------------------------------------------------------------
     def _warm_standby(self) -> None:
-        """Start the next pre-imported launcher, but not while the ranks start: on a busy node its
+        """Prepare the next launch's processes, but not while the ranks start: on a busy node a
         torch import would slow theirs. Once the attempt steps (or after STANDBY_DELAY_S)."""
         if self.launched_at is None:
             return
         if self.last_step is not None or time.monotonic() - self.launched_at > STANDBY_DELAY_S:
-            if self.standby is None:
-                self.standby = Standby()
-            pool = self._pool_for()
-            if pool is not None:
-                pool.start()   # the next launch's warm interpreters, once these ranks step
+            self.warming = True   # _tend_zygote: the zygote, then the warm interpreters it forks
             self.launched_at = None
 
     def _prewarm(self) -> None:
         """A spare's agent (its node is not in the launch): warm up at once, nothing here to
         compete with, so that the launch that takes this node over starts warm."""
-        self.standby = Standby()
-        pool = self._pool_for()
-        if pool is not None:
-            pool.start()
+        self.warming = True
 
     def _check_processes(self) -> None:
+        self._tend_zygote()
         if self.pool is not None:
             self.pool.reap()
             ready = self.pool.ready()
@@ -393,6 +428,16 @@ class Agent:
                                      dropped=self.dropped, attempt=self.attempt, pids=tuple(pids),
                                      # each live rank's CPU time, I/O and state (supervisor/job/liveness.py: busy or hung)
                                      evidence=tuple([rank, *got.to_wire()] for rank, got in samples.items())))
+        if self.zygote is not None or self.zygote_failures:
+            reap_orphans(self._own_children())   # a subreaper adopts its descendants' orphans
+
+    def _own_children(self) -> set[int]:
+        """The children a handle of ours waits on (and reads the exit status of)."""
+        own = {p.pid for p in (*self.pool.procs, *self.pool.in_use)} if self.pool is not None else set()
+        for proc in (self.torchrun, self.zygote.proc if self.zygote is not None else None):
+            if proc is not None:
+                own.add(proc.pid)
+        return own
 
     def on_signal(self, signum: int, _frame: Any) -> None:
         self.term_signal = signum  # handled in the loop
@@ -459,12 +504,12 @@ class Agent:
 
     def shutdown(self) -> None:
         self.kill_torchrun(0)
-        if self.standby is not None:
-            self.standby.discard()
-            self.standby = None
         if self.pool is not None:
             self.pool.close()
             self.pool = None
+        if self.zygote is not None:
+            self.zygote.close()
+            self.zygote = None
         if self.memory is not None:
             self.memory.close()
         self.ranks.close()

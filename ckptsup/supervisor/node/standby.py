@@ -1,6 +1,6 @@
-"""The agent's handle on a pre-imported torchrun (the process itself: rankside/torchrun_standby.py).
-The agent keeps one ready, so a fast-path restart skips torch's ~1.7 s import; torch is imported
-in that launcher process, never in the agent or the supervisor.
+"""A cold launch's torchrun (rankside/torchrun_standby.py): started when the agent's zygote
+(zygote.py) cannot fork one (not started yet, stopped, dead). It pays torch's import now; the
+request goes in on stdin at once.
 """
 
 from __future__ import annotations
@@ -9,24 +9,14 @@ import json
 import subprocess
 import sys
 
-from ..processes import terminate
 
-
-class Standby:
-    """A launcher process that has already imported torch.distributed.run (rankside/torchrun_standby.py)."""
-
-    def __init__(self) -> None:
-        self.proc = subprocess.Popen([sys.executable, "-m", "ckptsup.rankside.torchrun_standby"],
-                                     stdin=subprocess.PIPE, stdout=subprocess.PIPE,
-                                     stderr=subprocess.STDOUT, start_new_session=True)
-
-    def launch(self, *, argv: list[str], env: dict[str, str], cwd: str) -> subprocess.Popen:
-        """Hand over the request; the returned process's stdout is the output pipe to read."""
-        assert self.proc.stdin is not None
-        request = {"argv": argv, "env": env, "cwd": cwd}
-        self.proc.stdin.write((json.dumps(request) + "\n").encode())
-        self.proc.stdin.close()
-        return self.proc
-
-    def discard(self) -> None:
-        terminate(self.proc, 0)
+def start_cold(*, argv: list[str], env: dict[str, str], cwd: str) -> subprocess.Popen:
+    """torchrun with this argv, environment and cwd; the returned process's stdout (stderr
+    merged) is the output pipe to read."""
+    proc = subprocess.Popen([sys.executable, "-m", "ckptsup.rankside.torchrun_standby"],
+                            stdin=subprocess.PIPE, stdout=subprocess.PIPE, stderr=subprocess.STDOUT,
+                            start_new_session=True)
+    assert proc.stdin is not None
+    proc.stdin.write((json.dumps({"argv": argv, "env": env, "cwd": cwd}) + "\n").encode())
+    proc.stdin.close()
+    return proc

@@ -1,30 +1,28 @@
 """The agent's pool of warm rank interpreters (rankside/warm_rank.py): one per local rank,
-started with the ranks' environment once the current attempt has stepped (their torch import
-would slow the ranks' start on a small node), handed out to the next launch's workers through
-rankside/warm_proxy.py. One generation serves one launch; the next one warms up afterwards.
+forked by the agent's zygote (zygote.py; it imported torch with the ranks' environment) once the
+current attempt has stepped, handed out to the next launch's workers through
+rankside/warm_proxy.py. One generation serves one launch; the next one is forked afterwards.
 """
 
 from __future__ import annotations
 
 import shutil
-import subprocess
-import sys
 from dataclasses import dataclass, field
 from pathlib import Path
 
-from ...env import WARM_LOCAL_RANK
 from ..processes import is_stopped, terminate
+from .forked import ForkedChild
+from .zygote import Zygote
 
 
 @dataclass(kw_only=True)
 class WarmPool:
     directory: Path                       # the agent's 0700 socket dir
     size: int
-    env: dict[str, str]
     cwd: str = "."
     generation: int = 0
-    procs: list[subprocess.Popen] = field(default_factory=list)   # warming or ready, not handed out
-    in_use: list[subprocess.Popen] = field(default_factory=list)  # the current launch's ranks
+    procs: list[ForkedChild] = field(default_factory=list)    # waiting, not handed out
+    in_use: list[ForkedChild] = field(default_factory=list)   # the current launch's ranks
     failed: int = 0                       # generations that died before they were used
     MAX_FAILED = 2
 
@@ -46,18 +44,21 @@ class WarmPool:
     def socket(self, local_rank: int) -> Path:
         return self.generation_dir / f"warm-{local_rank}.sock"
 
-    def start(self) -> None:
-        """Start one warm interpreter per local rank (replacing none that is still waiting)."""
+    def start(self, zygote: Zygote) -> None:
+        """Fork one warm interpreter per local rank (replacing none that is still waiting)."""
         if self.procs or self.failed >= self.MAX_FAILED:
             return
         self.generation += 1
         self.generation_dir.mkdir(mode=0o700, exist_ok=True)
         for local_rank in range(self.size):
-            path = self.socket(local_rank)
-            self.procs.append(subprocess.Popen(
-                [sys.executable, "-m", "ckptsup.rankside.warm_rank", "--listen", str(path)],
-                env={**self.env, WARM_LOCAL_RANK: str(local_rank)}, cwd=self.cwd, stdin=subprocess.DEVNULL, stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL,
-                start_new_session=True))
+            child = zygote.fork_warm(listen=self.socket(local_rank), local_rank=local_rank, cwd=self.cwd)
+            if child is None:   # the zygote failed: this generation is spoilt
+                for proc in self.procs:
+                    terminate(proc, 0)
+                self.procs = []
+                self.failed += 1
+                return
+            self.procs.append(child)
 
     def ready(self) -> bool:
         """Every interpreter imported torch and can answer now: a stopped one (SIGSTOP) is not
