@@ -81,7 +81,6 @@ MEMORY_EVERY_STEPS = "CKPTSUP_MEMORY_EVERY_STEPS"
 RANK_SOCKET = "CKPTSUP_RANK_SOCKET"
 MEMORY_SOCKET = "CKPTSUP_MEMORY_SOCKET"
 WARM_DIR = "CKPTSUP_WARM_DIR"
-WARM_LOCAL_RANK = "CKPTSUP_WARM_LOCAL_RANK"
 SECRET_FILE = "CKPTSUP_SECRET_FILE"
 NODE = "CKPTSUP_NODE"
 COLLECTIVE_TIMEOUT_INIT_S = "CKPTSUP_COLLECTIVE_TIMEOUT_INIT_S"
@@ -109,7 +108,6 @@ VARS: tuple[Var, ...] = (
     Var(name=MEMORY_EVERY_STEPS, set_by="supervisor (with [memory] enabled)", read_by="hooks", meaning="memory saves every N steps at launch: the adaptive interval's current choice (never past the ranks' disk schedule), else [memory] every_steps; later changes arrive over the channel"),
     Var(name=MEMORY_SOCKET, set_by="agent", read_by="hooks", meaning="node-local Unix socket (in a 0700 dir) of the agent's memory store (the memory tier)"),
     Var(name=RANK_SOCKET, set_by="agent", read_by="hooks", meaning="node-local Unix socket (in a 0700 dir) for rank heartbeats and commands"),
-    Var(name=WARM_LOCAL_RANK, set_by="agent", read_by="operators, tests (ps e)", meaning="the local rank a warm rank interpreter serves: its /proc environment (the rank's own variables come later, in-process)"),
     Var(name=WARM_DIR, set_by="agent", read_by="warm_proxy (torchrun's workers)", meaning="the 0700 dir of the warm rank interpreters' sockets (warm-<local_rank>.sock); set only when they are ready"),
     Var(name=SECRET_FILE, set_by="supervisor", read_by="agent, hooks", meaning="path of the 0600 per-job HMAC secret (never the secret itself)"),
     Var(name=NODE, set_by="agent; supervisor (local mode); health checks (for site commands)", read_by="hooks, agent, health checks", meaning="this node's name; unset: SLURMD_NODENAME, else the hostname (node_name())"),

@@ -7,12 +7,12 @@ import signal
 import subprocess
 import sys
 import time
-from pathlib import Path
 
 import psutil
 import pytest
 
 from ckptsup.env import WARM_DIR
+from ckptsup.supervisor.node.agent import MAX_ZYGOTE_FAILURES, Agent, LaunchSpec
 from ckptsup.supervisor.node.forked import PR_SET_CHILD_SUBREAPER, is_subreaper, reap_orphans
 from ckptsup.supervisor.node.warm_pool import WarmPool
 from ckptsup.supervisor.node.zygote import Zygote
@@ -219,3 +219,66 @@ def test_a_proxy_facing_a_stopped_interpreter_starts_the_rank_cold_and_kills_it(
     assert p.returncode == 5 and "rank 3" in out, err
     assert stopped.wait(timeout=10) == -signal.SIGKILL
     assert time.monotonic() - t0 < HELLO_TIMEOUT_S + 60   # the timeout, then a cold start with its torch import
+
+
+def test_adopted_orphans_are_reaped_and_known_children_left_to_their_handle(tmp_path, zygote):
+    """The agent is a subreaper (as this module's process is): a dead launcher's orphans become
+    its children, and reap_orphans collects them without taking a known child's exit status."""
+    known = subprocess.Popen(["sh", "-c", "exit 4"])
+    pidfile = tmp_path / "orphan"
+    subprocess.run(["sh", "-c", f"sleep 0.3 & echo $! > {pidfile}"], check=True)   # sh exits; its sleep is ours now
+    orphan = int(pidfile.read_text())
+    assert psutil.Process(orphan).ppid() == os.getpid()
+    deadline = time.monotonic() + 10
+    while psutil.Process(orphan).status() != psutil.STATUS_ZOMBIE or psutil.Process(known.pid).status() != psutil.STATUS_ZOMBIE:
+        assert time.monotonic() < deadline
+        time.sleep(0.02)
+    assert reap_orphans({known.pid, zygote.pid}) == [orphan]
+    assert not psutil.pid_exists(orphan) and known.wait(timeout=5) == 4
+
+
+def test_an_agent_stops_starting_zygotes_that_die_before_they_are_ready_and_launches_cold(tmp_path, zygote):
+    """A zygote that cannot import (here: python cannot start) is replaced once, then no more:
+    the agent's launches start cold (torchrun from its own process) instead of waiting."""
+    out_r, out_w = os.pipe()
+    in_r, _in_w = os.pipe()
+    spec = LaunchSpec(script="x.py", script_args=[], nproc_per_node=1, nnodes=1, rdzv_endpoint="127.0.0.1:1",
+                      rdzv_id="t", node_addrs={"n1": "127.0.0.1"}, env={"PYTHONHOME": "/nonexistent"},
+                      log_dir=str(tmp_path), cwd=str(tmp_path))
+    agent = Agent(spec=spec, node="n1", secret=b"k" * 64, out=os.fdopen(out_w, "wb"), inp=os.fdopen(in_r, "rb"), attempt=0)
+    try:
+        agent.warming = True
+        deadline = time.monotonic() + 60
+        while agent.zygote_failures < MAX_ZYGOTE_FAILURES:
+            assert time.monotonic() < deadline, agent.zygote_failures
+            agent._tend_zygote()
+            time.sleep(0.05)
+        for _ in range(5):
+            agent._tend_zygote()
+        assert agent.zygote is None and agent.warming and agent._ready_zygote() is None
+    finally:
+        agent.shutdown()
+        os.close(out_r)
+
+
+def test_ranks_forked_from_one_zygote_draw_different_numpy_numbers(tmp_path, zygote):
+    """A fork copies numpy's global generator: without the reseed every warm rank of the node,
+    launch after launch, would draw the zygote's same numbers (a cold rank seeds from the OS)."""
+    script = tmp_path / "draw.py"
+    script.write_text("import numpy\nprint('draw', numpy.random.randint(1 << 62), flush=True)\n")
+    draws = []
+    for generation in range(2):
+        directory = tmp_path / f"sock{generation}"
+        directory.mkdir(mode=0o700)
+        pool = WarmPool(directory=directory, size=1, cwd=str(tmp_path))
+        pool.start(zygote)
+        wait_ready("the warm interpreter", pool.ready)
+        assert pool.hand_out()
+        p = subprocess.Popen([sys.executable, "-m", "ckptsup.rankside.warm_proxy", str(script)], cwd=tmp_path,
+                             env={**os.environ, "RANK": "0", "LOCAL_RANK": "0", WARM_DIR: str(pool.in_use_dir)},
+                             stdout=subprocess.PIPE, text=True)
+        out, _ = p.communicate(timeout=60)
+        assert p.returncode == 0 and out.startswith("draw "), out
+        draws.append(out.split()[1])
+        pool.close()
+    assert draws[0] != draws[1], draws

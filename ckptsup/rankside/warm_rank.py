@@ -1,8 +1,9 @@
 """Warm rank interpreters (docs/supervisor.md §Warm restarts): a Python process that has already
 imported torch waits on a Unix socket for one rank to become.
 
-The agent keeps one per local rank (`WarmPool`), started with the environment the ranks will
-have (variables such as OMP_NUM_THREADS are read at import). torchrun then runs
+The agent keeps one per local rank (`WarmPool`), forked by its zygote (rankside/zygote.py), which
+imported torch with the environment the ranks will have (variables such as OMP_NUM_THREADS are
+read at import). torchrun then runs
 `warm_proxy` as each worker (`--no-python`): the proxy hands the warm interpreter its argv,
 environment, working directory and standard streams (SCM_RIGHTS), forwards signals, and exits
 with the rank's exit status. A restart so skips the interpreter's and torch's start-up.

@@ -11,7 +11,7 @@ children share the imported pages copy-on-write.
 Parentage: each child is forked twice and the middle process exits at once, so the kernel
 reparents the child to the agent, a child subreaper (PR_SET_CHILD_SUBREAPER): the agent waits
 on it and reads its exit status as from a Popen, and a stopped or dead zygote holds up no rank.
-The child dies with the agent (PDEATHSIG, set once it is the agent's).
+A warm interpreter dies with the agent (PDEATHSIG, set once it is the agent's).
 
 Wire (a socketpair, ours passed as `--control FD`): zygote → agent: {"ready": true} once the
 imports are done; agent → zygote: one JSON line {"kind": "warm"|"torchrun", ...} with the fds
@@ -34,8 +34,10 @@ from typing import Callable
 from ..env import set_warm_title
 from . import warm_rank
 
-# the ranks' imports (warm_rank.PREIMPORTS) and torchrun's, for the torchrun children
-PREIMPORTS = (*warm_rank.PREIMPORTS, "torch.distributed.run", "torch.distributed.elastic.multiprocessing.errors")
+# the ranks' imports (warm_rank.PREIMPORTS), numpy's generators (scripts seed or draw from them),
+# and torchrun's, for the torchrun children
+PREIMPORTS = (*warm_rank.PREIMPORTS, "numpy.random", "torch.distributed.run",
+              "torch.distributed.elastic.multiprocessing.errors")
 REPARENT_WAIT_S = 5.0   # the middle process exits at once; the agent is our parent within microseconds
 Role = Callable[[], int]
 
@@ -76,21 +78,25 @@ def _torchrun_role(request: dict, fds: list[int]) -> Role:
     return lambda: become_torchrun(body)
 
 
-def _as_agents_child(agent: int) -> None:
-    """In the grandchild: wait until the kernel made the agent our parent, then die with it.
-    The process is a session leader, as a Popen(start_new_session=True) child would be."""
+def _as_agents_child(agent: int, *, die_with_it: bool) -> None:
+    """In the grandchild: wait until the kernel made the agent our parent; a warm interpreter then
+    dies with it, as one the agent started itself would. torchrun does not: as when the agent
+    started it, a dead agent's ranks are stopped by whoever outlives it (the supervisor's
+    orphan kill, the step's end). The process is a session leader, as a
+    Popen(start_new_session=True) child would be."""
     os.setsid()
     deadline = time.monotonic() + REPARENT_WAIT_S
     while os.getppid() != agent:
         if time.monotonic() > deadline:
             os._exit(1)   # the agent is gone (or not a subreaper): nobody would wait on us
         time.sleep(0.0005)
-    warm_rank.die_with_parent()
-    if os.getppid() != agent:
-        os._exit(1)   # the agent died between the check and the prctl
-    numpy = sys.modules.get("numpy")
-    if numpy is not None:
-        numpy.random.seed()   # fork copies numpy's global generator: every child would draw the same numbers
+    if die_with_it:
+        warm_rank.die_with_parent()
+        if os.getppid() != agent:
+            os._exit(1)   # the agent died between the check and the prctl
+    numpy_random = sys.modules.get("numpy.random")
+    if numpy_random is not None:
+        numpy_random.seed()   # fork copies numpy's global generator: every child would draw the same numbers
 
 
 def _fork(agent: int, control: socket.socket, request: dict, fds: list[int]) -> tuple[int, Role | None]:
@@ -107,7 +113,7 @@ def _fork(agent: int, control: socket.socket, request: dict, fds: list[int]) -> 
                 os.close(r)
                 os.close(w)
                 control.close()
-                _as_agents_child(agent)
+                _as_agents_child(agent, die_with_it=request.get("kind") != "torchrun")
                 return 0, _role(request, fds)
             except BaseException:  # noqa: BLE001 — nor does the child before its role starts
                 os._exit(1)

@@ -82,24 +82,34 @@ class ForkedChild:
 _GONE_UNSEEN = -9
 
 
+def children() -> list[int]:
+    """Our children's pids: /proc/self/task/*/children (cheap; Linux >= 4.2 or
+    CONFIG_PROC_CHILDREN), else a scan of every process's parent."""
+    pids: list[int] = []
+    try:
+        for tid in os.listdir("/proc/self/task"):
+            with open(f"/proc/self/task/{tid}/children", "rb") as fh:
+                pids.extend(int(pid) for pid in fh.read().split())
+    except (OSError, ValueError):
+        try:
+            return [child.pid for child in psutil.Process().children()]
+        except psutil.Error:
+            return []
+    return pids
+
+
 def reap_orphans(known: Iterable[int]) -> list[int]:
-    """Collect our zombie children that no handle of ours owns (adopted orphans): their pids.
+    """Collect our exited children that no handle of ours owns (adopted orphans): their pids.
     Known children are left to their handle's poll(), which reads their exit status."""
     keep = set(known)
     reaped = []
-    try:
-        children = psutil.Process().children()
-    except psutil.Error:
-        return []
-    for child in children:
-        if child.pid in keep:
+    for pid in children():
+        if pid in keep:
             continue
         try:
-            if child.status() != psutil.STATUS_ZOMBIE:
-                continue
-            pid, _status = os.waitpid(child.pid, os.WNOHANG)
-        except (psutil.Error, ChildProcessError):
+            done, _status = os.waitpid(pid, os.WNOHANG)   # a running child stays as it is
+        except ChildProcessError:
             continue
-        if pid:
-            reaped.append(pid)
+        if done:
+            reaped.append(done)
     return reaped
