@@ -13,7 +13,9 @@ from ckptsup.config import SupervisorConfig
 from ckptsup.stack_dump import STACK_SIGNAL, stack_file
 from ckptsup.supervisor.node import evidence
 from ckptsup.supervisor.job.agent_step import Message
-from ckptsup.supervisor.job.attempt import AttemptTracker
+from ckptsup.env import ExitStatus
+from ckptsup.supervisor.job.attempt import FAILED_BYE_EXIT_S, AttemptTracker
+from ckptsup.supervisor.job.observations import FailureKind
 from ckptsup.supervisor.job.liveness import (CPU_FLOOR, STALE_S, Hung, Leaving, NeedStacks, RankEvidence, Where, Working, judge,
                                         parse_stack)
 from ckptsup.wire import MessageKind
@@ -374,3 +376,25 @@ def test_the_tracker_suspects_no_node_for_a_desync():
     t.on_message(msg(now + 0.1, MessageKind.STACKS_TAKEN, stacks=[[0, DDP_BACKWARD_DUMP], [1, SIDE_GROUP_DUMP]], wchan=[]))
     failure = t.check(now + 0.2)
     assert failure.rank == 1 and failure.suspects == () and "never enter" in failure.detail
+
+
+def test_a_rank_whose_bye_said_failure_is_a_crash_soon_after_never_a_hang_of_the_peers_it_left():
+    """Rank 0's loop raised (its bye says FAILURE) while rank 1 waits in a collective for it; rank
+    0's process then hangs in its teardown. A crash FAILED_BYE_EXIT_S after the bye, with rank 0
+    named — not a hang of rank 1 at the hang timeout (a field run: an exception seen as a hang)."""
+    t = AttemptTracker(attempt=0, nodes=("n1",), nproc_per_node=2, config=SupervisorConfig(), started=0.0)
+    for rank in (0, 1):
+        t.on_message(msg(0.0, MessageKind.HELLO, rank=rank, local_rank=rank, world_size=2))
+    for second in range(10):
+        for rank in (0, 1):
+            t.on_message(msg(float(second), MessageKind.STEP, rank=rank, step=second, step_time_s=1.0))
+    bye_at = 9.5 + SupervisorConfig().hang_min_s   # just before rank 1's silence would be judged
+    t.on_message(msg(bye_at, MessageKind.BYE, rank=0, status=int(ExitStatus.FAILURE)))
+    now = bye_at
+    while now < bye_at + FAILED_BYE_EXIT_S:
+        t.on_message(msg(now, MessageKind.HB, ranks_alive=[0, 1], evidence=[[0, 1.0, 500, "S"], [1, 1.0, 500, "S"]]))
+        assert t.check(now) is None and not t.want_stacks, now   # its exit may still report it, traceback and all
+        now += 0.25
+    failure = t.check(now)
+    assert failure.kind is FailureKind.CRASH and failure.rank == 0 and failure.suspects == ("n1",)
+    assert "said goodbye with a failure" in failure.detail and failure.detect_s >= FAILED_BYE_EXIT_S

@@ -71,6 +71,41 @@ if rank == 1:
 """
 
 
+# hooks: the loop raises on rank 0 at step 6 of the first attempt, inside `with attach()` (its bye
+# says FAILURE), and a thread left behind keeps its interpreter from exiting; rank 1 waits for it in
+# an all-reduce. The second attempt runs to the end.
+RAISES_THEN_STUCK = """
+import os, sys, threading, time
+from pathlib import Path
+import torch
+import torch.distributed as dist
+import ckptsup
+
+ckptsup.init_process_group()
+rank = dist.get_rank()
+out = Path(sys.argv[1])
+model = torch.nn.Linear(4, 1)
+opt = torch.optim.SGD(model.parameters(), lr=0.01)
+first = not (out / "raised").exists()
+if rank == 0 and first:
+    threading.Thread(target=time.sleep, args=(10**6,), name="forgotten").start()
+with ckptsup.attach(model=model, optimizer=opt, save_every_steps=4) as run:
+    step = run.resume()
+    while step < 12:
+        loss = model(torch.ones(2, 4)).pow(2).mean()
+        opt.zero_grad()
+        loss.backward()
+        opt.step()
+        x = torch.ones(1)
+        dist.all_reduce(x)
+        run.step_done(step, loss=loss.detach())
+        step += 1
+        if rank == 0 and first and step == 6:
+            (out / "raised").touch()
+            raise RuntimeError("injected: the loop raised")
+        time.sleep(0.05)
+"""
+
 def write_cfg(tmp_path: Path, supervisor: str = "") -> Path:
     path = tmp_path / "job.toml"
     # a port range of its own: other local launches on this machine (the same job id "local") use the default
@@ -199,3 +234,25 @@ def test_stopped_warm_interpreters_and_zygote_do_not_delay_the_end(tmp_path):
     assert elapsed < 15.0, f"a stopped warm process delayed the end: {elapsed:.1f}s"
     assert all(gone(p.pid) for p in standby)
     print(f"stopped warm interpreters: launch ended {elapsed:.1f}s after the go")
+
+
+def test_a_rank_whose_loop_raised_and_whose_teardown_hangs_is_a_crash_at_the_defaults(tmp_path):
+    """At the default settings: rank 0's loop raises inside `with attach()` and its process then
+    never exits; rank 1 is left in an all-reduce. The supervisor calls it a crash of rank 0
+    within seconds of its goodbye (attempt.FAILED_BYE_EXIT_S), not a hang of rank 1 at the hang
+    timeout, and the next attempt resumes and completes."""
+    out_dir = tmp_path / "out"
+    out_dir.mkdir()
+    script = tmp_path / "raises.py"
+    script.write_text(RAISES_THEN_STUCK)
+    cfg = tmp_path / "job.toml"
+    cfg.write_text(f"[supervisor]\nrdzv_port = {random.randrange(20000, 40000)}\n")   # its own ports; nothing else set
+    run = tmp_path / "run"
+    proc = subprocess.run([*CKPTSUP, "launch", "--nproc-per-node", "2", "--config", str(cfg), "--run-dir", str(run),
+                           str(script), str(out_dir)], cwd=tmp_path, capture_output=True, text=True, timeout=600)
+    events = read_events(run)
+    assert proc.returncode == 0, proc.stdout[-3000:] + proc.stderr[-3000:]
+    [failure] = named(events, "failure_detected")
+    assert failure["kind"] == "crash" and failure["rank"] == 0, failure
+    assert "said goodbye with a failure" in failure["detail"], failure
+    assert named(events, "run_complete")

@@ -28,6 +28,11 @@ from . import restore_check
 from .restore_check import LossJump
 
 
+# A rank that said bye with a failure has this long to exit (its traceback printed, its exit status
+# the crash report) before it is reported as crashed anyway
+FAILED_BYE_EXIT_S = 3.0
+
+
 @dataclass(kw_only=True)
 class Marks:
     """Supervisor-mono timestamps of one (re)launch, for the restart phase breakdown."""
@@ -82,6 +87,7 @@ class AttemptTracker:
     preempted: bool = False
     finished_ranks: set[int] = field(default_factory=set)   # said bye with status DONE
     bye_status: dict[int, int] = field(default_factory=dict)  # rank -> the status its bye said
+    failed_byes: dict[int, float] = field(default_factory=dict)  # rank -> when its bye said FAILURE (its loop raised)
     hooked: set[int] = field(default_factory=set)            # ranks that said hello
     heartbeat_only: set[int] = field(default_factory=set)    # of those, ckptsup.heartbeat ranks (no checkpoints)
     line_ranks: set[int] = field(default_factory=set)        # ranks seen through progress lines
@@ -229,6 +235,8 @@ class AttemptTracker:
             rv = self._rank(body.rank, node, now)
             rv.phase, rv.phase_since = Phase.DONE, now
             self.bye_status[rv.rank] = body.status
+            if body.status == ExitStatus.FAILURE:
+                self.failed_byes.setdefault(rv.rank, now)   # crashing: check() gives its process FAILED_BYE_EXIT_S
             if len(self.bye_status) >= self.world_size and self.teardown_since is None:
                 self.teardown_since = now   # every rank is through run.close(): their processes have exit_grace_s
             if body.status == ExitStatus.DONE:
@@ -459,6 +467,8 @@ class AttemptTracker:
                                 step=self.current_step())
         if down is not None:
             return down
+        if self.failed_byes:
+            return self._failed_bye(now)   # a crash under way: no hang verdict on the peers it left waiting
         ranks = list(self.ranks.values())
         if not self.hooked and not self.expect_hello:
             return self._check_unhooked(now, ranks)
@@ -476,6 +486,19 @@ class AttemptTracker:
         if hang is not None:
             return replace(hang, step=self.current_step())
         return None
+
+    def _failed_bye(self, now: float) -> Failure | None:
+        """A rank whose bye said FAILURE (its training loop raised) is crashing. Its process's exit
+        normally reports it (with its traceback, error_quote). One stuck in its teardown (a
+        collective's destructor waiting on peers that wait on it) is a crash FAILED_BYE_EXIT_S after
+        its bye, never a hang of the peers it left in a collective."""
+        rank, since = min(self.failed_byes.items(), key=lambda item: item[1])
+        if now - since < FAILED_BYE_EXIT_S:
+            return None
+        rv = self.ranks[rank]
+        return Failure(kind=FailureKind.CRASH, node=rv.node, rank=rank, step=self.current_step(), detect_s=now - since,
+                       suspects=(rv.node,), detail=f"rank {rank} said goodbye with a failure (its training loop raised) "
+                                                   f"and its process had not exited {FAILED_BYE_EXIT_S:g}s later")
 
     def _check_unhooked(self, now: float, ranks: list[RankView]) -> Failure | None:
         """No rank said hello. Never a hang for that: once the init allowance passes, the attempt

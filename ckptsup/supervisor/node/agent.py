@@ -92,6 +92,7 @@ class Agent:
         self.last_hb = 0.0
         self.zygote: Zygote | None = None       # forks the next launch's torchrun and warm ranks
         self.zygote_failures = 0                # zygotes that died before they were ready
+        self.adopting = False                   # a subreaper since its first zygote: orphans come to it
         self.warming = False                    # the next launch's processes are to be prepared now
         self.pool: WarmPool | None = None       # warm rank interpreters for the next launch
         self.warm = False                       # this attempt's ranks run in warm interpreters
@@ -200,6 +201,7 @@ class Agent:
         zygote = self._ready_zygote()
         if zygote is None:
             if self.zygote is None and self.zygote_failures < MAX_ZYGOTE_FAILURES:
+                self.adopting = True
                 self.zygote = Zygote.start(env=env, cwd=self.spec.cwd)
                 if self.zygote is None:
                     self.zygote_failures = MAX_ZYGOTE_FAILURES   # no subreaper here: every launch is cold
@@ -428,7 +430,7 @@ class Agent:
                                      dropped=self.dropped, attempt=self.attempt, pids=tuple(pids),
                                      # each live rank's CPU time, I/O and state (supervisor/job/liveness.py: busy or hung)
                                      evidence=tuple([rank, *got.to_wire()] for rank, got in samples.items())))
-        if self.zygote is not None or self.zygote_failures:
+        if self.adopting:
             reap_orphans(self._own_children())   # a subreaper adopts its descendants' orphans
 
     def _own_children(self) -> set[int]:
