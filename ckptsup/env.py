@@ -235,6 +235,13 @@ RANK_TITLE = "ckptsup rank {rank}: {command}"   # a rank's process title (ps, to
 WARM_TITLE = "ckptsup warm interpreter {local_rank}: {path}"   # a warm interpreter waiting for its rank
 
 
+class ForkKind(enum.StrEnum):
+    """What the agent asks its zygote (rankside/zygote.py) to fork: the request's `kind`."""
+
+    WARM = "warm"            # a warm rank interpreter, listening for its proxy
+    TORCHRUN = "torchrun"    # torchrun itself, its output the fd sent along
+
+
 def prepare_rank_title(*, keep_environ: bool = True) -> bool:
     """Ready setproctitle while this process's environment is still its own: it finds the command
     line's memory through `environ` on first use, so a warm interpreter (which replaces its

@@ -1,7 +1,10 @@
-"""Warm rank interpreters (rankside/warm_rank.py and warm_proxy.py, supervisor/node/warm_pool.py) as real
+"""Warm rank interpreters (rankside/warm_rank.py and warm_proxy.py, supervisor/node/warm_pool.py) and the
+zygote that forks them and torchrun (rankside/zygote.py, supervisor/node/zygote.py, forked.py) as real
 processes: the proxy stands in for the rank exactly — its streams, environment, cwd, argv,
-exit status and signals — and starts cold when no warm interpreter is ready."""
+exit status and signals — and starts cold when no warm interpreter is ready; forked children are
+ours to wait on, and a broken zygote or interpreter means cold launches, never a wait."""
 import ctypes
+import json
 import os
 import signal
 import subprocess
@@ -282,3 +285,26 @@ def test_ranks_forked_from_one_zygote_draw_different_numpy_numbers(tmp_path, zyg
         draws.append(out.split()[1])
         pool.close()
     assert draws[0] != draws[1], draws
+
+
+def test_the_zygote_answers_a_bad_request_with_an_error_and_keeps_serving(tmp_path, zygote):
+    """Garbage on the zygote's socket (not JSON, an unknown or unhashable kind, torchrun without its
+    output fd, warm without its path) gets a one-line error, never a fork, and the zygote serves on."""
+    control = zygote.control
+    control.setblocking(True)
+    control.settimeout(10)
+    try:
+        reader = control.makefile("rb")
+        for raw in (b"not json\n", b'{"kind": ["warm"]}\n', b'{"kind": "exec", "argv": ["sh"]}\n',
+                    b'{"kind": "torchrun", "argv": [], "env": {}, "cwd": "/"}\n', b'{"kind": "warm"}\n'):
+            control.sendall(raw)
+            reply = json.loads(reader.readline())
+            assert set(reply) == {"error"} and reply["error"].startswith("bad request"), (raw, reply)
+        reader.close()
+    finally:
+        control.setblocking(False)
+    assert zygote.ready()
+    child = zygote.fork_warm(listen=tmp_path / "w.sock", local_rank=0, cwd=str(tmp_path))
+    assert child is not None
+    child.kill()
+    assert child.wait(timeout=10) == -signal.SIGKILL

@@ -31,7 +31,7 @@ import sys
 import time
 from typing import Callable
 
-from ..env import set_warm_title
+from ..env import ForkKind, set_warm_title
 from . import warm_rank
 
 # the ranks' imports (warm_rank.PREIMPORTS), numpy's generators (scripts seed or draw from them),
@@ -47,7 +47,7 @@ def _reply(conn: socket.socket, body: dict) -> None:
 
 
 def _role(request: dict, fds: list[int]) -> Role:
-    if request.get("kind") == "torchrun":
+    if request.get("kind") == ForkKind.TORCHRUN:
         return _torchrun_role(request, fds)
     for fd in fds:
         os.close(fd)
@@ -113,7 +113,7 @@ def _fork(agent: int, control: socket.socket, request: dict, fds: list[int]) -> 
                 os.close(r)
                 os.close(w)
                 control.close()
-                _as_agents_child(agent, die_with_it=request.get("kind") != "torchrun")
+                _as_agents_child(agent, die_with_it=request.get("kind") != ForkKind.TORCHRUN)
                 return 0, _role(request, fds)
             except BaseException:  # noqa: BLE001 — nor does the child before its role starts
                 os._exit(1)
@@ -145,8 +145,8 @@ def serve(control: socket.socket, agent: int) -> Role | None:
             _reply(control, {"error": f"bad request: {err}"})
             continue
         kind = request.get("kind")
-        if kind not in ("warm", "torchrun") or (kind == "torchrun" and len(fds) != 1) \
-                or (kind == "warm" and "listen" not in request):
+        if kind not in tuple(ForkKind) or (kind == ForkKind.TORCHRUN and len(fds) != 1) \
+                or (kind == ForkKind.WARM and "listen" not in request):
             for fd in fds:
                 os.close(fd)
             _reply(control, {"error": f"bad request: kind {kind!r} with {len(fds)} fds"})

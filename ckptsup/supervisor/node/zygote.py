@@ -15,6 +15,7 @@ import sys
 from pathlib import Path
 from typing import Any
 
+from ...env import ForkKind
 from ..processes import is_stopped, terminate
 from .forked import ForkedChild, become_subreaper
 
@@ -65,7 +66,7 @@ class Zygote:
 
     def fork_warm(self, *, listen: Path, local_rank: int, cwd: str) -> ForkedChild | None:
         """A warm rank interpreter listening on `listen` (None: the zygote failed; discard it)."""
-        pid = self._ask({"kind": "warm", "listen": str(listen), "local_rank": local_rank, "cwd": cwd}, [])
+        pid = self._ask({"kind": ForkKind.WARM, "listen": str(listen), "local_rank": local_rank, "cwd": cwd}, [])
         return ForkedChild(pid) if pid is not None else None
 
     def fork_torchrun(self, *, argv: list[str], env: dict[str, str], cwd: str) -> ForkedChild | None:
@@ -73,7 +74,7 @@ class Zygote:
         returned child's `stdout` (None: the zygote failed; discard it)."""
         r, w = os.pipe()
         try:
-            pid = self._ask({"kind": "torchrun", "argv": argv, "env": env, "cwd": cwd}, [w])
+            pid = self._ask({"kind": ForkKind.TORCHRUN, "argv": argv, "env": env, "cwd": cwd}, [w])
         finally:
             os.close(w)
         if pid is None:
