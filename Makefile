@@ -40,11 +40,10 @@ test-slurm: setup
 # The whole suite through pytest-xdist, whole files per worker (--dist loadfile: a module's shared
 # reference run stays on one; each worker's dev-cluster tests take their own numbered cluster slot,
 # tests/conftest.py), the longest files first (conftest FILE_SECONDS; --no-loadscope-reorder keeps
-# that order). One worker by default: `make test TEST_WORKERS=3` takes 26-29 min here instead of
-# ~50 (the workers now end within a minute of each other: the floor is the total, not one file),
-# but each parallel run so far found a new timing race, and three green runs in a row come first
-# (BENCHMARKS.md §Test suite).
-TEST_WORKERS ?= 1
+# that order). Three workers: 22-23 min here (each agent's zygote forks its restarts' processes
+# instead of importing torch for each), three clean-clone `.ci/run` runs green in a row at -n 3
+# (BENCHMARKS.md §Test suite). `make test TEST_WORKERS=1` runs it serially (~45 min).
+TEST_WORKERS ?= 3
 test: setup typecheck
 	$(PY) -m pytest -q --timeout 900 -n $(TEST_WORKERS) --dist loadfile --no-loadscope-reorder
 
