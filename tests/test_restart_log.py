@@ -85,6 +85,20 @@ def test_summary_collects_detection_restarts_exclusions_and_requeues() -> None:
     assert s.outcome == "complete"
 
 
+def test_an_attributed_failure_is_summarized_with_its_own_kind_node_and_detection() -> None:
+    """The demo: a survivor's crash is the first symptom (detected at once); the kill shows its peer's
+    node dead, silent 3.1 s. The summary says node_down on n2, detected after 3.1 s, not 0.00 s."""
+    events = E[:3] + [
+        {"event": "failure_detected", "ts": "2026-01-01T00:00:10.000+00:00", "mono": 11.0, "job_id": "7", "attempt": 0,
+         "kind": "crash", "node": "n1", "rank": 0, "detect_s": 0.0002},
+        {"event": "failure_attributed", "ts": "2026-01-01T00:00:12.000+00:00", "mono": 13.0, "job_id": "7", "attempt": 0,
+         "kind": "node_down", "node": "n2", "was_kind": "crash", "was_node": "n1", "detect_s": 3.1, "detail": "x"},
+    ]
+    s = timeline.summarize(events)
+    assert [(f["kind"], f["node"]) for f in s.failures] == [("node_down", "n2")]
+    assert s.detect_stats() == {"min_s": 3.1, "median_s": 3.1, "max_s": 3.1}
+
+
 def test_summary_times_the_next_batch_run_from_the_requeue() -> None:
     later = E[:8] + [
         {"event": "supervisor_start", "ts": "2026-01-01T00:01:05.500+00:00", "mono": 2.0, "job_id": "7", "attempt": 2},

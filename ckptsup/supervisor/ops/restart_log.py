@@ -199,6 +199,9 @@ def summarize(events: Iterable[Mapping[str, Any]]) -> Summary:
             failures.append({k: e.get(k) for k in ("kind", "node", "rank", "detect_s")})
         elif name == Event.FAILURE_ATTRIBUTED and failures:
             failures[-1].update(kind=e.get("kind"), node=e.get("node"))  # what the failure turned out to be
+            if isinstance(e.get("detect_s"), (int, float)):
+                # and its detection: a dead node's silence, not the peer crash that was its first symptom
+                failures[-1]["detect_s"] = e.get("detect_s")
         elif name == Event.RESTART_DONE:
             phases = e.get("phases")
             restarts.append({"restart_s": e.get("restart_s"), "resume_step": e.get("resume_step"),
