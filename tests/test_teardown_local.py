@@ -36,9 +36,8 @@ if os.environ["RANK"] == "1":
     threading.Thread(target=time.sleep, args=(10**6,), name="forgotten").start()
 """
 
-# hooks: both ranks step until <out>/go exists (agreed by an all-reduce), close (final checkpoint,
-# bye), then rank 1 hangs in teardown the same way
-HOOKED = """
+# a hooked script's start: 2 gloo ranks, a model, its optimizer; argv[1] is the test's out dir
+HOOKED_START = """
 import os, sys, threading, time
 from pathlib import Path
 import torch
@@ -50,6 +49,11 @@ rank = dist.get_rank()
 out = Path(sys.argv[1])
 model = torch.nn.Linear(4, 1)
 opt = torch.optim.SGD(model.parameters(), lr=0.01)
+"""
+
+# hooks: both ranks step until <out>/go exists (agreed by an all-reduce), close (final checkpoint,
+# bye), then rank 1 hangs in teardown the same way
+HOOKED = HOOKED_START + """
 run = ckptsup.attach(model=model, optimizer=opt, save_every_steps=10**6)
 step = run.resume()
 while True:
@@ -74,18 +78,7 @@ if rank == 1:
 # hooks: the loop raises on rank 0 at step 6 of the first attempt, inside `with attach()` (its bye
 # says FAILURE), and a thread left behind keeps its interpreter from exiting; rank 1 waits for it in
 # an all-reduce. The second attempt runs to the end.
-RAISES_THEN_STUCK = """
-import os, sys, threading, time
-from pathlib import Path
-import torch
-import torch.distributed as dist
-import ckptsup
-
-ckptsup.init_process_group()
-rank = dist.get_rank()
-out = Path(sys.argv[1])
-model = torch.nn.Linear(4, 1)
-opt = torch.optim.SGD(model.parameters(), lr=0.01)
+RAISES_THEN_STUCK = HOOKED_START + """
 first = not (out / "raised").exists()
 if rank == 0 and first:
     threading.Thread(target=time.sleep, args=(10**6,), name="forgotten").start()

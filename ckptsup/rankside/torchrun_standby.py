@@ -1,8 +1,8 @@
-"""A pre-imported torchrun: started by the node agent ahead of need (supervisor/node/standby.py is its
-handle), it imports torch's launcher (~1.7 s here) and then waits for one JSON request on stdin:
-{"argv": [...], "env": {...}, "cwd": "..."}. On it, it becomes torchrun; its stdout and stderr are
-one pipe to the agent (supervisor/node/rank_output.py reads it into the rank log, progress lines and
-the console).
+"""A cold launch's torchrun: started by the node agent when its zygote cannot fork one
+(supervisor/node/standby.py starts it), it imports torch's launcher (~1.7 s here) and reads one
+JSON request on stdin: {"argv": [...], "env": {...}, "cwd": "..."}. On it, it becomes torchrun; its
+stdout and stderr are one pipe to the agent (supervisor/node/rank_output.py reads it into the rank
+log, progress lines and the console). `become_torchrun` also serves the zygote's torchrun child.
 
 Run as `python -m ckptsup.rankside.torchrun_standby`. Rank side: it imports torch, so it lives
 outside supervisor/ (docs/architecture.md §Layers).
@@ -18,24 +18,21 @@ import sys
 
 
 def main() -> int:
-    # Until a request arrives this process is idle; the agent kills it with SIGKILL if unused.
-    import torch.distributed.run  # noqa: F401 — the expensive import, done ahead of need
-
     line = sys.stdin.readline()
     if not line.strip():
         return 0  # the agent went away or closed us: nothing to launch
-    request = json.loads(line)
-    devnull = os.open(os.devnull, os.O_RDONLY)
-    os.dup2(devnull, 0)
-    os.close(devnull)
-    return become_torchrun(request)
+    return become_torchrun(json.loads(line))
 
 
 def become_torchrun(request: dict) -> int:
-    """Run torchrun with the request's argv, environment and cwd (stdin, stdout and stderr are
-    already the ones torchrun gets); its exit status."""
+    """Run torchrun with the request's argv, environment and cwd (stdout and stderr are already
+    the agent's pipe; stdin becomes /dev/null, which its workers inherit); its exit status."""
     import torch.distributed.run as torchrun
     from torch.distributed.elastic.multiprocessing.errors import ChildFailedError
+
+    devnull = os.open(os.devnull, os.O_RDONLY)
+    os.dup2(devnull, 0)
+    os.close(devnull)
 
     if isinstance(sys.stdout, io.TextIOWrapper):
         sys.stdout.reconfigure(line_buffering=True)  # a pipe is block-buffered: rank lines must be live

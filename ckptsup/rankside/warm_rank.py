@@ -8,8 +8,8 @@ read at import). torchrun then runs
 environment, working directory and standard streams (SCM_RIGHTS), forwards signals, and exits
 with the rank's exit status. A restart so skips the interpreter's and torch's start-up.
 
-Run as `python -m ckptsup.rankside.warm_rank --listen PATH`. Torch is imported in this
-process only, never in the agent or the supervisor.
+Not run on its own: the zygote forks it and calls `listen` then `serve`. Torch is imported in
+rank-side processes only, never in the agent or the supervisor.
 
 Wire (one connection, then the process is the rank): proxy → warm: one JSON line {argv, env,
 cwd, module} with fds 0, 1, 2 attached; warm → proxy: {"pid"}, later {"rc"}; the connection
@@ -145,7 +145,7 @@ def become_rank(request: dict, fds: list[int], conn: socket.socket) -> int:
 PREIMPORTS = ("torch", "torch.distributed", "torch.distributed.checkpoint", "ckptsup.hooks.session")
 
 
-def preimport(names: tuple[str, ...] = PREIMPORTS) -> None:
+def preimport(names: tuple[str, ...]) -> None:
     import importlib
 
     for name in names:
@@ -190,19 +190,3 @@ def serve(server: socket.socket, path: str) -> int:
         server.close()
         os.unlink(path)
         return become_rank(request, fds, conn)
-
-
-def main(argv: list[str] | None = None) -> int:
-    """A warm interpreter of its own (the agent forks them from rankside/zygote.py; this entry
-    point serves tests and a node without a zygote)."""
-    args = argv if argv is not None else sys.argv[1:]
-    if len(args) != 2 or args[0] != "--listen":
-        print("usage: python -m ckptsup.rankside.warm_rank --listen PATH", file=sys.stderr)
-        return 2
-    die_with_parent()
-    server = listen(args[1])
-    preimport()
-    return serve(server, args[1])
-
-if __name__ == "__main__":
-    sys.exit(main())

@@ -67,9 +67,6 @@ def _torchrun_role(request: dict, fds: list[int]) -> Role:
     from .torchrun_standby import become_torchrun
 
     out = fds[0]
-    devnull = os.open(os.devnull, os.O_RDONLY)
-    os.dup2(devnull, 0)
-    os.close(devnull)
     os.dup2(out, 1)
     os.dup2(out, 2)
     os.close(out)

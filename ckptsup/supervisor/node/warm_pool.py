@@ -53,10 +53,7 @@ class WarmPool:
         for local_rank in range(self.size):
             child = zygote.fork_warm(listen=self.socket(local_rank), local_rank=local_rank, cwd=self.cwd)
             if child is None:   # the zygote failed: this generation is spoilt
-                for proc in self.procs:
-                    terminate(proc, 0)
-                self.procs = []
-                self.failed += 1
+                self._spoil()
                 return
             self.procs.append(child)
 
@@ -89,10 +86,14 @@ class WarmPool:
         for proc in self.in_use:
             proc.poll()
         if any(p.poll() is not None or is_stopped(p.pid) for p in self.procs):
-            for proc in self.procs:
-                terminate(proc, 0)
-            self.procs = []
-            self.failed += 1
+            self._spoil()
+
+    def _spoil(self) -> None:
+        """This generation will not serve a launch: kill what is waiting, count the failure."""
+        for proc in self.procs:
+            terminate(proc, 0)
+        self.procs = []
+        self.failed += 1
 
     def close(self) -> None:
         self.kill_in_use()
