@@ -289,8 +289,8 @@ class SupervisorConfig:
                                  "(for scripts that report no steps); empty = none")
     progress_warn_s: float = knob(900.0, "warn (an event, never a kill) when a script that never reported a step has "
                                          "printed no progress line for this long (s)", positive, max=WEEK_S)
-    warm_ranks: bool = knob(True, "relaunches run the ranks in interpreters that imported torch ahead of need "
-                                  "(one per local rank, started once the attempt steps)")
+    warm_ranks: bool = knob(True, "launches run the ranks in interpreters forked from one that imported torch "
+                                  "ahead of need (one import a node; false: every rank starts cold)")
     tee: bool = knob(False, "every rank's output on the console, prefixed [rankN]: (default: rank 0's only)")
     rdzv_backend: str = knob("static", "torchrun rendezvous: static (node ranks from the supervisor, workers start ~0.3 s sooner on a restart) or c10d", one_of("static", "c10d"))
 

@@ -233,6 +233,7 @@ def split_module_flag(args: list[str]) -> tuple[list[str], bool]:
 
 RANK_TITLE = "ckptsup rank {rank}: {command}"   # a rank's process title (ps, top, py-spy; docs/supervisor.md §Finding a rank)
 WARM_TITLE = "ckptsup warm interpreter {local_rank}: {path}"   # a warm interpreter waiting for its rank
+TORCHRUN_TITLE = "ckptsup torchrun: {command}"   # torchrun forked by the zygote (its command line would be the zygote's)
 
 
 class ForkKind(enum.StrEnum):
@@ -286,6 +287,17 @@ def set_warm_title(local_rank: int, path: str) -> bool:
     import setproctitle
 
     setproctitle.setproctitle(WARM_TITLE.format(local_rank=local_rank, path=path))
+    return True
+
+
+def set_torchrun_title(argv: list[str]) -> bool:
+    """torchrun forked by the zygote is titled `ckptsup torchrun: ARGS`, not the zygote's command
+    line; its environment's room is the title's, as for a warm interpreter."""
+    if not prepare_rank_title(keep_environ=False):
+        return False
+    import setproctitle
+
+    setproctitle.setproctitle(TORCHRUN_TITLE.format(command=" ".join(argv)))
     return True
 
 

@@ -22,13 +22,28 @@ def rank_processes(script: Path, marker: Path) -> dict[int, psutil.Process]:
     out = {}
     for p in psutil.process_iter(["cmdline"]):
         cmd = words(p.info["cmdline"] or [])   # a rank is titled `ckptsup rank R: ...`
-        if str(script) in cmd and str(marker) in cmd and "torch.distributed.run" not in cmd:
+        launcher = "torch.distributed.run" in cmd or cmd[:2] == ["ckptsup", "torchrun:"]
+        if str(script) in cmd and str(marker) in cmd and not launcher:
             try:
                 env = p.environ()
                 if "RANK" in env and "LOCAL_RANK" in env:
                     out[int(env["RANK"])] = real_rank(p)
             except psutil.Error:
                 continue   # it ended meanwhile
+    return out
+
+
+def with_real_ranks(procs: list[psutil.Process]) -> list[psutil.Process]:
+    """`procs` (found by a rank's environment: a cold rank or a warm rank's proxy) and, for each proxy,
+    the warm interpreter that runs its rank (real_rank): what must be gone when the ranks are."""
+    out = list(procs)
+    for proc in procs:
+        try:
+            real = real_rank(proc)
+        except (psutil.Error, AssertionError):
+            continue   # it ended meanwhile
+        if real.pid not in {p.pid for p in out}:
+            out.append(real)
     return out
 
 

@@ -14,6 +14,8 @@ import time
 from pathlib import Path
 from typing import Any, Callable
 
+import psutil
+
 from ckptsup.events import read_events
 
 from hooks_helpers import base_env, free_port
@@ -189,3 +191,11 @@ def flip_a_bit(path: Path) -> None:
     data = bytearray(path.read_bytes())
     data[len(data) // 2] ^= 1
     path.write_bytes(bytes(data))
+
+
+def gone(pid: int) -> bool:
+    """The process exited (a zombie not yet reaped counts as gone)."""
+    try:
+        return psutil.Process(pid).status() == psutil.STATUS_ZOMBIE
+    except psutil.NoSuchProcess:
+        return True

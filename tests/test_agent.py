@@ -236,3 +236,42 @@ def test_a_clean_exit_of_a_rank_without_hooks_goes_up_as_rank_exit_0_and_a_failu
         alive.kill()
         for proc in (clean, failed, alive):
             proc.wait()
+
+
+def test_a_new_attempts_variables_keep_the_zygote_and_an_import_time_one_replaces_it():
+    """ckptsup's CKPTSUP_* variables are read when a rank attaches, never at import: a new attempt
+    (its CKPTSUP_ATTEMPT, CKPTSUP_RESUME_FROM) forks from the same zygote; OMP_NUM_THREADS is read at
+    torch's import, so a change there needs a new one."""
+    from ckptsup.supervisor.node.zygote import Zygote
+
+    zygote = Zygote(proc=None, control=None, env={"OMP_NUM_THREADS": "1", "CKPTSUP_ATTEMPT": "0"})  # type: ignore[arg-type]
+    assert zygote.imported_with({"OMP_NUM_THREADS": "1", "CKPTSUP_ATTEMPT": "3", "CKPTSUP_RESUME_FROM": "/ck/step_9"})
+    assert not zygote.imported_with({"OMP_NUM_THREADS": "2", "CKPTSUP_ATTEMPT": "0"})
+    assert not zygote.imported_with({"CKPTSUP_ATTEMPT": "0"})
+
+
+def test_the_first_launch_waits_for_the_zygote_at_most_its_cap_and_a_kill_before_it_cancels_it(agent, monkeypatch):
+    """The first launch starts from the zygote once it is ready; not before, unless FIRST_LAUNCH_WAIT_S
+    passed (then cold) or no zygote can start here. A kill that comes first cancels it: the
+    supervisor decides what runs next."""
+    import time
+
+    from ckptsup.supervisor.node import agent as agent_module
+
+    started = []
+    monkeypatch.setattr(agent, "start_torchrun", lambda env: (started.append(env), setattr(agent, "first_launch_by", None)))
+    agent.warming = True                      # the zygote is still importing
+    agent.first_launch_by = time.monotonic() + 60
+    agent._first_launch()
+    assert started == []
+    agent.first_launch_by = time.monotonic() - 1   # its cap passed: cold
+    agent._first_launch()
+    assert started == [{}]
+    agent.zygote_failures = agent_module.MAX_ZYGOTE_FAILURES   # no zygote can start here: at once
+    agent.first_launch_by = time.monotonic() + 60
+    agent._first_launch()
+    assert started == [{}, {}]
+    agent.first_launch_by = time.monotonic() - 1
+    agent.kill_torchrun(0)
+    agent._first_launch()
+    assert started == [{}, {}]

@@ -13,6 +13,7 @@ import pytest
 
 from ckptsup.events import read_events
 
+from drop_in_helpers import with_real_ranks
 from test_watchdog_template import submit_train_job, wait_events
 
 pytestmark = [pytest.mark.slurm, pytest.mark.torch]
@@ -41,7 +42,7 @@ def test_sigkilled_supervisor_is_requeued_by_the_batch_script_and_resumes(dev_cl
         supervisors = [p for p in job_processes(job) if p.cmdline()[1:3] == [shutil.which("ckptsup") or "", "launch"]
                        or p.cmdline()[:2] == ["ckptsup", "launch"]]
         assert len(supervisors) == 1, [p.cmdline() for p in supervisors]
-        ranks_before = job_processes(job, CKPTSUP_ATTEMPT="0", LOCAL_RANK="0")
+        ranks_before = with_real_ranks(job_processes(job, CKPTSUP_ATTEMPT="0", LOCAL_RANK="0"))
         assert ranks_before, "no rank of attempt 0 found"
         killed_at = time.time()
         supervisors[0].kill()

@@ -17,12 +17,14 @@ import sys
 import time
 from pathlib import Path
 
+import psutil
 import pytest
 
 from ckptsup.events import read_events
 from ckptsup.slurm.parsers import JobState
 
-from run_helpers import CKPTSUP, named, node_deaths, preempt
+from drop_in_helpers import with_real_ranks
+from run_helpers import CKPTSUP, gone, named, node_deaths, preempt
 from supervisor_slurm_helpers import (  # noqa: F401 - reference is a fixture
     TRAIN, TRAIN_ARGS, active_nodes, assert_goodput_accounted, committed, finished, job_config, reference, submit,
     ts
@@ -145,10 +147,9 @@ def test_preemption_stops_with_an_emergency_checkpoint_within_grace_time_and_res
     assert json.loads((out / "final.json").read_text())["params_sha256"] == reference
 
 
-def processes_of(run: Path, *, attempt: str) -> list[int]:
-    """Host PIDs of rank processes of `run`'s attempt (found by their environment)."""
-    import psutil
-
+def processes_of(run: Path, *, attempt: str) -> list[psutil.Process]:
+    """The rank processes of `run`'s attempt: found by their environment (a cold rank, a warm rank's
+    proxy) and the warm interpreters that run the proxies' ranks."""
     found = []
     for proc in psutil.process_iter():
         try:
@@ -156,8 +157,8 @@ def processes_of(run: Path, *, attempt: str) -> list[int]:
         except psutil.Error:
             continue
         if env.get("CKPTSUP_RUN_DIR") == str(run) and env.get("CKPTSUP_ATTEMPT") == attempt and "RANK" in env:
-            found.append(proc.pid)
-    return found
+            found.append(proc)
+    return with_real_ranks(found)
 
 
 def supervisor_pid(run: Path) -> int:
@@ -176,9 +177,10 @@ def test_a_sigkilled_supervisor_leaves_no_rank_and_the_job_is_requeued_and_resum
 
     job, run, out = submit(tmp_path, nodes=2, spares=0)
     dev_cluster.wait_for(lambda: committed(run, 10), 120, what="a checkpoint at step 10")
-    assert processes_of(run, attempt="0")
+    ranks = processes_of(run, attempt="0")
+    assert ranks
     os.kill(supervisor_pid(run), signal.SIGKILL)
-    dev_cluster.wait_for(lambda: not processes_of(run, attempt="0"), 30, what="no rank of the dead supervisor's attempt")
+    dev_cluster.wait_for(lambda: all(gone(p.pid) for p in ranks), 30, what="no rank of the dead supervisor's attempt")
     dev_cluster.wait_for(lambda: named(read_events(run), "run_complete"), 300, what="the requeued run to complete")
     events = read_events(run)
     assert [e["by"] for e in named(events, "requeue")] != [] and named(events, "supervisor_start")[-1]["resumed"]

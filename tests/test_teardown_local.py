@@ -4,7 +4,6 @@ stopped warm interpreter or pre-imported launcher delays nothing. And ranks you 
 process is titled `ckptsup rank R: SCRIPT ARGS`, and `ckptsup status --json` lists its pid.
 Real `ckptsup launch` runs (local mode, 2 ranks)."""
 import json
-import os
 import random
 import signal
 import subprocess
@@ -18,7 +17,7 @@ import pytest
 from ckptsup.env import node_name
 from ckptsup.events import read_events
 
-from run_helpers import named, wait_for
+from run_helpers import gone, named, wait_for
 
 pytestmark = pytest.mark.integration
 
@@ -127,13 +126,6 @@ def status_json(run: Path) -> dict:
     return json.loads(out.stdout) if out.returncode == 0 else {}
 
 
-def gone(pid: int) -> bool:
-    try:
-        return psutil.Process(pid).status() == psutil.STATUS_ZOMBIE
-    except psutil.NoSuchProcess:
-        return True
-
-
 def test_an_unhooked_rank_hanging_after_its_peer_exited_0_is_killed_at_the_default_grace(tmp_path):
     """The default exit_grace_s (30 s): sleeping processes cost no CPU, so the real default fits."""
     script = tmp_path / "unhooked.py"
@@ -204,15 +196,22 @@ def test_stopped_warm_interpreters_and_zygote_do_not_delay_the_end(tmp_path):
     go = out_dir / "go"
     proc, run = start(tmp_path, WIRE_RANK, "--steps", "5", "--step-s", "0.05", "--until", str(go), "--out", str(out_dir))
     try:
-        wait_for(lambda: named(read_events(run), "warm_ready"), 240, "warm_ready", proc)
+        wait_for(lambda: named(read_events(run), "first_step"), 240, "the first step", proc)
         me = psutil.Process(proc.pid)
         def warm_processes() -> list[psutil.Process]:
-            """The zygote and both waiting interpreters (warm_ready: forked, but maybe not yet titled)."""
-            found = [p for p in me.children(recursive=True)
-                     if cmdline(p.pid).startswith("ckptsup warm interpreter") or "ckptsup.rankside.zygote" in cmdline(p.pid)]
-            return found if len(found) == 3 else []
+            """The zygote and both waiting interpreters of the next launch (the first launch's ran its
+            ranks; the next ones are forked once it steps, and carry the zygote's command line until titled)."""
+            children = me.children(recursive=True)
+            zygotes = [p for p in children if "ckptsup.rankside.zygote" in cmdline(p.pid)]
+            waiting = [p for p in children if cmdline(p.pid).startswith("ckptsup warm interpreter")]
+            return [*zygotes, *waiting] if len(zygotes) == 1 and len(waiting) == 2 else []
         standby = wait_for(warm_processes, 30, "the zygote and 2 waiting interpreters")
-        assert sum("rankside.zygote" in cmdline(p.pid) for p in standby) == 1, [cmdline(p.pid) for p in standby]
+        # the first launch too ran from the zygote: its ranks are warm interpreters (the agent's
+        # children, not torchrun's), and torchrun is titled as itself, not as the zygote it was forked from
+        [agent] = [p for p in me.children() if "ckptsup.cli agent" in cmdline(p.pid)]
+        ranks = [p for p in me.children(recursive=True) if cmdline(p.pid).startswith("ckptsup rank ")]
+        assert len(ranks) == 2 and all(p.ppid() == agent.pid for p in ranks), [(p.ppid(), cmdline(p.pid)) for p in ranks]
+        assert [cmdline(p.pid).startswith("ckptsup torchrun: ") for p in agent.children()].count(True) == 1
         for p in standby:
             p.send_signal(signal.SIGSTOP)
         go.touch()

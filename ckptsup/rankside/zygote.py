@@ -31,7 +31,7 @@ import sys
 import time
 from typing import Callable
 
-from ..env import ForkKind, set_warm_title
+from ..env import ForkKind, set_torchrun_title, set_warm_title
 from . import warm_rank
 
 # the ranks' imports (warm_rank.PREIMPORTS), numpy's generators (scripts seed or draw from them),
@@ -70,8 +70,9 @@ def _torchrun_role(request: dict, fds: list[int]) -> Role:
     os.dup2(out, 1)
     os.dup2(out, 2)
     os.close(out)
-    body = {"argv": [str(a) for a in request["argv"]], "env": {str(k): str(v) for k, v in request["env"].items()},
-            "cwd": str(request["cwd"])}
+    argv = [str(a) for a in request["argv"]]
+    body = {"argv": argv, "env": {str(k): str(v) for k, v in request["env"].items()}, "cwd": str(request["cwd"])}
+    set_torchrun_title(argv)   # ps: torchrun, not the zygote it was forked from
     return lambda: become_torchrun(body)
 
 

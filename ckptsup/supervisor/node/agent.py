@@ -56,6 +56,7 @@ from ..processes import terminate
 TICK_S = 0.1
 STANDBY_DELAY_S = 30.0
 MAX_ZYGOTE_FAILURES = 2   # zygotes that died before they were ready: then every launch starts cold
+FIRST_LAUNCH_WAIT_S = 20.0   # the first launch waits this long at most for the zygote and its warm ranks, then starts cold
 RANK_LINE_PREFIX = "[rank${rank}]: "   # torchrun --tee: the global rank on every line (progress.RANK_PREFIX)
 
 
@@ -83,6 +84,7 @@ class Agent:
         self.torchrun: subprocess.Popen | ForkedChild | None = None
         self.torchrun_reported = True
         self.launched_at: float | None = None
+        self.first_launch_by: float | None = None   # the first launch is due (from the zygote) by then
         self.last_step: int | None = None
         self.phase = Phase.INIT
         self.stopped_ranks: set[int] = set()
@@ -195,8 +197,8 @@ class Agent:
         if not self.warming:
             return
         env = self._zygote_env()
-        if self.zygote is not None and self.zygote.env != env:
-            self.zygote.close()   # the spec changed: torch must be imported anew
+        if self.zygote is not None and not self.zygote.imported_with(env):
+            self.zygote.close()   # what torch reads at import changed: it must be imported anew
             self.zygote = None
         zygote = self._ready_zygote()
         if zygote is None:
@@ -223,7 +225,24 @@ class Agent:
         env[TORCHELASTIC_LOG_LINE_PREFIX_TEMPLATE] = RANK_LINE_PREFIX
         return env
 
+    def _prepared(self) -> bool:
+        """The zygote and its warm ranks are ready for the first launch, or will not be (it starts
+        cold: no zygote can start here, or its warm ranks failed)."""
+        if self.zygote is None and self.zygote_failures >= MAX_ZYGOTE_FAILURES:
+            return True
+        if self.warming:
+            return False   # _tend_zygote: the zygote is still importing
+        pool = self.pool if self._ready_zygote() is not None else None
+        return pool is None or not pool.procs or pool.ready()
+
+    def _first_launch(self) -> None:
+        """The first launch too starts from the zygote: the node imports torch once, not once per rank
+        plus torchrun's; a zygote that is not ready by FIRST_LAUNCH_WAIT_S holds it up no longer."""
+        if self.first_launch_by is not None and (self._prepared() or time.monotonic() >= self.first_launch_by):
+            self.start_torchrun({})
+
     def start_torchrun(self, extra_env: dict[str, str]) -> None:
+        self.first_launch_by = None
         log = os.path.join(self.spec.log_dir, f"ranks-{self.node}.log")
         pool = self._pool_for()
         self.warm = pool is not None and pool.hand_out()
@@ -247,6 +266,7 @@ class Agent:
 
     def kill_torchrun(self, grace: float) -> float:
         t0 = time.monotonic()
+        self.first_launch_by = None   # killed before it started: the supervisor decides what runs next
         if self.torchrun is not None:
             terminate(self.torchrun, grace)
             self.torchrun = None
@@ -388,9 +408,11 @@ class Agent:
             self.launched_at = None
 
     def _prewarm(self) -> None:
-        """A spare's agent (its node is not in the launch): warm up at once, nothing here to
-        compete with, so that the launch that takes this node over starts warm."""
+        """Warm up at once: nothing runs here yet to compete with. The first launch starts from what
+        this prepares (_first_launch); a spare's agent (its node is not in the launch) keeps it for the
+        launch that takes this node over."""
         self.warming = True
+        self._tend_zygote()
 
     def _check_processes(self) -> None:
         self._tend_zygote()
@@ -475,16 +497,16 @@ class Agent:
             if self.memory is not None:
                 self.send(messages.MemoryPeer(addr=self.memory.replicas.address))
             self.heartbeat()
+            self._prewarm()   # a spare's agent for a later launch, or the zygote for this one
             if launch:
-                self.start_torchrun({})
-            else:
-                self._prewarm()
+                self.first_launch_by = time.monotonic() + FIRST_LAUNCH_WAIT_S
             while not self.exit_requested:
                 if self.term_signal is not None:
                     return self._preempted()
-                self._pump(0.005 if self.procs.pending else TICK_S)
+                self._pump(0.005 if self.procs.pending or self.first_launch_by is not None else TICK_S)
                 self._flush_output()
                 self._check_processes()
+                self._first_launch()
                 self._warm_standby()
                 for answer in self.external.take():
                     self.send(answer)

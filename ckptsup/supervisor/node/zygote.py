@@ -15,7 +15,7 @@ import sys
 from pathlib import Path
 from typing import Any
 
-from ...env import ForkKind
+from ...env import PREFIX, ForkKind
 from ..processes import is_stopped, terminate
 from .forked import ForkedChild, become_subreaper
 
@@ -48,6 +48,11 @@ class Zygote:
             theirs.close()
         ours.setblocking(False)
         return cls(proc, ours, env)
+
+    def imported_with(self, env: dict[str, str]) -> bool:
+        """Whether its imports saw `env`: ckptsup's own variables (the attempt, where to resume, ...)
+        are read when a rank attaches, never at import, so a new attempt keeps its zygote."""
+        return _import_env(self.env) == _import_env(env)
 
     @property
     def pid(self) -> int:
@@ -130,3 +135,7 @@ class Zygote:
             self.broken = True
             return None
         return body if isinstance(body, dict) else None
+
+
+def _import_env(env: dict[str, str]) -> dict[str, str]:
+    return {k: v for k, v in env.items() if not k.startswith(PREFIX)}
