@@ -12,6 +12,7 @@ import pytest
 import torch
 
 from hooks_helpers import attach_parts, make_parts, private_dir, train_steps
+from run_helpers import named
 from s3_helpers import BUCKET, free_port, make_bucket, moto  # noqa: F401 - moto is a fixture
 
 from ckptsup.checkpoint.manifest import load_manifest
@@ -36,10 +37,6 @@ def run_dir(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> Path:
     path = private_dir(tmp_path / "run")
     monkeypatch.setenv(RUN_DIR, str(path))
     return path
-
-
-def named(run_dir: Path, name: str, since: int = 0) -> list[dict]:
-    return [e for e in read_events(run_dir)[since:] if e["event"] == name]
 
 
 def resume(ck: Path) -> tuple[int, tuple]:
@@ -73,14 +70,14 @@ def test_a_lost_or_corrupt_shared_copy_is_fetched_back_from_the_object_store(tmp
     assert run.resume() == 0
     train_steps(run, *parts, 0, 6)
     run.close()   # drains the promotions: steps 2, 4, 6 are in the object store
-    promoted = {e["step"] for e in named(run_dir, "checkpoint_promoted") if e.get("ok")}
+    promoted = {e["step"] for e in named(read_events(run_dir), "checkpoint_promoted") if e.get("ok")}
     assert promoted == {2, 4, 6}, read_events(run_dir)
 
     # 1. the shared copy of the newest is gone: fetched back, verified, loaded
     shutil.rmtree(ck / "step_6")
     mark = len(read_events(run_dir))
     step, restored = resume(ck)
-    loaded = named(run_dir, "checkpoint_loaded", mark)
+    loaded = named(read_events(run_dir)[mark:], "checkpoint_loaded")
     assert step == 6 and loaded[-1]["source"] == "object", loaded
     by_source = loaded[-1]["files_by_source"]
     assert set(by_source) == set(FILES_BY_SOURCE_KEYS)
@@ -92,8 +89,8 @@ def test_a_lost_or_corrupt_shared_copy_is_fetched_back_from_the_object_store(tmp
     flip_a_byte(ck / "step_6")
     mark = len(read_events(run_dir))
     step, restored = resume(ck)
-    rejected = named(run_dir, "checkpoint_rejected", mark)
-    loaded = named(run_dir, "checkpoint_loaded", mark)
+    rejected = named(read_events(run_dir)[mark:], "checkpoint_rejected")
+    loaded = named(read_events(run_dir)[mark:], "checkpoint_loaded")
     assert step == 6 and [e["step"] for e in rejected] == [6] and loaded[-1]["source"] == "object"
     assert same_model(restored, parts)
     assert [p.name.split("-")[0] for p in (ck / QUARANTINE_DIR).iterdir()] == ["step_6"]
@@ -101,7 +98,7 @@ def test_a_lost_or_corrupt_shared_copy_is_fetched_back_from_the_object_store(tmp
     # 3. an intact shared copy is read from the shared tier, never downloaded
     mark = len(read_events(run_dir))
     step, restored = resume(ck)
-    loaded = named(run_dir, "checkpoint_loaded", mark)
+    loaded = named(read_events(run_dir)[mark:], "checkpoint_loaded")
     assert step == 6 and loaded[-1]["source"] == "shared" and loaded[-1]["files_by_source"]["object"] == 0
     assert loaded[-1]["files_by_source"]["shared"] > 0
 
@@ -122,7 +119,7 @@ def test_an_unreachable_object_store_leaves_the_shared_tier_to_resume_from(tmp_p
                        str(site_config(tmp_path, f"http://127.0.0.1:{free_port()}", "dead")))
     mark = len(read_events(run_dir))
     step, restored = resume(ck)
-    loaded = named(run_dir, "checkpoint_loaded", mark)
+    loaded = named(read_events(run_dir)[mark:], "checkpoint_loaded")
     assert step == 4 and loaded[-1]["source"] == "shared" and same_model(restored, parts)
 
 

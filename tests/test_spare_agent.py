@@ -28,7 +28,7 @@ def spec_for(tmp: Path, node: str, script: Path, run: RunDir) -> LaunchSpec:
                       heartbeat_interval_s=0.5, cwd=str(tmp))
 
 
-def wait_for(inbox: "queue.Queue[Message]", kind: MessageKind, timeout: float) -> Message:
+def wait_for_message(inbox: "queue.Queue[Message]", kind: MessageKind, timeout: float) -> Message:
     deadline = time.monotonic() + timeout
     while time.monotonic() < deadline:
         try:
@@ -54,15 +54,15 @@ def test_a_spares_agent_warms_up_at_once_and_its_node_starts_warm_when_a_launch_
     step = AgentStep(argv=agent_command(str(path), 0), env={**os.environ, NODE: "n2"}, nodes=("n2",), secret=secret,
                      sender=CommandSender(secret), inbox=inbox, log_path=tmp_path / "agents.log")
     try:
-        wait_for(inbox, MessageKind.HB, 30)
-        ready = wait_for(inbox, MessageKind.WARM_READY, 120)   # a spare warms up without any launch
+        wait_for_message(inbox, MessageKind.HB, 30)
+        ready = wait_for_message(inbox, MessageKind.WARM_READY, 120)   # a spare warms up without any launch
         assert ready.node == "n2" and ready.body.interpreters == 1
         step.send(messages.Restart(attempt=1, spec=first.to_json()))   # n1's launch, not n2's
         take_over = spec_for(tmp_path, "n2", script, run)
         step.send(messages.Restart(attempt=2, spec=take_over.to_json()))
-        launched = wait_for(inbox, MessageKind.LAUNCHED, 30)
+        launched = wait_for_message(inbox, MessageKind.LAUNCHED, 30)
         assert launched.body.attempt == 2 and launched.body.warm is True
-        ended = wait_for(inbox, MessageKind.TORCHRUN_EXIT, 60)
+        ended = wait_for_message(inbox, MessageKind.TORCHRUN_EXIT, 60)
         assert ended.body.rc == 0
     finally:
         step.close(5)
