@@ -40,8 +40,8 @@ test-slurm: setup
 # The whole suite through pytest-xdist, whole files per worker (--dist loadfile: a module's shared
 # reference run stays on one; each worker's dev-cluster tests take their own numbered cluster slot,
 # tests/conftest.py), the longest files first (conftest FILE_SECONDS; --no-loadscope-reorder keeps
-# that order). Three workers: 22-23 min here (each agent's zygote forks its restarts' processes
-# instead of importing torch for each), three clean-clone `.ci/run` runs green in a row at -n 3
+# that order). Three workers: 22-23 min here (each agent's zygote forks every launch's torchrun and
+# ranks instead of importing torch for each), clean-clone `.ci/run` runs green in a row at -n 3
 # (BENCHMARKS.md §Test suite). `make test TEST_WORKERS=1` runs it serially (~45 min).
 # The type checker runs beside the tests (a clean clone's first mypy run takes ~30 s of one core, which
 # the workers' start would otherwise wait for); either failing fails the target.

@@ -56,7 +56,8 @@ from ..processes import terminate
 TICK_S = 0.1
 STANDBY_DELAY_S = 30.0
 MAX_ZYGOTE_FAILURES = 2   # zygotes that died before they were ready: then every launch starts cold
-FIRST_LAUNCH_WAIT_S = 20.0   # the first launch waits this long at most for the zygote and its warm ranks, then starts cold
+FIRST_LAUNCH_WAIT_S = 60.0   # the first launch waits this long at most for its zygote and warm ranks, then starts cold (a slow
+                             # import would be as slow in every cold rank: this is for a zygote that is stuck)
 RANK_LINE_PREFIX = "[rank${rank}]: "   # torchrun --tee: the global rank on every line (progress.RANK_PREFIX)
 
 
