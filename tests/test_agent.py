@@ -275,3 +275,31 @@ def test_the_first_launch_waits_for_the_zygote_at_most_its_cap_and_a_kill_before
     agent.kill_torchrun(0)
     agent._first_launch()
     assert started == [{}, {}]
+
+
+class _Handle:
+    """A warm interpreter's handle as the agent holds it (supervisor/node/forked.ForkedChild): its
+    pid and the status its poll() kept once it reaped the process."""
+
+    def __init__(self, pid: int, rc: int | None) -> None:
+        self.pid, self.rc = pid, rc
+
+    def poll(self) -> int | None:
+        return self.rc
+
+
+def test_a_killed_warm_rank_is_a_crash_at_once_and_before_the_peer_that_exits_on_its_broken_collective():
+    """Rank 1's warm interpreter is SIGKILLed; the agent reaped it already (its handle keeps the
+    status, /proc has nothing left). Its lost connection is a crash at once, not after
+    EXIT_CONFIRM_S: rank 0, which exits 1 on the broken collective a moment later, is never the
+    one reported first (seen in a clean-clone run: the fast path blamed rank 0)."""
+    from ckptsup.supervisor.node.rank_processes import RankProcesses
+
+    gone_pid, peer_pid = 3_999_999_001, 3_999_999_002   # no such processes: /proc says GONE
+    procs = RankProcesses()
+    procs.lost(1, gone_pid, 100.0)
+    procs.lost(0, peer_pid, 100.05)
+    warm = [_Handle(gone_pid, -9), _Handle(peer_pid, None)]   # rank 0 still exiting
+    [crash] = procs.confirm(None, 100.06, 5, warm)
+    assert (crash.rank, crash.rc) == (1, -9) and "killed by signal 9" in crash.detail
+    assert [rank for _, rank, _ in procs.pending] == [0]   # rank 0 waits for its own status

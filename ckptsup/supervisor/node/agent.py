@@ -425,7 +425,7 @@ class Agent:
             self.warm_told = ready
         rc = self.torchrun.poll() if self.torchrun is not None else None
         now = time.monotonic()
-        for crash in self.procs.confirm(rc, now, self.last_step):
+        for crash in self.procs.confirm(rc, now, self.last_step, self._warm_in_use()):
             self.send(crash)
         if self.torchrun is not None and not self.torchrun_reported and rc is not None:
             self.torchrun_reported = True

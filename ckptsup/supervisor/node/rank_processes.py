@@ -20,7 +20,7 @@ import psutil
 from ... import messages
 from ...stack_dump import stack_file
 from . import evidence
-from ..processes import GONE, RUNNING, describe_exit, pid_views, where, zombie_status
+from ..processes import GONE, RUNNING, Liveness, describe_exit, pid_views, where, zombie_status
 
 EXIT_CONFIRM_S = 0.3  # a dropped rank connection becomes a crash report unless torchrun exits 0 by then
 CLEAN_GONE_S = 2.0    # a worker reaped unseen, while torchrun and another rank carry on this long: it exited 0
@@ -91,13 +91,18 @@ class RankProcesses:
                 except OSError:
                     pass
 
-    def confirm(self, torchrun_rc: int | None, now: float, step: int | None) -> list[messages.RankExit]:
-        """The lost ranks whose exit is now known to be a crash; the others wait or are let go."""
+    def confirm(self, torchrun_rc: int | None, now: float, step: int | None,
+                warm: Sequence[Any] = ()) -> list[messages.RankExit]:
+        """The lost ranks whose exit is now known to be a crash; the others wait or are let go.
+        `warm`: the warm interpreters in use, whose status is ours to read (the agent reaps them):
+        a killed one is a crash at once, not after EXIT_CONFIRM_S, so a peer that exits on the
+        broken collective after it is never reported first."""
         if torchrun_rc == 0:
             self.pending = []
+        in_use = {p.pid: p for p in warm}
         keep, crashes = [], []
         for seen, rank, pid in self.pending:
-            status = zombie_status(pid) if pid is not None else GONE
+            status = GONE if pid is None else _status(pid, in_use)
             if status is RUNNING and now - seen < EXIT_CONFIRM_S:
                 keep.append((seen, rank, pid))  # still exiting (fds close before the zombie appears)
             elif status is RUNNING:
@@ -125,8 +130,8 @@ class RankProcesses:
         for rank, pid in self.rank_pids.items():
             if rank in self.hooked or rank in self.exits_sent:
                 continue
-            status = in_use[pid].poll() if pid in in_use else zombie_status(pid)
-            if status is None or status is RUNNING:
+            status = _status(pid, in_use)
+            if status is RUNNING:
                 continue
             if status is GONE:
                 seen = self.exits_seen.setdefault(rank, now)
@@ -180,3 +185,12 @@ class RankProcesses:
             if got is not None and got.state == "T":
                 stopped.add(rank)
         return pids, samples, stopped
+
+
+def _status(pid: int, in_use: dict[int, Any]) -> "int | Liveness":
+    """A rank process's exit status: a warm interpreter's from its handle (the agent's child, reaped
+    by its poll, which keeps the status), any other's from /proc while it is a zombie."""
+    if pid not in in_use:
+        return zombie_status(pid)
+    rc = in_use[pid].poll()
+    return RUNNING if rc is None else rc
