@@ -239,15 +239,21 @@ def test_a_clean_exit_of_a_rank_without_hooks_goes_up_as_rank_exit_0_and_a_failu
 
 
 def test_a_new_attempts_variables_keep_the_zygote_and_an_import_time_one_replaces_it():
-    """ckptsup's CKPTSUP_* variables are read when a rank attaches, never at import: a new attempt
-    (its CKPTSUP_ATTEMPT, CKPTSUP_RESUME_FROM) forks from the same zygote; OMP_NUM_THREADS is read at
-    torch's import, so a change there needs a new one."""
+    """What the supervisor exports per attempt (CKPTSUP_*, the NCCL/flight-recorder variables, whose
+    paths name the attempt) is read when a rank attaches or creates its process group, never at
+    import: a new attempt forks from the same zygote (a clean-clone run showed ~2.5 zygotes an agent,
+    one a restart, before this); OMP_NUM_THREADS is read at torch's import: a change needs a new one."""
     from ckptsup.supervisor.node.zygote import Zygote
 
-    zygote = Zygote(proc=None, control=None, env={"OMP_NUM_THREADS": "1", "CKPTSUP_ATTEMPT": "0"})  # type: ignore[arg-type]
-    assert zygote.imported_with({"OMP_NUM_THREADS": "1", "CKPTSUP_ATTEMPT": "3", "CKPTSUP_RESUME_FROM": "/ck/step_9"})
-    assert not zygote.imported_with({"OMP_NUM_THREADS": "2", "CKPTSUP_ATTEMPT": "0"})
-    assert not zygote.imported_with({"CKPTSUP_ATTEMPT": "0"})
+    fr = "TORCH_FR_DUMP_TEMP_FILE"   # the supervisor's, per attempt: <run>/attempt-N/flight_recorder/rank_
+    zygote = Zygote(proc=None, control=None,  # type: ignore[arg-type]
+                    env={"OMP_NUM_THREADS": "1", "CKPTSUP_ATTEMPT": "0", fr: "/run/attempt-0/fr/rank_"})
+    spec_env = {"CKPTSUP_ATTEMPT": "3", fr: "/run/attempt-3/fr/rank_"}   # what the new attempt's spec exports
+    assert zygote.imported_with({"OMP_NUM_THREADS": "1", "CKPTSUP_RESUME_FROM": "/ck/step_9", **spec_env},
+                                per_attempt=spec_env)
+    assert not zygote.imported_with({"OMP_NUM_THREADS": "1", **spec_env})   # not the spec's: read at import?
+    assert not zygote.imported_with({"OMP_NUM_THREADS": "2", **spec_env}, per_attempt=spec_env)
+    assert not zygote.imported_with(spec_env, per_attempt=spec_env)
 
 
 def test_the_first_launch_waits_for_the_zygote_at_most_its_cap_and_a_kill_before_it_cancels_it(agent, monkeypatch):

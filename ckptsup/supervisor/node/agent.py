@@ -198,7 +198,7 @@ class Agent:
         if not self.warming:
             return
         env = self._zygote_env()
-        if self.zygote is not None and not self.zygote.imported_with(env):
+        if self.zygote is not None and not self.zygote.imported_with(env, per_attempt=self.spec.env):
             self.zygote.close()   # what torch reads at import changed: it must be imported anew
             self.zygote = None
         zygote = self._ready_zygote()

@@ -13,7 +13,7 @@ import socket
 import subprocess
 import sys
 from pathlib import Path
-from typing import Any
+from typing import Any, Iterable
 
 from ...env import PREFIX, ForkKind
 from ..processes import is_stopped, terminate
@@ -49,10 +49,12 @@ class Zygote:
         ours.setblocking(False)
         return cls(proc, ours, env)
 
-    def imported_with(self, env: dict[str, str]) -> bool:
-        """Whether its imports saw `env`: ckptsup's own variables (the attempt, where to resume, ...)
-        are read when a rank attaches, never at import, so a new attempt keeps its zygote."""
-        return _import_env(self.env) == _import_env(env)
+    def imported_with(self, env: dict[str, str], *, per_attempt: Iterable[str] = ()) -> bool:
+        """Whether its imports saw `env`. What the supervisor exports for each attempt (`per_attempt`:
+        ckptsup's variables, the NCCL timeouts and flight-recorder paths) is read when a rank attaches
+        or creates its process group, never at import: a new attempt keeps its zygote."""
+        ignore = set(per_attempt)
+        return _import_env(self.env, ignore) == _import_env(env, ignore)
 
     @property
     def pid(self) -> int:
@@ -137,5 +139,5 @@ class Zygote:
         return body if isinstance(body, dict) else None
 
 
-def _import_env(env: dict[str, str]) -> dict[str, str]:
-    return {k: v for k, v in env.items() if not k.startswith(PREFIX)}
+def _import_env(env: dict[str, str], ignore: set[str]) -> dict[str, str]:
+    return {k: v for k, v in env.items() if not k.startswith(PREFIX) and k not in ignore}
