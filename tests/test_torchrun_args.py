@@ -216,7 +216,7 @@ def test_harmless_values_are_info_lines(tmp_path):
     assert line.cold_ranks and line.run_path and "--numa-binding=node" in line.passed
     joined = " | ".join(line.infos)
     for says in ("--run-path ignored", "--log-dir gets every local rank's stdout.log and stderr.log",
-                 "--numa-binding: every restart starts cold ranks", "--logs-specs default: it must keep torchrun's tee"):
+                 "--numa-binding: every launch starts cold ranks", "--logs-specs default: it must keep torchrun's tee"):
         assert says in joined, joined
     assert interpret({"virtual_local_rank": True}, cwd=tmp_path).passed == ("--virtual-local-rank",)
 

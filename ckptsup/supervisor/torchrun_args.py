@@ -64,7 +64,7 @@ def _opt(dest: str, *spellings: str, value: bool = True, handling: Handling, doe
 
 
 _RDZV = "ignored, one info line: ckptsup picks the rendezvous of every attempt ([supervisor] rdzv_backend, rdzv_port)"
-_WARM_OFF = "restarts start cold ranks (warm interpreters are started outside torchrun and would escape it)"
+_WARM_OFF = "every launch starts cold ranks (warm interpreters are started outside torchrun and would escape it)"
 
 OPTIONS: tuple[Option, ...] = (
     _opt("nnodes", handling=Handling.OWN,
@@ -370,7 +370,7 @@ def interpret(given: Mapping[str, str | bool | None], *, cwd: str | os.PathLike[
     if values.get("numa_binding") or values.get("virtual_local_rank"):
         kw["cold_ranks"] = True
         which = "--numa-binding" if values.get("numa_binding") else "--virtual-local-rank"
-        infos.append(f"{which}: every restart starts cold ranks under torchrun (warm interpreters would escape it)")
+        infos.append(f"{which}: every launch starts cold ranks under torchrun (warm interpreters would escape it)")
     if values.get("virtual_local_rank"):
         kw["virtual_local_rank"] = True
     if "logs_specs" in values:
