@@ -49,8 +49,10 @@ def test_a_dead_node_under_the_hf_trainer_is_replaced_by_the_spare_and_resumes_f
     The spare's rank takes its state from the buddy's copy of the dead rank's bundle (peer
     memory), the survivor from its own agent; HF's data skip and TrainerState come from that copy."""
     job, run, out = submit(tmp_path, nodes=2, spares=1, args=["--save-every-steps", "0", "--step-sleep-s", "0.4"])
-    dev_cluster.wait_for(lambda: any(e["ok"] and e["step"] >= 10 for e in named(read_events(run), "memory_saved"))
-                         and newest_sample_step(out) >= 11, 240, what="the memory save of step 10")
+    # replicated, not only saved: the dead rank's state must be on its buddy (a clean-clone run killed
+    # the node between the save and its replica: the restart rightly began at step 0)
+    dev_cluster.wait_for(lambda: any(e["ok"] and e["step"] >= 10 for e in named(read_events(run), "memory_replicated"))
+                         and newest_sample_step(out) >= 11, 240, what="the memory save of step 10, replicated")
     first = named(read_events(run), "launch")[0]
     victim = first["nodes"][1]
     with dev_cluster.revived(victim):
