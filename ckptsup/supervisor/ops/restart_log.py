@@ -138,7 +138,7 @@ def describe(event: Mapping[str, Any]) -> str:
         return (f"operator request {g('request', '?')} ({g('command', '?')}): {g('outcome', '?')}"
                 + (f", {g('detail')}" if g("detail") else ""))
     if name == Event.WARM_READY:
-        return f"{g('node', '?')}: {g('interpreters', '?')} warm rank interpreter(s) ready for the next launch"
+        return f"{g('node', '?')}: {g('interpreters', '?')} warm rank interpreter(s) ready for a launch"
     if name == Event.SUPERVISION_LEVEL:
         return f"supervised at the {g('level', '?')} level: {g('detail', '')}"
     if name == Event.PROGRESS_STALE:
