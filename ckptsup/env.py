@@ -269,12 +269,7 @@ def prepare_rank_title(*, keep_environ: bool = True) -> bool:
 def set_rank_title(rank: int | str, argv: list[str]) -> bool:
     """Show `ckptsup rank R: SCRIPT ARGS` as this process's command line, so that ps, py-spy and
     kill find a rank, warm interpreter or not."""
-    if not prepare_rank_title():
-        return False
-    import setproctitle
-
-    setproctitle.setproctitle(RANK_TITLE.format(rank=rank, command=" ".join(argv)))
-    return True
+    return _set_title(RANK_TITLE.format(rank=rank, command=" ".join(argv)), keep_environ=True)
 
 
 def set_warm_title(local_rank: int, path: str) -> bool:
@@ -282,22 +277,22 @@ def set_warm_title(local_rank: int, path: str) -> bool:
     ps (and a test) tells it by its local rank and socket, as its own environment is not in
     /proc (a fork's is its parent's). That environment's room is the title's, so the rank's title
     later is not cut to the zygote's short command line."""
-    if not prepare_rank_title(keep_environ=False):
-        return False
-    import setproctitle
-
-    setproctitle.setproctitle(WARM_TITLE.format(local_rank=local_rank, path=path))
-    return True
+    return _set_title(WARM_TITLE.format(local_rank=local_rank, path=path), keep_environ=False)
 
 
 def set_torchrun_title(argv: list[str]) -> bool:
     """torchrun forked by the zygote is titled `ckptsup torchrun: ARGS`, not the zygote's command
     line; its environment's room is the title's, as for a warm interpreter."""
-    if not prepare_rank_title(keep_environ=False):
+    return _set_title(TORCHRUN_TITLE.format(command=" ".join(argv)), keep_environ=False)
+
+
+def _set_title(title: str, *, keep_environ: bool) -> bool:
+    """This process's title (prepare_rank_title says whose room it may take); False without setproctitle."""
+    if not prepare_rank_title(keep_environ=keep_environ):
         return False
     import setproctitle
 
-    setproctitle.setproctitle(TORCHRUN_TITLE.format(command=" ".join(argv)))
+    setproctitle.setproctitle(title)
     return True
 
 
