@@ -160,7 +160,8 @@ class Session:
         parts = payload if isinstance(payload, list) else [payload]
         self.send_header(op, body, length=sum(len(p) for p in parts))
         for part in parts:
-            self.sock.sendall(part)
+            if len(part):   # no system call for nothing: a peer that already answered and closed would fail it
+                self.sock.sendall(part)
 
     def send_header(self, op: MemoryOp, body: dict[str, Any], *, length: int) -> None:
         """The signed header announcing `length` payload bytes; the caller sends them raw after

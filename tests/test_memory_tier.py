@@ -341,3 +341,45 @@ def test_a_bundle_past_the_fit_turns_the_tier_off_for_the_rank_with_one_warning(
     assert client.stored_bytes() == server.store.total_bytes() == results[-1].bytes > 0
     assert MemoryClient(socket_path=str(tmp_path / "gone.sock"), secret_file=secret_file(tmp_path),
                         rank=0).stored_bytes() == 0
+
+
+def test_an_agent_that_goes_away_before_answering_a_get_fails_it_with_the_channel_error(tmp_path: Path) -> None:
+    # a clean-clone run saw BrokenPipeError escape `get` (the agent had answered and closed before the
+    # request's empty payload was written): the rank's load expects the channel's one-line error
+    path = private_dir(tmp_path / "sock") / "memory.sock"
+    listener = socket.socket(socket.AF_UNIX, socket.SOCK_STREAM)
+    listener.bind(str(path))
+    listener.listen(1)
+
+    def hang_up_after_auth() -> None:
+        conn, _ = listener.accept()
+        with conn:
+            Session.accept(conn, SECRET, max_payload=1 << 20)
+
+    agent = threading.Thread(target=hang_up_after_auth, daemon=True)
+    agent.start()
+    client = MemoryClient(socket_path=str(path), secret_file=secret_file(tmp_path), rank=0)
+    try:
+        with pytest.raises(MemoryChannelError, match="closed the memory channel"):
+            client.get(3)
+    finally:
+        agent.join(5)
+        listener.close()
+
+
+def test_a_message_without_a_payload_writes_only_its_header() -> None:
+    # an empty payload costs no system call that a peer's close could fail
+    ours, theirs = socket.socketpair()
+    with ours, theirs:
+        session = Session(sock=ours, secret=SECRET, nonce="n" * 32)
+        session.send(MemoryOp.LIST, {"rank": 0})
+        theirs.shutdown(socket.SHUT_RDWR)
+        sent = []
+        ours_sendall = ours.sendall
+        try:
+            session.sock = type("Counting", (), {"sendall": lambda self, data: sent.append(bytes(data)) or ours_sendall(data)})()
+            with contextlib.suppress(OSError):
+                session.send(MemoryOp.LIST, {"rank": 0})
+        finally:
+            session.sock = ours
+        assert len(sent) == 1 and json.loads(sent[0][4:])["op"] == MemoryOp.LIST

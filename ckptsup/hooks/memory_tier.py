@@ -249,9 +249,12 @@ class MemoryClient:
     def get(self, step: int, *, from_peers: bool = False) -> Bundle:
         """This rank's bundle of `step`: its agent's copy, or (`from_peers`: that copy was refused)
         a copy the agent fetches from the peer agents that hold one."""
-        with self.session() as s:
-            s.send(MemoryOp.GET, {"step": step, "rank": self.rank, **({"from": "peers"} if from_peers else {})})
-            op, body, payload = s.recv()
+        try:
+            with self.session() as s:
+                s.send(MemoryOp.GET, {"step": step, "rank": self.rank, **({"from": "peers"} if from_peers else {})})
+                op, body, payload = s.recv()
+        except (ConnectionError, socket.timeout) as e:   # the agent went away mid-answer: the load falls back
+            raise MemoryChannelError(f"the agent closed the memory channel during the get of step {step}: {e}") from None
         if op is not MemoryOp.BUNDLE:
             raise ValidationError(f"the agent holds no memory bundle of step {step} for rank {self.rank}")
         manifest = Manifest.from_json(str(body.get("manifest", "")), source=f"memory bundle of step {step}")
