@@ -6,8 +6,11 @@ copy for the HF, Lightning and drop-in tests (and the supervisor's dev-cluster t
 process finders are in drop_in_helpers.py, the environment of a rank (base_env) in hooks_helpers.py."""
 from __future__ import annotations
 
+import contextlib
 import json
+import os
 import re
+import signal
 import subprocess
 import sys
 import time
@@ -67,8 +70,26 @@ def torchrun_argv(script: Path, *args: str) -> list[str]:
 
 def torchrun(script: Path, *args: str, env: dict[str, str] | None = None, timeout: float = 300,
              cwd: Path | None = None) -> subprocess.CompletedProcess:
-    return subprocess.run(torchrun_argv(script, *args), env=base_env(env), capture_output=True, text=True,
-                          timeout=timeout, cwd=cwd)
+    """Plain torchrun to its end. One still running after `timeout` fails the test with its ranks'
+    stacks (SIGUSR2: the helper scripts register faulthandler for it) and leaves no rank behind
+    (its whole session is killed; subprocess.run's timeout would kill torchrun alone)."""
+    argv = torchrun_argv(script, *args)
+    proc = subprocess.Popen(argv, env=base_env(env), stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True,
+                            cwd=cwd, start_new_session=True)
+    try:
+        out, err = proc.communicate(timeout=timeout)
+    except subprocess.TimeoutExpired:
+        ranks = psutil.Process(proc.pid).children()
+        for rank in ranks:
+            with contextlib.suppress(psutil.Error):
+                rank.send_signal(signal.SIGUSR2)
+        time.sleep(3)   # faulthandler writes the stacks to the stderr torchrun passes on
+        with contextlib.suppress(ProcessLookupError):
+            os.killpg(proc.pid, signal.SIGKILL)
+        out, err = proc.communicate()
+        raise AssertionError(f"plain torchrun of {script.name} still ran after {timeout:.0f} s (ranks "
+                             f"{[r.pid for r in ranks]}); its output, stacks last:\n{out[-2000:]}\n{err[-8000:]}") from None
+    return subprocess.CompletedProcess(argv, proc.returncode, out, err)
 
 
 # torch's gloo teardown at interpreter exit, after the script returned: a worker's threads are
@@ -93,15 +114,19 @@ def uninterrupted(script: Path, *args: str, timeout: float = 300, cwd: Path | No
     assert proc.returncode == 0 or teardown_abort_only(proc), proc.stdout[-2000:] + proc.stderr[-3000:]
 
 
+def config_args(tmp: Path, config: str | None) -> list[str]:
+    """`--config tmp/job.toml` holding `config`; none (the defaults) without one."""
+    if config is None:
+        return []
+    (tmp / "job.toml").write_text(config)
+    return ["--config", str(tmp / "job.toml")]
+
+
 def launch(tmp: Path, run: Path, script: Path, *args: str, config: str | None = None,
            launch_args: tuple[str, ...] = ()) -> subprocess.Popen:
     """`ckptsup launch` of `script` with 2 local ranks in the background (cwd `tmp`; the job.toml
     there holds `config` when given), its console on stdout as text."""
-    where = []
-    if config is not None:
-        (tmp / "job.toml").write_text(config)
-        where = ["--config", str(tmp / "job.toml")]
-    argv = [*CKPTSUP, "launch", "--nproc-per-node", "2", *where, "--run-dir", str(run), *launch_args, str(script),
+    argv = [*CKPTSUP, "launch", "--nproc-per-node", "2", *config_args(tmp, config), "--run-dir", str(run), *launch_args, str(script),
             *args]
     return subprocess.Popen(argv, cwd=tmp, env=base_env(), stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True)
 
