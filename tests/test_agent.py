@@ -283,6 +283,38 @@ def test_the_first_launch_waits_for_the_zygote_at_most_its_cap_and_a_kill_before
     assert started == [{}, {}]
 
 
+def test_the_next_launchs_ranks_are_forked_at_launch_and_a_torch_import_waits_for_the_first_step(agent, monkeypatch):
+    """A zygote that imported torch with the ranks' environment forks the next launch's warm
+    interpreters as soon as a launch starts (an attempt that fails before its first step restarts
+    warm; clean-clone runs restarted 110-127 ranks a suite cold before this); one that must import
+    anew waits until the attempt steps, not to slow the ranks' start."""
+    import time
+
+    from ckptsup.supervisor.node.zygote import Zygote
+
+    class ReadyZygote(Zygote):
+        def dead(self) -> bool:
+            return False
+
+        def ready(self) -> bool:
+            return True
+
+    zygote = ReadyZygote(proc=None, control=None, env=agent._zygote_env())  # type: ignore[arg-type]
+    agent.zygote = zygote
+    agent.launched_at = time.monotonic()      # the launch just started, no step yet
+    agent._warm_standby()
+    assert agent.warming and agent.launched_at is None
+    agent.warming = False
+    zygote.env = {**zygote.env, "OMP_NUM_THREADS": "7"}   # imported with another environment: a new import is due
+    agent.launched_at = time.monotonic()
+    agent._warm_standby()
+    assert not agent.warming and agent.launched_at is not None
+    agent.last_step = 0                        # the attempt stepped: now the import may run
+    agent._warm_standby()
+    assert agent.warming
+    agent.zygote = None
+
+
 class _Handle:
     """A warm interpreter's handle as the agent holds it (supervisor/node/forked.ForkedChild): its
     pid and the status its poll() kept once it reaped the process."""

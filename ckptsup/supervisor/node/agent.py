@@ -263,7 +263,7 @@ class Agent:
         self.last_step = None
         self.stopped_ranks = set()
         self.send(messages.Launched(attempt=self.attempt, pid=self.torchrun.pid, warm=self.warm))
-        self.launched_at = time.monotonic()  # the next launch's processes warm up once this attempt steps
+        self.launched_at = time.monotonic()  # _warm_standby: the next launch's processes from then
 
     def kill_torchrun(self, grace: float) -> float:
         t0 = time.monotonic()
@@ -400,13 +400,21 @@ class Agent:
 
     # ---- periodic -----------------------------------------------------------------------------
     def _warm_standby(self) -> None:
-        """Prepare the next launch's processes, but not while the ranks start: on a busy node a
-        torch import would slow theirs. Once the attempt steps (or after STANDBY_DELAY_S)."""
+        """Prepare the next launch's processes. From a zygote that imported torch with this
+        environment they are forks (milliseconds): at once, so an attempt that fails before its
+        first step restarts warm too. A torch import still to do waits until the attempt steps (or
+        STANDBY_DELAY_S): on a busy node it would slow the ranks' start."""
         if self.launched_at is None:
             return
-        if self.last_step is not None or time.monotonic() - self.launched_at > STANDBY_DELAY_S:
+        if (self._forks_only() or self.last_step is not None
+                or time.monotonic() - self.launched_at > STANDBY_DELAY_S):
             self.warming = True   # _tend_zygote: the zygote, then the warm interpreters it forks
             self.launched_at = None
+
+    def _forks_only(self) -> bool:
+        """The zygote can fork the next launch's processes without importing anything again."""
+        zygote = self._ready_zygote()
+        return zygote is not None and zygote.imported_with(self._zygote_env(), per_attempt=self.spec.env)
 
     def _prewarm(self) -> None:
         """Warm up at once: nothing runs here yet to compete with. The first launch starts from what

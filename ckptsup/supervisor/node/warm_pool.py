@@ -1,6 +1,6 @@
 """The agent's pool of warm rank interpreters (rankside/warm_rank.py): one per local rank,
-forked by the agent's zygote (zygote.py; it imported torch with the ranks' environment) once the
-current attempt has stepped, handed out to the next launch's workers through
+forked by the agent's zygote (zygote.py; it imported torch with the ranks' environment) as soon
+as the current attempt has started (agent._warm_standby), handed out to the next launch's workers through
 rankside/warm_proxy.py. One generation serves one launch; the next one is forked afterwards.
 """
 
