@@ -33,6 +33,21 @@ def rank_processes(script: Path, marker: Path) -> dict[int, psutil.Process]:
     return out
 
 
+def env_processes(**match: str | None) -> list[psutil.Process]:
+    """Host processes whose environment has every KEY=VALUE of `match` (None: KEY set, to any value).
+    A dev-cluster node's PIDs are the host's; a warm rank's proxy has its rank's environment, the warm
+    interpreter has its zygote's (real_rank, with_real_ranks find it)."""
+    found = []
+    for proc in psutil.process_iter():
+        try:
+            env = proc.environ()
+        except (psutil.Error, OSError):
+            continue
+        if all(key in env if want is None else env.get(key) == want for key, want in match.items()):
+            found.append(proc)
+    return found
+
+
 def with_real_ranks(procs: list[psutil.Process]) -> list[psutil.Process]:
     """`procs` (found by a rank's environment: a cold rank or a warm rank's proxy) and, for each proxy,
     the warm interpreter that runs its rank (real_rank): what must be gone when the ranks are."""

@@ -13,7 +13,7 @@ import torch
 from ckptsup.events import read_events
 
 from drop_in_helpers import SCRIPT, reference, same_model
-from run_helpers import named
+from run_helpers import config_args, named
 
 pytestmark = pytest.mark.integration
 
@@ -29,11 +29,7 @@ def uninterrupted(tmp_path_factory) -> dict:
 def launch(tmp: Path, *faults: str, script: Path = SCRIPT, config: str | None = None
            ) -> tuple[subprocess.CompletedProcess, list[dict]]:
     run = tmp / "run"
-    where = []
-    if config is not None:
-        (tmp / "job.toml").write_text(config)
-        where = ["--config", str(tmp / "job.toml")]
-    argv = [*CKPTSUP, "launch", *where, "--nproc-per-node", "2", "--run-dir", str(run), str(script), "--steps", str(STEPS),
+    argv = [*CKPTSUP, "launch", *config_args(tmp, config), "--nproc-per-node", "2", "--run-dir", str(run), str(script), "--steps", str(STEPS),
             "--ckpt-dir", str(tmp / "ckpt"), "--out", str(tmp / "final.pt"), *faults]
     proc = subprocess.run(argv, capture_output=True, text=True, timeout=400, cwd=tmp)
     return proc, read_events(run)

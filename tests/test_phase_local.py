@@ -16,7 +16,7 @@ import pytest
 from ckptsup.events import read_events
 
 from hooks_helpers import base_env, private_dir
-from run_helpers import named
+from run_helpers import config_args, named
 
 pytestmark = pytest.mark.integration
 
@@ -28,11 +28,8 @@ def launch(tmp: Path, script: str, *args: str, config: str | None = None, timeou
     """`ckptsup launch --nproc-per-node 2 SCRIPT ...`, at the defaults unless `config` (a job TOML)."""
     tmp = private_dir(tmp)
     run, out = tmp / "run", tmp / "out"
-    argv = [sys.executable, "-m", "ckptsup.cli", "launch", "--nproc-per-node", "2", "--run-dir", str(run)]
-    if config is not None:
-        (tmp / "job.toml").write_text(config)
-        argv += ["--config", str(tmp / "job.toml")]
-    argv += [str(HELPERS / script), *args, "--out", str(out)]
+    argv = [sys.executable, "-m", "ckptsup.cli", "launch", "--nproc-per-node", "2", "--run-dir", str(run),
+            *config_args(tmp, config), str(HELPERS / script), *args, "--out", str(out)]
     proc = subprocess.run(argv, cwd=tmp, env=base_env(), stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True,
                           timeout=timeout)
     return proc.returncode, proc.stdout, run

@@ -13,7 +13,7 @@ import pytest
 
 from ckptsup.events import read_events
 
-from drop_in_helpers import with_real_ranks
+from drop_in_helpers import env_processes, with_real_ranks
 from test_watchdog_template import submit_train_job, wait_events
 
 pytestmark = [pytest.mark.slurm, pytest.mark.torch]
@@ -21,17 +21,7 @@ pytestmark = [pytest.mark.slurm, pytest.mark.torch]
 
 def job_processes(job: str, **env_match: str) -> list[psutil.Process]:
     """Host processes of `job` whose environment has every KEY=VALUE of env_match."""
-    found = []
-    for proc in psutil.process_iter(["pid"]):
-        try:
-            environ = proc.environ()
-        except (psutil.Error, OSError):
-            continue
-        if environ.get("SLURM_JOB_ID") != job:
-            continue
-        if all(environ.get(k) == v for k, v in env_match.items()):
-            found.append(proc)
-    return found
+    return env_processes(SLURM_JOB_ID=job, **env_match)
 
 
 def test_sigkilled_supervisor_is_requeued_by_the_batch_script_and_resumes(dev_cluster, tmp_path):

@@ -20,7 +20,7 @@ import pytest
 from ckptsup.events import read_events
 from ckptsup.planning.accounting import account
 
-from drop_in_helpers import real_rank
+from drop_in_helpers import env_processes, real_rank
 from run_helpers import CKPTSUP, named
 from s3_helpers import BUCKET, make_bucket, moto  # noqa: F401 - moto is a fixture
 from supervisor_slurm_helpers import (  # noqa: F401 - reference is a fixture
@@ -31,18 +31,11 @@ pytestmark = [pytest.mark.slurm, pytest.mark.torch]
 
 
 def rank_pid(run: Path, rank: int) -> int:
-    """Host PID of the process that runs a rank of `run` (dev-cluster PIDs are per node namespace;
-    /proc is the host's)."""
-    import psutil
-
-    for proc in psutil.process_iter():
-        try:
-            env = proc.environ()
-        except psutil.Error:
-            continue
-        if env.get("CKPTSUP_RUN_DIR") == str(run) and env.get("RANK") == str(rank):
-            return real_rank(proc).pid   # a warm rank's proxy has the rank's environment; the rank runs in its interpreter
-    raise AssertionError(f"rank {rank} of {run} not found")
+    """Host PID of the process that runs a rank of `run` (its warm interpreter, not the proxy)."""
+    found = env_processes(CKPTSUP_RUN_DIR=str(run), RANK=str(rank))
+    if not found:
+        raise AssertionError(f"rank {rank} of {run} not found")
+    return real_rank(found[0]).pid
 
 
 def test_a_hung_rank_on_a_cluster_node_restarts_on_the_fast_path(dev_cluster, tmp_path, reference):

@@ -23,7 +23,7 @@ import pytest
 from ckptsup.events import read_events
 from ckptsup.slurm.parsers import JobState
 
-from drop_in_helpers import with_real_ranks
+from drop_in_helpers import env_processes, with_real_ranks
 from run_helpers import CKPTSUP, gone, named, node_deaths, preempt
 from supervisor_slurm_helpers import (  # noqa: F401 - reference is a fixture
     TRAIN, TRAIN_ARGS, active_nodes, assert_goodput_accounted, committed, finished, job_config, reference, submit,
@@ -148,17 +148,9 @@ def test_preemption_stops_with_an_emergency_checkpoint_within_grace_time_and_res
 
 
 def processes_of(run: Path, *, attempt: str) -> list[psutil.Process]:
-    """The rank processes of `run`'s attempt: found by their environment (a cold rank, a warm rank's
-    proxy) and the warm interpreters that run the proxies' ranks."""
-    found = []
-    for proc in psutil.process_iter():
-        try:
-            env = proc.environ()
-        except psutil.Error:
-            continue
-        if env.get("CKPTSUP_RUN_DIR") == str(run) and env.get("CKPTSUP_ATTEMPT") == attempt and "RANK" in env:
-            found.append(proc)
-    return with_real_ranks(found)
+    """The rank processes of `run`'s attempt (a cold rank, a warm rank's proxy) and the warm
+    interpreters that run the proxies' ranks."""
+    return with_real_ranks(env_processes(CKPTSUP_RUN_DIR=str(run), CKPTSUP_ATTEMPT=attempt, RANK=None))
 
 
 def supervisor_pid(run: Path) -> int:
