@@ -315,6 +315,34 @@ def test_the_next_launchs_ranks_are_forked_at_launch_and_a_torch_import_waits_fo
     agent.zygote = None
 
 
+def test_the_zygotes_ready_line_wakes_the_agents_loop_instead_of_a_tick(agent):
+    """While the first launch waits for the zygote's import, the loop sleeps in its selector (TICK_S),
+    not in 5 ms ticks: the zygote's `ready` line wakes it, and the line is read in that pass."""
+    import subprocess
+    import time
+
+    from ckptsup.supervisor.node.zygote import Zygote
+
+    ours, theirs = socket.socketpair()
+    ours.setblocking(False)
+    proc = subprocess.Popen(["sleep", "60"])
+    agent._replace_zygote(Zygote(proc, ours, env={}))
+    try:
+        assert agent.zygote_watched
+        t0 = time.monotonic()
+        agent._pump(0.3)
+        assert time.monotonic() - t0 >= 0.25 and agent.zygote_watched   # nothing said: it slept
+        theirs.sendall(b'{"ready": true}\n')
+        t0 = time.monotonic()
+        agent._pump(5.0)
+        assert time.monotonic() - t0 < 2.0 and not agent.zygote_watched
+        assert agent._ready_zygote() is agent.zygote
+    finally:
+        agent._replace_zygote(None)
+        theirs.close()
+    assert proc.wait(timeout=10) is not None and agent.zygote is None
+
+
 class _Handle:
     """A warm interpreter's handle as the agent holds it (supervisor/node/forked.ForkedChild): its
     pid and the status its poll() kept once it reaped the process."""

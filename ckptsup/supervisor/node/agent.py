@@ -95,6 +95,7 @@ class Agent:
         self.last_hb = 0.0
         self.zygote: Zygote | None = None       # forks the next launch's torchrun and warm ranks
         self.zygote_failures = 0                # zygotes that died before they were ready
+        self.zygote_watched = False             # its control socket is in the selector until its first line
         self.adopting = False                   # a subreaper since its first zygote: orphans come to it
         self.warming = False                    # the next launch's processes are to be prepared now
         self.pool: WarmPool | None = None       # warm rank interpreters for the next launch
@@ -189,8 +190,7 @@ class Agent:
         if self.zygote is not None and self.zygote.dead():
             if not self.zygote.is_ready:
                 self.zygote_failures += 1
-            self.zygote.close()
-            self.zygote = None
+            self._replace_zygote(None)
         return self.zygote if self.zygote is not None and self.zygote.ready() else None
 
     def _tend_zygote(self) -> None:
@@ -199,13 +199,12 @@ class Agent:
             return
         env = self._zygote_env()
         if self.zygote is not None and not self.zygote.imported_with(env, per_attempt=self.spec.env):
-            self.zygote.close()   # what torch reads at import changed: it must be imported anew
-            self.zygote = None
+            self._replace_zygote(None)   # what torch reads at import changed: it must be imported anew
         zygote = self._ready_zygote()
         if zygote is None:
             if self.zygote is None and self.zygote_failures < MAX_ZYGOTE_FAILURES:
                 self.adopting = True
-                self.zygote = Zygote.start(env=env, cwd=self.spec.cwd)
+                self._replace_zygote(Zygote.start(env=env, cwd=self.spec.cwd))
                 if self.zygote is None:
                     self.zygote_failures = MAX_ZYGOTE_FAILURES   # no subreaper here: every launch is cold
             return
@@ -213,6 +212,24 @@ class Agent:
         if pool is not None:
             pool.start(zygote)   # the next launch's warm interpreters
         self.warming = False
+
+    def _replace_zygote(self, zygote: Zygote | None) -> None:
+        """The one place the agent's zygote changes: the old one closed; the new one's control socket
+        watched until its first line (`ready`, or its end), so a loop that waits for it sleeps in the
+        selector instead of ticking."""
+        if self.zygote is not None:
+            self._unwatch_zygote()
+            self.zygote.close()
+        self.zygote = zygote
+        if zygote is not None:
+            self.sel.register(zygote.control, selectors.EVENT_READ, self._unwatch_zygote)
+            self.zygote_watched = True
+
+    def _unwatch_zygote(self) -> None:
+        """It spoke (or closed): _ready_zygote reads the line in this pass of the loop."""
+        if self.zygote_watched and self.zygote is not None:
+            self.sel.unregister(self.zygote.control)
+        self.zygote_watched = False
 
     def rank_env(self, extra: dict[str, str]) -> dict[str, str]:
         env = dict(os.environ)
@@ -512,7 +529,10 @@ class Agent:
             while not self.exit_requested:
                 if self.term_signal is not None:
                     return self._preempted()
-                self._pump(0.005 if self.procs.pending or self.first_launch_by is not None else TICK_S)
+                # ticks of 5 ms while a lost rank awaits its verdict or the first launch its warm ranks
+                # (files); the zygote's import ends in the selector (its `ready` line wakes the loop)
+                waiting = self.first_launch_by is not None and not self.zygote_watched
+                self._pump(0.005 if self.procs.pending or waiting else TICK_S)
                 self._flush_output()
                 self._check_processes()
                 self._first_launch()
@@ -540,9 +560,7 @@ class Agent:
         if self.pool is not None:
             self.pool.close()
             self.pool = None
-        if self.zygote is not None:
-            self.zygote.close()
-            self.zygote = None
+        self._replace_zygote(None)
         if self.memory is not None:
             self.memory.close()
         self.ranks.close()
