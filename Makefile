@@ -6,6 +6,10 @@ PIP := $(VENV)/bin/pip
 CKPTSUP := $(VENV)/bin/ckptsup
 APT_PACKAGES := slurm-wlm munge tini
 DEV_CLUSTER_DIR ?= /tmp/ckptsup-dev-cluster
+# Bytecode caches on, whatever the calling shell says: the suite starts thousands of short-lived
+# Python processes (CLI calls, supervisors, agents, zygotes, proxies) and each would otherwise
+# compile ckptsup's modules (an editable install: no .pyc from pip) and pytest its rewritten tests anew.
+unexport PYTHONDONTWRITEBYTECODE
 
 .PHONY: setup apt venv typecheck demo test test-fast test-slurm test-slurm-versions test-slurm-matrix fuzz bench gpu-check clean
 
@@ -40,12 +44,13 @@ test-slurm: setup
 # The whole suite through pytest-xdist, whole files per worker (--dist loadfile: a module's shared
 # reference run stays on one; each worker's dev-cluster tests take their own numbered cluster slot,
 # tests/conftest.py), the longest files first (conftest FILE_SECONDS; --no-loadscope-reorder keeps
-# that order). Three workers: 22-23 min here (each agent's zygote forks every launch's torchrun and
-# ranks instead of importing torch for each), clean-clone `.ci/run` runs green in a row at -n 3
-# (BENCHMARKS.md §Test suite). `make test TEST_WORKERS=1` runs it serially (~45 min).
+# that order). Four workers: most real-cluster tests wait on timers, so a fourth fills the cores the
+# other three leave idle (1.68 -> 1.89 of 2 cores busy; 21.4 -> 19.7 min here, each agent's zygote
+# forking every launch's torchrun and ranks; BENCHMARKS.md §Test suite). `make test TEST_WORKERS=1`
+# runs it serially (~45 min).
 # The type checker runs beside the tests (a clean clone's first mypy run takes ~30 s of one core, which
 # the workers' start would otherwise wait for); either failing fails the target.
-TEST_WORKERS ?= 3
+TEST_WORKERS ?= 4
 test: setup
 	$(PY) -m mypy > .mypy.out 2>&1 & mypy=$$!; \
 	$(PY) -m pytest -q --timeout 900 -n $(TEST_WORKERS) --dist loadfile --no-loadscope-reorder; rc=$$?; \
