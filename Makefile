@@ -45,9 +45,9 @@ test-slurm: setup
 # reference run stays on one; each worker's dev-cluster tests take their own numbered cluster slot,
 # tests/conftest.py), the longest files first (conftest FILE_SECONDS; --no-loadscope-reorder keeps
 # that order). Four workers: most real-cluster tests wait on timers, so a fourth fills the cores the
-# other three leave idle (1.68 -> 1.89 of 2 cores busy; 21.4 -> 19.7 min here, each agent's zygote
-# forking every launch's torchrun and ranks; BENCHMARKS.md §Test suite). `make test TEST_WORKERS=1`
-# runs it serially (~45 min).
+# other three leave idle (1.68 -> 1.87 of 2 cores busy; 21.4 -> 19.7 min here, and 17.8-18.2 min in
+# three clean-clone runs in a row with bytecode caches on; BENCHMARKS.md §Test suite).
+# `make test TEST_WORKERS=1` runs it serially (~45 min).
 # The type checker runs beside the tests (a clean clone's first mypy run takes ~30 s of one core, which
 # the workers' start would otherwise wait for); either failing fails the target.
 TEST_WORKERS ?= 4

@@ -72,7 +72,8 @@ def torchrun(script: Path, *args: str, env: dict[str, str] | None = None, timeou
              cwd: Path | None = None) -> subprocess.CompletedProcess:
     """Plain torchrun to its end. One still running after `timeout` fails the test with its ranks'
     stacks (SIGUSR2: the helper scripts register faulthandler for it) and leaves no rank behind
-    (its whole session is killed; subprocess.run's timeout would kill torchrun alone)."""
+    (torchrun and every process under it are killed; subprocess.run's timeout would kill torchrun
+    alone and leave the ranks, which hold its pipes open)."""
     argv = torchrun_argv(script, *args)
     proc = subprocess.Popen(argv, env=base_env(env), stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True,
                             cwd=cwd, start_new_session=True)
@@ -84,6 +85,10 @@ def torchrun(script: Path, *args: str, env: dict[str, str] | None = None, timeou
             with contextlib.suppress(psutil.Error):
                 rank.send_signal(signal.SIGUSR2)
         time.sleep(3)   # faulthandler writes the stacks to the stderr torchrun passes on
+        # torchrun starts each worker in a session of its own: kill them one by one, then torchrun's
+        for child in psutil.Process(proc.pid).children(recursive=True):
+            with contextlib.suppress(psutil.Error):
+                child.kill()
         with contextlib.suppress(ProcessLookupError):
             os.killpg(proc.pid, signal.SIGKILL)
         out, err = proc.communicate()
@@ -126,8 +131,8 @@ def launch(tmp: Path, run: Path, script: Path, *args: str, config: str | None = 
            launch_args: tuple[str, ...] = ()) -> subprocess.Popen:
     """`ckptsup launch` of `script` with 2 local ranks in the background (cwd `tmp`; the job.toml
     there holds `config` when given), its console on stdout as text."""
-    argv = [*CKPTSUP, "launch", "--nproc-per-node", "2", *config_args(tmp, config), "--run-dir", str(run), *launch_args, str(script),
-            *args]
+    argv = [*CKPTSUP, "launch", "--nproc-per-node", "2", *config_args(tmp, config), "--run-dir", str(run),
+            *launch_args, str(script), *args]
     return subprocess.Popen(argv, cwd=tmp, env=base_env(), stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True)
 
 
