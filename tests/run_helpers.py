@@ -8,7 +8,6 @@ from __future__ import annotations
 
 import contextlib
 import json
-import os
 import re
 import signal
 import subprocess
@@ -76,7 +75,7 @@ def torchrun(script: Path, *args: str, env: dict[str, str] | None = None, timeou
     alone and leave the ranks, which hold its pipes open)."""
     argv = torchrun_argv(script, *args)
     proc = subprocess.Popen(argv, env=base_env(env), stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True,
-                            cwd=cwd, start_new_session=True)
+                            cwd=cwd)
     try:
         out, err = proc.communicate(timeout=timeout)
     except subprocess.TimeoutExpired:
@@ -85,12 +84,11 @@ def torchrun(script: Path, *args: str, env: dict[str, str] | None = None, timeou
             with contextlib.suppress(psutil.Error):
                 rank.send_signal(signal.SIGUSR2)
         time.sleep(3)   # faulthandler writes the stacks to the stderr torchrun passes on
-        # torchrun starts each worker in a session of its own: kill them one by one, then torchrun's
+        # torchrun starts each worker in a session of its own: a group kill would miss them
         for child in psutil.Process(proc.pid).children(recursive=True):
             with contextlib.suppress(psutil.Error):
                 child.kill()
-        with contextlib.suppress(ProcessLookupError):
-            os.killpg(proc.pid, signal.SIGKILL)
+        proc.kill()
         out, err = proc.communicate()
         raise AssertionError(f"plain torchrun of {script.name} still ran after {timeout:.0f} s (ranks "
                              f"{[r.pid for r in ranks]}); its output, stacks last:\n{out[-2000:]}\n{err[-8000:]}") from None

@@ -203,12 +203,17 @@ class MemoryClient:
 
     @contextlib.contextmanager
     def session(self) -> Any:
+        """One authenticated exchange with the agent. A connection it drops mid-exchange is a
+        MemoryChannelError, as a short read is (a clean-clone run saw BrokenPipeError escape a get)."""
         sock = socket.socket(socket.AF_UNIX, socket.SOCK_STREAM)
         sock.settimeout(CONNECT_TIMEOUT_S)
         try:
             sock.connect(self.socket_path)
             sock.settimeout(None)
-            yield Session.connect(sock, self.secret, role=f"rank{self.rank}", max_payload=1 << 40)
+            try:
+                yield Session.connect(sock, self.secret, role=f"rank{self.rank}", max_payload=1 << 40)
+            except ConnectionError as e:   # broken pipe, reset: no timeout is set after the connect
+                raise MemoryChannelError(f"the agent closed the memory channel mid-exchange: {e}") from None
         finally:
             sock.close()
 
@@ -249,12 +254,9 @@ class MemoryClient:
     def get(self, step: int, *, from_peers: bool = False) -> Bundle:
         """This rank's bundle of `step`: its agent's copy, or (`from_peers`: that copy was refused)
         a copy the agent fetches from the peer agents that hold one."""
-        try:
-            with self.session() as s:
-                s.send(MemoryOp.GET, {"step": step, "rank": self.rank, **({"from": "peers"} if from_peers else {})})
-                op, body, payload = s.recv()
-        except (ConnectionError, socket.timeout) as e:   # the agent went away mid-answer: the load falls back
-            raise MemoryChannelError(f"the agent closed the memory channel during the get of step {step}: {e}") from None
+        with self.session() as s:
+            s.send(MemoryOp.GET, {"step": step, "rank": self.rank, **({"from": "peers"} if from_peers else {})})
+            op, body, payload = s.recv()
         if op is not MemoryOp.BUNDLE:
             raise ValidationError(f"the agent holds no memory bundle of step {step} for rank {self.rank}")
         manifest = Manifest.from_json(str(body.get("manifest", "")), source=f"memory bundle of step {step}")
