@@ -357,7 +357,7 @@ class Heartbeat(Body):
     dropped: int = fld(default=0)
     attempt: int | None = fld(default=None)
     pids: tuple[Any, ...] | None = fld(default=None)       # [{rank, pid, host_pid}]
-    evidence: tuple[Any, ...] | None = fld(default=None)   # [[rank, cpu_s, io_bytes, state]]
+    evidence: tuple[Any, ...] | None = fld(default=None)   # [[rank, cpu_s, io_bytes, state, children, children_cpu_s]]
 
 
 @kind(MessageKind.LAUNCHED)
@@ -465,6 +465,7 @@ class StacksTaken(Body):
     attempt: int | None = fld(default=None)
     stacks: tuple[Any, ...] = fld(default=())   # [[rank, text]]
     wchan: tuple[Any, ...] = fld(default=())    # [[rank, kernel wait channel]]
+    children: tuple[Any, ...] = fld(default=())  # [[rank, pid, state, waiting in]]: each rank's live descendants
 
 
 # ==== supervisor → agent (→ ranks); AgentSet.send adds the envelope's `nodes` =====================

@@ -16,7 +16,7 @@ from ckptsup.supervisor.job.agent_step import Message
 from ckptsup.env import ExitStatus
 from ckptsup.supervisor.job.attempt import FAILED_BYE_EXIT_S, AttemptTracker
 from ckptsup.supervisor.job.observations import FailureKind
-from ckptsup.supervisor.job.liveness import (CPU_FLOOR, STALE_S, Hung, Leaving, NeedStacks, RankEvidence, Where, Working, judge,
+from ckptsup.supervisor.job.liveness import (CPU_FLOOR, STALE_S, ChildSeen, Hung, Leaving, NeedStacks, RankEvidence, Where, Working, data_hang, judge,
                                         parse_stack)
 from ckptsup.wire import MessageKind
 
@@ -141,11 +141,11 @@ def test_the_tracker_waits_for_ranks_that_left_up_to_the_busy_limit():
 def test_a_restarted_rank_process_starts_its_evidence_over_and_too_short_a_window_proves_nothing():
     ev = idle(0)
     ev.add(111.0, 0.1, 0, "S")   # CPU time went down: another process
-    assert list(ev.samples) == [(111.0, 0.1, 0)] and ev.rates(111.0) is None
+    assert list(ev.samples) == [(111.0, 0.1, 0, 0.0)] and ev.rates(111.0) is None
 
 
-def tracker():
-    return AttemptTracker(attempt=0, nodes=("n1",), nproc_per_node=2, config=SupervisorConfig(), started=0.0,
+def tracker(**config):
+    return AttemptTracker(attempt=0, nodes=("n1",), nproc_per_node=2, config=SupervisorConfig(**config), started=0.0,
                           expect_hello=False)
 
 
@@ -398,3 +398,134 @@ def test_a_rank_whose_bye_said_failure_is_a_crash_soon_after_never_a_hang_of_the
     failure = t.check(now)
     assert failure.kind is FailureKind.CRASH and failure.rank == 0 and failure.suspects == ("n1",)
     assert "said goodbye with a failure" in failure.detail and failure.detect_s >= FAILED_BYE_EXIT_S
+
+
+DATA_DUMP = """Current thread 0x00007f0000000001 (most recent call first):
+  File "/usr/lib/python3.11/threading.py", line 331 in wait
+  File "/usr/lib/python3.11/multiprocessing/queues.py", line 113 in get
+  File "/venv/lib/python3.11/site-packages/torch/utils/data/dataloader.py", line 1291 in _try_get_data
+  File "/venv/lib/python3.11/site-packages/torch/utils/data/dataloader.py", line 1459 in _get_data
+  File "/venv/lib/python3.11/site-packages/torch/utils/data/dataloader.py", line 1502 in _next_data
+  File "/venv/lib/python3.11/site-packages/torch/utils/data/dataloader.py", line 741 in __next__
+  File "/job/train.py", line 93 in main
+"""
+# num_workers=0: the rank reads itself, deep in its own dataset under the loader's frames
+READING_DUMP = """Current thread 0x00007f0000000001 (most recent call first):
+  File "/usr/lib/python3.11/socket.py", line 706 in readinto
+  File "/job/train.py", line 41 in __iter__
+  File "/venv/lib/python3.11/site-packages/torch/utils/data/_utils/fetch.py", line 33 in fetch
+  File "/venv/lib/python3.11/site-packages/torch/utils/data/dataloader.py", line 789 in _next_data
+  File "/venv/lib/python3.11/site-packages/torch/utils/data/dataloader.py", line 741 in __next__
+  File "/job/train.py", line 93 in main
+"""
+
+
+def with_workers(ev: RankEvidence, children: int, cores: float, until: int = 110) -> RankEvidence:
+    """The same rank, its tree now holding `children` workers that use `cores` between them."""
+    out = RankEvidence(rank=ev.rank, node=ev.node)
+    for (t, cpu, io, _) in ev.samples:
+        out.add(t, cpu + cores * (t - 100), io, ev.state, children, cores * (t - 100))
+    return out
+
+
+def test_a_rank_waiting_for_its_data_is_busy_whether_its_workers_compute_or_sit_in_a_read():
+    for cores, shown in ((1.6, "(2 workers, 160% CPU)"), (0.0, "(2 workers, 0% CPU)")):
+        ranks = {0: with_workers(idle(0), 2, cores), 1: with_workers(idle(1), 2, cores)}
+        verdict = judge(ranks, {0: DATA_DUMP, 1: DATA_DUMP}, now=110.0, stacks_asked_at=109.5, stacks_answered=True)
+        assert isinstance(verdict, Working) and verdict.ranks == (0, 1) and verdict.data == (0, 1), verdict
+        assert f"rank 0 waiting for data {shown}" in verdict.detail, verdict.detail
+    assert parse_stack(DATA_DUMP).where is Where.DATA
+    assert parse_stack(DATA_DUMP).top() == "waiting for data in _try_get_data (dataloader.py:1291) from train.py:93"
+    # no workers: the rank's own read in its dataset, under the loader
+    verdict = judge({0: idle(0)}, {0: READING_DUMP}, now=110.0, stacks_asked_at=109.5, stacks_answered=True)
+    assert isinstance(verdict, Working) and verdict.data == (0,)
+    assert "waiting for data (no worker processes: the rank reads itself" in verdict.detail
+    # the frames of the data pipeline decide nothing once the rank is in a collective above them
+    assert parse_stack(WAITING_DUMP).where is Where.WAITING and parse_stack(SLEEPING_DUMP).where is Where.ELSEWHERE
+
+
+def test_a_rank_in_a_collective_while_its_peer_waits_for_data_is_not_blamed_and_past_the_limit_the_peer_is():
+    ranks = {0: with_workers(idle(0), 2, 0.0), 1: idle(1, node="n2")}
+    stacks = {0: DATA_DUMP, 1: WAITING_DUMP}
+    verdict = judge(ranks, stacks, now=110.0, stacks_asked_at=109.5, stacks_answered=True)
+    assert isinstance(verdict, Working) and verdict.ranks == (0,) and verdict.data == (0,), verdict
+    children = {0: [ChildSeen(pid=4242, state="S", waiting_in="read()"), ChildSeen(pid=4243, state="S", waiting_in="poll()")]}
+    hung = data_hang(verdict, ranks, stacks, children, now=110.0, for_s=600.0)
+    assert hung.culprits == (0,) and hung.node_evidence == (), hung
+    assert hung.detail == ("rank 0 on n1 waiting for data for 600s (waiting for data in _try_get_data "
+                           "(dataloader.py:1291) from train.py:93); worker pid 4242 in read(); worker pid 4243 in poll(); "
+                           "rank 1 waiting in all_reduce (distributed_c10d.py:2800)")
+    assert [r.where for r in hung.ranks] == ["data", "waiting"]
+    # a worker in uninterruptible I/O points at its node (a file system), as a rank in D does
+    stuck = data_hang(verdict, ranks, stacks, {0: [ChildSeen(pid=4242, state="D", waiting_in="read()")]}, now=110.0,
+                      for_s=600.0)
+    assert stuck.node_evidence == ("n1",) and "(uninterruptible I/O, state D)" in stuck.detail
+
+
+def test_the_tracker_keeps_a_data_wait_busy_until_the_limit_then_names_the_rank_and_its_worker():
+    t = tracker(busy_limit_s=40.0)
+    for second in range(0, 60):
+        now = float(second)
+        t.on_message(msg(now, MessageKind.HB, ranks_alive=[0, 1],
+                         evidence=[[0, 1.0, 500, "S", 2, 0.5], [1, 1.0, 500, "S", 0, 0.0]]))   # 6-entry rows: the tree
+        if second <= 5:
+            t.on_message(msg(now, MessageKind.PROGRESS, rank=0, step=second))
+        failure = t.check(now)
+        if failure is not None:
+            break
+        if t.want_stacks:
+            t.asked_for_stacks(now, {"n1"})
+            t.on_message(msg(now, MessageKind.STACKS_TAKEN, stacks=[[0, DATA_DUMP], [1, WAITING_DUMP]], wchan=[],
+                             children=[[0, 4242, "S", "recvfrom()"]]))
+    assert failure is not None and 40.0 <= failure.detect_s <= 42.0, failure
+    assert failure.rank == 0 and failure.suspects == (), failure
+    assert "rank 0 on n1 waiting for data for 4" in failure.detail and "worker pid 4242 in recvfrom()" in failure.detail
+    assert "supervisor.busy_limit_s=40s" in failure.detail
+    assert [w.data for w in t.busy_news] == [(0,)]
+
+
+def test_a_busy_spell_that_ends_without_progress_is_judged_again_before_anyone_is_killed():
+    """The stacks of a busy spell's re-ask can catch a rank between its batch and its progress line
+    (the data came that instant): a hang only if stacks taken RECHECK_S later say so too."""
+    t = tracker()
+    stacks = [[0, DATA_DUMP], [1, DATA_DUMP]]
+    asked = []
+    for tenth in range(0, 600):
+        now = tenth / 10
+        if tenth % 10 == 0:
+            t.on_message(msg(now, MessageKind.HB, ranks_alive=[0, 1], evidence=[[0, 1.0, 500, "S"], [1, 1.0, 500, "S"]]))
+        if tenth <= 50 and tenth % 10 == 0:
+            t.on_message(msg(now, MessageKind.PROGRESS, rank=0, step=tenth // 10))
+        if now >= 45.0:
+            stacks = [[0, SLEEPING_DUMP], [1, SLEEPING_DUMP]]   # the wait is over: both in their step
+        failure = t.check(now)
+        if failure is not None:
+            break
+        if t.want_stacks:
+            asked.append(now)
+            t.asked_for_stacks(now, {"n1"})
+            t.on_message(msg(now, MessageKind.STACKS_TAKEN, stacks=stacks, wchan=[]))
+        if now == 46.0:   # the step's line arrives: the suspicion is over, nobody killed
+            t.on_message(msg(now, MessageKind.PROGRESS, rank=0, step=6))
+            failure = t.check(46.1)
+            break
+    assert failure is None and t.busy is None and t.busy_over_news, failure
+    assert len(asked) == 2 and 45.0 <= asked[1] < 46.0, asked   # hung at 45 from a snapshot: judged again at 47, never reached
+    # without progress the second round decides: a hang, RECHECK_S later
+    t = tracker()
+    stacks = [[0, DATA_DUMP], [1, DATA_DUMP]]
+    for tenth in range(0, 600):
+        now = tenth / 10
+        if tenth % 10 == 0:
+            t.on_message(msg(now, MessageKind.HB, ranks_alive=[0, 1], evidence=[[0, 1.0, 500, "S"], [1, 1.0, 500, "S"]]))
+        if tenth <= 50 and tenth % 10 == 0:
+            t.on_message(msg(now, MessageKind.PROGRESS, rank=0, step=tenth // 10))
+        if now >= 45.0:
+            stacks = [[0, SLEEPING_DUMP], [1, WAITING_DUMP]]
+        failure = t.check(now)
+        if failure is not None:
+            break
+        if t.want_stacks:
+            t.asked_for_stacks(now, {"n1"})
+            t.on_message(msg(now, MessageKind.STACKS_TAKEN, stacks=stacks, wchan=[]))
+    assert failure is not None and failure.rank == 0 and 47.0 <= now <= 47.5, (now, failure)

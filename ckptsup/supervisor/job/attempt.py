@@ -23,7 +23,7 @@ from .detection import (HangTimeout, NodeView, RankView, StepWindow, TeardownHan
                         detect_node_down, detect_teardown_hang, nan_failure)
 from .observations import Failure, FailureKind, SupervisionLevel
 from .stragglers import Straggler, StragglerDetector
-from .liveness import Hung, Leaving, NeedStacks, RankEvidence, Working, judge
+from .liveness import ChildSeen, Hung, Leaving, NeedStacks, RankEvidence, Working, data_hang, judge
 from . import restore_check
 from .restore_check import LossJump
 
@@ -31,6 +31,7 @@ from .restore_check import LossJump
 # A rank that said bye with a failure has this long to exit (its traceback printed, its exit status
 # the crash report) before it is reported as crashed anyway
 FAILED_BYE_EXIT_S = 3.0
+RECHECK_S = 2.0          # a busy spell that ends without progress is judged again from stacks this much later
 
 
 @dataclass(kw_only=True)
@@ -107,11 +108,13 @@ class AttemptTracker:
     evidence: dict[int, RankEvidence] = field(default_factory=dict)
     stacks: dict[int, str] = field(default_factory=dict)     # rank -> its faulthandler dump (this suspicion)
     wchan: dict[int, str] = field(default_factory=dict)      # rank -> its main thread's kernel wait channel (this suspicion)
+    children: dict[int, list[ChildSeen]] = field(default_factory=dict)   # rank -> its live descendants (this suspicion)
     stacks_asked_at: float | None = None
     stacks_waiting: set[str] = field(default_factory=set)    # nodes asked for stacks that have not answered
     want_stacks: bool = False          # for the loop: send `stacks` to the agents
     busy: Working | None = None        # working without progress now (status, the busy event)
     busy_since: float | None = None
+    recheck_at: float | None = None    # a busy spell ended without progress: judged again from stacks taken after this
     busy_news: list[Working] = field(default_factory=list)  # for the loop to record (one per busy spell)
     busy_quiet_since: float | None = None   # the spell's last progress (its silence began there)
     busy_over_news: list[tuple[tuple[int, ...], float]] = field(default_factory=list)   # (ranks, busy_s) of spells over
@@ -254,6 +257,10 @@ class AttemptTracker:
                 for entry in entries:
                     if isinstance(entry, list) and len(entry) == 2 and isinstance(entry[0], int) and isinstance(entry[1], str):
                         into[entry[0]] = entry[1]
+            for entry in body.children:
+                if (isinstance(entry, list) and len(entry) == 4 and all(isinstance(v, int) for v in entry[:2])
+                        and all(isinstance(v, str) for v in entry[2:])):
+                    self.children.setdefault(entry[0], []).append(ChildSeen(pid=entry[1], state=entry[2], waiting_in=entry[3]))
         elif isinstance(body, messages.Sdc):
             return sdc_failure(body, node=node, nodes_of={r: v.node for r, v in self.ranks.items()})
         elif isinstance(body, messages.RankExit):
@@ -533,12 +540,18 @@ class AttemptTracker:
         verdict = judge(self.evidence, self.stacks, now=now, stacks_asked_at=self.stacks_asked_at,
                         stacks_answered=not self.stacks_waiting, wchan=self.wchan)
         if isinstance(verdict, Working):
+            self.recheck_at = None
             if self.busy is None:
                 self.busy_since, self.busy_quiet_since = now, now - silence.detect_s
                 self.busy_news.append(verdict)
             self.busy = verdict
             if silence.detect_s < self.config.busy_limit_s:
                 return None
+            if verdict.data:
+                # a data wait past its allowance: the rank whose data never came, and what its workers wait in
+                hung = data_hang(verdict, self.evidence, self.stacks, self.children, now=now, for_s=silence.detect_s)
+                named = self._named(silence, hung)
+                return replace(named, detail=f"{hung.detail} (past supervisor.busy_limit_s={self.config.busy_limit_s:g}s)")
             return replace(silence, suspects=(), detail=f"busy without progress for {silence.detect_s:.0f}s, past "
                                                          f"supervisor.busy_limit_s={self.config.busy_limit_s:g}s: {verdict.detail}")
         if isinstance(verdict, NeedStacks):
@@ -552,7 +565,23 @@ class AttemptTracker:
                 return None
             return replace(silence, suspects=(), detail=f"{silence.detail}; {verdict.detail}, and the launcher has not "
                                                          f"exited for supervisor.busy_limit_s={self.config.busy_limit_s:g}s")
+        if self.busy is not None and not self._rechecked(now):
+            return None
         return self._named(silence, verdict)
+
+    def _rechecked(self, now: float) -> bool:
+        """A busy spell whose ranks stopped working: judged hung only from stacks taken RECHECK_S
+        later. A stack is a snapshot: one taken as a data wait ends finds the rank between its
+        batch and its progress line (a 40 s data stall was killed at its very end so)."""
+        if self.recheck_at is None:
+            self.recheck_at = now + RECHECK_S
+        if now < self.recheck_at:
+            return False
+        if self.stacks_asked_at is None or self.stacks_asked_at < self.recheck_at:
+            if not self.stacks_waiting:
+                self.want_stacks = True
+            return False
+        return True
 
     def _named(self, silence: Failure, verdict: Hung) -> Failure:
         """The hang, blamed on the rank the evidence names. A node is suspect only when the evidence
@@ -587,24 +616,29 @@ class AttemptTracker:
                 self.busy_over_news.append((self.busy.ranks, now - self.busy_quiet_since))
             self.busy, self.busy_since, self.busy_quiet_since = None, None, None
             self.stacks, self.wchan, self.stacks_asked_at, self.stacks_waiting = {}, {}, None, set()
+            self.children, self.recheck_at = {}, None
 
     def asked_for_stacks(self, now: float, nodes: set[str]) -> None:
         """The loop sent `stacks` to these agents."""
         self.want_stacks = False
         self.stacks_asked_at = now
         self.stacks_waiting = set(nodes)
-        self.stacks, self.wchan = {}, {}
+        self.stacks, self.wchan, self.children = {}, {}, {}
 
     def _note_evidence(self, node: str, entries: tuple[Any, ...] | None, now: float) -> None:
         for entry in entries or ():
-            if not (isinstance(entry, list) and len(entry) == 4 and isinstance(entry[0], int)
+            # [rank, cpu_s, io_bytes, state] (+ [children, children_cpu_s] from an agent that walks the tree)
+            if not (isinstance(entry, list) and len(entry) in (4, 6) and isinstance(entry[0], int)
                     and isinstance(entry[1], (int, float)) and isinstance(entry[2], int) and isinstance(entry[3], str)):
+                continue
+            children, children_cpu = (entry[4], entry[5]) if len(entry) == 6 else (0, 0.0)
+            if not (isinstance(children, int) and isinstance(children_cpu, (int, float))):
                 continue
             rank = entry[0]
             ev = self.evidence.get(rank)
             if ev is None or ev.node != node:
                 ev = self.evidence[rank] = RankEvidence(rank=rank, node=node)
-            ev.add(now, float(entry[1]), entry[2], entry[3])
+            ev.add(now, float(entry[1]), entry[2], entry[3], children, float(children_cpu))
 
     def progress_stale(self, now: float, warn_s: float) -> float | None:
         """Seconds since launch when an attempt without hello has shown no progress line for

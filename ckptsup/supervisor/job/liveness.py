@@ -5,7 +5,11 @@ allowance it is only *suspect*. Pure: from what the agents measured of every ran
   every STACKS_FRESH_S while the suspicion lasts);
 - a rank whose CPU time or I/O grew above the noise floor through the last EVIDENCE_WINDOW_S, and
   that is not blocked in a c10d call (a spinning wait), is working: the attempt is BUSY (an
-  evaluation, a compile, a data phase), killed only past `busy_limit_s`;
+  evaluation, a compile, a data phase), killed only past `busy_limit_s`. A rank is its process
+  tree: its DataLoader workers' CPU and I/O are its own (node/evidence.py);
+- a rank whose main thread waits on its own data (torch.utils.data frames: the loader's queue, a
+  dataset's read) is *waiting for data*, busy too, whether its workers compute or sit in a
+  stalled read; past `busy_limit_s` it is the hang, named with what its workers wait in;
 - otherwise the stacks decide who is stuck: the culprit is the rank that is *not* in the
   collective the others wait in;
 - a rank in uninterruptible sleep (D: a file system, a device) points at its node; a deadlock in
@@ -37,6 +41,9 @@ STALE_S = 3.0                # a rank whose last sample is older has left its ag
 _WAITING = re.compile(r"/torch/(distributed|autograd)/")
 _IN_C10D = re.compile(r"/torch/distributed/")
 _IN_AUTOGRAD = re.compile(r"/torch/autograd/")
+# a main thread in the data pipeline: DataLoader's queue get (_get_data, _try_get_data), its
+# fetchers, an IterableDataset's read under them
+_DATA = re.compile(r"/torch/utils/data/")
 # kernel wait channels of a main thread that waits for another thread or a peer (a gloo or NCCL
 # wait sits on a futex or polls a socket); anything else (a nanosleep, a pipe, a disk) is elsewhere
 _WAITING_WCHAN = re.compile(r"futex|poll|select|sk_wait|wait_woken")
@@ -50,13 +57,15 @@ class RankEvidence:
     rank: int
     node: str
     state: str = ""
-    samples: deque[tuple[float, float, int]] = field(default_factory=deque)   # (mono, cpu_s, io_bytes)
+    children: int = 0     # live descendants (DataLoader workers, subprocesses) at the last sample
+    samples: deque[tuple[float, float, int, float]] = field(default_factory=deque)   # (mono, cpu_s, io_bytes, children_cpu_s)
 
-    def add(self, now: float, cpu_s: float, io_bytes: int, state: str) -> None:
+    def add(self, now: float, cpu_s: float, io_bytes: int, state: str, children: int = 0,
+            children_cpu_s: float = 0.0) -> None:
         if self.samples and (cpu_s < self.samples[-1][1] or io_bytes < self.samples[-1][2]):
             self.samples.clear()   # another process now holds the rank (a restart): start over
-        self.samples.append((now, cpu_s, io_bytes))
-        self.state = state
+        self.samples.append((now, cpu_s, io_bytes, children_cpu_s))
+        self.state, self.children = state, children
         while self.samples and now - self.samples[0][0] > KEEP_S:
             self.samples.popleft()
 
@@ -66,16 +75,33 @@ class RankEvidence:
 
     def rates(self, now: float, window_s: float = EVIDENCE_WINDOW_S) -> tuple[float, float] | None:
         """(cores, bytes/s) over the last `window_s`; None while the samples span less."""
+        inside = self._inside(now, window_s)
+        if inside is None:
+            return None
+        (t0, c0, i0, _), (t1, c1, i1, _) = inside
+        span = max(t1 - t0, 1e-6)
+        return (c1 - c0) / span, (i1 - i0) / span
+
+    def children_cores(self, now: float, window_s: float = EVIDENCE_WINDOW_S) -> float | None:
+        """The live descendants' CPU over the window, in cores (a worker that exited meanwhile
+        leaves it: a floor of 0)."""
+        inside = self._inside(now, window_s)
+        if inside is None:
+            return None
+        (t0, _, _, k0), (t1, _, _, k1) = inside
+        return max(0.0, (k1 - k0) / max(t1 - t0, 1e-6))
+
+    def _inside(self, now: float, window_s: float
+                ) -> tuple[tuple[float, float, int, float], tuple[float, float, int, float]] | None:
         inside = [s for s in self.samples if now - s[0] <= window_s + 1.0]
         if len(inside) < 2 or inside[-1][0] - inside[0][0] < window_s * 0.6:
             return None
-        (t0, c0, i0), (t1, c1, i1) = inside[0], inside[-1]
-        span = max(t1 - t0, 1e-6)
-        return (c1 - c0) / span, (i1 - i0) / span
+        return inside[0], inside[-1]
 
 
 class Where(enum.StrEnum):
     WAITING = "waiting"     # in a collective (or backward: DDP's all-reduce)
+    DATA = "data"           # waiting for its own data: the DataLoader's queue, a dataset's read
     ELSEWHERE = "elsewhere"  # anywhere else: the script's own code, a library, a sleep
 
 
@@ -87,7 +113,15 @@ class Stack:
 
     @property
     def where(self) -> Where:
-        return Where.WAITING if any(_WAITING.search(f) for f, _, _ in self.frames[:12]) else Where.ELSEWHERE
+        """The innermost telling frame decides: a collective near the top (a rank inside its
+        dataset that waits in a collective is in the collective), else a data-pipeline frame
+        anywhere (a dataset's own read is deep under the loader's frames)."""
+        for depth, (f, _, _) in enumerate(self.frames):
+            if depth < 12 and _WAITING.search(f):
+                return Where.WAITING
+            if _DATA.search(f):
+                return Where.DATA
+        return Where.ELSEWHERE
 
     @property
     def in_c10d(self) -> bool:
@@ -111,6 +145,9 @@ class Stack:
         if self.where is Where.WAITING:
             f, line, func = next(fr for fr in self.frames if _WAITING.search(fr[0]))
             return f"waiting in {func} ({_short(f)}:{line})"
+        if self.where is Where.DATA:
+            f, line, func = next(fr for fr in self.frames if _DATA.search(fr[0]))
+            return f"waiting for data in {func} ({_short(f)}:{line}) from {self.caller()}"
         user = [fr for fr in self.frames if not _library(fr[0])] or list(self.frames)
         f, line, func = user[0]
         return f"at {_short(f)}:{line} in {func}"
@@ -158,6 +195,7 @@ class Working:
 
     ranks: tuple[int, ...]
     detail: str
+    data: tuple[int, ...] = ()    # those of them waiting for their own data (their main thread in the data pipeline)
 
 
 @dataclass(frozen=True, kw_only=True)
@@ -216,22 +254,80 @@ def judge(evidence: Mapping[int, RankEvidence], stacks: Mapping[int, str], *, no
         return NeedStacks()   # before any verdict: a rank spinning inside a collective is no worker
     if not stacks_answered and now - stacks_asked_at < STACK_WAIT_S:
         return NeedStacks()
-    working = []
+    working, data, shown = [], [], []
     for rank, ev in sorted(evidence.items()):
+        if ev.state in ("T", "t", "Z"):
+            continue
         rates = ev.rates(now)
-        if rates is None or ev.state in ("T", "t", "Z"):
+        stack = parsed.get(rank)
+        if isinstance(stack, Stack) and stack.where is Where.DATA:
+            # its workers compute, or wait in a read as stalled as a network's: either way the
+            # data pipeline has the rank, not a peer or its own code
+            working.append(rank)
+            data.append(rank)
+            shown.append(f"rank {rank} {data_wait(ev, now)}")
+            continue
+        if rates is None:
             continue
         cores, io = rates
-        spinning = isinstance(stack := parsed.get(rank), Stack) and stack.in_c10d
+        spinning = isinstance(stack, Stack) and stack.in_c10d
         if (cores >= CPU_FLOOR or io >= IO_FLOOR_BPS) and not spinning:
-            working.append((rank, cores, io))
+            working.append(rank)
+            shown.append(f"rank {rank} ({cores:.2f} cores, {io / 1024:.0f} KiB/s I/O)")
     if working:
-        shown = ", ".join(f"rank {r} ({c:.2f} cores, {io / 1024:.0f} KiB/s I/O)" for r, c, io in working)
-        return Working(ranks=tuple(r for r, _, _ in working), detail=f"working without progress: {shown}")
+        return Working(ranks=tuple(working), data=tuple(data), detail=f"working without progress: {', '.join(shown)}")
     if evidence and not parsed and all(ev.stale(now) for ev in evidence.values()):
         # no rank left to judge: counting "no evidence" as "not working" blamed exiting ranks
         return Leaving(detail=f"{_ranks(sorted(evidence))}: no longer running (no sample for {STALE_S:g}s, no stack)")
     return _name(evidence, parsed, now)
+
+
+def data_wait(ev: RankEvidence, now: float) -> str:
+    """'waiting for data (2 workers, 85% CPU)': what a rank's data pipeline is doing."""
+    kids = ev.children_cores(now)
+    cpu = "" if kids is None else f", {kids * 100:.0f}% CPU"
+    if ev.children:
+        return f"waiting for data ({ev.children} worker{'s' if ev.children != 1 else ''}{cpu})"
+    rates = ev.rates(now)
+    own = "" if rates is None else f", {rates[0] * 100:.0f}% CPU, {rates[1] / 1024:.0f} KiB/s I/O"
+    return f"waiting for data (no worker processes: the rank reads itself{own})"
+
+
+@dataclass(frozen=True, kw_only=True)
+class ChildSeen:
+    """A live descendant of a rank (a DataLoader worker), as its agent saw it with the stacks."""
+
+    pid: int
+    state: str
+    waiting_in: str   # "read()", a kernel wait channel, or "" (running)
+
+    def describe(self) -> str:
+        where = f"in {self.waiting_in}" if self.waiting_in else "running" if self.state == "R" else f"state {self.state}"
+        return f"worker pid {self.pid} {where}" + (" (uninterruptible I/O, state D)" if self.state == "D" else "")
+
+
+def data_hang(busy: Working, evidence: Mapping[int, RankEvidence], stacks: Mapping[int, str],
+              children: Mapping[int, list[ChildSeen]], *, now: float, for_s: float) -> Hung:
+    """A data wait past the busy allowance: the hang is the first rank waiting for data (its
+    peers wait for it in a collective), named with what its workers wait in. A worker in
+    uninterruptible I/O points at its node (a file system); a stalled read is the data source's."""
+    parsed: dict[int, Stack | KernelWait] = {r: st for r, text in stacks.items() if (st := parse_stack(text)) is not None}
+    culprits = busy.data
+    parts = []
+    for rank in culprits:
+        ev = evidence.get(rank)
+        where = parsed.get(rank)
+        kids = children.get(rank, [])
+        shown = "; ".join(c.describe() for c in kids[:4]) + (f" (and {len(kids) - 4} more)" if len(kids) > 4 else "")
+        parts.append(f"rank {rank} on {ev.node if ev is not None else '?'} waiting for data for {for_s:.0f}s"
+                     f" ({where.top() if where is not None else 'no stack'})" + (f"; {shown}" if shown else "; no worker processes"))
+    others = [r for r in sorted(parsed) if r not in culprits]
+    if others:
+        tops = {parsed[r].top() for r in others}
+        parts.append(f"{_ranks(others)} {tops.pop() if len(tops) == 1 else 'elsewhere'}")
+    nodes = tuple(sorted({evidence[r].node for r in culprits if r in evidence
+                          and any(c.state == "D" for c in children.get(r, []))}))
+    return Hung(culprits=culprits, node_evidence=nodes, detail="; ".join(parts), ranks=_seen(evidence, parsed, now))
 
 
 def _seen(evidence: Mapping[int, RankEvidence], parsed: Mapping[int, Stack | KernelWait], now: float) -> tuple[RankSeen, ...]:
@@ -268,7 +364,7 @@ def _desync(parsed: Mapping[int, Stack | KernelWait]) -> tuple[int, ...]:
 
 def _name(evidence: Mapping[int, RankEvidence], parsed: Mapping[int, Stack | KernelWait], now: float) -> Hung:
     stuck_in_io = tuple(sorted({ev.node for ev in evidence.values() if ev.state == "D"}))
-    elsewhere = sorted(r for r, s in parsed.items() if s.where is Where.ELSEWHERE)
+    elsewhere = sorted(r for r, s in parsed.items() if s.where is not Where.WAITING)
     waiting = sorted(r for r, s in parsed.items() if s.where is Where.WAITING)
     culprits = tuple(elsewhere) if elsewhere and (waiting or len(parsed) == 1) else ()
     desync = () if culprits else _desync(parsed)

@@ -37,6 +37,7 @@ class RankProcesses:
     exits_seen: dict[int, float] = field(default_factory=dict)  # rank without hooks -> when its process was first seen gone
     exits_sent: set[int] = field(default_factory=set)        # ranks whose clean exit went up as rank_exit rc 0
     pending: list[tuple[float, int | None, int | None]] = field(default_factory=list)  # (seen, rank, pid): lost, unconfirmed
+    trees: evidence.TreeSampler = field(default_factory=evidence.TreeSampler)   # each rank as its process tree
 
     def reset(self) -> None:
         self.hooked, self.workers, self.rank_pids = set(), {}, {}
@@ -168,14 +169,18 @@ class RankProcesses:
         files = {rank: stack_file(run_dir, attempt, rank) for rank in pids} if run_dir else {}
         taken = evidence.take_stacks(pids, files)
         wchan = {rank: w for rank, pid in pids.items() if (w := where(pid).get("wchan"))}
+        # what each rank's workers wait in: a data wait past its allowance names them
+        children = [[rank, c["pid"], c["state"], c["in"]] for rank, pid in sorted(pids.items())
+                    for c in self.trees.blocked(pid)]
         return messages.StacksTaken(attempt=attempt, stacks=tuple([r, t] for r, t in sorted(taken.items())),
-                                    wchan=tuple([r, w] for r, w in sorted(wchan.items())))
+                                    wchan=tuple([r, w] for r, w in sorted(wchan.items())), children=tuple(children))
 
     def evidence(self, workers: dict[int, int]) -> tuple[list[dict[str, int]], dict[int, Any], set[int]]:
-        """(pid list, rank -> evidence sample, ranks without hooks whose process is stopped): one
-        /proc read a rank a heartbeat."""
+        """(pid list, rank -> evidence sample of its process tree, ranks without hooks whose process
+        is stopped): a few /proc reads a process a heartbeat (evidence.TreeSampler)."""
         pids = self.pid_list()
-        samples = {entry["rank"]: got for entry in pids if (got := evidence.sample(entry["pid"])) is not None}
+        samples = {entry["rank"]: got for entry in pids if (got := self.trees.sample(entry["pid"])) is not None}
+        self.trees.forget_except({entry["pid"] for entry in pids})
         stopped = set()
         for pid, rank in workers.items():
             if rank in self.hooked:
