@@ -4,7 +4,8 @@ VENV ?= .venv
 PY := $(VENV)/bin/python
 PIP := $(VENV)/bin/pip
 CKPTSUP := $(VENV)/bin/ckptsup
-APT_PACKAGES := slurm-wlm munge tini
+# libdeflate0: the script-checkpoint check's CRC-32 (several GB/s; zlib's, its fallback, ~0.5 GB/s)
+APT_PACKAGES := slurm-wlm munge tini libdeflate0
 DEV_CLUSTER_DIR ?= /tmp/ckptsup-dev-cluster
 # Bytecode caches on, whatever the calling shell says: the suite starts thousands of short-lived
 # Python processes (CLI calls, supervisors, agents, zygotes, proxies) and each would otherwise
@@ -16,7 +17,8 @@ unexport PYTHONDONTWRITEBYTECODE
 setup: apt venv
 
 apt:
-	@if ! command -v slurmctld >/dev/null || ! command -v munged >/dev/null || ! command -v tini >/dev/null; then \
+	@if ! command -v slurmctld >/dev/null || ! command -v munged >/dev/null || ! command -v tini >/dev/null \
+	    || ! /sbin/ldconfig -p | grep -q 'libdeflate\.so\.0'; then \
 	  apt-get update -qq && DEBIAN_FRONTEND=noninteractive apt-get install -y -qq $(APT_PACKAGES); fi
 
 # torch first, pinned to the CPU wheel on disk: an unpinned torch would pull a 5.5 GB CUDA build.

@@ -127,6 +127,26 @@ def external_pattern_check(value: Any) -> str | None:
     return external_pattern_problem(value)
 
 
+def script_checkpoint_check(value: Any) -> str | None:
+    """`[supervisor] script_checkpoint`: paths or globs of a script's own checkpoint files."""
+    for entry in value:
+        if not entry or "\x00" in entry or len(entry) > 4096 or entry.endswith("/"):
+            return (f"holds {entry[:60]!r}: each entry is a file's path or a glob (relative to the launch "
+                    "directory), e.g. out/ckpt.pt")
+    return None
+
+
+def resume_args_check(value: Any) -> str | None:
+    """`[supervisor] resume_args`: words for the script, split as a shell would (shlex)."""
+    import shlex
+
+    try:
+        shlex.split(value)
+    except ValueError as err:
+        return f"cannot be split into words ({err}); quote it as a shell would, e.g. \"--init_from=resume\""
+    return None
+
+
 def domain_pattern_check(value: Any) -> str | None:
     """`[memory] domain_pattern`: empty, or a regex with at most one group (the domain's name)."""
     if value == "":
@@ -157,11 +177,12 @@ def tier_path(*schemes: str) -> Check:
 
 
 def knob(default: Any, help: str, check: Check | None = None, *, max: float | None = None,
-         why: str = "no site needs more") -> Any:
+         why: str = "no site needs more", one_or_list: bool = False) -> Any:
     """A config field: its default, a one-line why/unit (shown by `config show --help` and in
-    default.toml), its check, and for numbers the upper bound (`why`: what a larger one means)."""
+    default.toml), its check, and for numbers the upper bound (`why`: what a larger one means).
+    `one_or_list`: a list of strings that may also be given as one string (a list of one)."""
     factory = (lambda d=default: list(d)) if isinstance(default, list) else None
-    meta = {"help": help, "check": check, "max": max, "why": why}
+    meta = {"help": help, "check": check, "max": max, "why": why, "one_or_list": one_or_list}
     if factory is not None:
         return field(default_factory=factory, metadata=meta)
     return field(default=default, metadata=meta)
@@ -287,6 +308,20 @@ class SupervisorConfig:
                                  "auto = every preset, off, or a preset: torchtitan, megatron, plain", progress_check)
     progress_dir: str = knob("", "a script's own checkpoint directory: a newer entry there counts as progress "
                                  "(for scripts that report no steps); empty = none")
+    script_checkpoint: list = knob([], "a script's own checkpoint files (paths or globs, relative to the launch "
+                                   "directory; one string or a list; `ckptsup launch --script-checkpoint`): each new "
+                                   "version is checked once written and the newest verified ones kept in the run dir; "
+                                   "before each launch a torn or corrupt one is moved aside and the newest verified "
+                                   "copy put back (docs/drop-in.md)", script_checkpoint_check, one_or_list=True)
+    script_checkpoint_keep: int = knob(2, "verified versions of each script checkpoint file kept in the run dir "
+                                          "(each costs the file's size there)", at_least_one, max=100)
+    script_checkpoint_on_corrupt: str = knob("give-up", "a script checkpoint that is corrupt before a launch, with no "
+                                             "verified copy to put back: give-up (one line naming the file), or "
+                                             "start-over (the file moved aside, the script starts fresh)",
+                                             one_of("give-up", "start-over"))
+    resume_args: str = knob("", "words (split as a shell would) appended to the script's arguments on every attempt "
+                                "that starts with a verified script checkpoint in place, e.g. --init_from=resume; "
+                                "needs script_checkpoint", resume_args_check)
     progress_warn_s: float = knob(900.0, "warn (an event, never a kill) when a script that never reported a step has "
                                          "printed no progress line for this long (s)", positive, max=WEEK_S)
     warm_ranks: bool = knob(True, "launches run the ranks in interpreters forked from one that imported torch "
@@ -436,6 +471,8 @@ def _type_problem(fld: dataclasses.Field, value: Any) -> str | None:
             return None if abs(value) < 2**63 else "is too large (TOML integers are 64-bit)"
         return None if math.isfinite(value) else "must be a finite number (not nan or inf)"
     if isinstance(default, list):
+        if isinstance(value, str) and fld.metadata.get("one_or_list"):
+            return None
         if default and isinstance(default[0], int):   # a list of numbers (XIDs)
             ok = isinstance(value, list) and all(isinstance(v, int) and not isinstance(v, bool) and 0 <= v < 2**31
                                                  for v in value)
@@ -523,6 +560,8 @@ def apply_layer(config: Config, provenance: dict[str, str], data: Mapping[str, A
                 raise ConfigError(f"{source}: unknown key {section}.{_name(key)}{_suggest(key, list(fields))}")
             fld = fields[key]
             problem = _type_problem(fld, value)
+            if problem is None and isinstance(value, str) and fld.metadata.get("one_or_list"):
+                value = [value]
             if problem is None and fld.metadata.get("check") is not None:
                 problem = fld.metadata["check"](value)
             if problem is None:

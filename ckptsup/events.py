@@ -87,6 +87,9 @@ class Event(str, enum.Enum):
     AGENT_LOST = "agent_lost"              # nodes, rc: a step of agents outside the launch (spares) ended; a launch needing them starts new ones
     PROGRESS_STALE = "progress_stale"      # since_launch_s, pattern: no hello and no progress line for progress_warn_s (a warning)
     EXTERNAL_RESUME = "external_resume"    # folder, step, checked, moved_aside: the external step folder the next attempt's framework loads
+    SCRIPT_CHECKPOINT_VERIFIED = "script_checkpoint_verified"  # path, bytes, seconds, step, kind, version, kept: a new version of a script's own checkpoint file checked whole (and kept)
+    SCRIPT_CHECKPOINT_RESTORED = "script_checkpoint_restored"  # path, reason, moved_to, version, step, bytes: a corrupt one moved aside, the newest verified copy put back
+    SCRIPT_CHECKPOINT_REJECTED = "script_checkpoint_rejected"  # path, reason, moved_to, outcome (start_over | give_up): corrupt before a launch, no verified copy
     PHASE = "phase"                        # phase, was, step, rank: rank 0 entered a phase (init, load, train, eval, save, stopping)
 
     @classmethod

@@ -12,6 +12,7 @@
       status.json         0600 the live status for `ckptsup status`, rewritten every 2 s (supervisor/job/status.py)
       control/            0700 operator requests (`ckptsup save-now`, `ckptsup stop`; supervisor/job/control.py)
       checkpoints/        default checkpoint_dir
+      script-checkpoints/ 0700 verified versions of a script's own checkpoint files (checkpoint/script_keep.py)
       attempt-<N>/        per-attempt agent and rank logs, flight-recorder dumps
 
 Every file here is read through safe_io (a regular file, bounded, never blocking) and checked

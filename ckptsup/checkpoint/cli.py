@@ -21,6 +21,7 @@ from ..textsafe import literal
 from .catalog import CheckpointInfo, Status, inspect_step, latest_committed, latest_validated, list_checkpoints
 from .commit import LOCK_NAME, pid_alive, parse_step, read_lock
 from .manifest import MANIFEST_NAME
+from .script_keep import KEEP_DIR, all_versions
 from .trust import check_dir_trusted
 
 PROGRESS_MIN_BYTES = 256 << 20  # below this a verify is too quick for a progress bar to help
@@ -186,7 +187,8 @@ def verify_cmd(directory: str, level: int, do_quarantine: bool, progress: bool |
 @click.argument("directory", metavar="DIR")
 @click.option("--json", "as_json", is_flag=True, help="machine-readable output")
 def inspect_cmd(directory: str, as_json: bool) -> None:
-    """Show a checkpoint's manifest (never its pickled .metadata), or a checkpoint_dir summary."""
+    """Show a checkpoint's manifest (never its pickled .metadata), or a checkpoint_dir summary; for a
+    run dir with a script checkpoint (--script-checkpoint), its verified versions."""
     kind, path = _classify(directory)
     if kind is Target.STEP:
         info = inspect_step(path)
@@ -201,6 +203,9 @@ def inspect_cmd(directory: str, as_json: bool) -> None:
         _print_step(info, payload)
         return
     check_dir_trusted(path)
+    if (path / KEEP_DIR).is_dir():   # a run dir: its script checkpoint's verified versions
+        _print_script_versions(path, as_json)
+        return
     infos = list_checkpoints(path, include_quarantined=True)
     committed, validated = latest_committed(path), latest_validated(path)
     lock = read_lock(path / LOCK_NAME)
@@ -217,6 +222,22 @@ def inspect_cmd(directory: str, as_json: bool) -> None:
         return
     for key, value in summary.items():
         _echo(f"{key:<17} {value if not isinstance(value, int) or key != 'bytes' else _human_bytes(value)}")
+
+
+def _print_script_versions(run_dir: Path, as_json: bool) -> None:
+    """The verified versions of the script's own checkpoint files kept in a run dir (script_keep.py)."""
+    rows = [v.row() for v in all_versions(run_dir)]
+    if as_json:
+        _emit_json({"run_dir": str(run_dir), "script_checkpoints": rows})
+        return
+    if not rows:
+        _echo(f"{run_dir}: no verified script checkpoint versions")
+        return
+    _echo(f"{'PATH':<30}  {'VERSION':<20}  {'SIZE':>9}  {'STEP':>8}  {'VERIFIED':<25}  {'CHECK':>8}")
+    for row in rows:
+        step = "-" if row["step"] is None else row["step"]
+        _echo(f"{str(row['path']):<30}  {str(row['version']):<20}  {_human_bytes(row['bytes']):>9}  "   # type: ignore[arg-type]
+              f"{step:>8}  {str(row['verified']):<25}  {row['check_s']:>7}s")
 
 
 def _print_step(info: CheckpointInfo, payload: dict[str, Any]) -> None:

@@ -89,13 +89,21 @@ def torchrun_options(f: Callable[..., Any]) -> Callable[..., Any]:
 @click.option("--memory-every-steps", type=int, default=None, metavar="N",
               help="memory saves every N steps ([memory] every_steps); set here or in a TOML, the adaptive "
                    "interval never changes it (left unset, it retunes it, never past the job's disk saves)")
+@click.option("--script-checkpoint", "script_checkpoint", multiple=True, metavar="PATH",
+              help="the script's own checkpoint file (a path or a glob, relative to the launch directory; "
+                   "repeatable; supervisor.script_checkpoint): each version is checked and the newest verified ones "
+                   "kept; a corrupt one is put back from them before a relaunch")
+@click.option("--resume-args", "resume_args", default=None, metavar="ARGS",
+              help="words (split as a shell would) added to the script's arguments on every attempt that starts "
+                   "with a verified script checkpoint in place, e.g. \"--init_from=resume\" (supervisor.resume_args)")
 @click.option("--gpus-per-node", type=int, default=None, hidden=True,
               help="GPUs per node the job was submitted with (sbatch.gpus_per_node; set by `ckptsup sbatch`)")
 @click.argument("script")
 @click.argument("script_args", nargs=-1, type=click.UNPROCESSED)
 def launch(nproc_per_node: str | None, nodes: str | None, module: bool, no_python: bool, max_restarts: int | None,
            tee: str | None, job_config: str | None, run_dir: str | None, resume: bool | None, spares: int | None,
-           signal_lead_s: int | None, memory_every_steps: int | None, gpus_per_node: int | None, script: str,
+           signal_lead_s: int | None, memory_every_steps: int | None, script_checkpoint: tuple[str, ...],
+           resume_args: str | None, gpus_per_node: int | None, script: str,
            script_args: tuple[str, ...], **torchrun: str | bool | None) -> None:
     """Run SCRIPT under the supervisor: inside a Slurm allocation (one agent per active node),
     or locally on this machine. Everything after SCRIPT reaches the script untouched.
@@ -123,7 +131,8 @@ def launch(nproc_per_node: str | None, nodes: str | None, module: bool, no_pytho
              "supervisor.max_restarts": max_restarts, "supervisor.tee": line.tee_all, "run.run_dir": run_dir,
              "supervisor.warm_ranks": False if line.cold_ranks else None,
              "sbatch.spares": spares, "sbatch.signal_lead_s": signal_lead_s, "sbatch.gpus_per_node": gpus_per_node,
-             "memory.every_steps": memory_every_steps}
+             "memory.every_steps": memory_every_steps,
+             "supervisor.script_checkpoint": list(script_checkpoint) or None, "supervisor.resume_args": resume_args}
     resolved = load_config(job_config=job_config, flags=flags)
     if line.virtual_local_rank and resolved.config.storage.node_local:
         raise UsageError("--virtual-local-rank makes LOCAL_RANK 0 on every rank, and the [storage] node_local cache "

@@ -175,6 +175,9 @@ def is_std(value: str) -> bool:
 
 # ---- the tokenizer in front of click --------------------------------------------------------------
 
+# ckptsup's options whose value is the script's words, so may start with a dash (--resume-args "--init_from=resume")
+DASH_VALUES = frozenset({"--resume-args"})
+
 def normalize(args: Iterable[str], takes_value: Mapping[str, bool]) -> list[str]:
     """The tokens before SCRIPT as click can take them: every option spelled in full, a value
     attached (`--log-dir=D`), a bare `--tee` as `--tee=all`; SCRIPT and what follows untouched.
@@ -210,7 +213,8 @@ def normalize(args: Iterable[str], takes_value: Mapping[str, bool]) -> list[str]
             name = _long(name) if not name.startswith("--") else name
             if eq:
                 out.append(f"{name}={value}")
-            elif i + 1 < len(args) and (not args[i + 1].startswith("-") or _NUMBER.match(args[i + 1])):
+            elif i + 1 < len(args) and (not args[i + 1].startswith("-") or _NUMBER.match(args[i + 1])
+                                        or name in DASH_VALUES):
                 out.append(f"{name}={args[i + 1]}")
                 i += 1
             else:

@@ -37,6 +37,7 @@ from .operating import Operator
 from .external_resume import ExternalResume
 from .external_watch import ExternalCheckpoints, resolve_dir
 from .memory_peers import MemoryPeers
+from .script_checkpoint import ScriptCheckpoints
 from .attempt import AttemptTracker, Marks
 from . import restore_check
 from .interval_tuner import SCHEDULE_KEYS, IntervalChange, IntervalTuner
@@ -146,6 +147,8 @@ class Supervisor:
             watch=self.external, agents=self.agents, run_dir=run_dir.path, job_id=placement.job_id,
             nproc_per_node=int(self.sup.nproc_per_node), load_timeout_s=self.sup.load_timeout_s, clock=clock,
             emit=self.emit, await_answers=self._await)
+        # [supervisor] script_checkpoint: the script's own checkpoint files, kept and checked before each launch
+        self.script_ckpt = ScriptCheckpoints.from_config(self.config, cwd=job.cwd, run_dir=run_dir.path, emit=self.emit)
 
     # ---- bookkeeping --------------------------------------------------------------------------
     def emit(self, name: Event, **fields: Any) -> None:
@@ -191,6 +194,8 @@ class Supervisor:
             raise
         finally:
             self.lease_stop.set()
+            if self.script_ckpt is not None:
+                self.script_ckpt.close()
             self.operator.publish_status(active=self.active, tracker=self.tracker, force=True)
             self.agents.close(self.sup.kill_grace_s)
             if self.writer is not None:
@@ -270,6 +275,8 @@ class Supervisor:
             tracker = self.tracker
             assert tracker is not None
             self._poll_external()
+            if self.script_ckpt is not None:   # the versions its thread kept, with the last progress step
+                self.script_ckpt.tick(step=tracker.last_step)
             self._report_level(tracker)
             self.operator.publish_status(active=self.active, tracker=tracker)
             stop = self.operator.take_control(tracker, self.active)
@@ -638,9 +645,15 @@ class Supervisor:
             case Requeue():
                 return self._requeue(action)
             case RestartInAllocation(path=RecoveryPath.INITIAL, nodes=nodes):
+                refused = self._check_script_checkpoint()
+                if refused is not None:
+                    return refused
                 self._launch(nodes, path=RecoveryPath.INITIAL)
                 return None
             case RestartInAllocation(nodes=nodes, path=path, backoff_s=backoff_s, failure=failure):
+                refused = self._check_script_checkpoint()
+                if refused is not None:
+                    return refused
                 if backoff_s > 0:
                     self.sleep(backoff_s)
                 if failure is None or failure.kind is not FailureKind.REPLACED:
@@ -655,6 +668,18 @@ class Supervisor:
                 return None
             case Continue() | CheckHealth():
                 raise AssertionError(f"{action} is not carried out")  # _decide answers CheckHealth itself
+
+    def _check_script_checkpoint(self) -> ExitStatus | None:
+        """Before a launch: the script's own checkpoint files whole, or put back (script_checkpoint.py);
+        a corrupt one with no verified copy gives up in one line."""
+        reason = self.script_ckpt.before_launch() if self.script_ckpt is not None else None
+        if reason is None:
+            return None
+        self.emit(Event.GIVE_UP, reason=reason, kind=None)
+        self.state.status = RunStatus.GAVE_UP
+        self._save_state()
+        console.error(f"ckptsup: giving up: {reason}")
+        return ExitStatus.GIVE_UP
 
     def _shrink_decided(self, choice: ShrinkChoice) -> None:
         self.emit(Event.SHRINK_DECIDED, **choice.event_fields())
@@ -813,7 +838,9 @@ class Supervisor:
                                 resume_from=resume_from, timeouts=timeouts, save_every_s=self.interval.current_s(),
                                 preempt_budget_s=self.interval.preempt_budget_s(),
                                 memory_every_steps=self.interval.memory_every_steps())
-        spec = LaunchSpec(script=self.job.script, script_args=list(self.job.script_args),
+        script_args = self.script_ckpt.args(self.job.script_args) if self.script_ckpt is not None \
+            else list(self.job.script_args)   # resume_args when the script's checkpoint is in place
+        spec = LaunchSpec(script=self.job.script, script_args=script_args,
                           nproc_per_node=self.sup.nproc_per_node, nnodes=len(nodes),
                           rdzv_endpoint=self.placement.rdzv_endpoint(nodes[0], self.sup.rdzv_port, self.state.attempt),
                           rdzv_id=f"ckptsup-{self.placement.job_id}-{self.state.attempt}",
