@@ -44,6 +44,7 @@ import subprocess
 import sys
 import tempfile
 import time
+from typing import Any
 from datetime import datetime
 from pathlib import Path
 
@@ -88,6 +89,55 @@ def stacks_of_eight(base: Path) -> None:
         for proc in procs:
             proc.kill()
             proc.wait()
+
+
+# a rank as a real one looks to the tree walk: torch's intra-op threads started, `workers` DataLoader-like
+# children forked from its main thread (each with torch imported, as a fork is)
+TREE_HOLDER = """import multiprocessing as mp, sys, time
+import torch
+torch.set_num_threads({threads}); torch.randn(256, 256) @ torch.randn(256, 256)
+ctx = mp.get_context("fork")
+kids = [ctx.Process(target=time.sleep, args=(120,), daemon=True) for _ in range({workers})]
+for k in kids:
+    k.start()
+print("ready", flush=True)
+time.sleep(120)
+"""
+
+
+def tree_cost(threads: int = 16, rounds: int = 200) -> None:
+    """The per-heartbeat cost of a rank's evidence: its process alone (before issue 36) and its
+    whole tree (evidence.TreeSampler: every thread's children re-found every RESCAN_S), 8 ranks."""
+    for workers in (0, 2, 8):
+        procs = [subprocess.Popen([sys.executable, "-c", TREE_HOLDER.format(threads=threads, workers=workers)],
+                                  stdout=subprocess.PIPE, text=True) for _ in range(8)]
+        try:
+            for proc in procs:
+                assert proc.stdout is not None and proc.stdout.readline().strip() == "ready"
+            pids = [proc.pid for proc in procs]
+            alone = _per_sample(lambda pid: evidence.sample(pid), pids, rounds)
+            trees = evidence.TreeSampler()
+            assert all((got := trees.sample(pid)) is not None and got.children == workers for pid in pids)
+            steady = _per_sample(trees.sample, pids, rounds)
+            rescans = evidence.TreeSampler(clock=lambda: time.monotonic() * 1e6)   # every call a rescan
+            rescan = _per_sample(rescans.sample, pids, rounds)
+            nthreads = len(os.listdir(f"/proc/{pids[0]}/task"))
+            print(f"tree evidence, 8 ranks of {nthreads} threads with {workers} workers each: process alone "
+                  f"{alone * 1e6:.0f} us, tree {steady * 1e6:.0f} us, tree with a thread rescan {rescan * 1e6:.0f} us "
+                  f"per rank per heartbeat; 8 ranks at 1 Hz with a rescan every {evidence.RESCAN_S:g} s: "
+                  f"{8 * (steady + (rescan - steady) / evidence.RESCAN_S) * 100:.3f} % of a core", flush=True)
+        finally:
+            for proc in procs:
+                proc.kill()
+                proc.wait()
+
+
+def _per_sample(sample: Any, pids: list[int], rounds: int) -> float:
+    t0 = time.perf_counter()
+    for _ in range(rounds):
+        for pid in pids:
+            sample(pid)
+    return (time.perf_counter() - t0) / (rounds * len(pids))
 
 
 def launch(work: Path, *faults: str, steps: int = 60, timeout: float = 900) -> tuple[int, list[dict], float]:
@@ -353,6 +403,7 @@ def main() -> int:
     p.add_argument("--cap-s", type=float, default=40.0)
     p.add_argument("--busy-s", type=float, default=30.0)
     p.add_argument("--stacks-only", action="store_true")
+    p.add_argument("--tree-only", action="store_true", help="only the per-heartbeat cost of a rank's tree evidence")
     p.add_argument("--faults", default=",".join(FAULTS), help=f"a comma list of {', '.join(FAULTS)}")
     p.add_argument("--nvrx", default="", help="a directory nvidia_resiliency_ext imports from")
     p.add_argument("--nvrx-only", action="store_true", help="the detection rows only (no stacks, no busy row)")
@@ -366,8 +417,12 @@ def main() -> int:
     if a.soak_min:
         soak(base, a.soak_min, a.soak_phase_s)
         return 0
+    if a.tree_only:
+        tree_cost()
+        return 0
     if not a.nvrx_only:
         stacks_of_eight(base)
+        tree_cost()
     if a.stacks_only:
         return 0
     print(f"load at the start: {os.getloadavg()}", flush=True)
