@@ -305,7 +305,8 @@ class SupervisorConfig:
                           between(1, 65535 - PORT_SPREAD, f" (up to {PORT_SPREAD} is added to spread jobs over ports)"),
                           max=65535 - PORT_SPREAD)
     progress_pattern: str = knob("auto", "regex on the ranks' output whose one group is the step (progress lines); "
-                                 "auto = every preset, off, or a preset: torchtitan, megatron, plain", progress_check)
+                                 "auto = every preset, off, or a preset: torchtitan, megatron, nanogpt, plain, hf_log, tqdm, rich "
+                                 "(docs/drop-in.md §Progress lines)", progress_check)
     progress_dir: str = knob("", "a script's own checkpoint directory: a newer entry there counts as progress "
                                  "(for scripts that report no steps); empty = none")
     script_checkpoint: list = knob([], "a script's own checkpoint files (paths or globs, relative to the launch "

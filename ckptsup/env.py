@@ -150,6 +150,7 @@ LOCAL_WORLD_SIZE = "LOCAL_WORLD_SIZE"   # torchrun's: the ranks on this node
 RANK = "RANK"
 WORLD_SIZE = "WORLD_SIZE"
 PYTHONUNBUFFERED = "PYTHONUNBUFFERED"
+TTY_COMPATIBLE = "TTY_COMPATIBLE"
 TORCHELASTIC_LOG_LINE_PREFIX_TEMPLATE = "TORCHELASTIC_LOG_LINE_PREFIX_TEMPLATE"
 TORCH_NCCL_ASYNC_ERROR_HANDLING = "TORCH_NCCL_ASYNC_ERROR_HANDLING"
 TORCH_NCCL_ENABLE_MONITORING = "TORCH_NCCL_ENABLE_MONITORING"
@@ -190,6 +191,7 @@ EXTERNAL_VARS: tuple[Var, ...] = (
     Var(name=RANK, set_by="torchrun", read_by="hooks (heartbeat)", meaning="the rank's global index (attach() asks torch.distributed)"),
     Var(name=WORLD_SIZE, set_by="torchrun", read_by="hooks (heartbeat)", meaning="the number of ranks"),
     Var(name=PYTHONUNBUFFERED, set_by="agent", read_by="Python (torchrun, ranks)", meaning="unbuffered rank output, so the per-node rank log is live"),
+    Var(name=TTY_COMPATIBLE, set_by="agent (unless set)", read_by="rich (ranks)", meaning="1: rich draws its live displays into the rank output, which is a pipe: Lightning's default RichProgressBar prints its bar, the progress lines of a Lightning script (docs/drop-in.md §Progress lines)"),
     Var(name=TORCHELASTIC_LOG_LINE_PREFIX_TEMPLATE, set_by="agent", read_by="torchrun (--tee)", meaning="\"[rank${rank}]: \": every rank line carries its global rank, for progress lines and the console"),
     Var(name=TORCH_NCCL_ASYNC_ERROR_HANDLING, set_by="supervisor", read_by="torch", meaning="[nccl] async_error_handling: what a failed collective does (3 = skip cleanup, tear down)"),
     Var(name=TORCH_NCCL_ENABLE_MONITORING, set_by="supervisor", read_by="torch", meaning="1: the heartbeat monitor watches NCCL's watchdog thread"),

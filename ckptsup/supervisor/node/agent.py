@@ -37,7 +37,7 @@ from ... import messages, step_lines, wire
 from ...errors import CkptsupError
 from ...wire import Hop, MessageKind, Phase
 from ...env import (RANK_MODULE_FLAG, cold_rank_argv, MEMORY_SOCKET, TEST_FLIP_MEMORY, NODE, PREEMPT_BUDGET_S, PYTHONUNBUFFERED, RANK_SOCKET, RUN_DIR, SECRET_FILE, WARM_DIR,
-                   TORCHELASTIC_LOG_LINE_PREFIX_TEMPLATE, ExitStatus, node_name)
+                   TORCHELASTIC_LOG_LINE_PREFIX_TEMPLATE, TTY_COMPATIBLE, ExitStatus, node_name)
 from ...rundir import read_secret
 from ... import console
 from ..spec import LaunchSpec
@@ -240,6 +240,9 @@ class Agent:
             env[MEMORY_SOCKET] = str(self.memory.ranks.path)
         env[NODE] = self.node
         env[PYTHONUNBUFFERED] = "1"
+        # rich draws nothing to a pipe: Lightning's default bar (RichProgressBar, as rich is installed)
+        # would leave a script without progress lines; the user's own setting wins
+        env.setdefault(TTY_COMPATIBLE, "1")
         env[TORCHELASTIC_LOG_LINE_PREFIX_TEMPLATE] = RANK_LINE_PREFIX
         return env
 
