@@ -95,3 +95,20 @@ def test_a_worker_blocked_for_good_is_a_data_hang_and_a_dead_worker_the_loaders_
     assert crash["kind"] == "crash" and crash["attempt"] == 1, crash     # torchrun's exit (a script without hooks)
     assert "DataLoader worker (pid" in out      # the loader's own error, on the console
     assert same_model(torch.load(tmp_path / "final.pt"), torchrun_model)
+
+
+def test_at_the_hooks_level_a_stalled_read_in_the_workers_is_waiting_for_data_too(tmp_path, torchrun_model):
+    """The same script with ckptsup.attach and step_done (tests/helpers/data_ddp_hooks.py): its ranks
+    said hello, steps come as frames; a 40 s socket stall in the workers at epoch 1 is busy."""
+    hooked = SCRIPT.with_name("data_ddp_hooks.py")
+    argv = [*CKPTSUP, "launch", "--nproc-per-node", "2", "--run-dir", str(tmp_path / "run"), str(hooked), "--epochs",
+            str(EPOCHS), "--ckpt-dir", str(tmp_path / "ckpt"), "--out", str(tmp_path / "final.pt"), "--io-stall", "1",
+            "--stall-s", "40"]
+    proc = subprocess.run(argv, cwd=tmp_path, capture_output=True, text=True, timeout=400)
+    assert proc.returncode == 0, proc.stdout[-3000:] + proc.stderr[-3000:]
+    events = read_events(tmp_path / "run")
+    assert [e["level"] for e in named(events, "supervision_level")] == ["hooks"]
+    assert not named(events, "failure_detected"), [(f["kind"], f["detail"]) for f in named(events, "failure_detected")]
+    [busy] = named(events, "busy")
+    assert busy["ranks"] == [0, 1] and busy["detail"].count("waiting for data (2 workers, 0% CPU)") == 2, busy
+    assert same_model(torch.load(tmp_path / "final.pt"), torchrun_model)

@@ -440,6 +440,8 @@ def test_a_rank_waiting_for_its_data_is_busy_whether_its_workers_compute_or_sit_
     verdict = judge({0: idle(0)}, {0: READING_DUMP}, now=110.0, stacks_asked_at=109.5, stacks_answered=True)
     assert isinstance(verdict, Working) and verdict.data == (0,)
     assert "waiting for data (no worker processes: the rank reads itself" in verdict.detail
+    stateful = DATA_DUMP.replace("torch/utils/data/dataloader.py", "torchdata/stateful_dataloader/stateful_dataloader.py")
+    assert parse_stack(stateful).where is Where.DATA   # torchdata's StatefulDataLoader (torchtitan's)
     # the frames of the data pipeline decide nothing once the rank is in a collective above them
     assert parse_stack(WAITING_DUMP).where is Where.WAITING and parse_stack(SLEEPING_DUMP).where is Where.ELSEWHERE
 

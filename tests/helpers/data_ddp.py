@@ -14,6 +14,7 @@ without R), once per run (a marker file in --ckpt-dir), and never changes the da
   main process) answers --stall-s seconds later: a stalled network read (a remote dataset);
 --forever: the same read, never answered (a dead data source);
 --dead-worker: the worker kills itself (SIGKILL): the loader's own error in the rank.
+data_ddp_hooks.py runs the same with ckptsup's hooks (the hooks level).
 """
 import argparse
 import os
@@ -103,7 +104,8 @@ class Samples(Dataset):
         return x, x.sum(dim=0, keepdim=True)
 
 
-def main():
+def main(hooks=None):
+    """`hooks`: the ckptsup module (data_ddp_hooks.py): attach and step_done each step."""
     ap = argparse.ArgumentParser()
     ap.add_argument("--epochs", type=int, required=True)
     ap.add_argument("--ckpt-dir", required=True)
@@ -131,6 +133,9 @@ def main():
         start = state["epoch"]
         if rank == 0:
             print(f"resumed at epoch {start}", flush=True)
+    run = hooks.attach(model=model, optimizer=opt) if hooks is not None else None
+    if run is not None:
+        run.resume()   # nothing of ckptsup's to resume in these tests: the script's own epoch state rules
     data = Samples(args, rank, slow_server(args.stall_s), slow_server(None))
     sampler = DistributedSampler(data, shuffle=True, seed=0)
     loader = DataLoader(data, batch_size=BATCH, sampler=sampler, num_workers=2)
@@ -145,6 +150,8 @@ def main():
             loss.backward()
             opt.step()
             time.sleep(args.step_s)
+            if run is not None:
+                run.step_done(step, loss=loss.detach())
             step += 1
             if rank == 0:
                 print(f"step {step} loss {loss.item():.4f}", flush=True)
@@ -152,6 +159,8 @@ def main():
             torch.save({"epoch": epoch + 1, "model": model.module.state_dict(), "opt": opt.state_dict()}, path + ".tmp")
             os.replace(path + ".tmp", path)
         dist.barrier()
+    if run is not None:
+        run.close()
     if rank == 0:
         torch.save(model.module.state_dict(), args.out)
     dist.barrier()

@@ -42,8 +42,9 @@ _WAITING = re.compile(r"/torch/(distributed|autograd)/")
 _IN_C10D = re.compile(r"/torch/distributed/")
 _IN_AUTOGRAD = re.compile(r"/torch/autograd/")
 # a main thread in the data pipeline: DataLoader's queue get (_get_data, _try_get_data), its
-# fetchers, an IterableDataset's read under them
-_DATA = re.compile(r"/torch/utils/data/")
+# fetchers, an IterableDataset's read under them; torchdata's StatefulDataLoader (torchtitan's) is a
+# copy of DataLoader's code under its own path
+_DATA = re.compile(r"/torch/utils/data/|/torchdata/")
 # kernel wait channels of a main thread that waits for another thread or a peer (a gloo or NCCL
 # wait sits on a futex or polls a socket); anything else (a nanosleep, a pipe, a disk) is elsewhere
 _WAITING_WCHAN = re.compile(r"futex|poll|select|sk_wait|wait_woken")
