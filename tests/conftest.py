@@ -266,6 +266,9 @@ FILE_SECONDS: dict[str, float] = {   # 2026-12-05 09:20, a clean clone at -n 4 (
     "test_supervisor_slurm_sdc_elastic.py": 227,
     "test_supervisor_local.py": 211,
     "test_liveness_local.py": 182,
+    "test_data_wait_local.py": 140,        # 2026-12-06, measured alone (not yet from a -n 4 run)
+    "test_progress_frameworks.py": 110,    # 2026-12-06, measured alone
+    "test_script_checkpoint_local.py": 87,   # 2026-12-06, measured alone
     "test_integration_hf_slurm.py": 165,
     "test_integration_hf.py": 157,
     "test_integration_lightning_slurm.py": 143,
@@ -274,6 +277,8 @@ FILE_SECONDS: dict[str, float] = {   # 2026-12-05 09:20, a clean clone at -n 4 (
     "test_watchdog_template.py": 122,
     "test_sdc_real.py": 115,
     "test_drop_in_slurm.py": 112,
+    "test_data_wait_slurm.py": 57,         # 2026-12-06, measured alone
+    "test_script_checkpoint_slurm.py": 56,   # 2026-12-06, measured alone
     "test_stragglers_cluster.py": 105,
     "test_integration_hf_save_strategy.py": 100,
     "test_teardown_local.py": 99,

@@ -3,7 +3,8 @@
 num_workers=2, rank 0 prints `step N`, no ckptsup) under `ckptsup launch` at the defaults. A 40 s
 stall of the workers at an epoch's first batch — computing, or blocked in a network read — is busy,
 not hung, and the run ends with torchrun's model; a worker blocked for good is a hang past
-busy_limit_s that names the rank and what its worker waits in; a dead worker is the loader's crash."""
+busy_limit_s that names the rank and what its worker waits in; a dead worker is the loader's crash
+(that run with ckptsup's hooks: the hooks level judges data waits alike)."""
 from __future__ import annotations
 
 import subprocess
@@ -36,9 +37,9 @@ def torchrun_model(tmp_path_factory) -> dict:
     return torch.load(tmp / "final.pt")
 
 
-def start(tmp: Path, *faults: str, config: str | None = None) -> subprocess.Popen:
+def start(tmp: Path, *faults: str, config: str | None = None, script: Path = SCRIPT) -> subprocess.Popen:
     argv = [*CKPTSUP, "launch", *config_args(tmp, config), "--nproc-per-node", "2", "--run-dir", str(tmp / "run"),
-            str(SCRIPT), "--epochs", str(EPOCHS), "--ckpt-dir", str(tmp / "ckpt"), "--out", str(tmp / "final.pt"), *faults]
+            str(script), "--epochs", str(EPOCHS), "--ckpt-dir", str(tmp / "ckpt"), "--out", str(tmp / "final.pt"), *faults]
     return subprocess.Popen(argv, cwd=tmp, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True)
 
 
@@ -74,15 +75,22 @@ def test_a_40s_stall_computing_or_reading_in_the_workers_is_waiting_for_data_not
     assert same_model(torch.load(tmp_path / "final.pt"), torchrun_model)
 
 
-def test_a_worker_blocked_for_good_is_a_data_hang_and_a_dead_worker_the_loaders_crash(tmp_path, torchrun_model):
-    """Rank 0's worker blocks forever in a socket read at epoch 1 (rank 1 waits in DDP's all-reduce):
-    past busy_limit_s (set short: the knob) a hang naming rank 0 waiting for data, its worker's pid
-    and the system call it waits in, no node suspected. Resumed; at epoch 2 rank 0's worker is
-    killed: the DataLoader's own error, a crash of rank 0, not a hang. Resumed; torchrun's model."""
-    proc = start(tmp_path, "--forever", "1:0", "--dead-worker", "2:0", config="[supervisor]\nbusy_limit_s = 20\n")
+def test_at_the_hooks_level_a_worker_blocked_for_good_is_a_data_hang_and_a_dead_worker_the_loaders_crash(
+        tmp_path, torchrun_model):
+    """The same script with ckptsup.attach and step_done (tests/helpers/data_ddp_hooks.py: its ranks
+    say hello, steps come as frames). Rank 0's worker blocks forever in a socket read at epoch 1
+    (rank 1 waits in DDP's all-reduce): busy "waiting for data" at the hang timeout, then past
+    busy_limit_s (set short: the knob) a hang naming rank 0, its worker's pid and the system call it
+    waits in, no node suspected. Resumed; at epoch 2 rank 0's worker is killed: the DataLoader's own
+    error, a crash of rank 0, not a hang. Resumed; torchrun's model."""
+    proc = start(tmp_path, "--forever", "1:0", "--dead-worker", "2:0", config="[supervisor]\nbusy_limit_s = 20\n",
+                 script=SCRIPT.with_name("data_ddp_hooks.py"))
     out = proc.communicate(timeout=400)[0]
     assert proc.returncode == 0, out[-4000:]
     events = read_events(tmp_path / "run")
+    assert {e["level"] for e in named(events, "supervision_level")} == {"hooks"}
+    busy = named(events, "busy")[0]
+    assert busy["ranks"] == [0] and "rank 0 waiting for data (2 workers, " in busy["detail"], busy
     hang, crash = named(events, "failure_detected")
     assert hang["kind"] == "hang" and hang["rank"] == 0, hang
     assert 20.0 <= hang["detect_s"] <= 26.0, hang["detect_s"]
@@ -92,23 +100,6 @@ def test_a_worker_blocked_for_good_is_a_data_hang_and_a_dead_worker_the_loaders_
     seen = {r["rank"]: r["where"] for r in hang["ranks_seen"]}
     assert seen == {0: "data", 1: "waiting"}, hang["ranks_seen"]
     assert not named(events, "node_excluded")
-    assert crash["kind"] == "crash" and crash["attempt"] == 1, crash     # torchrun's exit (a script without hooks)
+    assert crash["kind"] == "crash" and crash["attempt"] == 1 and crash["rank"] == 0, crash
     assert "DataLoader worker (pid" in out      # the loader's own error, on the console
-    assert same_model(torch.load(tmp_path / "final.pt"), torchrun_model)
-
-
-def test_at_the_hooks_level_a_stalled_read_in_the_workers_is_waiting_for_data_too(tmp_path, torchrun_model):
-    """The same script with ckptsup.attach and step_done (tests/helpers/data_ddp_hooks.py): its ranks
-    said hello, steps come as frames; a 40 s socket stall in the workers at epoch 1 is busy."""
-    hooked = SCRIPT.with_name("data_ddp_hooks.py")
-    argv = [*CKPTSUP, "launch", "--nproc-per-node", "2", "--run-dir", str(tmp_path / "run"), str(hooked), "--epochs",
-            str(EPOCHS), "--ckpt-dir", str(tmp_path / "ckpt"), "--out", str(tmp_path / "final.pt"), "--io-stall", "1",
-            "--stall-s", "40"]
-    proc = subprocess.run(argv, cwd=tmp_path, capture_output=True, text=True, timeout=400)
-    assert proc.returncode == 0, proc.stdout[-3000:] + proc.stderr[-3000:]
-    events = read_events(tmp_path / "run")
-    assert [e["level"] for e in named(events, "supervision_level")] == ["hooks"]
-    assert not named(events, "failure_detected"), [(f["kind"], f["detail"]) for f in named(events, "failure_detected")]
-    [busy] = named(events, "busy")
-    assert busy["ranks"] == [0, 1] and busy["detail"].count("waiting for data (2 workers, 0% CPU)") == 2, busy
     assert same_model(torch.load(tmp_path / "final.pt"), torchrun_model)

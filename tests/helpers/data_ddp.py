@@ -133,9 +133,9 @@ def main(hooks=None):
         start = state["epoch"]
         if rank == 0:
             print(f"resumed at epoch {start}", flush=True)
+    # the hooks without their resume: the script's own epoch state is what it resumes from (ckptsup's
+    # step checkpoints, taken mid-epoch, would not match its epoch-based data order)
     run = hooks.attach(model=model, optimizer=opt) if hooks is not None else None
-    if run is not None:
-        run.resume()   # nothing of ckptsup's to resume in these tests: the script's own epoch state rules
     data = Samples(args, rank, slow_server(args.stall_s), slow_server(None))
     sampler = DistributedSampler(data, shuffle=True, seed=0)
     loader = DataLoader(data, batch_size=BATCH, sampler=sampler, num_workers=2)
