@@ -486,12 +486,11 @@ def test_the_tracker_keeps_a_data_wait_busy_until_the_limit_then_names_the_rank_
     assert [w.data for w in t.busy_news] == [(0,)]
 
 
-def test_a_busy_spell_that_ends_without_progress_is_judged_again_before_anyone_is_killed():
-    """The stacks of a busy spell's re-ask can catch a rank between its batch and its progress line
-    (the data came that instant): a hang only if stacks taken RECHECK_S later say so too."""
+def busy_spell_ending(after: list, progress_at: float | None) -> tuple:
+    """Both ranks wait for data from 5 s (busy), then from 45 s their stacks say `after`; with
+    `progress_at`, the step's line arrives then. (failure, the times stacks were asked, the tracker)."""
     t = tracker()
-    stacks = [[0, DATA_DUMP], [1, DATA_DUMP]]
-    asked = []
+    stacks, asked, failure = [[0, DATA_DUMP], [1, DATA_DUMP]], [], None
     for tenth in range(0, 600):
         now = tenth / 10
         if tenth % 10 == 0:
@@ -499,35 +498,26 @@ def test_a_busy_spell_that_ends_without_progress_is_judged_again_before_anyone_i
         if tenth <= 50 and tenth % 10 == 0:
             t.on_message(msg(now, MessageKind.PROGRESS, rank=0, step=tenth // 10))
         if now >= 45.0:
-            stacks = [[0, SLEEPING_DUMP], [1, SLEEPING_DUMP]]   # the wait is over: both in their step
+            stacks = after
+        if progress_at is not None and now >= progress_at:
+            t.on_message(msg(now, MessageKind.PROGRESS, rank=0, step=6))
+            return t.check(now + 0.1), asked, t
         failure = t.check(now)
         if failure is not None:
-            break
+            return failure, asked, t
         if t.want_stacks:
             asked.append(now)
             t.asked_for_stacks(now, {"n1"})
             t.on_message(msg(now, MessageKind.STACKS_TAKEN, stacks=stacks, wchan=[]))
-        if now == 46.0:   # the step's line arrives: the suspicion is over, nobody killed
-            t.on_message(msg(now, MessageKind.PROGRESS, rank=0, step=6))
-            failure = t.check(46.1)
-            break
+    return failure, asked, t
+
+
+def test_a_busy_spell_that_ends_without_progress_is_judged_again_before_anyone_is_killed():
+    """The stacks of a busy spell's re-ask can catch a rank between its batch and its progress line
+    (the data came that instant): a hang only if stacks taken RECHECK_S later say so too."""
+    failure, asked, t = busy_spell_ending([[0, SLEEPING_DUMP], [1, SLEEPING_DUMP]], progress_at=46.0)
     assert failure is None and t.busy is None and t.busy_over_news, failure
     assert len(asked) == 2 and 45.0 <= asked[1] < 46.0, asked   # hung at 45 from a snapshot: judged again at 47, never reached
     # without progress the second round decides: a hang, RECHECK_S later
-    t = tracker()
-    stacks = [[0, DATA_DUMP], [1, DATA_DUMP]]
-    for tenth in range(0, 600):
-        now = tenth / 10
-        if tenth % 10 == 0:
-            t.on_message(msg(now, MessageKind.HB, ranks_alive=[0, 1], evidence=[[0, 1.0, 500, "S"], [1, 1.0, 500, "S"]]))
-        if tenth <= 50 and tenth % 10 == 0:
-            t.on_message(msg(now, MessageKind.PROGRESS, rank=0, step=tenth // 10))
-        if now >= 45.0:
-            stacks = [[0, SLEEPING_DUMP], [1, WAITING_DUMP]]
-        failure = t.check(now)
-        if failure is not None:
-            break
-        if t.want_stacks:
-            t.asked_for_stacks(now, {"n1"})
-            t.on_message(msg(now, MessageKind.STACKS_TAKEN, stacks=stacks, wchan=[]))
-    assert failure is not None and failure.rank == 0 and 47.0 <= now <= 47.5, (now, failure)
+    failure, asked, _ = busy_spell_ending([[0, SLEEPING_DUMP], [1, WAITING_DUMP]], progress_at=None)
+    assert failure is not None and failure.rank == 0 and len(asked) == 3 and 47.0 <= asked[2] <= 47.5, (asked, failure)
