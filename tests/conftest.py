@@ -278,6 +278,7 @@ FILE_SECONDS: dict[str, float] = {   # 2026-12-05 09:20, a clean clone at -n 4 (
     "test_sdc_real.py": 115,
     "test_drop_in_slurm.py": 112,
     "test_data_wait_slurm.py": 57,         # 2026-12-06, measured alone
+    "test_progress_frameworks_slurm.py": 50,   # 2026-12-06, measured alone
     "test_script_checkpoint_slurm.py": 56,   # 2026-12-06, measured alone
     "test_stragglers_cluster.py": 105,
     "test_integration_hf_save_strategy.py": 100,
