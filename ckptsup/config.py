@@ -127,6 +127,34 @@ def external_pattern_check(value: Any) -> str | None:
     return external_pattern_problem(value)
 
 
+def hf_output_dir_check(value: Any) -> str | None:
+    """`[checkpoint] hf_output_dir`: "auto", "" (off) or the folder of HF's checkpoint-N folders."""
+    if value in (AUTO, "") or (value and "\x00" not in value and len(value) <= 4096):
+        return None
+    return f"must be \"{AUTO}\" (the script's --output_dir), \"\" (off) or a folder's path, e.g. out"
+
+
+CLOUDS = ("aws", "gcp", "azure")   # [preemption] cloud_notice: the clouds whose metadata service is polled
+
+
+def metadata_endpoint(value: Any) -> str | None:
+    """`[preemption] *_endpoint`: an http:// URL with a host (a cloud's link-local metadata
+    service, or a site's proxy in front of it); no https, credentials, query or fragment."""
+    from urllib.parse import urlsplit
+
+    fix = "must be an http:// URL of the metadata service, e.g. http://169.254.169.254"
+    if not value or len(value) > 2048 or any(ord(c) < 0x21 or c == "\x7f" for c in value):
+        return fix
+    try:
+        parts = urlsplit(value)
+        parts.port   # a bad port raises here
+    except ValueError:
+        return fix
+    if parts.scheme != "http" or not parts.hostname or parts.username is not None or parts.query or parts.fragment:
+        return fix
+    return None
+
+
 def script_checkpoint_check(value: Any) -> str | None:
     """`[supervisor] script_checkpoint`: paths or globs of a script's own checkpoint files."""
     for entry in value:
@@ -213,6 +241,10 @@ class CheckpointConfig:
                              "the job's cwd or absolute: validated in place, bad ones moved out of it; empty = off")
     external_pattern: str = knob(r"step-(\d+)", "regex (searched, as torchtitan does) on external_dir's folder names; its one "
                                  "group is the step", external_pattern_check)
+    hf_output_dir: str = knob(AUTO, "Hugging Face's own checkpoint-N folders, checked before every launch and a bad newest "
+                              "one moved out of the way of get_last_checkpoint: \"auto\" = the script's --output_dir "
+                              "(when its arguments name one), \"\" = off, or a folder (relative to the job's cwd)",
+                              hf_output_dir_check)
 
 
 @dataclass(kw_only=True)
@@ -401,6 +433,18 @@ class SdcConfig:
 
 
 @dataclass(kw_only=True)
+class PreemptionConfig:
+    cloud_notice: str = knob(AUTO, "each agent polls its cloud's metadata service for a spot/preemption notice every 5 s "
+                             "(docs/cloud.md): auto = the cloud the node's DMI names (AWS, GCP, Azure; none: no polling), "
+                             "or aws, gcp, azure, off", one_of(AUTO, *CLOUDS, "off"))
+    aws_endpoint: str = knob("http://169.254.169.254", "AWS instance metadata service (IMDSv2) base URL", metadata_endpoint)
+    gcp_endpoint: str = knob("http://metadata.google.internal", "GCP metadata server base URL (169.254.169.254)",
+                             metadata_endpoint)
+    azure_endpoint: str = knob("http://169.254.169.254", "Azure Instance Metadata Service base URL (Scheduled Events)",
+                               metadata_endpoint)
+
+
+@dataclass(kw_only=True)
 class Config:
     run: RunConfig = field(default_factory=RunConfig)
     checkpoint: CheckpointConfig = field(default_factory=CheckpointConfig)
@@ -414,6 +458,7 @@ class Config:
     cost: CostConfig = field(default_factory=CostConfig)
     report: ReportConfig = field(default_factory=ReportConfig)
     sdc: SdcConfig = field(default_factory=SdcConfig)
+    preemption: PreemptionConfig = field(default_factory=PreemptionConfig)
 
     def to_dict(self) -> dict[str, dict[str, Any]]:
         return dataclasses.asdict(self)

@@ -75,6 +75,7 @@ class Event(str, enum.Enum):
     INTERVAL_CHANGED = "interval_changed"  # interval_s, why
     COLLECTIVE_TIMEOUT_SET = "collective_timeout_set"  # collective_s, was_s, steps: steady timeout sent mid-attempt
     PREEMPTION = "preemption"              # signal, budget_s, emergency_save: bool
+    CLOUD_NOTICE = "cloud_notice"          # node, cloud, action, deadline, ahead_s, way, emergency_save, budget_s, save_needed_s, reason: a cloud announced a node's reclaim (docs/cloud.md)
     HEALTH_CHECK = "health_check"          # node, name, ok, detail
     TEARDOWN_ERROR = "teardown_error"      # node, rc: torchrun failed after every rank of the node finished
     RESTORE_LOSS_JUMP = "restore_loss_jump"  # step, loss, before, basis, detail: after a restore rank 0's loss is not where it was (a warning)
@@ -87,6 +88,7 @@ class Event(str, enum.Enum):
     AGENT_LOST = "agent_lost"              # nodes, rc: a step of agents outside the launch (spares) ended; a launch needing them starts new ones
     PROGRESS_STALE = "progress_stale"      # since_launch_s, pattern: no hello and no progress line for progress_warn_s (a warning)
     EXTERNAL_RESUME = "external_resume"    # folder, step, checked, moved_aside: the external step folder the next attempt's framework loads
+    HF_RESUME = "hf_resume"    # output_dir, folder, step, moved_aside, check_s: the checkpoint-N HF's get_last_checkpoint finds next
     SCRIPT_CHECKPOINT_VERIFIED = "script_checkpoint_verified"  # path, bytes, seconds, step, kind, version, kept: a new version of a script's own checkpoint file checked whole (and kept)
     SCRIPT_CHECKPOINT_RESTORED = "script_checkpoint_restored"  # path, reason, moved_to, version, step, bytes: a corrupt one moved aside, the newest verified copy put back
     SCRIPT_CHECKPOINT_REJECTED = "script_checkpoint_rejected"  # path, reason, moved_to, outcome (start_over | give_up): corrupt before a launch, no verified copy

@@ -22,7 +22,7 @@ from pathlib import Path
 from typing import Any, Callable
 
 from ... import messages, stack_dump
-from ...config import AUTO, Resolved, set_explicitly, write_config_json
+from ...config import AUTO, CLOUDS, Resolved, set_explicitly, write_config_json
 from ...env import ExitStatus
 from ...errors import CkptsupError
 from ...events import Event, EventWriter, read_events
@@ -33,9 +33,10 @@ from . import control, recovery
 from ..spec import LaunchSpec
 from .agent_set import AgentSet, StepFactory
 from .agent_step import AgentStep, CommandSender, Message, StepEof, StepSignal
-from .operating import Operator
+from .operating import Operator, PendingReplace
 from .external_resume import ExternalResume
 from .external_watch import ExternalCheckpoints, resolve_dir
+from .hf_resume import HfCheckpoints
 from .memory_peers import MemoryPeers
 from .script_checkpoint import ScriptCheckpoints
 from .attempt import AttemptTracker, Marks
@@ -53,7 +54,7 @@ from ..torchrun_args import TorchrunLine
 from .unhooked import level_detail, progress_dir_newer
 from .shrinking import queue_time_s, shrink_costs
 from .policy import Action, CheckHealth, Continue, GiveUp, Requeue, RestartInAllocation, ShrinkChoice, attributed, blamed, decide
-from .preemption import StopKind, plan_stop, stop_kind
+from .preemption import NoticePlan, NoticeWay, StopKind, plan_notice, plan_stop, stop_kind
 from .requeue import RequeueRefused, RequeueRequest, RequeueResult, requeue_job
 
 TICK_S = 0.05
@@ -124,6 +125,9 @@ class Supervisor:
         self.loaded_files: dict[str, Any] = {}        # the attempt's checkpoint_loaded files_by_source
         self.torchrun_pids: set[int] = set()          # local mode: launchers to reap if the agent dies
         self.stop_signal: int | None = None
+        self.notices: list[tuple[str, messages.CloudNotice, float]] = []   # (node, notice, recv) to decide on (docs/cloud.md)
+        self.reclaimed: set[str] = set()             # nodes a cloud takes back: excluded, never drained
+        self.notice_stop: tuple[float, float] | None = None   # (recv, ahead_s) of the notice that stops the run
         self.lease_stop = threading.Event()
         self.last_progress_event = 0.0
         self.ckpt_dir = recovery.checkpoint_dir(self.config, run_dir.path, placement.job_id)
@@ -147,6 +151,8 @@ class Supervisor:
             watch=self.external, agents=self.agents, run_dir=run_dir.path, job_id=placement.job_id,
             nproc_per_node=int(self.sup.nproc_per_node), load_timeout_s=self.sup.load_timeout_s, clock=clock,
             emit=self.emit, await_answers=self._await)
+        # [checkpoint] hf_output_dir: HF's own checkpoint-N folders (auto: the script's --output_dir), checked before each launch
+        self.hf_ckpt = HfCheckpoints.from_config(self.config, cwd=job.cwd, script_args=job.script_args, emit=self.emit)
         # [supervisor] script_checkpoint: the script's own checkpoint files, kept and checked before each launch
         self.script_ckpt = ScriptCheckpoints.from_config(self.config, cwd=job.cwd, run_dir=run_dir.path, emit=self.emit)
 
@@ -282,6 +288,8 @@ class Supervisor:
             stop = self.operator.take_control(tracker, self.active)
             if stop is not None:
                 return self._cancel(stop)
+            if failure is None and self.stop_signal is None and self.notices:
+                failure = self._take_notices(tracker)
             if failure is None and self.stop_signal is None and not tracker.complete:
                 failure = self._end_teardown(tracker)
             if failure is None and tracker.complete and self.stop_signal is None:
@@ -430,6 +438,8 @@ class Supervisor:
                 self._send_memory_peers()
         elif isinstance(body, messages.MemoryReplicated):
             self._memory_replicated(msg.node, body)
+        elif isinstance(body, messages.CloudNotice):
+            self.notices.append((msg.node, body, msg.recv))   # decided on in the loop (_take_notices)
         else:
             return False
         return True
@@ -616,6 +626,8 @@ class Supervisor:
         # a new external step folder is progress too ([checkpoint] external_dir implies progress_dir)
         newer = progress_dir_newer(self.sup.progress_dir or self.config.checkpoint.external_dir, self.job.cwd,
                                    since_wall=self.attempt_wall_start)
+        if self.hf_ckpt is not None and self.hf_ckpt.progressed(since_wall=self.attempt_wall_start):
+            newer = True   # HF finished a save of its own (trainer_state.json, written last, is new)
         progress = newer if newer is not None else ran_s > self.sup.init_timeout_s
         return AttemptResult(attempt=self.state.attempt, outcome=Outcome.FAILED, start_step=0, last_step=None,
                              failure=failure, level=level, progress=progress)
@@ -760,13 +772,75 @@ class Supervisor:
 
         self._await(dumped, self.clock() + DUMP_WAIT_S, until=lambda: not waiting)
 
+    def _take_notices(self, tracker: AttemptTracker) -> Failure | None:
+        """The clouds' notices heard so far (docs/cloud.md): each decided on (`plan_notice`, pure),
+        written as one `cloud_notice` event and one console line, and carried out: a spare
+        excluded; a training node's ranks moved to a spare (or the job requeued without it) after
+        an emergency checkpoint when one fits — the replace machinery, with the notice's deadline —
+        else at once; a run with nowhere to move them stopped as a preemption. A notice for a node
+        while another node's replace waits for its checkpoint waits its turn."""
+        waiting, failure = [], None
+        for node, notice, recv in self.notices:
+            pending = self.operator.replace
+            if failure is not None or (pending is not None and pending.node != node and node in self.active):
+                waiting.append((node, notice, recv))
+                continue
+            plan = plan_notice(node=node, ahead_s=notice.ahead_s, config=self.config, active=self.active,
+                               spares=self._spares(), excluded=frozenset(self.state.excluded_nodes),
+                               can_requeue=self.placement.in_slurm,
+                               checkpoints=not self.operator.save_refusal(tracker),
+                               save_s=self.state.measured.get("stall_s"), write_s=self.state.measured.get("write_s"),
+                               elapsed_s=self.clock() - recv, step_p99_s=tracker.step_window.p99())
+            self.emit(Event.CLOUD_NOTICE, node=node, cloud=notice.cloud, action=notice.action, deadline=notice.deadline,
+                      ahead_s=notice.ahead_s, detail=notice.detail, step=tracker.current_step(), **plan.as_event())
+            console.warning(f"ckptsup: cloud notice: {notice.cloud} will {notice.action} {node} at {notice.deadline} "
+                            f"({notice.ahead_s:.0f}s ahead): {plan.reason}")
+            failure = self._carry_out_notice(node, notice, plan, tracker)
+        self.notices = waiting
+        return failure
+
+    def _carry_out_notice(self, node: str, notice: messages.CloudNotice, plan: NoticePlan,
+                          tracker: AttemptTracker) -> Failure | None:
+        detail = f"cloud notice: {notice.cloud} {notice.action} at {notice.deadline}"
+        if plan.way is NoticeWay.IGNORE:
+            return None
+        self.reclaimed.add(node)   # the cloud takes it back: excluded, but not drained (its next instance is another machine)
+        if plan.way is NoticeWay.EXCLUDE:
+            self._exclude(node, detail)
+            return None
+        if plan.way is NoticeWay.STOP:
+            self.notice_stop = (self.clock(), plan.window_s)
+            return Failure(kind=FailureKind.PREEMPTED, step=tracker.current_step(), detail=detail)
+        if plan.way is NoticeWay.MOVE:
+            pending = self.operator.replace
+            if pending is not None and pending.node == node:
+                self.operator.replace = None   # a replace of the same node waited for a checkpoint: it moves now
+            return Failure(kind=FailureKind.REPLACED, node=node, step=tracker.current_step(), suspects=(node,),
+                           detail=detail)
+        deadline = self.clock() + plan.move_by_s
+        pending = self.operator.replace
+        if pending is not None and pending.node == node:   # already waiting for a checkpoint: by the deadline now
+            pending.deadline = deadline if pending.deadline is None else min(pending.deadline, deadline)
+            pending.detail = detail
+            return None
+        self.operator.replace = PendingReplace(request=f"cloud-notice-{node}", node=node,
+                                               after_step=tracker.current_step() or 0, deadline=deadline,
+                                               detail=detail)
+        self.agents.send(messages.SaveNow(reason=f"cloud notice for {node}"), nodes=list(self.active))
+        return None
+
     def _stop_for_preemption(self) -> StopKind:
         """Plan the stop (does an emergency save fit the window?), then stop the ranks."""
         kind = stop_kind(self.stop_signal) if self.stop_signal is not None else StopKind.PREEMPTION
         tracker = self.tracker
+        notice = self.notice_stop if self.stop_signal is None else None
+        if notice is not None:   # a cloud notice with nowhere to move the node's ranks: its window
+            kind = StopKind.CLOUD_NOTICE
         plan = plan_stop(kind=kind, config=self.config, save_s=self.state.measured.get("stall_s"),
                          grace_time_s=self.interval.grace_time_s,
-                         step_p99_s=tracker.step_window.p99() if tracker else None)
+                         step_p99_s=tracker.step_window.p99() if tracker else None,
+                         notice_s=notice[1] if notice else None,
+                         elapsed_s=self.clock() - notice[0] if notice else 0.0)
         self.emit(Event.PREEMPTION, **plan.as_event())
         self._stop_ranks(reason=kind.value, save=plan.emergency_save, budget_s=plan.budget_s)
         return kind
@@ -858,7 +932,10 @@ class Supervisor:
                           # auto: each rank checks its own fit (memory_tier.fit_budget); the agent takes what comes
                           memory_max_bytes=0 if self.config.memory.max_bytes == AUTO else self.config.memory.max_bytes,
                           memory_addrs={n: self.placement.addrs.get(n, n) for n in self.placement.nodes}
-                          if self.config.memory.enabled else {})
+                          if self.config.memory.enabled else {},
+                          cloud_notice=self.config.preemption.cloud_notice,
+                          cloud_endpoints={cloud: getattr(self.config.preemption, f"{cloud}_endpoint")
+                                           for cloud in CLOUDS})
         path = attempt_dir / "launch.json"
         spec.write(path)
         return spec, path
@@ -866,6 +943,8 @@ class Supervisor:
     def _launch(self, nodes: tuple[str, ...], *, path: RecoveryPath, marks_from: Marks | None = None) -> None:
         if self.external_resume is not None:   # bad external step folders out of the framework's way
             self.external_resume.before_launch(nodes, attempt=self.state.attempt, epoch=self.state.epoch)
+        if self.hf_ckpt is not None:   # bad checkpoint-N folders out of HF's get_last_checkpoint's way
+            self.hf_ckpt.before_launch(world_size=len(nodes) * int(self.sup.nproc_per_node))
         self.loaded_files = {}
         resume_from = recovery.pick_resume(self.ckpt_dir, self.emit)
         step_times = self._step_times()
@@ -963,7 +1042,7 @@ class Supervisor:
         self._save_state()
         self.agents.send(messages.Exit(), nodes=[node])   # a live agent there leaves (no ranks, no standby)
         self.agents.lose(node)
-        may_drain = self.placement.in_slurm and self.config.slurm.drain_bad_nodes
+        may_drain = self.placement.in_slurm and self.config.slurm.drain_bad_nodes and node not in self.reclaimed
         drained = recovery.drain(self.placement.slurm if may_drain else None, node, reason,
                                  job_id=self.placement.job_id)
         self.emit(Event.NODE_EXCLUDED, node=node, reason=reason, drained=drained)
