@@ -468,6 +468,16 @@ class StacksTaken(Body):
     children: tuple[Any, ...] = fld(default=())  # [[rank, pid, state, waiting in]]: each rank's live descendants
 
 
+@kind(MessageKind.CLOUD_NOTICE)
+@dataclass(frozen=True, slots=True, kw_only=True)
+class CloudNotice(Body):
+    cloud: str = fld(check=lambda v: v in ("aws", "gcp", "azure"), what="aws, gcp or azure")
+    action: str = fld(check=lambda v: 0 < len(v) <= 32, what="a short action name")   # terminate, stop, hibernate, preempted, preempt
+    deadline: str = fld(check=lambda v: len(v) <= 40, what="an ISO 8601 UTC time")    # when the cloud reclaims the node
+    ahead_s: float = fld(low=0, high=7 * 86400, what="a number of seconds >= 0")     # deadline - now, at the agent
+    detail: str = fld(default="", check=lambda v: len(v) <= 200, what="at most 200 characters")
+
+
 # ==== supervisor → agent (→ ranks); AgentSet.send adds the envelope's `nodes` =====================
 @kind(MessageKind.STOP_AT)
 @dataclass(frozen=True, slots=True, kw_only=True)

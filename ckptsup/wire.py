@@ -67,6 +67,7 @@ class MessageKind(enum.StrEnum):
     MEMORY_PEER = "memory_peer"     # messages.MemoryPeer: where this agent's memory store takes replicas (host:port)
     MEMORY_REPLICATED = "memory_replicated"  # messages.MemoryReplicated
     STACKS_TAKEN = "stacks_taken"   # messages.StacksTaken: answer to stacks
+    CLOUD_NOTICE = "cloud_notice"   # messages.CloudNotice: the node's cloud announced its reclaim (docs/cloud.md)
     # supervisor → agent (→ ranks)
     STOP_AT = "stop_at"             # messages.StopAt: stop at an agreed step (preemption)
     SAVE_NOW = "save_now"           # messages.SaveNow
@@ -91,7 +92,7 @@ HOPS: dict[MessageKind, Hop] = {
                                              MessageKind.RESTARTED, MessageKind.PREEMPT, MessageKind.PROGRESS,
                                              MessageKind.OUTPUT, MessageKind.WARM_READY, MessageKind.EXT_HASHED,
                                              MessageKind.MEMORY_PEER, MessageKind.MEMORY_REPLICATED,
-                                             MessageKind.STACKS_TAKEN)},
+                                             MessageKind.STACKS_TAKEN, MessageKind.CLOUD_NOTICE)},
     **{k: Hop.COMMAND for k in (MessageKind.STOP_AT, MessageKind.SAVE_NOW, MessageKind.SET_INTERVAL,
                                  MessageKind.SET_TIMEOUT, MessageKind.DUMP_FR, MessageKind.KILL, MessageKind.RESTART, MessageKind.EXIT,
                                  MessageKind.EXT_HASH, MessageKind.MEMORY_PEERS, MessageKind.STACKS)},

@@ -48,6 +48,8 @@ SAMPLES: dict[MessageKind, Body] = {
     MessageKind.MEMORY_REPLICATED: messages.MemoryReplicated(step=7, rank=1, buddy="h:1", ok=False, bytes=10,
                                                              replicate_s=0.1, reason="refused"),
     MessageKind.STACKS_TAKEN: messages.StacksTaken(attempt=3, stacks=([0, "Thread 1"],), wchan=([0, "futex"],)),
+    MessageKind.CLOUD_NOTICE: messages.CloudNotice(cloud="aws", action="terminate", deadline="2026-05-01T10:02:00Z",
+                                                   ahead_s=118.5, detail="spot instance-action terminate"),
     MessageKind.STOP_AT: messages.StopAt(reason="preempted", save=True, budget_s=30.0, step=9),
     MessageKind.SAVE_NOW: messages.SaveNow(reason="operator request 1"),
     MessageKind.SET_INTERVAL: messages.SetInterval(interval_s=60.0, save_every_steps=100, memory_every_steps=5),

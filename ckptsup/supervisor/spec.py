@@ -8,6 +8,7 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any, Callable
 
+from ..config import metadata_endpoint
 from ..errors import ConfigError
 from ..progress import pattern_problem
 from ..safe_io import read_json
@@ -49,6 +50,9 @@ class LaunchSpec:
     torchrun_log_dir: str = ""                       # torchrun --log-dir; "" = <log_dir>/torchrun-<node>
     torchrun_options: list[str] = dataclasses.field(default_factory=list)   # PASS options, `--opt=value`/`--flag`
     console_local_ranks: list[int] | None = None     # only these local ranks on the console (None: no filter)
+    # [preemption]: the cloud whose preemption notices the agent polls (node/cloud_notice.py; auto: its DMI says)
+    cloud_notice: str = "off"
+    cloud_endpoints: dict[str, str] = dataclasses.field(default_factory=dict)   # cloud -> metadata service base URL
 
     def to_json(self) -> dict[str, Any]:
         return dict(self.__dict__)
@@ -144,4 +148,8 @@ _CHECKS: dict[str, tuple[Callable[[Any], bool], str]] = {
                          "a list of torchrun options ckptsup passes on"),
     "console_local_ranks": (lambda v: v is None or (isinstance(v, list) and all(_count(0)(r) for r in v)),
                             "null or a list of local ranks"),
+    "cloud_notice": (lambda v: v in ("auto", "aws", "gcp", "azure", "off"), "auto, aws, gcp, azure or off"),
+    "cloud_endpoints": (lambda v: _str_map(v) and all(k in ("aws", "gcp", "azure") and metadata_endpoint(x) is None
+                                                      for k, x in v.items()),
+                        "an object of cloud -> http:// URL"),
 }

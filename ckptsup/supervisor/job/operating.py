@@ -32,10 +32,12 @@ class PendingReplace:
     node: str
     after_step: int      # the slowest rank's position when asked: the save it asked for is newer
     due: bool = False    # the checkpoint it waits for was committed
+    deadline: float | None = None   # (clock) a cloud notice's: the move happens then at the latest, saved or not
+    detail: str = ""     # the failure's detail (default: the operator's request)
 
     def failure(self, step: int | None) -> Failure:
         return Failure(kind=FailureKind.REPLACED, node=self.node, step=step, suspects=(self.node,),
-                       detail=f"operator request {self.request}")
+                       detail=self.detail or f"operator request {self.request}")
 
 
 class Emit(Protocol):
@@ -95,8 +97,14 @@ class Operator:
 
     def due_replace(self, step: int | None) -> Failure | None:
         """The replace whose checkpoint was committed, as the failure the loop recovers from."""
-        if self.replace is None or not self.replace.due:
+        if self.replace is None:
             return None
+        late = self.replace.deadline is not None and self.clock() >= self.replace.deadline
+        if not (self.replace.due or late):
+            return None
+        if late and not self.replace.due:
+            console.warning(f"ckptsup: {self.replace.node}'s emergency checkpoint was not committed before its "
+                            "cloud notice's deadline: moving its ranks from the newest checkpoint")
         failure, self.replace = self.replace.failure(step), None
         return failure
 
@@ -157,7 +165,7 @@ class Operator:
             if isinstance(request, control.BadRequest):
                 self._ack(request.id, None, control.Outcome.REFUSED, request.why, tracker)
             elif request.command is control.ControlCommand.SAVE_NOW:
-                refusal = self._save_now_refusal(tracker)
+                refusal = self.save_refusal(tracker)
                 if refusal:
                     self._ack(request.id, request.command, control.Outcome.REFUSED, refusal, tracker)
                 else:
@@ -181,7 +189,7 @@ class Operator:
         the node follows its commit (the loop's `self.replace.due`)."""
         node = request.node or ""
         spares = self.spares()
-        refusal = self._save_now_refusal(tracker)
+        refusal = self.save_refusal(tracker)
         if node not in active:
             refusal = f"{node} is not an active node of this attempt (active: {', '.join(active)})"
         elif not spares:
@@ -211,7 +219,8 @@ class Operator:
                                           after_step=tracker.current_step() or 0)
             self.agents.send(messages.SaveNow(reason=f"straggler on {found.node}"), nodes=list(active))
 
-    def _save_now_refusal(self, tracker: AttemptTracker) -> str:
+    def save_refusal(self, tracker: AttemptTracker) -> str:
+        """Why the ranks cannot be asked for a checkpoint now ("": they can)."""
         level = tracker.level
         if tracker.first_step is None and level is None:
             return "the ranks have not started yet; ask again once they step"

@@ -29,6 +29,7 @@ STOP_RESERVE_S = 5.0  # stop the ranks, exit, `scontrol requeue`: measured well 
 class StopKind(str, enum.Enum):
     TIME_LIMIT = "time_limit"    # SIGUSR1 (--signal=B:USR1@lead), forwarded by the batch shell
     PREEMPTION = "preemption"    # SIGTERM to every step process, GraceTime until the kill
+    CLOUD_NOTICE = "cloud_notice"  # the cloud reclaims a node that cannot be moved: the notice's time ahead (docs/cloud.md)
 
 
 def stop_kind(signum: int) -> StopKind:
@@ -57,11 +58,16 @@ class StopPlan:
 
 def plan_stop(*, kind: StopKind, config: Config, save_s: float | None,
               grace_time_s: float | None = None, elapsed_s: float = 0.0,
-              step_p99_s: float | None = None, reserve_s: float = STOP_RESERVE_S) -> StopPlan:
-    """Decide the emergency save for a stop signal received `elapsed_s` ago."""
+              step_p99_s: float | None = None, reserve_s: float = STOP_RESERVE_S,
+              notice_s: float | None = None) -> StopPlan:
+    """Decide the emergency save for a stop signal received `elapsed_s` ago (a cloud notice:
+    `notice_s` ahead of the reclaim when it was received)."""
     if kind is StopKind.TIME_LIMIT:
         window = float(config.sbatch.signal_lead_s)
         source = f"time limit: --signal lead {window:g}s"
+    elif kind is StopKind.CLOUD_NOTICE:
+        window = max(0.0, float(notice_s or 0.0))
+        source = f"cloud notice: the node is reclaimed {window:.0f}s after it"
     elif grace_time_s is None:
         window = 0.0
         source = "preemption: GraceTime unknown, assumed 0s"
@@ -82,3 +88,78 @@ def plan_stop(*, kind: StopKind, config: Config, save_s: float | None,
               f"{needed:.1f}s {verdict}")
     return StopPlan(kind=kind, window_s=window, budget_s=budget, save_needed_s=needed,
                     emergency_save=fits, reason=reason)
+
+
+# ---- cloud preemption notices (docs/cloud.md) ------------------------------------------------------
+class NoticeWay(str, enum.Enum):
+    """What a cloud's notice for one node leads to."""
+
+    SAVE_AND_MOVE = "save_and_move"   # an emergency checkpoint now; the node's ranks move at its commit (or at the deadline)
+    MOVE = "move"                     # no checkpoint fits or can be asked for: they move now, from the newest one
+    STOP = "stop"                     # nowhere to move them (no spare, no requeue): the run stops as if preempted
+    EXCLUDE = "exclude"               # a node not training (a spare): excluded, nothing moves
+    IGNORE = "ignore"                 # a node already excluded, or not this run's
+
+
+@dataclass(frozen=True, kw_only=True)
+class NoticePlan:
+    way: NoticeWay
+    window_s: float              # the notice's time ahead, less what passed before it was decided on
+    budget_s: float              # what an emergency checkpoint may take (window - a step - the reserve)
+    save_needed_s: float | None  # measured stall + write x emergency_margin (None: never measured)
+    emergency_save: bool
+    move_by_s: float             # from now: the node's ranks move then at the latest (window - the reserve)
+    reason: str
+
+    def as_event(self) -> dict[str, object]:
+        """Fields of the `cloud_notice` event (beside node, cloud, action, deadline, ahead_s)."""
+        return {"way": self.way.value, "window_s": round(self.window_s, 3), "budget_s": round(self.budget_s, 3),
+                "save_needed_s": None if self.save_needed_s is None else round(self.save_needed_s, 3),
+                "emergency_save": self.emergency_save, "reason": self.reason}
+
+
+def plan_notice(*, node: str, ahead_s: float, config: Config, active: tuple[str, ...], spares: tuple[str, ...],
+                excluded: frozenset[str] | set[str], can_requeue: bool, checkpoints: bool,
+                save_s: float | None, write_s: float | None, elapsed_s: float = 0.0,
+                step_p99_s: float | None = None, reserve_s: float = STOP_RESERVE_S) -> NoticePlan:
+    """Decide what a cloud's notice that `node` is reclaimed `ahead_s` after it (received
+    `elapsed_s` ago) leads to. Pure.
+
+    A training node's ranks move to a spare (or, without one, the job is requeued without the
+    node), as `ckptsup replace` moves them: first an emergency checkpoint when one fits before the
+    reclaim — the measured save (the stall and the background write: the commit is what counts) x
+    `emergency_margin` within the window less one step and the reserve — else at once, from the
+    newest checkpoint. A run with no spare and no requeue (outside Slurm) stops as a preemption
+    (StopKind.CLOUD_NOTICE). A spare is only excluded."""
+    window = max(0.0, ahead_s - max(0.0, elapsed_s))
+    stop_step = step_p99_s or 0.0
+    budget = max(0.0, window - stop_step - reserve_s)
+    move_by = max(0.0, window - reserve_s)
+    needed = None if save_s is None else (save_s + (write_s or 0.0)) * config.checkpoint.emergency_margin
+
+    def plan(way: NoticeWay, save: bool, reason: str) -> NoticePlan:
+        return NoticePlan(way=way, window_s=window, budget_s=budget, save_needed_s=needed, emergency_save=save,
+                          move_by_s=move_by, reason=reason)
+
+    if node in excluded:
+        return plan(NoticeWay.IGNORE, False, f"{node} is already excluded from this run")
+    if node not in active:
+        if node in spares:
+            return plan(NoticeWay.EXCLUDE, False, f"{node} is a spare: excluded, so that no launch picks it")
+        return plan(NoticeWay.IGNORE, False, f"{node} is not a node of this run")
+    target = f"{spares[0]}" if spares else None
+    if target is None and not can_requeue:
+        return plan(NoticeWay.STOP, False, "no spare and no requeue outside Slurm: the run stops as if preempted")
+    where = f"{node}'s ranks move to {target}" if target else f"the job is requeued without {node} (no spare left)"
+    if not checkpoints:
+        return plan(NoticeWay.MOVE, False, f"{where} now: the ranks keep no ckptsup checkpoints to save one first")
+    if needed is None:
+        return plan(NoticeWay.MOVE, False, f"{where} now, from the newest checkpoint: no save measured yet, so no "
+                                           "emergency checkpoint on a guess")
+    fits = needed <= budget
+    figures = (f"save {save_s:.1f}s + write {write_s or 0.0:.1f}s x {config.checkpoint.emergency_margin:g} = {needed:.1f}s "
+               f"{'fits' if fits else 'does not fit'} the {budget:.1f}s budget ({window:.0f}s ahead less "
+               f"{stop_step:.1f}s step and {reserve_s:g}s reserve)")
+    if fits:
+        return plan(NoticeWay.SAVE_AND_MOVE, True, f"checkpoint now, then {where}: {figures}")
+    return plan(NoticeWay.MOVE, False, f"{where} now, from the newest checkpoint: {figures}")

@@ -4,8 +4,8 @@ mode). The agent (agent.py) runs torchrun and is the node's loop; its parts: the
 output (rank_output), the memory tier's copies (memory_store), the zygote that forks the next
 launch's torchrun and warm rank interpreters (zygote, forked, warm_pool; standby: a cold
 launch's torchrun), what its ranks are doing
-(evidence), and hashes and test loads of external checkpoints (external_agent,
-external_testload).
+(evidence), hashes and test loads of external checkpoints (external_agent,
+external_testload), and the cloud's preemption notices, polled on a thread (cloud_notice).
 
 May import: ckptsup's base modules, checkpoint/, and the supervisor's shared modules (spec,
 torchrun_args, processes). Never job/, ops/ or health/: the agent is told, it does not decide.

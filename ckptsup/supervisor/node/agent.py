@@ -48,6 +48,7 @@ from .rank_socket import RankConn, RankSocket
 from .forked import ForkedChild, reap_orphans
 from .standby import start_cold
 from .external_agent import ExternalHasher, ExternalRequestError
+from . import cloud_notice
 from .memory_store import FlipMode, NodeMemory
 from .warm_pool import WarmPool
 from .zygote import Zygote
@@ -106,6 +107,7 @@ class Agent:
                                  directory=self.ranks.dir, addr=spec.memory_addrs.get(node) or "127.0.0.1",
                                  flip=FlipMode.parse(os.environ.get(TEST_FLIP_MEMORY, ""))) \
             if spec.memory_keep > 0 else None
+        self.cloud: cloud_notice.NoticeWatch | None = None   # the cloud's preemption notices (node/cloud_notice.py)
 
     # ---- output -------------------------------------------------------------------------------
     def send(self, msg: messages.Body) -> None:
@@ -526,6 +528,8 @@ class Agent:
             if self.memory is not None:
                 self.send(messages.MemoryPeer(addr=self.memory.replicas.address))
             self.heartbeat()
+            # its own thread polls the metadata service: the loop only takes what it found
+            self.cloud = cloud_notice.watch(self.spec.cloud_notice, self.spec.cloud_endpoints, self.node)
             self._prewarm()   # a spare's agent for a later launch, or the zygote for this one
             if launch:
                 self.first_launch_by = time.monotonic() + FIRST_LAUNCH_WAIT_S
@@ -544,6 +548,7 @@ class Agent:
                     self.send(answer)
                 for note in self.memory.peers.take() if self.memory is not None else ():
                     self.send(note)
+                self._cloud_notices()
                 now = time.monotonic()
                 if now - self.last_hb >= self.spec.heartbeat_interval_s:
                     self.last_hb = now
@@ -558,7 +563,19 @@ class Agent:
             raise BadCommand("memory_peers, but this agent has no memory store ([memory] enabled is false)")
         self.memory.peers.set(buddies=list(dict.fromkeys(cmd.buddies)), sources=cmd.rank_sources())
 
+    def _cloud_notices(self) -> None:
+        """The cloud announced this node's reclaim: up to the supervisor, which decides (docs/cloud.md)."""
+        for notice in self.cloud.take() if self.cloud is not None else ():
+            ahead = notice.ahead_s(time.time())
+            console.warning(f"ckptsup agent: {notice.cloud.value} will {notice.action} {self.node} at "
+                            f"{notice.deadline_iso()} ({ahead:.0f}s from now): {notice.detail}", err=True)
+            self.send(messages.CloudNotice(cloud=notice.cloud.value, action=notice.action[:32],
+                                           deadline=notice.deadline_iso(), ahead_s=round(ahead, 3),
+                                           detail=notice.detail[:200]))
+
     def shutdown(self) -> None:
+        if self.cloud is not None:
+            self.cloud.close()
         self.kill_torchrun(0)
         if self.pool is not None:
             self.pool.close()

@@ -27,7 +27,7 @@ PHASES = ("kill_s", "health_s", "launch_s", "rendezvous_s", "load_s", "first_ste
 STYLE: dict[str, str] = {Event.FAILURE_DETECTED: "bold red", Event.GIVE_UP: "bold red", Event.CHECKPOINT_REJECTED: "red",
          Event.CHECKPOINT_FAILED: "red", Event.NODE_EXCLUDED: "yellow", Event.REQUEUE: "bold yellow",
          Event.SHRINK_DECIDED: "bold yellow",
-         Event.REQUEUE_UPDATED: "yellow", Event.PREEMPTION: "yellow", Event.TEARDOWN_ERROR: "yellow",
+         Event.REQUEUE_UPDATED: "yellow", Event.PREEMPTION: "yellow", Event.CLOUD_NOTICE: "bold yellow", Event.TEARDOWN_ERROR: "yellow",
          Event.RESTART_DONE: "green", Event.RUN_COMPLETE: "bold green", Event.FIRST_STEP: "green",
          Event.LAUNCH: "cyan", Event.SUPERVISOR_START: "cyan", Event.ALLOCATION: "cyan"}  # looked up by the plain name
 
@@ -128,6 +128,11 @@ def describe(event: Mapping[str, Any]) -> str:
     if name == Event.PREEMPTION:
         save = "emergency save" if g("emergency_save") else "no emergency save"
         return f"{g('signal', '?')}: budget {_s(g('budget_s'))}, {save}" + (f" ({g('why')})" if g("why") else "")
+    if name == Event.CLOUD_NOTICE:
+        ahead = g("ahead_s")
+        when = f" ({float(ahead):.0f}s ahead)" if isinstance(ahead, (int, float)) else ""
+        return (f"cloud notice: {g('cloud', '?')} will {g('action', '?')} {g('node', '?')} at {g('deadline', '?')}{when}: "
+                f"{g('way', '?')}" + (f" ({g('reason')})" if g("reason") else ""))
     if name == Event.HEALTH_CHECK:
         return f"health {g('node')}: {g('name')} {'ok' if g('ok') else 'FAILED'} {g('detail', '')}".rstrip()
     if name == Event.RUN_COMPLETE:
