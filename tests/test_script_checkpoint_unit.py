@@ -127,6 +127,75 @@ def test_a_safetensors_file_written_by_hand_and_its_faults(tmp_path):
         one_line(got)
 
 
+def test_crc32_combine_joins_the_crcs_of_two_pieces():
+    import random
+    import zlib
+    rng = random.Random(3)
+    for _ in range(100):
+        a, b = rng.randbytes(rng.randrange(0, 2000)), rng.randbytes(rng.randrange(0, 2000))
+        assert script_file.crc32_combine(zlib.crc32(a), zlib.crc32(b), len(b)) == zlib.crc32(a + b)
+
+
+@pytest.fixture(params=["libdeflate", "zlib"])
+def crc_backend(request, monkeypatch):
+    """Each CRC-32 the check can use: libdeflate (where the system has it) and zlib's, the fallback."""
+    if request.param == "zlib":
+        monkeypatch.setattr(script_file, "_FAST", [None])
+    elif script_file._fast_crc() is None:
+        pytest.skip("no libdeflate.so.0 here")
+    assert script_file.crc_backend() == request.param
+    return request.param
+
+
+@pytest.mark.parametrize("threads", [1, 3])
+def test_a_long_entry_split_over_threads_gives_the_same_verdicts(tmp_path, monkeypatch, crc_backend, threads):
+    """Pieces of 4 KiB (entries of 8 KiB or more split): a whole file, a flipped byte in a long
+    entry, every cut, with one thread or three, libdeflate or zlib."""
+    monkeypatch.setattr(script_file, "UNIT", 4096)
+    monkeypatch.setattr(script_file, "STRIPE_MIN", 8192)
+    monkeypatch.setattr(script_file, "CHUNK", 1536)   # pieces read in several chunks, the last short
+    path = tmp_path / "ckpt.pt"
+    g = torch.Generator().manual_seed(5)
+    torch.save({"big": torch.randn(50_001, generator=g), "small": torch.randn(7, generator=g)}, path)
+    verdict = script_file.check(path, threads=threads)
+    assert verdict.ok and verdict.entries >= 4, verdict
+    data = path.read_bytes()
+    flipped = bytearray(data)
+    flipped[len(data) // 2] ^= 0x01   # inside the big tensor's bytes
+    bad = tmp_path / "bad.pt"
+    bad.write_bytes(bytes(flipped))
+    got = script_file.check(bad, threads=threads)
+    assert not got.ok and "CRC-32" in got.problem and "data/0" in got.problem, got
+    for cut in (len(data) - 1, len(data) - 22, len(data) // 2, 100):
+        bad.write_bytes(data[:cut])
+        assert not script_file.check(bad, threads=threads).ok, cut
+
+
+def test_a_file_that_ends_inside_a_split_range_names_where_it_ends(tmp_path, monkeypatch, crc_backend):
+    """The split scan raises what the one-thread scan raises: the first byte missing."""
+    import zlib
+    monkeypatch.setattr(script_file, "UNIT", 4096)
+    monkeypatch.setattr(script_file, "STRIPE_MIN", 8192)
+    path = tmp_path / "blob"
+    body = os.urandom(50_000)
+    path.write_bytes(body)
+    fd = os.open(path, os.O_RDONLY)
+    try:
+        problems = []
+        for threads in (1, 3):
+            reader = script_file._Reader(fd, len(body), threads=threads)
+            try:
+                assert reader.scan(7, 40_000) == zlib.crc32(body[7:40_007])
+                with pytest.raises(script_file.Corrupt) as err:
+                    reader.scan(100, 60_000)   # 10,100 bytes past the end
+                problems.append(str(err.value))
+            finally:
+                reader.close()
+        assert problems[0] == problems[1] and "ends at byte 50000" in problems[0], problems
+    finally:
+        os.close(fd)
+
+
 # ---- the keeper ---------------------------------------------------------------------------------
 
 def test_versions_are_kept_bounded_private_and_a_torn_one_is_not_kept(tmp_path):
@@ -149,6 +218,43 @@ def test_versions_are_kept_bounded_private_and_a_torn_one_is_not_kept(tmp_path):
     assert taken.version is None and taken.verdict is not None and not taken.verdict.ok
     assert [v.step for v in keeper.versions()] == [30, 20]
     assert [v.step for v in all_versions(run)] == [30, 20]
+
+
+def test_the_copy_in_chunks_with_write_back_is_the_file(tmp_path, monkeypatch):
+    from ckptsup.checkpoint import script_keep
+    monkeypatch.setattr(script_keep, "COPY_CHUNK", 4096)
+    src, dst = tmp_path / "src", tmp_path / "dst"
+    body = os.urandom(4096 * 5 + 123)
+    src.write_bytes(body)
+    for use_range in (True, False):
+        if not use_range:
+            monkeypatch.delattr(os, "copy_file_range")
+        dst.unlink(missing_ok=True)
+        s_fd, d_fd = os.open(src, os.O_RDONLY), os.open(dst, os.O_WRONLY | os.O_CREAT, 0o600)
+        try:
+            script_keep.copy_file(s_fd, d_fd, len(body))
+            os.fsync(d_fd)
+        finally:
+            os.close(s_fd)
+            os.close(d_fd)
+        assert dst.read_bytes() == body
+
+
+def test_the_keepers_thread_lowers_only_itself():
+    import threading
+    from ckptsup.checkpoint.script_keep import lower_priority
+    got: list = []
+    main_policy, main_nice = os.sched_getscheduler(0), os.getpriority(os.PRIO_PROCESS, 0)
+
+    def run() -> None:
+        got.append(lower_priority())
+        got.append(os.getpriority(os.PRIO_PROCESS, threading.get_native_id()))
+
+    thread = threading.Thread(target=run)
+    thread.start()
+    thread.join()
+    assert "nice 10" in got[0] and got[1] == 10 and "SCHED_IDLE" not in got[0], got
+    assert os.sched_getscheduler(0) == main_policy and os.getpriority(os.PRIO_PROCESS, 0) == main_nice
 
 
 def test_restore_moves_the_corrupt_file_aside_and_puts_the_copy_back_atomically(tmp_path):

@@ -17,25 +17,36 @@ What a file is, by its first bytes and its name:
   zip or a pickle (torch.load reads nothing else).
 
 An empty file is never whole. CRC-32 uses libdeflate when the system has it (several GB/s),
-else zlib; either way the reading is a 1 MiB buffer reused, never an mmap (a file truncated
-under an mmap kills the reader with SIGBUS)."""
+else zlib; either way the reading is into a buffer reused (CHUNK bytes per thread), never an mmap
+(a file truncated under an mmap kills the reader with SIGBUS). A stored entry of STRIPE_MIN bytes
+or more is cut into UNIT-byte pieces, read and CRC'd by one thread per CPU (at most MAX_THREADS;
+preadv and both CRCs release the GIL) taking them in turn, and the pieces' CRCs joined in order
+(`crc32_combine`): every byte is still read and CRC'd once. Threads started from a low-priority thread (the keeper's) inherit
+its scheduling class and I/O priority."""
 
 from __future__ import annotations
 
 import ctypes
 import enum
+import functools
+import itertools
 import json
 import os
 import pickletools
 import stat
 import struct
+import threading
 import time
 import zlib
+from concurrent.futures import Future, ThreadPoolExecutor
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Callable
 
 CHUNK = 1 << 20
+STRIPE_MIN = 8 << 20                 # a stored entry this large is CRC'd by several threads
+UNIT = 4 << 20                       # in pieces of this many bytes, each CRC'd by one thread
+MAX_THREADS = 4                      # threads (and buffers) at most
 TORCH_SUFFIXES = (".pt", ".pth", ".ckpt", ".bin")
 ZIP_MAGIC = b"PK\x03\x04"
 EMPTY_ZIP_MAGIC = b"PK\x05\x06"
@@ -106,15 +117,80 @@ def _fast_crc() -> Callable[[int, int, int], int] | None:
     return _FAST[0]
 
 
-class _Reader:
-    """Positioned reads into one reused buffer; the CRC of a byte range."""
+# crc32_combine (zlib's, by powers of x modulo the CRC-32 polynomial): the CRC of A+B from the
+# CRCs of A and B and the length of B; Python 3.11's zlib does not have it.
+_POLY = 0xEDB88320
 
-    def __init__(self, fd: int, size: int) -> None:
-        self.fd, self.size = fd, size
+
+def _multmodp(a: int, b: int) -> int:
+    """a * b modulo the polynomial (bit-reflected, as zlib)."""
+    m, p = 1 << 31, 0
+    while a:
+        if a & m:
+            p ^= b
+            a ^= m
+        m >>= 1
+        b = (b >> 1) ^ _POLY if b & 1 else b >> 1
+    return p
+
+
+_X2N = [1 << 30]                      # x^(2^k) modulo the polynomial, k = 0..31
+for _ in range(31):
+    _X2N.append(_multmodp(_X2N[-1], _X2N[-1]))
+
+
+@functools.lru_cache(maxsize=16)
+def _x8n(n: int) -> int:
+    """x^(8n) modulo the polynomial: what a CRC is multiplied by to move it past n bytes."""
+    p, k = 1 << 31, 3
+    while n:
+        if n & 1:
+            p = _multmodp(_X2N[k & 31], p)
+        n >>= 1
+        k += 1
+    return p
+
+
+def crc32_combine(crc1: int, crc2: int, len2: int) -> int:
+    """The CRC-32 of A followed by B, from crc32(A), crc32(B) and len(B)."""
+    return _multmodp(_x8n(len2), crc1) ^ (crc2 & 0xFFFFFFFF)
+
+
+def crc_threads() -> int:
+    """How many threads a long stored entry is CRC'd by: one per CPU this process may use."""
+    try:
+        cpus = len(os.sched_getaffinity(0))
+    except (AttributeError, OSError):
+        cpus = os.cpu_count() or 1
+    return max(1, min(MAX_THREADS, cpus))
+
+
+class _Buffer:
+    """One reused read buffer and, with libdeflate, its address."""
+
+    def __init__(self, fast: bool) -> None:
         self.buf = bytearray(CHUNK)
         self.view = memoryview(self.buf)
+        self.addr = ctypes.addressof((ctypes.c_char * CHUNK).from_buffer(self.buf)) if fast else 0
+
+
+class _Reader:
+    """Positioned reads into reused buffers; the CRC of a byte range (by `threads` threads in
+    UNIT-byte pieces when it is long; 1: everything in the calling thread)."""
+
+    def __init__(self, fd: int, size: int, *, threads: int = 1) -> None:
+        self.fd, self.size, self.threads = fd, size, max(1, threads)
         self.fast = _fast_crc()
-        self.addr = ctypes.addressof((ctypes.c_char * CHUNK).from_buffer(self.buf)) if self.fast else 0
+        first = _Buffer(self.fast is not None)
+        self.buf, self.view, self.addr = first.buf, first.view, first.addr
+        self.spare: list[_Buffer] = []           # the pool threads' buffers (at most threads - 1)
+        self.spare_lock = threading.Lock()
+        self.pool: ThreadPoolExecutor | None = None
+
+    def close(self) -> None:
+        if self.pool is not None:
+            self.pool.shutdown(wait=True)
+            self.pool = None
 
     def read(self, offset: int, length: int) -> bytes:
         """Exactly `length` bytes at `offset`, or Corrupt."""
@@ -128,18 +204,78 @@ class _Reader:
         return bytes(out)
 
     def scan(self, offset: int, length: int, each: Callable[[memoryview, int], None] | None = None) -> int:
-        """Read `length` bytes at `offset` chunk by chunk; their CRC-32 (and `each(chunk, n)`)."""
-        crc, done = 0, 0
+        """Read `length` bytes at `offset` chunk by chunk; their CRC-32 (and `each(chunk, n)`, in
+        order, in this thread: such a scan is never split)."""
+        if each is None and self.threads > 1 and length >= STRIPE_MIN:
+            return self._striped(offset, length)
+        return self._scan(offset, length, offset + length, self.view, self.addr, each)
+
+    def _scan(self, offset: int, length: int, end: int, view: memoryview, addr: int,
+              each: Callable[[memoryview, int], None] | None = None) -> int:
+        crc, done, fast = 0, 0, self.fast
         while done < length:
-            n = os.preadv(self.fd, [self.view[:min(CHUNK, length - done)]], offset + done)
+            n = os.preadv(self.fd, [view[:min(CHUNK, length - done)]], offset + done)
             if n <= 0:
-                raise Corrupt(f"ends at byte {offset + done}, inside data that runs to byte {offset + length} "
+                raise Corrupt(f"ends at byte {offset + done}, inside data that runs to byte {end} "
                               "(the file shrank while it was read)")
-            crc = self.fast(crc, self.addr, n) if self.fast else zlib.crc32(self.view[:n], crc)
+            crc = fast(crc, addr, n) if fast else zlib.crc32(view[:n], crc)
             if each is not None:
-                each(self.view[:n], n)
+                each(view[:n], n)
             done += n
         return crc
+
+    def _striped(self, offset: int, length: int) -> int:
+        """The CRC of `length` bytes at `offset`, in UNIT-byte pieces that this thread and the
+        pool's (`threads` in all, one buffer each) take in turn from a shared counter (a thread
+        the scheduler puts off leaves its share to the others), their CRCs joined in order."""
+        if self.pool is None:
+            self.pool = ThreadPoolExecutor(self.threads - 1, thread_name_prefix="script-file-crc")
+        end = offset + length
+        units = -(-length // UNIT)
+        crcs = [0] * units
+        failed: dict[int, BaseException] = {}
+        counter = itertools.count()   # next() is atomic under the GIL
+        stop = threading.Event()
+
+        def work(view: memoryview, addr: int) -> None:
+            while not stop.is_set():
+                i = next(counter)
+                if i >= units:
+                    return
+                at = offset + i * UNIT
+                try:
+                    crcs[i] = self._scan(at, min(UNIT, end - at), end, view, addr)
+                except BaseException as err:   # noqa: BLE001 - raised below, the first piece's first
+                    failed[i] = err
+                    stop.set()
+                    return
+
+        def pooled() -> None:
+            with self.spare_lock:
+                buffer = self.spare.pop() if self.spare else _Buffer(self.fast is not None)
+            try:
+                work(buffer.view, buffer.addr)
+            finally:
+                with self.spare_lock:
+                    self.spare.append(buffer)
+
+        futures: list[Future[None]] = []
+        try:
+            for _ in range(self.threads - 1):
+                futures.append(self.pool.submit(pooled))
+        except RuntimeError:   # the interpreter is shutting down (no new threads): this one does the rest
+            pass
+        work(self.view, self.addr)
+        for future in futures:
+            future.result()
+        if failed:
+            raise failed[min(failed)]
+        crc, x_unit = crcs[0], _x8n(UNIT)
+        for i in range(1, units):
+            last = min(UNIT, end - (offset + i * UNIT))
+            crc = (_multmodp(x_unit, crc) ^ crcs[i]) if last == UNIT else crc32_combine(crc, crcs[i], last)
+        return crc
+
 
     def read_all(self) -> None:
         """A full read: every byte readable, exactly `size` of them."""
@@ -165,12 +301,14 @@ def kind_of(path: Path, head: bytes) -> Kind:
     return Kind.FILE
 
 
-def check(path: str | os.PathLike[str]) -> Verdict:
+def check(path: str | os.PathLike[str], *, threads: int | None = None) -> Verdict:
     """Whether the file at `path` is whole (see the module's docstring); never raises for the
-    file's content or a read error: those are the verdict's `problem`."""
+    file's content or a read error: those are the verdict's `problem`. `threads`: how many read
+    and CRC a long entry (default: `crc_threads()`, one per CPU, at most MAX_THREADS)."""
     path = Path(path)
     start = time.monotonic()
     kind, size, entries = Kind.FILE, 0, 0
+    reader: _Reader | None = None
     try:
         fd = os.open(path, os.O_RDONLY | os.O_NONBLOCK | os.O_CLOEXEC)
     except OSError as err:
@@ -181,7 +319,7 @@ def check(path: str | os.PathLike[str]) -> Verdict:
         if not stat.S_ISREG(st.st_mode):
             raise Corrupt("is not a regular file")
         size = st.st_size
-        reader = _Reader(fd, size)
+        reader = _Reader(fd, size, threads=crc_threads() if threads is None else threads)
         head = os.pread(fd, 8, 0)
         kind = kind_of(path, head)
         if size == 0:
@@ -204,6 +342,8 @@ def check(path: str | os.PathLike[str]) -> Verdict:
         return Verdict(ok=False, kind=kind, bytes=size, problem=f"{kind.value}: unreadable ({err.strerror or err})",
                        seconds=time.monotonic() - start, entries=entries)
     finally:
+        if reader is not None:
+            reader.close()
         os.close(fd)
     return Verdict(ok=True, kind=kind, bytes=size, seconds=time.monotonic() - start, entries=entries)
 

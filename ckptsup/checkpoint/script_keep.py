@@ -10,15 +10,25 @@ copy cannot change under the check, and a file rewritten while it was copied (it
 moved) is not kept. At most `keep` versions per file: the oldest go. A copy without its .json is
 a take that did not finish, removed when seen. Putting one back (`restore`) copies it beside the
 file under a temporary name, fsyncs it, gives it the original's mtime, moves the corrupt file
-aside as `NAME.corrupt-<time>` (never deleted) and renames the copy over the name."""
+aside as `NAME.corrupt-<time>` (never deleted) and renames the copy over the name.
+
+The supervisor's thread that takes versions runs at `lower_priority()`: nice 10 and the idle I/O
+class (not SCHED_IDLE: a supervisor thread starved while it holds the GIL would stall the loop). A copy
+starts the write-back of each chunk as it goes (sync_file_range) and waits for the one before,
+so the dirty pages stay bounded and the disk sees a steady stream, then fsyncs the whole before
+the copy is checked; a version checked (and a copy not kept) gives its page cache back
+(POSIX_FADV_DONTNEED)."""
 
 from __future__ import annotations
 
+import ctypes
 import errno
 import fcntl
 import json
 import os
+import platform
 import secrets
+import threading
 import time
 import urllib.parse
 from dataclasses import dataclass
@@ -37,6 +47,10 @@ COPY_CHUNK = 64 << 20
 MAX_META_BYTES = 64 << 10
 TMP_PREFIX = ".tmp-"
 META = ".meta.json"
+NICE = 10                     # the keeper thread's (lower_priority)
+IOPRIO_SET = {"x86_64": 251, "aarch64": 30}   # the ioprio_set syscall's number
+IOPRIO_WHO_PROCESS, IOPRIO_CLASS_IDLE, IOPRIO_CLASS_SHIFT = 1, 3, 13
+SYNC_FILE_RANGE_WAIT_BEFORE, SYNC_FILE_RANGE_WRITE, SYNC_FILE_RANGE_WAIT_AFTER = 1, 2, 4
 
 
 class KeepError(CheckpointError):
@@ -82,15 +96,68 @@ def folder_for(run_dir: Path, path: str) -> Path:
     return keep_root(run_dir) / urllib.parse.quote(path, safe="")
 
 
+_LIBC: list[ctypes.CDLL | None] = []
+
+
+def _libc() -> ctypes.CDLL | None:
+    if not _LIBC:
+        try:
+            _LIBC.append(ctypes.CDLL(None, use_errno=True))
+        except OSError:
+            _LIBC.append(None)
+    return _LIBC[0]
+
+
+def lower_priority() -> list[str]:
+    """Put the calling thread (only it, and the threads it starts after) where it takes as little
+    as it can from the training: nice NICE and the idle I/O class. What took, e.g. ["nice 10",
+    "idle I/O"]; what the system refuses is skipped. Not SCHED_IDLE: the keeper is a thread of the
+    supervisor, and one that never gets a core on a busy batch host while it holds the GIL would
+    stall the supervisor's loop (its lease, its detection) with it."""
+    tid, done = threading.get_native_id(), []
+    try:
+        os.setpriority(os.PRIO_PROCESS, tid, NICE)   # a thread's id: this thread only (Linux)
+        done.append(f"nice {NICE}")
+    except OSError:
+        pass
+    libc, nr = _libc(), IOPRIO_SET.get(platform.machine())
+    if libc is not None and nr is not None:
+        value = IOPRIO_CLASS_IDLE << IOPRIO_CLASS_SHIFT
+        if libc.syscall(ctypes.c_long(nr), ctypes.c_int(IOPRIO_WHO_PROCESS), ctypes.c_int(tid),
+                        ctypes.c_int(value)) == 0:
+            done.append("idle I/O")
+    return done
+
+
+def _write_back(fd: int, offset: int, length: int, flags: int) -> None:
+    """sync_file_range where the C library has it; nothing else (the fsync after is what counts)."""
+    libc = _libc()
+    fn = getattr(libc, "sync_file_range", None) if libc is not None else None
+    if fn is None or length <= 0:
+        return
+    fn.argtypes = [ctypes.c_int, ctypes.c_int64, ctypes.c_int64, ctypes.c_uint]
+    fn(fd, offset, length, flags)
+
+
+def drop_cache(fd: int) -> None:
+    """Give the file's (clean) page cache back: it is not read again soon."""
+    try:
+        os.posix_fadvise(fd, 0, 0, os.POSIX_FADV_DONTNEED)
+    except (AttributeError, OSError):
+        pass
+
+
 def copy_file(src_fd: int, dst_fd: int, size: int) -> str:
     """The bytes of `src_fd` into the empty `dst_fd`: a reflink where the file system has them
-    (FICLONE), else copy_file_range, else read/write. Returns how ("reflink" or "copy")."""
+    (FICLONE), else copy_file_range, else read/write, each chunk's write-back started as it is
+    written and the one before waited for (the caller still fsyncs). Returns how ("reflink" or
+    "copy")."""
     try:
         fcntl.ioctl(dst_fd, FICLONE, src_fd)
         return "reflink"
     except OSError:
         pass
-    done = 0
+    done, flushed = 0, 0
     use_range = hasattr(os, "copy_file_range")
     while done < size:
         n = 0
@@ -110,6 +177,11 @@ def copy_file(src_fd: int, dst_fd: int, size: int) -> str:
                 view = view[os.pwrite(dst_fd, view, done + n - len(view)):]
         if n <= 0:
             break
+        _write_back(dst_fd, done, n, SYNC_FILE_RANGE_WRITE)
+        if done > flushed:   # the chunk before: written out by now, mostly
+            _write_back(dst_fd, flushed, done - flushed,
+                        SYNC_FILE_RANGE_WAIT_BEFORE | SYNC_FILE_RANGE_WRITE | SYNC_FILE_RANGE_WAIT_AFTER)
+            flushed = done
         done += n
     return "copy"
 
@@ -183,7 +255,8 @@ class Keeper:
         if ident != (after.st_size, after.st_mtime_ns, after.st_ino) or copied != before.st_size:
             tmp.unlink(missing_ok=True)
             return Taken(verdict=None, changed=True)
-        verdict = script_file.check(tmp)
+        verdict = script_file.check(tmp, threads=1)   # one thread: no hurry, and the training's CPUs
+        _drop_cache_of(tmp)
         if not verdict.ok:
             tmp.unlink(missing_ok=True)
             return Taken(verdict=verdict)
@@ -227,6 +300,17 @@ class Keeper:
             raise KeepError(f"cannot put {version.name} back as {self.path}: {err.strerror or err}; "
                             f"copy {version.data} there by hand") from None
         return aside
+
+
+def _drop_cache_of(path: Path) -> None:
+    try:
+        fd = os.open(path, os.O_RDONLY | os.O_NOFOLLOW | os.O_CLOEXEC)
+    except OSError:
+        return
+    try:
+        drop_cache(fd)
+    finally:
+        os.close(fd)
 
 
 def _write_json(path: Path, payload: dict[str, object]) -> None:

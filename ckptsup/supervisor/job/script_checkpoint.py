@@ -2,8 +2,8 @@
 §The script's own checkpoint file). One `ScriptCheckpoints` per supervisor, made in its
 constructor with what it uses.
 
-While the job runs, a thread (nice 10, off the training's path: the ranks never wait for it)
-sees each new version of every configured file once its writer closed it — inotify's close-write
+While the job runs, a thread (nice 10 and the idle I/O class: script_keep's
+`lower_priority`; off the training's path: the ranks never wait for it) sees each new version of every configured file once its writer closed it — inotify's close-write
 on this host, and always also a stat every POLL_S (inotify does not see writes made on another
 node of a shared file system): a version whose size and mtime held still for one poll is closed
 too — and hands it to the file's `Keeper` (checkpoint/script_keep.py): copied, the copy checked
@@ -37,13 +37,12 @@ from typing import Any, Protocol
 
 from ... import console
 from ...checkpoint import script_file
-from ...checkpoint.script_keep import KeepError, Keeper, Taken, move_aside
+from ...checkpoint.script_keep import KeepError, Keeper, Taken, lower_priority, move_aside
 from ...config import Config
 from ...errors import ConfigError
 from ...events import Event
 
 POLL_S = 1.0
-NICE = 10
 CORRUPT_NAME = re.compile(r"\.corrupt-\d{8}-\d{6}(-\d+)?$")
 IN_CLOSE_WRITE, IN_MOVED_TO = 0x8, 0x80
 IN_NONBLOCK, IN_CLOEXEC = 0o4000, 0o2000000
@@ -287,10 +286,7 @@ class ScriptCheckpoints:
                 self.lock.release()
 
     def _watch(self) -> None:
-        try:
-            os.setpriority(os.PRIO_PROCESS, threading.get_native_id(), NICE)   # this thread only (Linux)
-        except OSError:
-            pass
+        lower_priority()   # this thread only: nice 10, idle I/O
         notify = Inotify()
         if not self.use_inotify:
             notify.close()
