@@ -269,6 +269,7 @@ FILE_SECONDS: dict[str, float] = {   # 2026-12-05 09:20, a clean clone at -n 4 (
     "test_data_wait_local.py": 140,        # 2026-12-06, measured alone (not yet from a -n 4 run)
     "test_progress_frameworks.py": 110,    # 2026-12-06, measured alone
     "test_script_checkpoint_local.py": 87,   # 2026-12-06, measured alone
+    "test_hf_dropin_local.py": 130,        # 2026-12-06, measured alone
     "test_integration_hf_slurm.py": 165,
     "test_integration_hf.py": 157,
     "test_integration_lightning_slurm.py": 143,
@@ -280,6 +281,8 @@ FILE_SECONDS: dict[str, float] = {   # 2026-12-05 09:20, a clean clone at -n 4 (
     "test_data_wait_slurm.py": 57,         # 2026-12-06, measured alone
     "test_progress_frameworks_slurm.py": 50,   # 2026-12-06, measured alone
     "test_script_checkpoint_slurm.py": 56,   # 2026-12-06, measured alone
+    "test_cloud_notice_slurm.py": 46,      # 2026-12-06, measured alone
+    "test_hf_dropin_slurm.py": 42,         # 2026-12-06, measured alone
     "test_stragglers_cluster.py": 105,
     "test_integration_hf_save_strategy.py": 100,
     "test_teardown_local.py": 99,
