@@ -15,8 +15,6 @@ from drop_in_helpers import rank_process
 from run_helpers import launch, named, run_named, uninterrupted, wait_for
 
 pytestmark = pytest.mark.integration
-pytest.importorskip("transformers")
-pytest.importorskip("datasets")
 
 SCRIPT = Path(__file__).resolve().parent / "helpers" / "hf_clm.py"
 STEPS = 20

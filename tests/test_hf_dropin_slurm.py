@@ -17,8 +17,6 @@ from run_helpers import assert_completed_on_the_spare, ended, named, node_deaths
 from test_hf_dropin_local import SCRIPT, args, final_model, same, train_file
 
 pytestmark = [pytest.mark.slurm, pytest.mark.torch]
-pytest.importorskip("transformers")
-pytest.importorskip("datasets")
 
 
 @pytest.fixture(scope="module")

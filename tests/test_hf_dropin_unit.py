@@ -16,7 +16,6 @@ from ckptsup.errors import ConfigError
 from ckptsup.events import Event
 from ckptsup.supervisor.job.hf_resume import HfCheckpoints, resolve_dir
 
-pytest.importorskip("transformers")
 
 
 @pytest.fixture(scope="module")
