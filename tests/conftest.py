@@ -258,44 +258,51 @@ FUZZ_PREFIX = "test_fuzz_"
 # picked up last would set the wall time alone. Seconds per file from a measured `-n 4` run
 # (BENCHMARKS.md §Test suite; refresh from a run's `--junitxml` with `python tests/file_seconds.py
 # JUNIT --min-s 40`); a file not listed keeps its place after them.
-FILE_SECONDS: dict[str, float] = {   # 2026-12-05 09:20, a clean clone at -n 4 (make test 19 m 42 s); files >= 40 s
-    "test_supervisor_slurm_memory.py": 281,
-    "test_supervisor_slurm_node_death.py": 265,
-    "test_phase_local.py": 256,
-    "test_supervisor_train.py": 255,
-    "test_supervisor_slurm_sdc_elastic.py": 227,
-    "test_supervisor_local.py": 211,
-    "test_liveness_local.py": 182,
-    "test_data_wait_local.py": 140,        # 2026-12-06, measured alone (not yet from a -n 4 run)
-    "test_progress_frameworks.py": 110,    # 2026-12-06, measured alone
-    "test_script_checkpoint_local.py": 87,   # 2026-12-06, measured alone
-    "test_hf_dropin_local.py": 130,        # 2026-12-06, measured alone
-    "test_integration_hf_slurm.py": 165,
-    "test_integration_hf.py": 157,
-    "test_integration_lightning_slurm.py": 143,
-    "test_resume_bitexact.py": 133,
-    "test_integration_lightning_frameworks.py": 122,
-    "test_watchdog_template.py": 122,
-    "test_sdc_real.py": 115,
-    "test_drop_in_slurm.py": 112,
-    "test_data_wait_slurm.py": 57,         # 2026-12-06, measured alone
-    "test_progress_frameworks_slurm.py": 50,   # 2026-12-06, measured alone
-    "test_script_checkpoint_slurm.py": 56,   # 2026-12-06, measured alone
-    "test_cloud_notice_slurm.py": 46,      # 2026-12-06, measured alone
-    "test_hf_dropin_slurm.py": 42,         # 2026-12-06, measured alone
-    "test_stragglers_cluster.py": 105,
-    "test_integration_hf_save_strategy.py": 100,
-    "test_teardown_local.py": 99,
-    "test_integration_lightning.py": 93,
-    "test_heartbeat_torchrun.py": 89,
-    "test_drop_in_local.py": 87,
-    "test_torchrun_line_local.py": 72,
-    "test_slurm_cluster.py": 69,
-    "test_integration_hf_memory.py": 64,
-    "test_requeue_template.py": 59,
-    "test_relaunch_local.py": 59,
-    "test_external_titan.py": 55,
-    "test_hooks_node_local.py": 53,
+FILE_SECONDS: dict[str, float] = {   # 2026-12-06 03:48, a clean clone at -n 4 (make test 26 m 54 s); files >= 40 s
+    "test_supervisor_slurm_memory.py": 310,
+    "test_supervisor_train.py": 291,
+    "test_supervisor_slurm_node_death.py": 288,
+    "test_supervisor_slurm_sdc_elastic.py": 275,
+    "test_phase_local.py": 271,
+    "test_supervisor_local.py": 254,
+    "test_liveness_local.py": 202,
+    "test_data_wait_local.py": 198,
+    "test_integration_hf_slurm.py": 177,
+    "test_integration_hf.py": 170,
+    "test_watchdog_template.py": 167,
+    "test_integration_lightning_frameworks.py": 156,
+    "test_script_checkpoint_local.py": 150,
+    "test_progress_frameworks.py": 146,
+    "test_hf_dropin_local.py": 143,
+    "test_integration_lightning_slurm.py": 138,
+    "test_resume_bitexact.py": 135,
+    "test_stragglers_cluster.py": 128,
+    "test_sdc_real.py": 127,
+    "test_drop_in_slurm.py": 126,
+    "test_integration_lightning.py": 119,
+    "test_integration_hf_save_strategy.py": 114,
+    "test_teardown_local.py": 111,
+    "test_cli_bad_inputs.py": 95,
+    "test_integration_hf_memory.py": 91,
+    "test_script_checkpoint_slurm.py": 85,
+    "test_relaunch_local.py": 84,
+    "test_hooks_node_local.py": 82,
+    "test_hf_dropin_slurm.py": 80,
+    "test_external_titan.py": 78,
+    "test_torchrun_line_local.py": 78,
+    "test_requeue_template.py": 76,
+    "test_data_wait_slurm.py": 74,
+    "test_heartbeat_torchrun.py": 70,
+    "test_slurm_cluster.py": 67,
+    "test_drop_in_local.py": 66,
+    "test_cloud_notice_slurm.py": 61,
+    "test_progress_frameworks_slurm.py": 61,
+    "test_elastic.py": 52,
+    "test_sdc_hsdp.py": 46,
+    "test_accounting_real.py": 44,
+    "test_resume_fsdp2.py": 44,
+    "test_hooks_agent_socket.py": 42,
+    "test_checkpoint_hostile.py": 40,
 }
 
 

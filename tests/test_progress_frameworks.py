@@ -75,16 +75,3 @@ def test_a_lightning_script_is_watched_from_its_default_bar_and_its_hangs_are_fo
     ranks — `Epoch E/L ━━━ N/M` (E*M+N), validation bars every 4 batches."""
     hangs_are_found_from_progress_lines(tmp_path, LIGHTNING, "--epochs", "4", "--samples", "64", "--step-s", "0.25",
                                         "--val-every", "4", "--bar", "default")
-
-
-def test_a_lightning_script_with_a_tqdm_bar_is_watched_from_it(tmp_path):
-    """Lightning's TQDMProgressBar (a script that asks for it): `Epoch E: N/M`; each attempt at the
-    progress level from its lines, and the run completes."""
-    run, out = tmp_path / "run", tmp_path / "out"
-    proc = launch(tmp_path, run, LIGHTNING, "--out", str(out), "--epochs", "2", "--samples", "32", "--val-every", "4",
-                  "--bar", "tqdm")
-    console, _ = proc.communicate(timeout=300)
-    assert proc.returncode == 0, console[-3000:]
-    events = read_events(run)
-    assert [e["level"] for e in named(events, "supervision_level")] == ["progress"], named(events, "supervision_level")
-    assert named(events, "first_step") and named(events, "run_complete")

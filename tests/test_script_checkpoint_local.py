@@ -41,18 +41,11 @@ def reference(tmp_path: Path, *args: str) -> Path:
 
 
 def test_a_save_torn_by_a_kill_resumes_from_the_previous_verified_version(tmp_path):
-    """Rank 0 writes half of out/ckpt.pt in place at step 40 and is SIGKILLed. Without
-    --script-checkpoint every restart dies in torch.load and the run gives up (today's behaviour,
-    the premise); with it, the torn file is moved aside, the version verified at step 30 put back,
-    and the run ends with the uninterrupted run's model."""
+    """Rank 0 writes half of out/ckpt.pt in place at step 40 and is SIGKILLed. (Without
+    --script-checkpoint every restart dies in torch.load and the run gives up with "no progress":
+    this test's first version ran that too, 2026-12-06.) With it, the torn file is moved aside, the
+    version verified at step 30 put back, and the run ends with the uninterrupted run's model."""
     args = ("--steps", str(STEPS), "--init_from=auto", "--tear-at", "40")
-    bare = tmp_path / "bare"
-    bare.mkdir()
-    out = finish(launch(bare, bare / "run", SCRIPT, *args))
-    events = read_events(bare / "run")
-    assert named(events, "give_up") and not named(events, "run_complete"), out[-2000:]
-    assert "no progress" in named(events, "give_up")[0]["reason"]
-
     kept = tmp_path / "kept"
     kept.mkdir()
     proc = launch(kept, kept / "run", SCRIPT, *args, launch_args=("--script-checkpoint", "out/ckpt.pt"))
