@@ -172,6 +172,22 @@ def assert_completed_on_the_spare(events: Events, first: dict, victim: str) -> d
     return relaunch
 
 
+
+
+def node_death_to_the_spare(dev_cluster: Any, run: Path, job: str) -> tuple[Events, dict]:
+    """Kill the second node of the job's first launch, wait (at most 240 s) for the job to end:
+    (its events, the relaunch on the spare), the dead node reported down."""
+    first = named(read_events(run), "launch")[0]
+    victim = first["nodes"][1]
+    with dev_cluster.revived(victim):
+        dev_cluster.kill_node(victim)
+        dev_cluster.wait_for(lambda: ended(run), 240, what=f"job {job} to end")
+    events = read_events(run)
+    relaunch = assert_completed_on_the_spare(events, first, victim)
+    down = node_deaths(events)
+    assert down and down[-1]["node"] == victim
+    return events, relaunch
+
 def samples(out: Path, rank: int) -> dict[int, list[int]]:
     """step -> that step's sample ids on `rank`; after a resume the last line of a step wins (a
     replayed step rewrites it)."""

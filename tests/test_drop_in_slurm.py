@@ -4,7 +4,6 @@ spare, and a preemption whose ranks exit 0 on SIGTERM (as Lightning's do) ends i
 in "complete". Each run ends with the model of an uninterrupted plain-torchrun run."""
 from __future__ import annotations
 
-import time
 from pathlib import Path
 
 import pytest
@@ -14,8 +13,8 @@ from ckptsup.events import read_events
 from ckptsup.slurm.devconf import SPANNING
 
 from drop_in_helpers import SCRIPT, newest_step, reference, same_model
-from run_helpers import (assert_completed_on_the_spare, assert_requeued_not_complete, ended, named, node_deaths,
-                         preempt, sbatch_submit)
+from run_helpers import (assert_requeued_not_complete, ended, named, node_death_to_the_spare, preempt,
+                         sbatch_submit)
 
 pytestmark = [pytest.mark.slurm, pytest.mark.torch]
 
@@ -39,21 +38,11 @@ def submit(tmp: Path, *, nodes: int, spares: int, partition: str | None = None, 
 def test_a_dead_node_under_an_unmodified_script_is_replaced_by_the_spare(dev_cluster, tmp_path, plain_reference):
     job, run = submit(tmp_path, nodes=2, spares=1)
     dev_cluster.wait_for(lambda: newest_step(run) >= 15, 180, what="step 15")
-    first = named(read_events(run), "launch")[0]
-    victim = first["nodes"][1]
-    with dev_cluster.revived(victim):
-        killed = time.time()
-        dev_cluster.kill_node(victim)
-        dev_cluster.wait_for(lambda: ended(run), 240, what=f"job {job} to end")
-    events = read_events(run)
-    relaunch = assert_completed_on_the_spare(events, first, victim)
-    down = node_deaths(events)
-    assert down and down[-1]["node"] == victim
+    events, relaunch = node_death_to_the_spare(dev_cluster, run, job)
     assert relaunch["path"] == "node" and not named(events, "requeue")
     assert {e["level"] for e in named(events, "supervision_level")} <= {"process", "progress"}
     assert named(events, "supervision_level")[-1]["level"] == "progress"
     assert same_model(torch.load(tmp_path / "final.pt"), plain_reference)
-    assert time.time() - killed < 240
 
 
 def test_a_preempted_script_whose_ranks_exit_0_on_sigterm_is_requeued_not_complete(dev_cluster, tmp_path,
