@@ -15,13 +15,13 @@ import dataclasses
 import json
 import logging
 import os
-import re
 import warnings
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
 from ..checkpoint.catalog import Status, list_checkpoints
+from ..checkpoint.hf_folder import HF_FOLDER   # one name rule for HF's folders, here and before a launch
 from ..checkpoint.trust import CheckpointDirUntrusted, check_checkpoint_dir, private_mkdir
 from ..checkpoint.validate import quarantine
 from ..errors import CheckpointError
@@ -251,9 +251,6 @@ def prefer_memory(disk: Choice, common: tuple[int, str] | None, read_state: Any)
 
 
 # ---- HF's own checkpoint-N folders (save_strategy other than "no"; framework_ckpt.py) -------------
-
-HF_FOLDER = re.compile(r"checkpoint-(\d{1,18})")   # transformers.trainer_utils.PREFIX_CHECKPOINT_DIR
-
 
 def hf_folders(output_dir: Path) -> list[tuple[int, Path]]:
     """(step, folder) of HF's checkpoint-N folders in output_dir, newest first."""

@@ -24,6 +24,7 @@ from pathlib import Path
 from typing import Callable, Mapping
 
 from ...stack_dump import STACK_SIGNAL
+from ..processes import where
 
 _TICK = os.sysconf("SC_CLK_TCK") if hasattr(os, "sysconf") else 100
 DUMP_POLL_S = 0.5         # the agent's wait for the dumps (faulthandler writes at once; a process in D state or stopped never does)
@@ -210,12 +211,7 @@ def waiting_in(pid: int) -> str:
         return f"{_SYSCALLS[int(first)]}()"
     if first == "running":
         return ""
-    try:
-        with open(f"/proc/{pid}/wchan", "rb") as fh:
-            wchan = fh.read(128).decode(errors="replace").strip()
-    except OSError:
-        return ""
-    return "" if wchan in ("", "0") else wchan
+    return where(pid).get("wchan", "")
 
 
 def catches(pid: int, signum: int = STACK_SIGNAL) -> bool:
