@@ -5,7 +5,8 @@ PY := $(VENV)/bin/python
 PIP := $(VENV)/bin/pip
 CKPTSUP := $(VENV)/bin/ckptsup
 # libdeflate0: the script-checkpoint check's CRC-32 (several GB/s; zlib's, its fallback, ~0.5 GB/s)
-APT_PACKAGES := slurm-wlm munge tini libdeflate0
+# runc: the dev cluster's OCI containers (dev-cluster up --containers; docs/containers.md)
+APT_PACKAGES := slurm-wlm munge tini libdeflate0 runc
 DEV_CLUSTER_DIR ?= /tmp/ckptsup-dev-cluster
 # Bytecode caches on, whatever the calling shell says: the suite starts thousands of short-lived
 # Python processes (CLI calls, supervisors, agents, zygotes, proxies) and each would otherwise
@@ -18,7 +19,7 @@ setup: apt venv
 
 apt:
 	@if ! command -v slurmctld >/dev/null || ! command -v munged >/dev/null || ! command -v tini >/dev/null \
-	    || ! /sbin/ldconfig -p | grep -q 'libdeflate\.so\.0'; then \
+	    || ! /sbin/ldconfig -p | grep -q 'libdeflate\.so\.0' || ! command -v runc >/dev/null; then \
 	  apt-get update -qq && DEBIAN_FRONTEND=noninteractive apt-get install -y -qq $(APT_PACKAGES); fi
 
 # torch first, pinned to the CPU wheel on disk: an unpinned torch would pull a 5.5 GB CUDA build.

@@ -22,7 +22,7 @@ VENV="${VENV:-$ROOT/.venv}"
 # what the chroot needs beyond minbase: Slurm and the libraries the host's Python links against
 PACKAGES="slurmctld slurmd slurm-client munge tini procps util-linux mount ca-certificates
           libexpat1 libffi8 zlib1g libbz2-1.0 liblzma5 libsqlite3-0 libncursesw6 libuuid1
-          libstdc++6 libgomp1 libgcc-s1"
+          libstdc++6 libgomp1 libgcc-s1 runc"
 # names that changed with the 64-bit time_t transition (trixie and later)
 PACKAGES_T64="libssl3t64 libreadline8t64 libgdbm6t64"
 
@@ -42,7 +42,9 @@ mirror() {
 
 build() {
   local suite=$1 dir="$CACHE/$1"
-  if [ -f "$dir/.ckptsup-ready" ]; then return 0; fi
+  # a chroot cached before runc joined PACKAGES (the dev cluster's OCI containers) is built again
+  if [ -f "$dir/.ckptsup-ready" ] && [ -x "$dir/usr/sbin/runc" ]; then return 0; fi
+  rm -rf "$dir"
   [ "$(id -u)" = 0 ] || die "building a chroot needs root"
   command -v debootstrap >/dev/null || { apt-get update -qq; DEBIAN_FRONTEND=noninteractive apt-get install -y -qq debootstrap; }
   mkdir -p "$CACHE"
@@ -67,7 +69,7 @@ build() {
 run() {
   local suite=$1; shift
   local dir="$CACHE/$suite"
-  [ -f "$dir/.ckptsup-ready" ] || build "$suite"
+  build "$suite"
   [ -x "$VENV/bin/python" ] || die "no venv at $VENV; run \`make venv\` first"
   local base
   base=$("$VENV/bin/python" -c 'import sys; print(sys.base_prefix)')

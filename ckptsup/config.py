@@ -444,6 +444,58 @@ class PreemptionConfig:
                                metadata_endpoint)
 
 
+CONTAINER_RUNTIMES = ("none", "pyxis", "oci", "apptainer")   # [container] runtime (docs/containers.md)
+
+
+def container_mounts_check(value: Any) -> str | None:
+    """`[container] mounts`: SRC[:DST[:FLAGS]] entries with absolute paths (pyxis's and apptainer's syntax)."""
+    for entry in value:
+        parts = entry.split(":") if isinstance(entry, str) else []
+        if not (1 <= len(parts) <= 3) or not all(p.startswith("/") for p in parts[:2]) or "," in entry \
+                or any(c in entry for c in "\x00\n"):
+            return (f"holds {str(entry)[:60]!r}: each entry is SRC[:DST[:FLAGS]] with absolute paths and no comma, "
+                    "e.g. /data:/data:ro")
+    return None
+
+
+def env_names_check(value: Any) -> str | None:
+    """`[container] env`: names of variables (pyxis's --container-env)."""
+    for name in value:
+        if not re.fullmatch(r"[A-Za-z_][A-Za-z0-9_]*", name):
+            return f"holds {str(name)[:40]!r}: each entry is a variable's name, e.g. NCCL_DEBUG"
+    return None
+
+
+def container_word_check(value: Any) -> str | None:
+    """An image, bundle, working directory or interpreter: one word, no control characters."""
+    if value == "" or (len(value) <= 4096 and not any(c.isspace() or ord(c) < 0x20 for c in value)):
+        return None
+    return "must be one word without spaces, e.g. nvcr.io#nvidia/pytorch:24.05-py3 or /images/train.sif"
+
+
+@dataclass(kw_only=True)
+class ContainerConfig:
+    runtime: str = knob("none", "where the agents and ranks run (docs/containers.md): none = on the nodes' own Python; "
+                        "pyxis = srun --container-image (pyxis/enroot); oci = srun --container BUNDLE (Slurm's OCI "
+                        "support); apptainer = apptainer exec IMAGE. The supervisor stays on the batch host",
+                        one_of(*CONTAINER_RUNTIMES))
+    image: str = knob("", "pyxis: the image (nvcr.io#nvidia/pytorch:24.05-py3, docker://..., or a .sqsh path); "
+                      "apptainer: a .sif path or a docker:// / oras:// URI", container_word_check)
+    bundle: str = knob("", "oci: the OCI bundle directory (config.json + rootfs) on every node", container_word_check)
+    mounts: list[str] = knob([], "extra SRC[:DST[:FLAGS]] mounts; the run dir, the checkpoint tiers, the launch "
+                             "directory and the script are mounted at their own paths unless listed here",
+                             container_mounts_check, one_or_list=True)
+    env: list[str] = knob([], "pyxis: variables whose host value overrides the image's (--container-env)",
+                          env_names_check, one_or_list=True)
+    workdir: str = knob("", "the working directory inside (pyxis --container-workdir, apptainer --pwd); "
+                        "empty: the launch directory", container_word_check)
+    python: str = knob("python3", "the interpreter inside the container that imports ckptsup and torch",
+                       container_word_check)
+    name: str = knob("ckptsup-{job_id}", "pyxis: the container's name, so that a later step (a spare, a node-path "
+                     "restart) reuses the imported file system instead of importing the image again",
+                     container_word_check)
+
+
 @dataclass(kw_only=True)
 class Config:
     run: RunConfig = field(default_factory=RunConfig)
@@ -459,6 +511,7 @@ class Config:
     report: ReportConfig = field(default_factory=ReportConfig)
     sdc: SdcConfig = field(default_factory=SdcConfig)
     preemption: PreemptionConfig = field(default_factory=PreemptionConfig)
+    container: ContainerConfig = field(default_factory=ContainerConfig)
 
     def to_dict(self) -> dict[str, dict[str, Any]]:
         return dataclasses.asdict(self)

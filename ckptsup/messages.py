@@ -468,6 +468,19 @@ class StacksTaken(Body):
     children: tuple[Any, ...] = fld(default=())  # [[rank, pid, state, waiting in]]: each rank's live descendants
 
 
+@kind(MessageKind.AGENT_HELLO)
+@dataclass(frozen=True, slots=True, kw_only=True)
+class AgentHello(Body):
+    version: str = fld(check=lambda v: 0 < len(v) <= 64, what="a version string")    # the agent's ckptsup
+    wire: int = fld(low=0, high=1 << 30)                 # its wire.WIRE_VERSION
+    pid: int = fld(default=0, low=0, high=1 << 31)       # as the agent sees itself (1: the container's init)
+    pid_ns: int = fld(default=0, low=0, high=1 << 63)    # inode of its pid namespace
+    container: str = fld(default="", check=lambda v: len(v) <= 16, what="a runtime's name")
+    node_from: str = fld(default="", check=lambda v: len(v) <= 32, what="how it found its node")
+    shm_free: int = fld(default=0, low=0, high=1 << 62)  # bytes free in its /dev/shm
+    age_s: float = fld(default=0.0, low=0, high=1e7)     # seconds since its process started (the container phase)
+
+
 @kind(MessageKind.CLOUD_NOTICE)
 @dataclass(frozen=True, slots=True, kw_only=True)
 class CloudNotice(Body):

@@ -29,6 +29,10 @@ from typing import Any, Callable
 from .errors import CkptsupError
 from .safe_io import loads_json
 
+# The frame format's version: an agent whose ckptsup speaks another one (an image's older or newer
+# ckptsup) is refused at its hello with one line naming both versions. Bump it when a change makes
+# this version's frames unreadable to the last one, or the other way round.
+WIRE_VERSION = 2   # 2: a heartbeat's pids and evidence packed in strings (messages.pack_pids, pack_evidence)
 MAX_FRAME_BYTES = 64 * 1024
 MAX_FRAME_DEPTH = 16   # frame → body → record → a field's value: a few levels; bounded before json.loads
 _MAC = re.compile(r"[0-9a-f]{64}")
@@ -53,6 +57,7 @@ class MessageKind(enum.StrEnum):
     EVENT = "event"                 # messages.EventRecord: an events.jsonl record for the supervisor to append
     BYE = "bye"                     # messages.Bye
     # agent → supervisor (every body also carries {node, agent})
+    AGENT_HELLO = "agent_hello"     # messages.AgentHello: an agent's first frame: versions, container, pid namespace
     HB = "hb"                       # messages.Heartbeat
     LAUNCHED = "launched"           # messages.Launched: torchrun started (its pid, to reap if the agent dies)
     RANK_EXIT = "rank_exit"         # messages.RankExit: rc 0: a rank without hooks exited cleanly
@@ -87,7 +92,7 @@ class MessageKind(enum.StrEnum):
 HOPS: dict[MessageKind, Hop] = {
     **{k: Hop.RANK_TO_AGENT for k in (MessageKind.HELLO, MessageKind.STEP, MessageKind.PHASE,
                                        MessageKind.NAN, MessageKind.SDC, MessageKind.EVENT, MessageKind.BYE)},
-    **{k: Hop.AGENT_TO_SUPERVISOR for k in (MessageKind.HB, MessageKind.LAUNCHED, MessageKind.RANK_EXIT,
+    **{k: Hop.AGENT_TO_SUPERVISOR for k in (MessageKind.AGENT_HELLO, MessageKind.HB, MessageKind.LAUNCHED, MessageKind.RANK_EXIT,
                                              MessageKind.TORCHRUN_EXIT, MessageKind.KILLED,
                                              MessageKind.RESTARTED, MessageKind.PREEMPT, MessageKind.PROGRESS,
                                              MessageKind.OUTPUT, MessageKind.WARM_READY, MessageKind.EXT_HASHED,

@@ -28,6 +28,7 @@ from __future__ import annotations
 import contextlib
 import fcntl
 import os
+import shutil
 import sys
 import time
 import uuid
@@ -177,7 +178,9 @@ def dev_cluster() -> Iterator[DevClusterFixture]:
     from ckptsup.slurm.devconf import ClusterSpec
 
     directory, base, first_job_id, lock = _acquire_cluster_slot()
-    cluster = DevCluster(ClusterSpec(dir=directory, port_base=base, first_job_id=first_job_id))
+    # Slurm's OCI containers with runc (tests/test_container_slurm.py) where runc is installed (`make setup`)
+    cluster = DevCluster(ClusterSpec(dir=directory, port_base=base, first_job_id=first_job_id,
+                                     containers=shutil.which("runc") is not None))
     cluster.down()  # a fresh cluster: whatever an earlier session left here is stopped first
     cluster.up()
     saved = {k: os.environ.get(k) for k in ("SLURM_CONF", "PATH")}

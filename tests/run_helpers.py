@@ -135,12 +135,14 @@ def launch(tmp: Path, run: Path, script: Path, *args: str, config: str | None = 
 
 
 def sbatch_submit(tmp: Path, config: Path, script: Path, *args: str, nodes: int, spares: int,
-                  partition: str | None = None) -> tuple[str, Path]:
-    """`ckptsup sbatch --submit` of `script` (one rank per node) on the dev cluster: (job id, run dir)."""
+                  partition: str | None = None, flags: tuple[str, ...] = ()) -> tuple[str, Path]:
+    """`ckptsup sbatch --submit` of `script` (one rank per node) on the dev cluster: (job id, run dir);
+    `flags`: more of sbatch's own options (a container's)."""
     run = tmp / "run"
     where = ["--partition", partition] if partition else []
     proc = subprocess.run([*CKPTSUP, "sbatch", "--submit", "--json", "--nodes", str(nodes), "--spares", str(spares),
-                           *where, "--nproc-per-node", "1", "--config", str(config), "--run-dir", str(run), str(script),
+                           *where, *flags, "--nproc-per-node", "1", "--config", str(config), "--run-dir", str(run),
+                           str(script),
                            *args], capture_output=True, text=True, timeout=60, cwd=tmp)
     assert proc.returncode == 0, proc.stderr
     return str(json.loads(proc.stdout)["job_id"]), run

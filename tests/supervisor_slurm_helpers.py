@@ -73,11 +73,11 @@ def torch_load(path: Path) -> dict:
 
 def submit(tmp: Path, *, nodes: int, spares: int, partition: str | None = None,
            extra: tuple[str, ...] = (), extra_toml: str = "", supervisor_toml: str = "",
-           adaptive: bool = False) -> tuple[str, Path, Path]:
+           adaptive: bool = False, flags: tuple[str, ...] = ()) -> tuple[str, Path, Path]:
     out = tmp / "out"
     config = job_config(tmp, extra_toml, supervisor_toml, adaptive)
     job, run = sbatch_submit(tmp, config, TRAIN, *TRAIN_ARGS, "--out", str(out), *extra, nodes=nodes, spares=spares,
-                             partition=partition)
+                             partition=partition, flags=flags)
     return job, run, out
 
 

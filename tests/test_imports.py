@@ -179,7 +179,8 @@ def cycle_path(graph: Mapping[str, Set[str]], component: list[str]) -> list[str]
 # which. A part is a top-level module or a subpackage; the top-level modules are the base.
 BASE = {"ckptsup.errors", "ckptsup._version", "ckptsup.wire", "ckptsup.messages", "ckptsup.events", "ckptsup.env", "ckptsup.safe_io",
         "ckptsup.config", "ckptsup.rundir", "ckptsup.resources", "ckptsup.progress", "ckptsup.memory_wire",
-        "ckptsup.textsafe", "ckptsup.stack_dump", "ckptsup.step_lines", "ckptsup.console"}
+        "ckptsup.textsafe", "ckptsup.stack_dump", "ckptsup.step_lines", "ckptsup.console",
+        "ckptsup.container", "ckptsup.memory_left"}
 MAY_IMPORT = {
     **{name: BASE for name in BASE},
     "ckptsup.checkpoint": BASE,                       # torch-free core

@@ -297,7 +297,8 @@ def test_a_bundle_is_replicated_to_every_buddy_and_fetched_from_the_one_left(tmp
 
 
 def test_auto_max_bytes_shares_half_the_nodes_memory_among_every_copy(tmp_path: Path) -> None:
-    from ckptsup.hooks.memory_tier import available_bytes, fit_budget
+    from ckptsup.hooks.memory_tier import fit_budget
+    from ckptsup.memory_left import meminfo_available as available_bytes
 
     # 2 kept + 1 arriving, for 4 ranks, on this node and 1 buddy: 24 copies share half of 48 GiB
     assert fit_budget(48 << 30, keep=2, local_ranks=4, replicas=1) == (24 << 30) // 24

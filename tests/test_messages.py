@@ -48,6 +48,8 @@ SAMPLES: dict[MessageKind, Body] = {
     MessageKind.MEMORY_REPLICATED: messages.MemoryReplicated(step=7, rank=1, buddy="h:1", ok=False, bytes=10,
                                                              replicate_s=0.1, reason="refused"),
     MessageKind.STACKS_TAKEN: messages.StacksTaken(attempt=3, stacks=([0, "Thread 1"],), wchan=([0, "futex"],)),
+    MessageKind.AGENT_HELLO: messages.AgentHello(version="0.1.0", wire=1, pid=1, pid_ns=4026532451, container="oci",
+                                                 node_from="container id", shm_free=64 << 20, age_s=0.4),
     MessageKind.CLOUD_NOTICE: messages.CloudNotice(cloud="aws", action="terminate", deadline="2026-05-01T10:02:00Z",
                                                    ahead_s=118.5, detail="spot instance-action terminate"),
     MessageKind.STOP_AT: messages.StopAt(reason="preempted", save=True, budget_s=30.0, step=9),
@@ -242,6 +244,6 @@ def test_the_supervisors_reader_types_each_body_and_drops_a_mistyped_one_like_a_
                      sender=CommandSender(SECRET), inbox=inbox, log_path=tmp_path / "agents.log")
     first, end = inbox.get(timeout=30), inbox.get(timeout=30)
     assert (first.m, first.node, first.agent, first.body) == (MessageKind.HB, "n1", "a1", good)
-    assert end.m is StepSignal.EOF and end.body == StepEof(rc=0)
+    assert end.m is StepSignal.EOF and end.body == StepEof(rc=0, log=str(tmp_path / "agents.log"))
     step.reader.join(timeout=30)
     assert step.dropped == 2

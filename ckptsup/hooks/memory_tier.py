@@ -297,17 +297,6 @@ def fit_budget(available_bytes: int, *, keep: int, local_ranks: int, replicas: i
     return int(available_bytes * AUTO_SHARE) // copies
 
 
-def available_bytes(meminfo: str = "/proc/meminfo") -> int:
-    """MemAvailable of this node (0 when unreadable: then nothing fits and the tier turns off)."""
-    try:
-        for line in Path(meminfo).read_text().splitlines():
-            if line.startswith("MemAvailable:"):
-                return int(line.split()[1]) * 1024
-    except (OSError, ValueError, IndexError):
-        pass
-    return 0
-
-
 class MemorySaver:
     """One memory save in flight at a time; a save due while one is in flight is skipped.
     `max_bytes`: a larger bundle turns the tier off for this rank (0 = no limit); a callable is

@@ -41,7 +41,8 @@ from .event_sink import Reporter
 from .settings import Settings, resolve_settings
 from .. import messages
 from ..wire import Phase
-from .memory_tier import (MemoryClient, MemorySaveResult, MemorySaver, available_bytes, fit_budget,
+from ..memory_left import memory_left
+from .memory_tier import (MemoryClient, MemorySaveResult, MemorySaver, fit_budget,
                           memory_checkpoint_id, newest_common)
 from .resume_sources import Candidate, Source, candidates as resume_candidates, fetch, files_by_source, object_tier
 from .rank_link import (Hooks, NonFiniteLossError, ReplicasDisagreeError, StepLink, claim_hooks, exit_rank,
@@ -228,9 +229,14 @@ class Run:
         local_ranks = int(text) if text.isdigit() and int(text) >= 1 else 1
         # a restart's ranks find their agent still holding the last attempt's bundles: not the job's memory
         assert self.memory is not None
-        free = available_bytes() + self.memory.client.stored_bytes()
+        # in a container the cgroup's limit, not the host's MemAvailable, is what is left (memory_left.py)
+        left = memory_left()
+        free = left.bytes + self.memory.client.stored_bytes()
         limit = fit_budget(free, keep=config.keep, local_ranks=local_ranks, replicas=config.replicas)
-        return max(limit, 1), (f"what fits (max_bytes = auto: half of the node's {free / 2**30:.1f} GiB available over "
+        where = (f"the node's {free / 2**30:.1f} GiB available" if not left.limit else
+                 f"the {free / 2**30:.1f} GiB the container's {left.limit / 2**30:.1f} GiB limit ({left.source}) leaves; "
+                 "raise the container's memory limit for more")
+        return max(limit, 1), (f"what fits (max_bytes = auto: half of {where} over "
                                f"{config.keep + 1} copies x {local_ranks} rank(s) x {1 + config.replicas} node(s) = "
                                f"{limit} bytes)")
 

@@ -9,18 +9,20 @@ from pathlib import Path
 import click
 
 from ..errors import DevClusterError
+from ..container import container_flags, container_options
 from ..textsafe import literal
 from .devconf import DEFAULT_DIR, DEFAULT_PORT_BASE, ClusterSpec
 
 
-def _cluster(directory: str, port_base: int, first_job_id: int = 1):
+def _cluster(directory: str, port_base: int, first_job_id: int = 1, *, containers: bool = False):
     from .devcluster import DevCluster
 
     if not _PLAIN_PATH.match(directory):
         # the path goes into slurm.conf and the nodes' start scripts, where spaces, '#', '=',
         # quotes or shell characters would end, split or extend a value
         raise DevClusterError(f"--dir {directory!r} may hold only letters, digits and / . _ - +; choose a plain path")
-    return DevCluster(ClusterSpec(dir=Path(directory), port_base=port_base, first_job_id=first_job_id))
+    return DevCluster(ClusterSpec(dir=Path(directory), port_base=port_base, first_job_id=first_job_id,
+                                  containers=containers))
 
 
 def _ranks(raw: str | None) -> int | str | None:
@@ -51,10 +53,13 @@ def dev_cluster() -> None:
 @_port_option
 @click.option("--first-job-id", default=1, show_default=True, type=click.IntRange(1, 60_000_000),
               help="Slurm's FirstJobId: clusters side by side get disjoint job ids (a SLURM_JOB_ID then names one)")
+@click.option("--containers", is_flag=True,
+              help="also configure Slurm's OCI containers with runc (oci.conf) and a test bundle in DIR/bundle: "
+                   "`srun --container DIR/bundle`, `ckptsup launch --container DIR/bundle` (docs/containers.md)")
 @click.option("--json", "as_json", is_flag=True, help="machine-readable output")
-def up(directory: str, port_base: int, first_job_id: int, as_json: bool) -> None:
+def up(directory: str, port_base: int, first_job_id: int, containers: bool, as_json: bool) -> None:
     """Start the cluster (idempotent); wait until every node is idle; print `export SLURM_CONF=...`."""
-    cluster = _cluster(directory, port_base, first_job_id)
+    cluster = _cluster(directory, port_base, first_job_id, containers=containers)
     seconds = cluster.up()
     if as_json:
         click.echo(json.dumps({"slurm_conf": str(cluster.conf), "ready_s": round(seconds, 3),
@@ -145,6 +150,7 @@ def revive_node(node: str, directory: str, port_base: int) -> None:
               help="SCRIPT is a module name, run as `python -m SCRIPT` (as ckptsup launch -m)")
 @click.option("--no-python", "no_python", is_flag=True, default=False,
               help="SCRIPT is an executable (as ckptsup launch --no-python)")
+@container_options
 @click.option("--output", "output", type=click.Path(dir_okay=False), default=None, help="write the script here instead of stdout")
 @click.option("--submit", is_flag=True, help="create the run directory (0700) and submit the script")
 @click.option("--json", "as_json", is_flag=True, help="machine-readable output")
@@ -152,7 +158,7 @@ def revive_node(node: str, directory: str, port_base: int) -> None:
 @click.argument("script_args", nargs=-1, type=click.UNPROCESSED)
 def sbatch(job_config, nodes, spares, partition, account, time_limit, gpus_per_node, cpus_per_task,
            job_name, signal_lead_s, template, extra, run_dir, nproc_per_node, module, no_python, output, submit,
-           as_json, script, script_args) -> None:
+           as_json, script, script_args, **container) -> None:
     """Render the sbatch template for SCRIPT [ARGS] with site defaults and these flags;
     `--submit` submits it (after creating the run directory, which Slurm would not)."""
     from .submit import prepare, submit_script, write_script
@@ -162,8 +168,10 @@ def sbatch(job_config, nodes, spares, partition, account, time_limit, gpus_per_n
              "sbatch.cpus_per_task": cpus_per_task, "sbatch.job_name": job_name,
              "sbatch.signal_lead_s": signal_lead_s, "sbatch.template": template,
              "sbatch.extra_directives": list(extra) if extra else None, "run.run_dir": run_dir}
-    prepared = prepare(flags=flags, job_config=job_config, script=script, script_args=script_args,
-                       nproc_per_node=_ranks(nproc_per_node), module=module, no_python=no_python)
+    boxed = container_flags(container)
+    prepared = prepare(flags={**flags, **boxed.config_flags()}, job_config=job_config, script=script,
+                       script_args=script_args, nproc_per_node=_ranks(nproc_per_node), module=module,
+                       no_python=no_python, container_args=boxed.argv())
     if output:
         write_script(Path(output), prepared.text)
     if not submit:

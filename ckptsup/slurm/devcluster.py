@@ -21,6 +21,7 @@ import signal
 import socket
 import stat
 import subprocess
+import sys
 import time
 from dataclasses import dataclass
 from pathlib import Path
@@ -32,7 +33,8 @@ from ..env import SLURM_CONF
 from ..errors import DevClusterError
 from .client import SlurmClient
 from .daemons import Daemon, not_zombie, reap, start_ticks
-from .devconf import ClusterSpec, parse_slurm_version, render_cgroup_conf, render_gres_conf, render_slurm_conf
+from .devconf import (ClusterSpec, parse_slurm_version, render_bundle_config, render_cgroup_conf, render_gres_conf,
+                      render_oci_conf, render_slurm_conf)
 from .parsers import NodeInfo, NodeState
 
 REQUIRED_COMMANDS = ("slurmctld", "slurmd", "munged", "tini", "unshare", "mount", "scontrol", "sinfo", "sbatch", "squeue")
@@ -46,6 +48,20 @@ def slurm_version() -> tuple[int, int]:
         return parse_slurm_version(out.stdout + out.stderr)
     except (OSError, subprocess.TimeoutExpired, ValueError) as err:
         raise DevClusterError(f"cannot tell the Slurm version (`slurmd -V`: {err}); install with: {INSTALL_HINT}") from None
+
+
+# hidden inside the test bundle: no agent may run a Slurm command (drains, requeues, queries are the supervisor's)
+SLURM_COMMANDS = ("srun", "sbatch", "scontrol", "squeue", "sinfo", "scancel", "sacct", "salloc")
+
+
+def _under(path: str, tops: list[str]) -> bool:
+    return any(path == t or path.startswith(t.rstrip("/") + "/") for t in tops)
+
+
+def _outermost(paths: list[str]) -> list[str]:
+    """The paths without those inside another of them (one bind serves both)."""
+    unique = list(dict.fromkeys(paths))
+    return [p for p in unique if not _under(p, [o for o in unique if o != p])]
 
 
 def missing_commands() -> list[str]:
@@ -191,6 +207,28 @@ class DevCluster:
         else:
             self.spec.cgroup_conf.write_text(cgroup)
             os.chmod(self.spec.cgroup_conf, 0o644)
+        if self.spec.containers:
+            self._write_containers()
+        else:
+            self.spec.oci_conf.unlink(missing_ok=True)
+
+    def _write_containers(self) -> None:
+        """oci.conf with runc, and the test bundle: the host's system directories, this ckptsup and
+        its virtual environment read-only, /tmp and the cluster directory writable."""
+        if shutil.which("runc") is None:
+            raise DevClusterError("--containers needs runc; install it with: apt-get install runc")
+        self.spec.oci_conf.write_text(render_oci_conf(self.spec))
+        os.chmod(self.spec.oci_conf, 0o644)
+        self.spec.runc_root.mkdir(mode=0o700, exist_ok=True)
+        rootfs = self.spec.bundle / "rootfs"
+        rootfs.mkdir(parents=True, exist_ok=True)
+        package_root = str(Path(__file__).resolve().parents[2])
+        binds = _outermost([package_root, os.path.realpath(sys.prefix), os.path.realpath(sys.base_prefix)])
+        writable = _outermost(["/tmp", str(self.spec.dir)])
+        slurm = [path for c in SLURM_COMMANDS if (path := shutil.which(c))]
+        config = render_bundle_config(binds=[b for b in binds if not _under(b, ["/usr", *writable])], writable=writable,
+                                      hide=[os.path.realpath(p) for p in slurm])
+        (self.spec.bundle / "config.json").write_text(json.dumps(config, indent=1))
 
     def _make_gpu_devices(self) -> None:
         """Fake GPUs for the GRES: character devices (major 195, as NVIDIA's) under the cluster

@@ -47,6 +47,7 @@ class SbatchParams:
     job_config: str = ""               # --config FILE handed to `ckptsup launch`
     nproc_per_node: int | str = 0      # 0: leave it to the config; or "gpu" / "auto"
     ckptsup: str = "ckptsup"           # how the job calls ckptsup (absolute path from the CLI)
+    container_args: tuple[str, ...] = ()   # `ckptsup launch`'s container flags (docs/containers.md)
     launch_command: str = ""           # override (tests substitute a trivial command)
     requeue_command: str = ""
     watchdog_command: str = ""
@@ -124,6 +125,7 @@ def _launch(p: SbatchParams) -> str:
         argv += ["--nproc-per-node", str(p.nproc_per_node)]
     if p.job_config:
         argv += ["--config", shlex.quote(p.job_config)]
+    argv += [shlex.quote(a) for a in p.container_args]
     argv += [*(["-m"] if p.module else []), *(["--no-python"] if p.no_python else []),
              shlex.quote(p.script), *(shlex.quote(a) for a in p.script_args)]
     return " ".join(argv)

@@ -50,7 +50,7 @@ def ckptsup_executable() -> str:
 def prepare(*, flags: Mapping[str, Any], job_config: str | None, script: str,
             script_args: Sequence[str] = (), nproc_per_node: int | str | None = None,
             cwd: Path | None = None, ckptsup: str | None = None, module: bool = False,
-            no_python: bool = False) -> Prepared:
+            no_python: bool = False, container_args: Sequence[str] = ()) -> Prepared:
     cwd = cwd or Path.cwd()
     resolved = load_config(job_config=job_config, flags=flags)
     config = resolved.config
@@ -63,9 +63,23 @@ def prepare(*, flags: Mapping[str, Any], job_config: str | None, script: str,
         no_python=no_python,
         nproc_per_node=nproc_per_node or 0,
         job_config=str(Path(job_config).resolve()) if job_config else "",
-        ckptsup=ckptsup or ckptsup_executable())
+        ckptsup=ckptsup or ckptsup_executable(), container_args=tuple(container_args))
+    check_container(resolved, run_dir=run_dir, cwd=cwd, script=script_path, module=module)
     template = resolve_template(config.sbatch.template, sbatch_templates_dir())
     return Prepared(params=params, template=template, text=render_sbatch(template.read_text(), params))
+
+
+def check_container(resolved: Any, *, run_dir: str, cwd: Path, script: str, module: bool) -> None:
+    """A container option's problems found here, before the job waits in the queue: the image,
+    bundle or mounts missing, srun without the runtime's option (ckptsup/container.py)."""
+    from ..container import needed_paths, plan, problems
+
+    box = plan(resolved.config.container, job_id="{job_id}",
+               needed_paths=needed_paths(resolved.config, run_dir=run_dir.split(JOB_ID, 1)[0] or run_dir, cwd=str(cwd),
+                                            script=script, module=module))
+    found = problems(box, srun_help=lambda: SlurmClient().run(["srun", "--help"]).stdout)
+    if found:
+        raise ConfigError("; ".join(found))
 
 
 _DOTTED = re.compile(r"^[^\W\d]\w*(\.[^\W\d]\w*)*$")   # as supervisor/torchrun_args.py

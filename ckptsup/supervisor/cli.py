@@ -13,7 +13,8 @@ import click
 
 from .. import console
 from ..config import Resolved, load_config
-from ..env import SLURM_JOB_ID, SLURM_STEP_ID, node_name
+from ..container import container_flags, container_options
+from ..env import SLURM_JOB_ID, SLURM_STEP_ID
 from .torchrun_args import UsageError
 
 if TYPE_CHECKING:
@@ -96,6 +97,7 @@ def torchrun_options(f: Callable[..., Any]) -> Callable[..., Any]:
 @click.option("--resume-args", "resume_args", default=None, metavar="ARGS",
               help="words (split as a shell would) added to the script's arguments on every attempt that starts "
                    "with a verified script checkpoint in place, e.g. \"--init_from=resume\" (supervisor.resume_args)")
+@container_options
 @click.option("--gpus-per-node", type=int, default=None, hidden=True,
               help="GPUs per node the job was submitted with (sbatch.gpus_per_node; set by `ckptsup sbatch`)")
 @click.argument("script")
@@ -104,7 +106,7 @@ def launch(nproc_per_node: str | None, nodes: str | None, module: bool, no_pytho
            tee: str | None, job_config: str | None, run_dir: str | None, resume: bool | None, spares: int | None,
            signal_lead_s: int | None, memory_every_steps: int | None, script_checkpoint: tuple[str, ...],
            resume_args: str | None, gpus_per_node: int | None, script: str,
-           script_args: tuple[str, ...], **torchrun: str | bool | None) -> None:
+           script_args: tuple[str, ...], **torchrun: Any) -> None:
     """Run SCRIPT under the supervisor: inside a Slurm allocation (one agent per active node),
     or locally on this machine. Everything after SCRIPT reaches the script untouched.
 
@@ -120,6 +122,7 @@ def launch(nproc_per_node: str | None, nodes: str | None, module: bool, no_pytho
 
     refuse_srun_tasks(os.environ)
     console.configure("supervisor")   # a bad CKPTSUP_LOG_FORMAT stops here, in one line
+    boxed = container_flags(torchrun)
     line = interpret({**torchrun, "tee": tee}, cwd=os.getcwd())
     for info in line.infos:
         console.info(f"ckptsup: {info}", err=True)
@@ -132,7 +135,8 @@ def launch(nproc_per_node: str | None, nodes: str | None, module: bool, no_pytho
              "supervisor.warm_ranks": False if line.cold_ranks else None,
              "sbatch.spares": spares, "sbatch.signal_lead_s": signal_lead_s, "sbatch.gpus_per_node": gpus_per_node,
              "memory.every_steps": memory_every_steps,
-             "supervisor.script_checkpoint": list(script_checkpoint) or None, "supervisor.resume_args": resume_args}
+             "supervisor.script_checkpoint": list(script_checkpoint) or None, "supervisor.resume_args": resume_args,
+             **boxed.config_flags()}
     resolved = load_config(job_config=job_config, flags=flags)
     if line.virtual_local_rank and resolved.config.storage.node_local:
         raise UsageError("--virtual-local-rank makes LOCAL_RANK 0 on every rank, and the [storage] node_local cache "
@@ -159,6 +163,7 @@ def launch(nproc_per_node: str | None, nodes: str | None, module: bool, no_pytho
         raise UsageError(f"report.prom_textfile = {prom!r}: its directory does not exist; point it into "
                          "node_exporter's --collector.textfile.directory")
     rd_path = resolved.config.run.run_dir.replace("{job_id}", placement.job_id)
+    placement = with_container(placement, resolved, run_dir=rd_path, script=target.script, module=target.module)
     prepare(rd_path, resolved.config, job_id=placement.job_id, resume=resume)  # refuse, move aside, or resume
     run = RunDir.create(rd_path)
     job = Job(script=target.script, script_args=list(script_args), cwd=os.getcwd(), nodes_needed=needed,
@@ -166,6 +171,24 @@ def launch(nproc_per_node: str | None, nodes: str | None, module: bool, no_pytho
               expects_hello=uses_hooks(target.script, module=target.module, no_python=target.no_python))
     status = Supervisor(resolved=resolved, job=job, run_dir=run, placement=placement).run()
     sys.exit(int(status))
+
+
+def with_container(placement: Placement, resolved: Resolved, *, run_dir: str, script: str, module: bool) -> Placement:
+    """`placement` with the job's container plan, checked before any step starts (one line each problem)."""
+    from ..container import needed_paths, plan, problems
+
+    box = plan(resolved.config.container, job_id=placement.job_id,
+               needed_paths=needed_paths(resolved.config, run_dir=run_dir, cwd=os.getcwd(), script=script, module=module))
+    if not box.on:
+        return placement
+    if not placement.in_slurm:
+        raise UsageError(f"container.runtime = {box.runtime.value} ({resolved.provenance.get('container.runtime')}) "
+                         "needs a Slurm allocation: local mode runs on this machine's Python; drop the container "
+                         "option or run inside sbatch/salloc")
+    found = problems(box, srun_help=lambda: placement.slurm.run(["srun", "--help"]).stdout)
+    if found:
+        raise UsageError("; ".join(found))
+    return dataclasses.replace(placement, container=box)
 
 
 def refuse_srun_tasks(env: Mapping[str, str]) -> None:
@@ -212,6 +235,8 @@ def agent(spec_path: str, attempt: int, standby: bool) -> None:
     one `ckptsup: error:` line and exit 2 (USAGE), through main()."""
     from .node.agent import run_agent  # its first act: LaunchSpec.read(spec_path)
 
-    console.configure(f"agent {node_name()}")
+    from .node.identity import this_node   # in a container: no SLURMD_NODENAME (node/identity.py)
+
+    console.configure(f"agent {this_node()[0]}")
 
     sys.exit(int(run_agent(spec_path=spec_path, attempt=attempt, launch=not standby)))

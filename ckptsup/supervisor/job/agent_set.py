@@ -48,6 +48,10 @@ class AgentSet:
             return msg.step_id in self.steps
         return self.node_step.get(msg.node) == msg.step_id
 
+    def started(self, step_id: int) -> float | None:
+        """When the step's srun started (monotonic); None for a step gone or one that does not say."""
+        return getattr(self.steps.get(step_id), "started", None)
+
     def has_agent(self, node: str) -> bool:
         step = self.steps.get(self.node_step.get(node, -1))
         return step is not None and step.alive()

@@ -36,6 +36,7 @@ class StepEof(messages.Body):
     """StepSignal.EOF's body (not a wire kind, so not in messages.BODIES)."""
 
     rc: int | None = None
+    log: str = ""        # the step's stderr file (agents.log): why agents that never spoke could not start
 
 
 @dataclass(frozen=True, kw_only=True)
@@ -86,6 +87,7 @@ class AgentStep:
         self.inbox = inbox
         self.dropped = 0
         self.started = time.monotonic()
+        self.log_path = log_path
         fd = os.open(log_path, os.O_WRONLY | os.O_CREAT | os.O_APPEND, 0o600)
         try:
             self.proc = subprocess.Popen(list(argv), stdin=subprocess.PIPE, stdout=subprocess.PIPE,
@@ -114,7 +116,8 @@ class AgentStep:
                 self.dropped += 1
                 continue
             self.inbox.put(msg)
-        self.inbox.put(Message(recv=time.monotonic(), m=StepSignal.EOF, body=StepEof(rc=self.proc.wait()),
+        self.inbox.put(Message(recv=time.monotonic(), m=StepSignal.EOF, body=StepEof(rc=self.proc.wait(),
+                                                                                    log=str(self.log_path)),
                                step_id=self.step_id))
 
     def send(self, msg: messages.Body, *, nodes: Sequence[str] | None = None) -> bool:

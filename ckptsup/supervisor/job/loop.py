@@ -24,13 +24,14 @@ from typing import Any, Callable
 from ... import messages, stack_dump
 from ...config import AUTO, CLOUDS, Resolved, set_explicitly, write_config_json
 from ...env import ExitStatus
-from ...errors import CkptsupError
+from ...errors import CkptsupError, ConfigError
 from ...events import Event, EventWriter, read_events
 from ...rundir import RunDir, RunState, RunStatus
 from ... import console
 from ...wire import MessageKind
 from . import control, recovery
 from ..spec import LaunchSpec
+from . import agent_start
 from .agent_set import AgentSet, StepFactory
 from .agent_step import AgentStep, CommandSender, Message, StepEof, StepSignal
 from .operating import Operator, PendingReplace
@@ -126,6 +127,8 @@ class Supervisor:
         self.torchrun_pids: set[int] = set()          # local mode: launchers to reap if the agent dies
         self.stop_signal: int | None = None
         self.notices: list[tuple[str, messages.CloudNotice, float]] = []   # (node, notice, recv) to decide on (docs/cloud.md)
+        self.agents_heard = False          # an agent of this supervisor said hello: the agents can start at all
+        self.versions_noted: set[str] = set()   # agents' other ckptsup versions, warned about once each
         self.reclaimed: set[str] = set()             # nodes a cloud takes back: excluded, never drained
         self.notice_stop: tuple[float, float] | None = None   # (recv, ahead_s) of the notice that stops the run
         self.lease_stop = threading.Event()
@@ -440,9 +443,29 @@ class Supervisor:
             self._memory_replicated(msg.node, body)
         elif isinstance(body, messages.CloudNotice):
             self.notices.append((msg.node, body, msg.recv))   # decided on in the loop (_take_notices)
+        elif isinstance(body, messages.AgentHello):
+            self._agent_hello(msg, body)
         else:
             return False
         return True
+
+    def _agent_hello(self, msg: Message, hello: messages.AgentHello) -> None:
+        """An agent's first frame: an agent of another wire ends the run in one line (agent_start.py);
+        otherwise it is recorded with its container phase: the step's srun to the agent's process."""
+        problem = agent_start.hello_problem(msg.node, hello)
+        if problem is not None:
+            raise ConfigError(problem)
+        note = agent_start.version_note(msg.node, hello)
+        if note is not None and hello.version not in self.versions_noted:
+            self.versions_noted.add(hello.version)
+            console.warning(note)
+        self.agents_heard = True
+        started = self.agents.started(msg.step_id)
+        python_s = round(hello.age_s, 3)
+        container_s = None if started is None else round(max(msg.recv - started - hello.age_s, 0.0), 3)
+        self.emit(Event.AGENT_STARTED, node=msg.node, version=hello.version, container=hello.container,
+                  pid=hello.pid, pid_ns=hello.pid_ns, node_from=hello.node_from, shm_free=hello.shm_free,
+                  container_s=container_s, python_s=python_s)
 
     def _step_ended(self, tracker: AttemptTracker, msg: Message) -> Failure | None:
         """A step's agents are all gone. A spare's is only noted (a launch that needs the node
@@ -450,6 +473,12 @@ class Supervisor:
         lost = self.agents.ended(msg.step_id)
         active = tuple(n for n in self.active if n in lost)
         rc = msg.body.rc if isinstance(msg.body, StepEof) else None
+        if not self.agents_heard and isinstance(msg.body, StepEof) and msg.body.log:
+            # no agent of this supervisor ever spoke: if their log says why (no ckptsup in the image,
+            # no such interpreter, the runtime refused), every node would fail the same (agent_start.py)
+            why = agent_start.read_start_failure(Path(msg.body.log))
+            if why is not None:
+                raise ConfigError(f"the agents could not start (rc={rc}; {msg.body.log}): {why}")
         if not active:
             if lost:
                 self.emit(Event.AGENT_LOST, nodes=list(lost), rc=rc)

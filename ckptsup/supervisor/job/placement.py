@@ -15,6 +15,12 @@ from ...config import PORT_SPREAD
 from ...env import JOB_ID, NODE, SLURM_JOB_END_TIME, node_name
 from ...errors import CkptsupError, ConfigError
 from ... import console
+from ...container import CONTAINER_ENV, ContainerPlan, Runtime
+
+
+# Slurm's variables of one task (the batch script's, here): wrong for any agent on another node
+PER_TASK_VARIABLES = ("SLURMD_NODENAME", "SLURM_PROCID", "SLURM_NODEID", "SLURM_LOCALID", "SLURM_TASK_PID",
+                      "SLURM_TOPOLOGY_ADDR", "SLURM_TOPOLOGY_ADDR_PATTERN", "SLURM_GTIDS")
 
 
 def free_port_in(host: str, base: int, start: int, span: int = PORT_SPREAD + 1) -> int | None:
@@ -70,6 +76,7 @@ class Placement:
     here: str = ""                          # the node the supervisor runs on (the batch host)
     gpus_per_node: int = 0                  # the allocation's (slurm/allocation.py), never the config's
     end_time: float | None = None           # the job's end, Unix seconds (SLURM_JOB_END_TIME; None: unknown)
+    container: ContainerPlan = field(default_factory=lambda: ContainerPlan(runtime=Runtime.NONE))   # container.py
 
     @classmethod
     def local(cls, env: Mapping[str, str] | None = None) -> "Placement":
@@ -134,7 +141,8 @@ class Placement:
         return f"{addr}:{base_port + spread}"
 
     def agent_argv(self, nodes: Sequence[str], spec_path: str, attempt: int) -> list[str]:
-        command = agent_command(spec_path, attempt)
+        box = self.container
+        command = box.agent_command(spec_path, attempt) if box.on else agent_command(spec_path, attempt)
         if not self.in_slurm:
             if len(nodes) != 1:
                 raise ConfigError(f"local mode runs one node, asked for {len(nodes)}; use --nodes 1 or run inside Slurm")
@@ -142,14 +150,21 @@ class Placement:
         from ...slurm.client import SlurmClient
 
         exe = shutil.which("ckptsup")
-        if exe:
+        if exe and not box.on:
             command = [exe, *command[3:]]
-        return SlurmClient.srun_argv(nodes=list(nodes), command=command, job_id=self.job_id,
+        return SlurmClient.srun_argv(nodes=list(nodes), command=box.wrap(command, gpus=self.gpus_per_node),
+                                     job_id=self.job_id,
                                      # --no-kill: a node's death ends only that node's agent (agent_set.py)
-                                     extra=["--kill-on-bad-exit=0", "--no-kill"])
+                                     extra=["--kill-on-bad-exit=0", "--no-kill", *box.srun_flags()])
 
     def agent_env(self, node_hint: str | None) -> dict[str, str]:
         env = dict(os.environ)
         if not self.in_slurm and node_hint:
             env[NODE] = node_hint
+        if self.container.on:
+            env[CONTAINER_ENV] = self.container.runtime.value   # the agent's hello says where it runs
+            # the batch host's own task variables: slurmstepd replaces them for a bare task, but an OCI
+            # container gets srun's environment as it is (DESIGN.md §9), where they would name this node
+            for key in PER_TASK_VARIABLES:
+                env.pop(key, None)
         return env

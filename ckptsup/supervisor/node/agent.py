@@ -37,7 +37,7 @@ from ... import messages, step_lines, wire
 from ...errors import CkptsupError
 from ...wire import Hop, MessageKind, Phase
 from ...env import (RANK_MODULE_FLAG, cold_rank_argv, MEMORY_SOCKET, TEST_FLIP_MEMORY, NODE, PREEMPT_BUDGET_S, PYTHONUNBUFFERED, RANK_SOCKET, RUN_DIR, SECRET_FILE, WARM_DIR,
-                   TORCHELASTIC_LOG_LINE_PREFIX_TEMPLATE, TTY_COMPATIBLE, ExitStatus, node_name)
+                   TORCHELASTIC_LOG_LINE_PREFIX_TEMPLATE, TTY_COMPATIBLE, ExitStatus)
 from ...rundir import read_secret
 from ... import console
 from ..spec import LaunchSpec
@@ -48,7 +48,9 @@ from .rank_socket import RankConn, RankSocket
 from .forked import ForkedChild, reap_orphans
 from .standby import start_cold
 from .external_agent import ExternalHasher, ExternalRequestError
-from . import cloud_notice
+from . import cloud_notice, identity
+from ...container import CONTAINER_ENV
+from ..._version import __version__
 from .memory_store import FlipMode, NodeMemory
 from .warm_pool import WarmPool
 from .zygote import Zygote
@@ -108,6 +110,7 @@ class Agent:
                                  flip=FlipMode.parse(os.environ.get(TEST_FLIP_MEMORY, ""))) \
             if spec.memory_keep > 0 else None
         self.cloud: cloud_notice.NoticeWatch | None = None   # the cloud's preemption notices (node/cloud_notice.py)
+        self.node_from = NODE                   # how the node's name was found (identity.py)
 
     # ---- output -------------------------------------------------------------------------------
     def send(self, msg: messages.Body) -> None:
@@ -521,10 +524,29 @@ class Agent:
         for key, _ in self.sel.select(timeout):
             key.data()   # what registered the file serves it: stdin, torchrun's output, the rank sockets
 
+    def hello(self) -> None:
+        """The agent's first frame: what the supervisor checks before anything else (versions) and
+        what it records (the container, the pid namespace, the container phase's length)."""
+        container = os.environ.get(CONTAINER_ENV, "")
+        free = identity.shm_free()
+        warning = identity.shm_warning(self.node, container, free)
+        if warning:
+            console.warning(warning, err=True)
+        self.send(messages.AgentHello(version=__version__, wire=wire.WIRE_VERSION, pid=os.getpid(),
+                                      pid_ns=identity.pid_namespace(), container=container[:16],
+                                      node_from=self.node_from[:32], shm_free=free,
+                                      age_s=round(identity.process_age_s(), 3)))
+
     def run(self, *, launch: bool = True) -> int:
-        for signum in (signal.SIGTERM, signal.SIGINT, signal.SIGHUP):  # a hangup stops like a preemption
+        # a hangup stops like a preemption; USR1 too (Slurm's time-limit warning, when a site sends
+        # it to the steps and not to the batch shell): as the container's PID 1, the agent gets only
+        # the signals it handles, and without a handler USR1 would kill it everywhere else
+        for signum in (signal.SIGTERM, signal.SIGINT, signal.SIGHUP, signal.SIGUSR1):
             signal.signal(signum, self.on_signal)
+        if os.getpid() == 1:
+            self.adopting = True   # a container's init: every orphan inside is ours to reap
         try:
+            self.hello()
             if self.memory is not None:
                 self.send(messages.MemoryPeer(addr=self.memory.replicas.address))
             self.heartbeat()
@@ -609,8 +631,10 @@ def run_agent(*, spec_path: str, attempt: int, launch: bool = True) -> int:
         from ...errors import ConfigError
 
         raise ConfigError(f"the agent needs {SECRET_FILE}; it is started by `ckptsup launch`, not by hand")
-    node = node_name()
+    node, node_from = identity.this_node()
+    os.environ[NODE] = node   # a container's agent found its node another way: everything after reads this
     agent = Agent(spec=spec, node=node, secret=read_secret(secret_file), out=sys.stdout.buffer,
                   inp=sys.stdin.buffer, attempt=attempt)
+    agent.node_from = node_from
     # one srun step runs an agent on every usable node: those outside the launch are spares
     return agent.run(launch=launch and node in spec.node_addrs)
