@@ -496,6 +496,54 @@ class ContainerConfig:
                      container_word_check)
 
 
+NOTIFY_EVENTS = ("give_up", "node_drained", "sdc", "requeue", "preemption", "run_complete")   # [notify] events
+
+
+def notify_events_check(value: Any) -> str | None:
+    """`[notify] events`: names of the notices a person must get (supervisor/job/notify.py)."""
+    for name in value:
+        if name not in NOTIFY_EVENTS:
+            return f"holds {str(name)[:40]!r}: valid: {', '.join(NOTIFY_EVENTS)}"
+    return None
+
+
+def notify_command_check(value: Any) -> str | None:
+    """`[notify] command`: an argv run without a shell: no empty first word, no NUL or line break."""
+    if value and (not value[0] or any("\x00" in word or "\n" in word for word in value)):
+        return "must be an argv list such as [\"/usr/local/bin/page-oncall\", \"--team\", \"ml\"] (no shell)"
+    return None
+
+
+def webhook_check(value: Any) -> str | None:
+    """`[notify] webhook`: empty (off) or an http(s) URL with a host."""
+    if value == "" or re.fullmatch(r"https?://[^/\s?#@]+(/[^\s]*)?", value):
+        return None
+    return "must be an https:// URL (http:// for a test server), e.g. https://hooks.example.com/ckptsup"
+
+
+def env_name_check(value: Any) -> str | None:
+    """The name of an environment variable (a secret is read from it, never written into a config)."""
+    if value == "" or re.fullmatch(r"[A-Za-z_][A-Za-z0-9_]*", value):
+        return None
+    return "must be the name of an environment variable, e.g. WEBHOOK_TOKEN"
+
+
+@dataclass(kw_only=True)
+class NotifyConfig:
+    command: list[str] = knob([], "argv run (no shell) with each notice as JSON on stdin, off the supervisor's "
+                              "loop, e.g. [\"/usr/local/bin/page-oncall\", \"--team\", \"ml\"]; empty = off",
+                              notify_command_check)
+    webhook: str = knob("", "URL each notice is POSTed to as JSON (retried, bounded); empty = off", webhook_check)
+    webhook_secret_env: str = knob("", "environment variable of the supervisor whose value is sent as "
+                                   "`Authorization: Bearer ...` with each POST (never logged, never on argv); "
+                                   "empty = no header", env_name_check)
+    events: list[str] = knob(list(NOTIFY_EVENTS), f"the notices sent: any of {', '.join(NOTIFY_EVENTS)}",
+                             notify_events_check)
+    timeout_s: float = knob(10.0, "bound on one notice's delivery by each channel (the command's run, the "
+                            "webhook's tries together)", positive, max=600)
+    retries: int = knob(3, "webhook tries per notice (exponential backoff inside timeout_s)", at_least_one, max=10)
+
+
 @dataclass(kw_only=True)
 class Config:
     run: RunConfig = field(default_factory=RunConfig)
@@ -512,6 +560,7 @@ class Config:
     sdc: SdcConfig = field(default_factory=SdcConfig)
     preemption: PreemptionConfig = field(default_factory=PreemptionConfig)
     container: ContainerConfig = field(default_factory=ContainerConfig)
+    notify: NotifyConfig = field(default_factory=NotifyConfig)
 
     def to_dict(self) -> dict[str, dict[str, Any]]:
         return dataclasses.asdict(self)

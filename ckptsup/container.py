@@ -29,9 +29,10 @@ from typing import Any, Callable, Iterable, Sequence
 
 import click
 
+from .env import CONTAINER
 from .errors import CkptsupError, ConfigError
 
-CONTAINER_ENV = "CKPTSUP_CONTAINER"   # the agent's environment: which runtime it runs in (agent side: node/identity.py)
+CONTAINER_ENV = CONTAINER   # the agent's environment: which runtime it runs in (agent side: node/identity.py)
 _URI = re.compile(r"^[a-z][a-z0-9+.-]*://")
 
 

@@ -91,6 +91,7 @@ LOG_FORMAT = "CKPTSUP_LOG_FORMAT"
 TEST_SAVE_DELAY_S = "CKPTSUP_TEST_SAVE_DELAY_S"
 TEST_LOAD_DELAY_S = "CKPTSUP_TEST_LOAD_DELAY_S"
 TEST_FLIP_MEMORY = "CKPTSUP_TEST_FLIP_MEMORY"
+CONTAINER = "CKPTSUP_CONTAINER"   # the agent's: the runtime it runs in (docs/containers.md)
 
 # fmt: off
 VARS: tuple[Var, ...] = (
@@ -118,6 +119,7 @@ VARS: tuple[Var, ...] = (
     Var(name=LOG_FORMAT, set_by="user", read_by="supervisor, agent, watchdog, ranks (console.py)", meaning="console (unset: today's lines) or json (one JSON object per line with timestamp, level, component, event; for log shippers); another value stops `ckptsup launch` with one line"),
     Var(name=TEST_SAVE_DELAY_S, set_by="tests", read_by="hooks (writer)", meaning="fault injection: sleep between writing the shards and the commit; never set in production"),
     Var(name=TEST_LOAD_DELAY_S, set_by="tests", read_by="hooks (loader)", meaning="fault injection: sleep before loading a checkpoint; never set in production"),
+    Var(name=CONTAINER, set_by="supervisor (`[container]`, docs/containers.md)", read_by="agent", meaning="the runtime the agents run in (`pyxis`, `oci`, `apptainer`): the agent's hello says it, and a container's agent with a small /dev/shm warns; unset: none"),
     Var(name=TEST_FLIP_MEMORY, set_by="tests", read_by="agent (memory store)", meaning="fault injection: flip one bit of the bundles the agent's memory store keeps: 1 every one, own its node's ranks' only, replica the peers' copies only; never set in production"),
 )
 # fmt: on

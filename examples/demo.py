@@ -3,8 +3,10 @@
 1. start the local Slurm dev cluster (real slurmctld + slurmd per node, one machine);
 2. submit examples/train.py through the sbatch template: 3 active nodes + 1 hot spare;
 3. once the run has checkpointed, kill one active node (its whole PID namespace at once);
-4. wait for the run to complete and print the restart log (`ckptsup log`: detection, exclusion,
-   the spare taken, the resume step, completion) and the goodput report (`ckptsup report`).
+4. wait for the run to complete and print the restart log as a story (`ckptsup log`: one line per
+   incident and recovery — the dead node, its detection, blame and drain, the spare taken, the
+   restart's phases and where it resumed from — and one folded line per attempt) and the goodput
+   report (`ckptsup report`), both led by the run's one line.
 
 Everything here is what a user types: `ckptsup dev-cluster`, `ckptsup sbatch --submit`,
 `ckptsup log`, `ckptsup report`. Usage: python examples/demo.py [--cluster-dir DIR] [--keep-cluster]
@@ -104,9 +106,8 @@ def main() -> int:
         ckptsup("dev-cluster", "kill-node", victim, "--dir", str(cluster))
 
         wait("the run to finish", lambda: any(e["event"] in ("run_complete", "give_up") for e in events(run_dir)), 600)
-        say("the restart log (ckptsup log)")
+        say("what happened (ckptsup log: the story; --all lists every event)")
         subprocess.run([*CKPTSUP, "log", str(run_dir)], check=False)
-        summary(events(run_dir), victim)
         say("where the run's time went (ckptsup report)")
         subprocess.run([*CKPTSUP, "report", str(run_dir)], check=False)
         ckptsup("dev-cluster", "revive-node", victim, "--dir", str(cluster))
@@ -115,38 +116,6 @@ def main() -> int:
             say("stopping the dev cluster")
             subprocess.run([*CKPTSUP, "dev-cluster", "down", "--dir", str(cluster)], check=False)
     return 0
-
-
-def summary(evts: list[dict], victim: str) -> None:
-    def first(name: str, **match) -> dict | None:
-        return next((e for e in evts if e["event"] == name and all(e.get(k) == v for k, v in match.items())), None)
-
-    down = first("failure_detected", kind="node_down") or first("failure_attributed", kind="node_down")
-    excluded = first("node_excluded", node=victim)
-    launches = [e for e in evts if e["event"] == "launch"]
-    restart = first("restart_done", path="node") or first("restart_done")
-    done = first("run_complete")
-    say("summary")
-    if down:
-        print(f"detected   : {victim} down, {down['detect_s']:.1f}s after its agent's last heartbeat"
-              f" (Slurm had not marked it DOWN yet)")
-    if excluded:
-        print(f"excluded   : {excluded['node']} ({excluded['reason']}; drained: {excluded.get('drained')})")
-    moved = [e for e in launches if e["path"] == "node"]
-    if moved:
-        spare = sorted(set(moved[0]["nodes"]) - set(launches[0]["nodes"]))
-        print(f"spare taken: {', '.join(spare) or '-'}; new node set {', '.join(moved[0]['nodes'])}"
-              f" (node path: the survivors' and the warm spare's agents restarted, no new srun step)")
-    if restart:
-        phases = ", ".join(f"{k[:-2]} {v:.1f}s" for k, v in restart["phases"].items())
-        print(f"resumed    : at step {restart['resume_step']}, {restart['restart_s']:.1f}s after detection ({phases})")
-        loaded = [e for e in evts if e["event"] == "checkpoint_loaded"]
-        if loaded:
-            files = ", ".join(f"{n} from {k}" for k, n in loaded[-1].get("files_by_source", {}).items() if n)
-            peer = loaded[-1].get("files_by_source", {}).get("peer_memory", 0)
-            how = "the dead node's ranks from a buddy agent's memory" if peer else "no memory copy used"
-            print(f"loaded     : step {loaded[-1]['step']}: {files or '-'} ({how})")
-    print(f"completed  : {'yes, step ' + str(done.get('step')) if done else 'NO'}")
 
 
 if __name__ == "__main__":

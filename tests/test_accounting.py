@@ -55,7 +55,9 @@ def faulted_run():
         ev(1230, "supervisor_start", **a2),
         ev(1230, "allocation", nodes=2, gpus_per_node=4, spares=0, **a2),
         ev(1320, "restart_done", restart_s=90.0, resume_step=49,
-           phases={"launch_s": 30.0, "rendezvous_s": 10.0, "load_s": 40.0, "first_step_s": 10.0}, **a2),
+           # the requeued job's agents started in containers: 12 s of the 30 before its ranks said hello
+           phases={"container_s": 12.0, "launch_s": 18.0, "rendezvous_s": 10.0, "load_s": 40.0, "first_step_s": 10.0},
+           **a2),
         ev(1420, "step_progress", step=58, step_time_s=10.0, **a2),
         ev(1425, "checkpoint_committed", step=59, stall_s=5.0, write_s=4.0, bytes=1_000_000, **a2),
         ev(1525, "step_progress", step=68, step_time_s=10.0, **a2),
@@ -70,7 +72,7 @@ EXPECTED = {
     "memory_stall": 0,
     "lost_progress": (235 + 5) * 8,         # 260->500 minus the 5 s stall; 895->900
     "detection": 20 * 8,
-    "restart_kill": 10 * 8, "restart_health": 15 * 8, "restart_launch": (20 + 30) * 8,
+    "restart_kill": 10 * 8, "restart_health": 15 * 8, "restart_container": 12 * 8, "restart_launch": (20 + 18) * 8,
     "restart_rendezvous": (5 + 10) * 8, "restart_load": (20 + 40) * 8, "restart_first_step": (10 + 10) * 8,
     "startup": 60 * 8,
     "teardown": 20 * 8,                     # 900->930 minus the 10 s emergency stall

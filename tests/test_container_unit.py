@@ -253,7 +253,7 @@ def test_an_agent_of_another_wire_is_refused_and_another_version_of_the_same_wir
 def test_dev_cluster_oci_conf_uses_slurms_container_id_and_a_runc_root_of_its_own(tmp_path: Path) -> None:
     spec = ClusterSpec(dir=tmp_path, containers=True)
     text = render_oci_conf(spec)
-    assert f'RunTimeRun="runc --root {tmp_path}/runc run %n.%u.%j.%s.%t -b %b"' in text
+    assert f'RunTimeRun="runc --root {tmp_path}/runc/%n run %n.%u.%j.%s.%t -b %b"' in text
     assert {line.split("=", 1)[0] for line in text.splitlines() if not line.startswith("#")} == {
         "RunTimeQuery", "RunTimeKill", "RunTimeDelete", "RunTimeRun"}   # the keys 22.05 reads
 
@@ -265,6 +265,17 @@ def test_the_test_bundle_binds_the_host_read_only_and_keeps_runcs_small_dev_shm(
     assert mounts["/tmp"]["options"] == ["rbind", "rw"] and "size=65536k" in mounts["/dev/shm"]["options"]
     assert {n["type"] for n in config["linux"]["namespaces"]} == {"pid", "ipc", "uts", "mount"}
     assert config["root"] == {"path": "rootfs", "readonly": True}
+
+
+def test_a_launch_whose_agents_start_in_containers_has_a_container_phase() -> None:
+    from ckptsup.supervisor.job.attempt import Marks
+
+    marks = Marks(detect=0.0, killed=1.0, health_done=2.0, launch_sent=2.0, agents_up=5.0, all_hello=6.0,
+                  rendezvous_done=7.0, train_start=8.0, first_step=9.0)
+    assert marks.phases() == {"kill_s": 1.0, "health_s": 1.0, "container_s": 3.0, "launch_s": 1.0,
+                              "rendezvous_s": 1.0, "load_s": 1.0, "first_step_s": 1.0}
+    bare = Marks(detect=0.0, killed=1.0, health_done=2.0, launch_sent=2.0, all_hello=6.0, first_step=9.0)
+    assert "container_s" not in bare.phases() and bare.phases()["launch_s"] == 4.0
 
 
 def test_mount_syntax_round_trips() -> None:

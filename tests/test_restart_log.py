@@ -170,9 +170,9 @@ def test_log_follow_json_streams_lines_until_run_complete(tmp_path) -> None:
     assert [json.loads(line)["event"] for line in result.output.splitlines()] == ["launch", "first_step", "run_complete"]
 
 
-def test_log_follow_human_prints_each_event_as_a_line(tmp_path) -> None:
+def test_log_follow_all_prints_each_event_as_a_line(tmp_path) -> None:
     write_events(tmp_path / "run", E)
-    result = CliRunner().invoke(cli, ["log", str(tmp_path / "run"), "-f"])
+    result = CliRunner().invoke(cli, ["log", str(tmp_path / "run"), "-f", "--all"])
     assert result.exit_code == 0
     lines = [line for line in result.output.splitlines() if line.strip()]
-    assert len(lines) == len(E) - 1 and "run_complete" in lines[-1]
+    assert len(lines) == len(E) and "run_complete" in lines[-1]

@@ -61,10 +61,13 @@ class World:
     sent: list[tuple[int, MessageKind, dict[str, Any], Any]] = field(default_factory=list)  # step, kind, body, nodes
     hung: list[tuple[str, int]] = field(default_factory=list)  # (node, rank) whose processes outlive their bye
     fingerprint_s: float | None = None   # rank 0's step frames carry sdc_s = this x steps done (docs/sdc.md)
+    agent_hello: dict[str, Any] | None = None   # each new step's agents say hello first, with this body
 
     def factory(self, *, nodes, inbox, argv, **_: Any) -> "FakeStep":
         self.steps_made.append(len(self.steps_made))
         step = FakeStep(world=self, nodes=tuple(nodes), inbox=inbox, step_id=100 + len(self.steps_made))
+        for node in nodes if self.agent_hello is not None else ():
+            step.put(MessageKind.AGENT_HELLO, node, **self.agent_hello)
         step.play(launch_nodes(LaunchSpec.read(argv[argv.index("--spec") + 1])))
         return step
 

@@ -24,7 +24,7 @@ CATEGORIES = (
     "memory_stall",        # blocking part of memory saves (memory_saved.stall_s)
     "lost_progress",       # work after the checkpoint the next attempt resumed from
     "detection",           # failure → detection (detect_s)
-    "restart_kill", "restart_health", "restart_launch", "restart_rendezvous", "restart_load",
+    "restart_kill", "restart_health", "restart_container", "restart_launch", "restart_rendezvous", "restart_load",
     "restart_first_step",  # restart phases from restart_done.phases
     "startup",             # allocation start → first step, beyond any restart phases
     "teardown",            # failure/requeue → end of an attempt that does not restart in place

@@ -21,6 +21,7 @@ from ..events import Event
 from ..textsafe import literal, mathtext, text as safe_text
 from .accounting import CATEGORIES, account
 from .adaptive import posterior
+from .headline import headline
 from .interval import daly_interval, young_interval
 from .phase_time import busy_line, busy_time, phase_times, phases_line
 from .sdc_report import prom_metrics, sdc_lines, sdc_summary
@@ -31,6 +32,7 @@ LABELS = {
     "useful": "useful", "checkpoint_stall": "checkpoint stall", "memory_stall": "memory save stall",
     "lost_progress": "lost progress",
     "detection": "detection", "restart_kill": "restart: kill", "restart_health": "restart: health check",
+    "restart_container": "restart: container start",
     "restart_launch": "restart: launch", "restart_rendezvous": "restart: rendezvous",
     "restart_load": "restart: load", "restart_first_step": "restart: first step", "startup": "startup",
     "teardown": "teardown", "idle_spares": "idle spares", "other": "other (unexplained)",
@@ -66,6 +68,7 @@ def build_report(events: Iterable[dict[str, Any]], *, price_per_gpu_hour: float,
     out["time_per_phase_s"] = phase_times(events)   # rank 0's wall time in init, load, train, eval, save, stopping
     out["busy"] = busy_time(events)   # quiet work past the hang timeout (liveness.py): spells, seconds
     out["sdc"] = sdc_summary(events, train_s=out["time_per_phase_s"].get("train"))   # planning/sdc_report.py
+    out["story"] = headline(events, acc)   # the line `ckptsup log` and `status` lead with too
     return out
 
 
@@ -128,6 +131,8 @@ def render_terminal(rep: dict[str, Any], console: Any = None) -> None:
     from rich.text import Text
 
     console = console or Console()
+    if rep.get("story"):
+        console.print(safe_text(rep["story"], "bold"))
     summary = Table(title=safe_text(f"ckptsup goodput report — job {rep['job_id'] or '?'}"), show_header=False)
     for label, value in _summary_pairs(rep):
         summary.add_row(safe_text(label), safe_text(value))
@@ -298,6 +303,7 @@ def render_html(rep: dict[str, Any], path: str | os.PathLike[str]) -> None:
 table{{border-collapse:collapse;margin:1em 0}}td,th{{border:1px solid #ccc;padding:4px 10px;text-align:left}}
 td:nth-child(n+2){{text-align:right}}img{{max-width:100%}}</style></head><body>
 <h1>ckptsup goodput report — job {esc(rep['job_id'])}</h1>
+<p><strong>{esc(rep.get('story', ''))}</strong></p>
 <table>{summary}</table>
 <img alt="progress timeline and badput" src="data:image/png;base64,{image}">
 <h2>Where the paid time went</h2>

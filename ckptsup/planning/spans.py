@@ -27,7 +27,7 @@ from typing import Any, Callable, Iterable
 from ..events import Event, FailureKind, parse_ts
 
 CLOCK_TOLERANCE_S = 2.0
-PHASES = ("kill", "health", "launch", "rendezvous", "load", "first_step")
+PHASES = ("kill", "health", "container", "launch", "rendezvous", "load", "first_step")   # container: agents started in containers
 TERMINAL = (Event.REQUEUE, Event.GIVE_UP, Event.RUN_COMPLETE, Event.RUN_CANCELLED)   # the events that end an attempt (EndReason)
 
 

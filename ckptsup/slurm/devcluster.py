@@ -296,6 +296,9 @@ class DevCluster:
 
     def _start_node(self, node: str) -> None:
         nd = self.spec.node_dir(node)
+        # a node that starts has no containers, as after a reboot (runc's state lives in a tmpfs
+        # there): a killed node's would make the same id of a requeued job's step "already exist"
+        shutil.rmtree(self.spec.runc_root / node, ignore_errors=True)
         hosts = self._hosts()
         # the bind mount lives only in this node's private mount namespace
         q = shlex.quote

@@ -26,6 +26,7 @@ from __future__ import annotations
 import argparse
 import json
 import os
+import re
 import shlex
 import shutil
 import subprocess
@@ -303,12 +304,34 @@ def parse_node_results(stdout: str, nodes: Iterable[str], *, failure: str = "") 
     return out
 
 
+# srun's refusal for the job, not a node: a requeued job's batch script can start while Slurm still
+# completes its previous run's steps (seen on the dev cluster after a preemption: every node's check
+# refused at once, every node drained). Asked again a moment later; the nodes are never blamed for it.
+_JOB_NOT_READY = re.compile(r"Job/step already completing or completed", re.I)
+JOB_NOT_READY_TRIES = 5
+JOB_NOT_READY_WAIT_S = 1.0
+
+
 def run_node_checks(nodes: Sequence[str], run_dir: str | os.PathLike[str], config: Config, *,
                     job_id: str | None = None, env: Mapping[str, str] | None = None,
                     gpus_per_node: int | None = None) -> dict[str, NodeHealth]:
     """Run the checks on `nodes`, one `srun --overlap` step per node, all at once, and wait for
     them (bounded). One step per node so that a node Slurm already refuses (DOWN) or that hangs
-    fails alone and never blames the healthy ones."""
+    fails alone and never blames the healthy ones; a refusal of the job itself is asked again."""
+    out: dict[str, NodeHealth] = {}
+    left = list(nodes)
+    for attempt in range(JOB_NOT_READY_TRIES):
+        found = _check_once(left, run_dir, config, job_id=job_id, env=env, gpus_per_node=gpus_per_node)
+        out.update(found)
+        left = [n for n, h in found.items() if h.error and _JOB_NOT_READY.search(h.error)]
+        if not left or attempt == JOB_NOT_READY_TRIES - 1:
+            return out
+        time.sleep(JOB_NOT_READY_WAIT_S)
+    return out
+
+
+def _check_once(nodes: Sequence[str], run_dir: str | os.PathLike[str], config: Config, *,
+                job_id: str | None, env: Mapping[str, str] | None, gpus_per_node: int | None) -> dict[str, NodeHealth]:
     timeout = step_timeout_s(config)
     procs = {}
     for node in nodes:

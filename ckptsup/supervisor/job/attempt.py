@@ -42,6 +42,7 @@ class Marks:
     killed: float | None = None
     health_done: float | None = None
     launch_sent: float | None = None
+    agents_up: float | None = None         # in a container: the launch's new agents all said hello (the container phase)
     all_hello: float | None = None
     rendezvous_done: float | None = None   # first rank past init (load or train phase)
     train_start: float | None = None       # first rank in train phase (load finished)
@@ -49,8 +50,10 @@ class Marks:
 
     def phases(self) -> dict[str, float]:
         """Consecutive differences; a phase whose mark is missing takes no time (its successor
-        absorbs it), so the phases always add up to detect → first step."""
-        order = [("kill_s", self.killed), ("health_s", self.health_done), ("launch_s", self.all_hello),
+        absorbs it), so the phases always add up to detect → first step. `container_s` only where
+        the launch started agents in containers (the runtime's start, a pyxis import included)."""
+        container = [("container_s", self.agents_up)] if self.agents_up is not None else []
+        order = [("kill_s", self.killed), ("health_s", self.health_done), *container, ("launch_s", self.all_hello),
                  ("rendezvous_s", self.rendezvous_done), ("load_s", self.train_start),
                  ("first_step_s", self.first_step)]
         out: dict[str, float] = {}

@@ -39,6 +39,7 @@ from .external_resume import ExternalResume
 from .external_watch import ExternalCheckpoints, resolve_dir
 from .hf_resume import HfCheckpoints
 from .memory_peers import MemoryPeers
+from .notify import Notifier
 from .script_checkpoint import ScriptCheckpoints
 from .attempt import AttemptTracker, Marks
 from . import restore_check
@@ -128,6 +129,7 @@ class Supervisor:
         self.stop_signal: int | None = None
         self.notices: list[tuple[str, messages.CloudNotice, float]] = []   # (node, notice, recv) to decide on (docs/cloud.md)
         self.agents_heard = False          # an agent of this supervisor said hello: the agents can start at all
+        self.awaiting_agents: set[str] = set()   # a launch's new agents in containers, until each says hello
         self.versions_noted: set[str] = set()   # agents' other ckptsup versions, warned about once each
         self.reclaimed: set[str] = set()             # nodes a cloud takes back: excluded, never drained
         self.notice_stop: tuple[float, float] | None = None   # (recv, ahead_s) of the notice that stops the run
@@ -158,12 +160,14 @@ class Supervisor:
         self.hf_ckpt = HfCheckpoints.from_config(self.config, cwd=job.cwd, script_args=job.script_args, emit=self.emit)
         # [supervisor] script_checkpoint: the script's own checkpoint files, kept and checked before each launch
         self.script_ckpt = ScriptCheckpoints.from_config(self.config, cwd=job.cwd, run_dir=run_dir.path, emit=self.emit)
+        self.notifier = Notifier.from_config(self.config.notify, run_dir=str(run_dir.path))   # [notify]: off the loop
 
     # ---- bookkeeping --------------------------------------------------------------------------
     def emit(self, name: Event, **fields: Any) -> None:
         assert self.writer is not None
         self.writer.attempt, self.writer.epoch = self.state.attempt, self.state.epoch
         record = self.writer.emit(name, **fields)
+        self.notifier.offer(record)   # never blocks: the events a person must know (notify.py)
         for change in self.interval.observe(record):
             self._set_interval(change)
 
@@ -207,6 +211,7 @@ class Supervisor:
                 self.script_ckpt.close()
             self.operator.publish_status(active=self.active, tracker=self.tracker, force=True)
             self.agents.close(self.sup.kill_grace_s)
+            self.notifier.close()   # the last notice (run_complete, give_up, requeue) leaves, bounded
             if self.writer is not None:
                 self.writer.close()
             for sig, handler in previous.items():
@@ -460,6 +465,10 @@ class Supervisor:
             self.versions_noted.add(hello.version)
             console.warning(note)
         self.agents_heard = True
+        if msg.node in self.awaiting_agents:
+            self.awaiting_agents.discard(msg.node)
+            if not self.awaiting_agents and self.tracker is not None:
+                self.tracker.marks.agents_up = msg.recv
         started = self.agents.started(msg.step_id)
         python_s = round(hello.age_s, 3)
         container_s = None if started is None else round(max(msg.recv - started - hello.age_s, 0.0), 3)
@@ -925,6 +934,7 @@ class Supervisor:
             return ExitStatus.GIVE_UP
         except CkptsupError as err:  # e.g. Slurm already requeued a preempted job: the template retries
             console.error(f"ckptsup: requeue failed: {err}; leaving it to the batch script")
+        self.notifier.offer_last(self.run_dir.path)   # requeue_job appended the requeue event itself
         return ExitStatus.PREEMPTED if action.preempted else ExitStatus.REQUEUE
 
     def _requeue_in_slurm(self, request: RequeueRequest) -> RequeueResult:
@@ -1013,6 +1023,8 @@ class Supervisor:
             # the first launch brings up the spares' agents with the rest (standby, pre-warmed)
             start = [*missing, *(s for s in spares if not self.agents.has_agent(s))] if not present else missing
             self._start_agents(tuple(start), spec_path)
+            # in a container their start is a phase of its own (Marks.agents_up; restart_done's container_s)
+            self.awaiting_agents = set(missing) if self.placement.container.on else set()
         self.active = nodes
         self.emit(Event.LAUNCH, nodes=list(nodes), path=path.value, spares=spares, resume_from=resume_from or None,
                   world_size=len(nodes) * self.sup.nproc_per_node)

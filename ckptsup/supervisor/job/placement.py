@@ -164,7 +164,7 @@ class Placement:
         if self.container.on:
             env[CONTAINER_ENV] = self.container.runtime.value   # the agent's hello says where it runs
             # the batch host's own task variables: slurmstepd replaces them for a bare task, but an OCI
-            # container gets srun's environment as it is (DESIGN.md §9), where they would name this node
+            # container gets srun's environment as it is (docs/containers.md), where they would name this node
             for key in PER_TASK_VARIABLES:
                 env.pop(key, None)
         return env

@@ -2,7 +2,7 @@
 tells the supervisor about itself first (`hello`: versions, pid namespace, container, /dev/shm).
 
 Bare metal, Slurm's slurmstepd gives every task SLURMD_NODENAME. Slurm's OCI containers (22.05,
-checked on the dev cluster: DESIGN.md §9) get only srun's own environment — no SLURMD_NODENAME, no
+checked on the dev cluster: docs/containers.md) get only srun's own environment — no SLURMD_NODENAME, no
 SLURM_PROCID — and the hostname is the bundle's ("runc"). What does tell the node there: the
 container id Slurm hands the runtime, `%n.%u.%j.%s.%t` in Slurm's documented oci.conf (node, user,
 job, step, task), which is the container's cgroup path in /proc/self/cgroup; else a hostname that

@@ -16,10 +16,11 @@ import click
 
 from ... import console
 from ...env import SLURM_JOB_ID
-from ...errors import ConfigError
+from ...errors import CkptsupError, ConfigError
 from ...events import Event
 from ...rundir import CONFIG_JSON, RunDir
 from ...textsafe import literal
+from .story_parts import Kind
 
 TERMINAL_EXIT = {Event.RUN_COMPLETE, Event.GIVE_UP, Event.RUN_CANCELLED}
 STARTUP_WAIT_S = 120.0  # how long the watchdog waits for the supervisor to create the run dir
@@ -73,41 +74,60 @@ class _StopFlag:
 
 @click.command("log")
 @click.argument("run_dir", type=click.Path(file_okay=False))
-@click.option("--json", "as_json", is_flag=True, help="machine-readable: a JSON array (JSON lines with --follow)")
-@click.option("--follow", "-f", is_flag=True, help="keep printing events as they are appended (until run_complete/give_up)")
-@click.option("--all", "show_all", is_flag=True, help="also show step_progress samples")
-def log(run_dir: str, as_json: bool, follow: bool, show_all: bool) -> None:
-    """The restart log of RUN_DIR as a timeline: detection latency, each restart phase,
-    exclusions, requeues."""
+@click.option("--json", "as_json", is_flag=True, help="machine-readable: the events as a JSON array (JSON lines with --follow)")
+@click.option("--follow", "-f", is_flag=True, help="keep printing as events are appended (until run_complete/give_up)")
+@click.option("--all", "show_all", is_flag=True, help="every event as a table row (step_progress samples too), not the story")
+@click.option("--attempt", type=click.IntRange(min=0), default=None, help="only attempt N")
+@click.option("--since", default=None, metavar="DURATION|TIME",
+              help="only what happened since: 10m, 2h, 04:50 (UTC today) or 2026-12-06T04:50:00")
+@click.option("--kind", "kinds", multiple=True, type=click.Choice([k.value for k in Kind]),
+              help="only lines (with --all: events) of this kind; repeatable")
+def log(run_dir: str, as_json: bool, follow: bool, show_all: bool, attempt: int | None, since: str | None,
+        kinds: tuple[str, ...]) -> None:
+    """The restart log of RUN_DIR as a story: one line per incident (what failed, its detection,
+    whom it blamed, exclusions, the decision) and per recovery (path, phases, where the resume
+    loaded from), and one folded line per attempt for the routine."""
     from rich.console import Console
 
     from ...events import EVENTS_FILE, ReadStats, follow_events, parse_ts, read_events
-    from . import restart_log as timeline
+    from . import restart_log as timeline, story
 
     path = _run_dir(run_dir)
+    selection = story.Selection(attempt=attempt, since=story.since_cutoff(since, time.time()) if since else None,
+                                kinds=frozenset(Kind(k) for k in kinds))
     stats = ReadStats()
     if not follow:
         events = read_events(path, stats=stats)
+        chosen = [e for e in events if selection.event(e)]
         if as_json:
-            click.echo(json.dumps(events, indent=1))
+            click.echo(json.dumps(chosen, indent=1))
+        elif show_all:
+            timeline.render(chosen, Console(), show_all=show_all)
         else:
-            timeline.render(events, Console(), show_all=show_all)
+            story.render(events, Console(soft_wrap=True), selection=selection)
         _note_skipped(stats, path / EVENTS_FILE)
         return
     console = Console(soft_wrap=True)  # one line per event, even in a narrow terminal or a pipe
     start = None
+    told = story.Story()
     try:
         for event in follow_events(path, poll_s=0.25, stats=stats):
+            if start is None:
+                start = parse_ts(event.get("ts"))
+            last = Event.parse(event.get("event")) in TERMINAL_EXIT
             if as_json:
-                click.echo(json.dumps(event, separators=(",", ":")))
-                sys.stdout.flush()
-            else:
-                row_list = timeline.rows([event], show_all=show_all, start=start)
-                if start is None:
-                    start = parse_ts(event.get("ts"))
-                for row in row_list:
-                    console.print(timeline.row_text(row))
-            if Event.parse(event.get("event")) in TERMINAL_EXIT:
+                if selection.event(event):
+                    click.echo(json.dumps(event, separators=(",", ":")))
+                    sys.stdout.flush()
+            elif show_all:
+                for row in timeline.rows([event], show_all=show_all, start=start):
+                    if selection.event(event):
+                        console.print(timeline.row_text(row))
+            else:   # the story as it happens: each line once the events it tells are in
+                for line in told.feed(event) + (told.finish() if last else []):
+                    if selection.line(line):
+                        console.print(story.line_text(line, start))
+            if last:
                 return
     finally:
         _note_skipped(stats, path / EVENTS_FILE)
@@ -147,6 +167,8 @@ def watchdog(run_dir: str, job_id: str | None, poll_s: float | None) -> None:
         config = effective_config(path)
         client = SlurmClient.from_config(config.slurm)
         result = watch(run_dir=path, job_id=job, config=config, client=client, poll_s=poll_s, stop=lambda: stop.set)
+    if result.outcome is WatchOutcome.REQUEUED:
+        _notify_requeue(config, path)
     click.echo(f"ckptsup watchdog: {result.outcome.value}: {literal(result.detail)}")
     if result.outcome is WatchOutcome.REFUSED:
         sys.exit(3)
@@ -175,10 +197,26 @@ def requeue(run_dir: str, reason: str, exclude: tuple[str, ...], job_id: str | N
         result = requeue_job(client, path, RequeueRequest(job_id=job, reason=reason, exclude=tuple(exclude),
                                                           partition=config.slurm.spare_partition or None, by=by))
     if result.requeued:
+        _notify_requeue(config, path)
         click.echo(literal(f"ckptsup requeue: job {job} requeued (epoch {result.epoch}, excluded "
                            f"{','.join(result.excluded) or 'none'})"))
     else:
         click.echo(f"ckptsup requeue: nothing to do: {literal(result.why_skipped)}")
+
+
+def _notify_requeue(settings: Any, path: Path) -> None:
+    """A requeue in the supervisor's absence (the watchdog's, the batch script's) is told as the
+    supervisor tells its own ([notify]); a notifier that cannot start is a line, never the
+    requeue's failure."""
+    from ..job.notify import Notifier
+
+    try:
+        notifier = Notifier.from_config(settings.notify, run_dir=str(path))
+    except CkptsupError as err:
+        console.warning(f"ckptsup: notify: {err}", err=True)
+        return
+    notifier.offer_last(path)
+    notifier.close()
 
 
 @click.group()

@@ -42,13 +42,15 @@ def goodput(run: Path, *, live: bool = False) -> dict[str, Any]:
     now) and the SDC, NaN and restore figures (planning/sdc_report.py)."""
     from ...planning.accounting import account
     from ...planning.phase_time import busy_time, phase_times
+    from ...planning.headline import headline
     from ...planning.sdc_report import sdc_summary
 
     events = read_events(run)
     acc = account(events)
     paid = acc.paid_device_s
     phases = phase_times(events, until=time.time() if live else None)
-    return {"goodput": acc.useful_device_s / paid if paid else None, "paid_device_s": round(paid, 1),
+    return {"story": headline(events, acc), "goodput": acc.useful_device_s / paid if paid else None,
+            "paid_device_s": round(paid, 1),
             "badput_device_s": {k: round(v, 1) for k, v in acc.badput_device_s.items() if round(v, 1) > 0},
             "time_per_phase_s": phases, "sdc": sdc_summary(events, train_s=phases.get("train")),
             "busy": busy_time(events, until=time.time() if live else None)}
@@ -82,7 +84,8 @@ def render(st: dict[str, Any]) -> Any:
     from rich.console import Group
     from rich.table import Table
 
-    head = [f"job {st.get('job_id')}  attempt {st.get('attempt')}  epoch {st.get('epoch')}  {st.get('status')}"
+    head = [*([st["story"]] if st.get("story") else []),   # the run in one line, as `ckptsup log` and `report` lead
+            f"job {st.get('job_id')}  attempt {st.get('attempt')}  epoch {st.get('epoch')}  {st.get('status')}"
             f"  (published {_s(st.get('age_s'))} ago)",
             f"step {st.get('step', '-')}  step p50 {_s(st.get('step_p50_s'))} p99 {_s(st.get('step_p99_s'))}"
             f"  supervised at the {st.get('level') or '-'} level",

@@ -1,4 +1,6 @@
-"""`ckptsup log`: the restart log (events.jsonl) as a readable timeline.
+"""`ckptsup log --all`: the restart log (events.jsonl) as a table of every event; its one-line
+`describe` of an event is also what the story (story.py, the default view) says of the events it
+does not fold.
 
 Pure functions turn events into rows (`describe`, `rows`) and a summary (`summarize`: detection
 latency per failure, every restart's phases, exclusions, requeues); `render` prints them with
@@ -23,7 +25,7 @@ from ...textsafe import literal, text as safe_text
 BASE_FIELDS = {"event", "ts", "mono", "job_id", "attempt", "epoch"}
 HIDDEN_BY_DEFAULT = {Event.STEP_PROGRESS}
 TERMINAL = {Event.RUN_COMPLETE, Event.GIVE_UP, Event.RUN_CANCELLED}
-PHASES = ("kill_s", "health_s", "launch_s", "rendezvous_s", "load_s", "first_step_s")
+PHASES = ("kill_s", "health_s", "container_s", "launch_s", "rendezvous_s", "load_s", "first_step_s")
 STYLE: dict[str, str] = {Event.FAILURE_DETECTED: "bold red", Event.GIVE_UP: "bold red", Event.CHECKPOINT_REJECTED: "red",
          Event.CHECKPOINT_FAILED: "red", Event.NODE_EXCLUDED: "yellow", Event.REQUEUE: "bold yellow",
          Event.SHRINK_DECIDED: "bold yellow",
@@ -239,7 +241,7 @@ def summarize(events: Iterable[Mapping[str, Any]]) -> Summary:
     return Summary(failures=failures, restarts=restarts, excluded=excluded, requeues=requeues, outcome=outcome)
 
 
-def _fmt_t(t: float | None) -> str:
+def fmt_t(t: float | None) -> str:
     if t is None:
         return "?"
     minutes, seconds = divmod(t, 60)
@@ -247,7 +249,7 @@ def _fmt_t(t: float | None) -> str:
 
 
 def row_text(row: Row) -> Text:
-    line = Text(f"{_fmt_t(row.t_s):>12}  a{literal(row.attempt):<3} ")
+    line = Text(f"{fmt_t(row.t_s):>12}  a{literal(row.attempt):<3} ")
     line.append(f"{literal(row.event):<21}", style=STYLE.get(row.event, ""))
     line.append(f" {literal(row.text)}")
     return line
@@ -260,7 +262,7 @@ def render(events: Sequence[Mapping[str, Any]], console: Console, *, show_all: b
     table.add_column("event", no_wrap=True)
     table.add_column("what")
     for row in rows(events, show_all=show_all):
-        table.add_row(_fmt_t(row.t_s), safe_text(row.attempt), safe_text(row.event, STYLE.get(row.event, "")),
+        table.add_row(fmt_t(row.t_s), safe_text(row.attempt), safe_text(row.event, STYLE.get(row.event, "")),
                       safe_text(row.text))
     hidden = sum(1 for e in events if Event.parse(e.get("event")) in HIDDEN_BY_DEFAULT) if not show_all else 0
     console.print(table)
