@@ -67,8 +67,8 @@ SLURM_TORCH_FREE := tests/test_devcluster.py tests/test_gpu_health_cluster.py te
   tests/test_requeue_cluster.py tests/test_requeue_template.py tests/test_slurm_cluster.py tests/test_step_lines.py \
   tests/test_watchdog_cluster.py
 # with the torch tests marked `matrix` (node death with a spare, requeue with a spare partition,
-# preemption, the watchdog)
-SLURM_MATRIX_TORCH := tests/test_supervisor_slurm_node_death.py tests/test_watchdog_template.py
+# preemption, the watchdog, every fault inside Slurm's OCI containers)
+SLURM_MATRIX_TORCH := tests/test_supervisor_slurm_node_death.py tests/test_watchdog_template.py tests/test_container_slurm.py
 
 test-slurm-versions: setup
 	.ci/slurm-matrix.sh matrix "$(SLURM_SUITES)" -m slurm --timeout 600 $(SLURM_TORCH_FREE)

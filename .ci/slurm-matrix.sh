@@ -89,6 +89,7 @@ run() {
     mount --make-private "$D"
     mount -t proc proc "$D/proc"
     mount -t sysfs sys "$D/sys"
+    mount --rbind /sys/fs/cgroup "$D/sys/fs/cgroup"   # runc (the dev cluster'"'"'s OCI containers) makes cgroups there
     mount --rbind /dev "$D/dev"
     mount --bind /tmp "$D/tmp"
     for b in '"$(printf '%q ' "${binds[@]}")"'; do

@@ -25,7 +25,7 @@ from supervisor_slurm_helpers import (  # noqa: F401 - reference is a fixture
     TRAIN, active_nodes, committed, job_config, reference, submit
 )
 
-pytestmark = [pytest.mark.slurm, pytest.mark.torch]
+pytestmark = [pytest.mark.slurm, pytest.mark.torch, pytest.mark.matrix]   # also on 24.11 and 26.05 (make test-slurm-matrix)
 
 
 def container_flags(dev_cluster, python: str | None = None) -> tuple[str, ...]:
@@ -91,7 +91,12 @@ def test_every_fault_inside_oci_containers_resumes_bit_identically(dev_cluster, 
     # every agent, before the requeue and after it, was the init of an OCI container and found its node there
     started = named(events, "agent_started")
     assert after(events, "agent_started", second["ts"]), "the requeued job's agents"
-    assert all(e["container"] == "oci" and e["pid"] == 1 and e["node_from"] == "container id" for e in started), started
+    # (22.05 gives a container srun's environment only: the node comes from Slurm's container id; 24.11+
+    # hands it the task's, SLURMD_NODENAME included)
+    assert all(e["container"] == "oci" and e["pid"] == 1 and e["node_from"] in ("container id", "SLURMD_NODENAME")
+               for e in started), started
+    first = named(events, "launch")[0]
+    assert {e["node"] for e in started if e["ts"] < second["ts"]} == {*first["nodes"], *first["spares"]}
     assert all(e["shm_free"] <= 64 << 20 and e["container_s"] is not None for e in started)
     assert json.loads((out / "final.json").read_text())["params_sha256"] == reference
     # no agent ran a Slurm command (they are /dev/null in the bundle), and the node was drained by the supervisor
