@@ -192,6 +192,18 @@ def test_launch_and_sbatch_refuse_a_container_in_one_line(tmp_path: Path, monkey
     assert "is not a directory" in str(missing.exception)
 
 
+def test_sbatch_hands_the_container_flags_to_the_launch_line_and_the_template_says_where_the_supervisor_runs() -> None:
+    from ckptsup.resources import sbatch_templates_dir
+    from ckptsup.slurm.render import SbatchParams, render_sbatch
+
+    text = render_sbatch((sbatch_templates_dir() / "train.sbatch").read_text(),
+                         SbatchParams(run_dir="/r/{job_id}", script="/t.py",
+                                      container_args=("--container-image", "nvcr.io#nvidia/pytorch:24.05-py3")))
+    [launch] = [line for line in text.splitlines() if " launch " in line]
+    assert "--container-image 'nvcr.io#nvidia/pytorch:24.05-py3' /t.py" in launch   # quoted: '#' is a comment in bash
+    assert "outside any container" in text
+
+
 # ---- the agent inside: its node, /dev/shm ----------------------------------------------------------
 
 def test_an_agent_finds_its_node_from_the_environment_slurms_container_id_or_the_hostname() -> None:

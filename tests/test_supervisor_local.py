@@ -209,11 +209,13 @@ def test_a_killed_agent_is_replaced_and_its_ranks_do_not_live_on(tmp_path, cfg):
     assert not [p for p in old_ranks if psutil.pid_exists(p) and psutil.Process(p).status() != psutil.STATUS_ZOMBIE]
 
 
-@pytest.mark.parametrize("target", ["supervisor", "agent"])
-def test_a_hangup_stops_the_run_like_a_preemption(tmp_path, cfg, target):
+@pytest.mark.parametrize(("target", "signame"), [("supervisor", "SIGHUP"), ("agent", "SIGHUP"), ("agent", "SIGUSR1")])
+def test_a_hangup_stops_the_run_like_a_preemption(tmp_path, cfg, target, signame):
     """SIGHUP (the terminal of an interactive `ckptsup launch` closed, an ssh session ended) to the
     supervisor or to its agent: the ranks are told to stop, a `preemption` event, state `stopped`,
-    exit PREEMPTED — not a dead process, a run left `running`, or a restart."""
+    exit PREEMPTED — not a dead process, a run left `running`, or a restart. SIGUSR1 to the agent
+    (Slurm's time-limit warning sent to the steps; a container's PID 1 gets only what it handles)
+    stops it the same way instead of killing it."""
     import signal
     import time
 
@@ -227,7 +229,7 @@ def test_a_hangup_stops_the_run_like_a_preemption(tmp_path, cfg, target):
     victim = psutil.Process(proc.pid)
     if target == "agent":
         victim = next(c for c in victim.children() if "agent" in " ".join(c.cmdline()))
-    victim.send_signal(signal.SIGHUP)
+    victim.send_signal(getattr(signal, signame))
     out, err = proc.communicate(timeout=120)
     assert proc.returncode == 5, out + err   # ExitStatus.PREEMPTED
     events = read_events(run)
