@@ -220,6 +220,17 @@ def test_an_agent_finds_its_node_from_the_environment_slurms_container_id_or_the
     assert agent_node({}, cgroup_text="", hostname="laptop") == ("laptop", "hostname")   # outside Slurm
 
 
+def test_an_image_without_torch_is_one_line_that_the_supervisor_recognises() -> None:
+    from ckptsup.supervisor.node.identity import torch_missing
+
+    line = torch_missing("pyxis", python="/usr/bin/python3", find=lambda name: None)
+    assert line is not None and "/usr/bin/python3" in line
+    found = start_failure(f"ckptsup: error: {line}\nsrun: error: n1: task 0: Exited with exit code 2\n")
+    assert found is not None and "use an image with PyTorch" in found
+    assert torch_missing("", python="python3", find=lambda name: None) is None   # bare metal: torchrun's own error
+    assert torch_missing("oci", python="python3") is None   # this interpreter has torch
+
+
 def test_a_small_dev_shm_in_a_container_is_one_warning_naming_the_fix() -> None:
     line = shm_warning("n1", "oci", 64 << 20)
     assert line is not None and "64 MiB free" in line and "tmpfs at /dev/shm" in line

@@ -34,7 +34,7 @@ import uuid
 from typing import Any, BinaryIO, Sequence
 
 from ... import messages, step_lines, wire
-from ...errors import CkptsupError
+from ...errors import CkptsupError, ConfigError
 from ...wire import Hop, MessageKind, Phase
 from ...env import (RANK_MODULE_FLAG, cold_rank_argv, MEMORY_SOCKET, TEST_FLIP_MEMORY, NODE, PREEMPT_BUDGET_S, PYTHONUNBUFFERED, RANK_SOCKET, RUN_DIR, SECRET_FILE, WARM_DIR,
                    TORCHELASTIC_LOG_LINE_PREFIX_TEMPLATE, TTY_COMPATIBLE, ExitStatus)
@@ -628,10 +628,11 @@ def run_agent(*, spec_path: str, attempt: int, launch: bool = True) -> int:
     spec = LaunchSpec.read(spec_path)
     secret_file = spec.env.get(SECRET_FILE) or os.environ.get(SECRET_FILE)
     if not secret_file:
-        from ...errors import ConfigError
-
         raise ConfigError(f"the agent needs {SECRET_FILE}; it is started by `ckptsup launch`, not by hand")
     node, node_from = identity.this_node()
+    missing = identity.torch_missing(os.environ.get(CONTAINER_ENV, ""), python=sys.executable)
+    if missing:
+        raise ConfigError(missing)   # one line in the agents' log: the supervisor ends the run with it
     os.environ[NODE] = node   # a container's agent found its node another way: everything after reads this
     agent = Agent(spec=spec, node=node, secret=read_secret(secret_file), out=sys.stdout.buffer,
                   inp=sys.stdin.buffer, attempt=attempt)

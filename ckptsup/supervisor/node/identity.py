@@ -12,12 +12,13 @@ default).
 
 from __future__ import annotations
 
+import importlib.util
 import os
 import re
 import socket
 import time
 from pathlib import Path
-from typing import Mapping
+from typing import Callable, Mapping
 
 import hostlist
 
@@ -82,6 +83,15 @@ def this_node() -> tuple[str, str]:
     except OSError:
         cgroup = ""
     return agent_node(os.environ, cgroup_text=cgroup, hostname=socket.gethostname())
+
+
+def torch_missing(container: str, *, python: str, find: Callable[[str], object] = importlib.util.find_spec) -> str | None:
+    """In a container, an image without torch: one line before any launch (the agent itself needs
+    none, so without this the ranks would crash at import, attempt after attempt)."""
+    if not container or find("torch") is not None:
+        return None
+    return (f"No module named 'torch' for {python} in the {container} container: use an image with PyTorch, "
+            "or set [container] python to an interpreter that has it")
 
 
 def pid_namespace() -> int:
