@@ -771,3 +771,27 @@ def test_a_dead_node_with_min_nodes_continues_on_the_survivors_or_requeues_by_pr
         assert line.startswith("requeue (2 of 3 left, min 2): requeue rather than")
     assert RunDir(path=tmp_path / "run").load_state().excluded_nodes == {"n3": "node_down"}
 
+
+
+@pytest.mark.parametrize("slurmd_up", [False, True])
+def test_a_silent_node_whose_slurmd_does_not_answer_is_dead_at_once_and_one_that_answers_gets_the_window(
+        tmp_path, site, slurmd_up):
+    """Issue 38: the node path waited ~2 s for the kill ack of a dead node's agent. Now the nodes
+    still silent KILL_ACK_S after the kill have their slurmd asked: one that does not answer is dead
+    at once; one that answers (a live node whose agent is slow) keeps the whole ack window."""
+    world = World(clock=Clock(), faults={0: Fault("node_death", 2, node="n2")})
+    sv = supervisor(tmp_path, world, nodes=("n1", "n2", "n3"), needed=2, in_slurm=True, slurm=FakeSlurm())
+    asked: list[list[str]] = []
+
+    def slurmd_down(nodes, timeout_s):
+        asked.append(list(nodes))
+        return set() if slurmd_up else set(nodes)
+
+    sv.placement.slurmd_down = slurmd_down   # the probe's seam (slurm/client.py slurmd_answers; real: the dev cluster)
+    assert sv.run() is ExitStatus.DONE
+    assert asked == [["n2"]]   # only the silent node is asked, once
+    [attributed] = of(tmp_path, Event.FAILURE_ATTRIBUTED)
+    assert attributed["node"] == "n2" and ("nor its slurmd" in attributed["detail"]) is not slurmd_up
+    [done] = of(tmp_path, Event.RESTART_DONE)
+    window = min(4.0, max(2.0, 3 * 0.5))   # site: node_silence_s 4, heartbeat 0.5
+    assert (done["phases"]["kill_s"] < window / 2) is not slurmd_up, done["phases"]

@@ -16,6 +16,7 @@ real dev cluster (tests/test_slurm_cluster.py).
 from __future__ import annotations
 
 import os
+import socket
 import subprocess
 import time
 from dataclasses import dataclass
@@ -162,8 +163,25 @@ class SlurmClient:
         return parsers.parse_sinfo_nodes(self.run(argv).stdout)
 
     def node_addr(self, node: str) -> str:
+        return self.node_endpoint(node)[0]
+
+    def node_endpoint(self, node: str) -> tuple[str, int | None]:
+        """(NodeAddr, slurmd's port) of `node`; the port is None where scontrol does not say."""
         fields = parsers.parse_key_values(self.run(["scontrol", "show", "node", "-o", node]).stdout)
-        return fields.get("NodeAddr") or node
+        port = fields.get("Port", "")
+        return fields.get("NodeAddr") or node, int(port) if port.isdigit() and 0 < int(port) < 65536 else None
+
+    @staticmethod
+    def slurmd_answers(addr: str, port: int, timeout_s: float) -> bool:
+        """Whether `node`'s slurmd accepts a TCP connection within `timeout_s` (closed at once,
+        nothing sent). A dead node refuses (its port closed) or never answers (the host gone); a
+        live one answers even when loaded, since the kernel completes the handshake for a listener
+        that is slow to accept — so a slow agent on a live node is never taken for a dead node."""
+        try:
+            with socket.create_connection((addr, port), timeout=timeout_s):
+                return True
+        except OSError:
+            return False
 
     def job_gpus_per_node(self, job_id: str | int, node: str = "") -> int:
         """GPUs per node of the job, from `scontrol show job -d` (for when the environment does

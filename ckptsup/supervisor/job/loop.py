@@ -89,6 +89,10 @@ def load_by_source(load_s: Any, files: dict[str, Any]) -> dict[str, float]:
     return {k: round(load_s * v / total, 4) for k, v in sorted(counts.items())}
 
 
+KILL_ACK_S = 0.3        # live agents ack a kill in tens of ms; then the silent nodes' slurmd is asked
+SLURMD_PROBE_S = 0.5    # a slurmd that does not accept a connection in this long: its node is dead
+
+
 class Supervisor:
     def __init__(self, *, resolved: Resolved, job: Job, run_dir: RunDir, placement: Placement,
                  clock: Callable[[], float] = time.monotonic, sleep: Callable[[float], None] = time.sleep,
@@ -631,12 +635,13 @@ class Supervisor:
             return self._carry_out(self._decide(self._observe(failure)))
         if failure.kind is FailureKind.HANG:
             self._dump_flight_recorder()
-        silent = self._kill_attempt(failure)
+        silent, unreachable = self._kill_attempt(failure)
         t_killed = self.clock()
         silent_for = t_killed - tracker.node_views[silent[0]].last_heard if silent else 0.0
         result = self._attempt_result(tracker, failure)
         self.history.append(result)
-        action = self._decide(self._observe(failure, silent=tuple(silent), silent_for_s=silent_for))
+        action = self._decide(self._observe(failure, silent=tuple(silent), silent_for_s=silent_for,
+                                            unreachable=tuple(unreachable)))
         found = attributed(action) or failure
         self.history[-1] = replace(result, failure=found)
         self.state.failures.append(self.history[-1].to_record())
@@ -735,25 +740,38 @@ class Supervisor:
         self.emit(Event.SHRINK_DECIDED, **choice.event_fields())
         console.warning(f"ckptsup: node lost, no spare left: {choice.reason}")
 
-    def _kill_attempt(self, failure: Failure) -> list[str]:
+    def _kill_attempt(self, failure: Failure) -> tuple[list[str], list[str]]:
         """SIGKILL every rank of the attempt and wait (bounded) for each live agent's ack. The ack
         doubles as a liveness probe: returns the nodes whose agent neither acked nor spoke (a
-        rank's crash is often the first symptom of a dead peer node)."""
+        rank's crash is often the first symptom of a dead peer node), and those of them whose
+        slurmd did not answer either. Live agents ack within tens
+        of milliseconds; the nodes still silent after KILL_ACK_S have their slurmd asked, and one
+        that does not answer is dead now — no wait for an ack that cannot come (it cost the node
+        path 2 s). A node whose slurmd answers may just be slow: it gets the whole window."""
         agents = self.agents
         dead = {failure.node} if failure.kind is FailureKind.NODE_DOWN else set()
         waiting = {n for n in self.active if n not in dead}
         if not agents.alive() or not agents.send(messages.Kill(grace=0), nodes=self.active):
             self._kill_orphans()
-            return []
+            return [], []
 
         def acked(msg: Message) -> bool:
             if msg.m is MessageKind.KILLED:
                 waiting.discard(msg.node)
             return False
 
+        def gone() -> bool:
+            return not any(agents.has_agent(n) for n in waiting - down)
+
+        down: set[str] = set()
         deadline = self.clock() + min(self.sup.node_silence_s, max(2.0, 3 * self.sup.heartbeat_interval_s))
-        self._await(acked, deadline, until=lambda: not any(agents.has_agent(n) for n in waiting))
-        return sorted(waiting) if len(waiting) < len(self.active) else []
+        self._await(acked, min(self.clock() + KILL_ACK_S, deadline), until=gone)
+        if waiting and not gone():
+            down = self.placement.slurmd_down(sorted(waiting), SLURMD_PROBE_S)
+            self._await(acked, deadline, until=gone)
+        if len(waiting) == len(self.active):
+            return [], []   # no agent answered: the supervisor's own link is the suspect, not every node
+        return sorted(waiting), sorted(down & waiting)
 
     def _end_teardown(self, tracker: AttemptTracker) -> Failure | None:
         """The ranks finished but some of their processes did not exit within exit_grace_s (a

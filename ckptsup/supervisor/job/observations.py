@@ -152,6 +152,7 @@ class Observation:
     starting: bool = False
     silent: tuple[str, ...] = ()           # nodes whose agent neither answered the kill nor spoke
     silent_for_s: float = 0.0              # how long the first of them had been silent
+    unreachable: tuple[str, ...] = ()      # of the silent, those whose slurmd did not answer either (dead now)
     agents_alive: bool = True              # the agent step still runs (the fast path needs it)
     min_nodes: int = 0                     # fewest nodes to continue on (0: nodes_needed, never fewer)
     shrink: ShrinkCosts | None = None      # the prices of fewer nodes vs a requeue (with min_nodes)

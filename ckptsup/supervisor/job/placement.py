@@ -70,6 +70,7 @@ class Placement:
     job_id: str
     nodes: tuple[str, ...]                  # every usable node of the allocation, in order
     addrs: dict[str, str] = field(default_factory=dict)
+    slurmd_ports: dict[str, int] = field(default_factory=dict)   # each node's slurmd port (the dead-node probe)
     in_slurm: bool = False
     slurm: Any = None                       # SlurmClient inside an allocation
     grace_time_s: float | None = None       # the partition's preemption GraceTime (None: unknown)
@@ -94,10 +95,12 @@ class Placement:
 
         alloc = allocation_from_env(env)
         client = SlurmClient.from_config(slurm_config)
-        addrs = {}
+        addrs, ports = {}, {}
         for node in alloc.nodes:
             try:
-                addrs[node] = client.node_addr(node)
+                addrs[node], port = client.node_endpoint(node)
+                if port is not None:
+                    ports[node] = port
             except CkptsupError as err:  # names resolve on real clusters; the address is a refinement
                 console.warning(f"ckptsup: NodeAddr of {node} unavailable ({err}); using its name", err=True)
                 addrs[node] = node
@@ -108,7 +111,8 @@ class Placement:
             except CkptsupError as err:
                 console.warning(f"ckptsup: GPUs of job {alloc.job_id} unknown ({err}); counting none", err=True)
                 gpus = 0
-        return cls(job_id=alloc.job_id, nodes=tuple(alloc.nodes), addrs=addrs, in_slurm=True, slurm=client,
+        return cls(job_id=alloc.job_id, nodes=tuple(alloc.nodes), addrs=addrs, slurmd_ports=ports, in_slurm=True,
+                   slurm=client,
                    grace_time_s=partition_grace_time(client, alloc.partition), here=alloc.batch_host,
                    gpus_per_node=gpus, end_time=job_end_time(env))
 
@@ -123,6 +127,22 @@ class Placement:
         except CkptsupError:
             return None
         return None if info is None or info.end_time is None else float(info.end_time)
+
+    def slurmd_down(self, nodes: Sequence[str], timeout_s: float) -> set[str]:
+        """Of `nodes`, those whose slurmd does not answer a connection within `timeout_s` (probed
+        at once, in parallel): dead, or cut off from this host. Outside Slurm, or for a node
+        whose slurmd port is unknown, none."""
+        from concurrent.futures import ThreadPoolExecutor
+
+        from ...slurm.client import SlurmClient
+
+        known = [n for n in nodes if self.in_slurm and n in self.slurmd_ports]
+        if not known:
+            return set()
+        with ThreadPoolExecutor(max_workers=min(len(known), 32)) as pool:
+            answers = dict(zip(known, pool.map(
+                lambda n: SlurmClient.slurmd_answers(self.addrs.get(n) or n, self.slurmd_ports[n], timeout_s), known)))
+        return {n for n, up in answers.items() if not up}
 
     def rdzv_endpoint(self, first_node: str, base_port: int, attempt: int) -> str:
         """ADDR:PORT of the attempt's store on its first node, always in [base_port,

@@ -296,8 +296,9 @@ def attribute(failure: Failure, obs: Observation) -> Failure:
     if not obs.silent:
         return failure
     node = obs.silent[0]
+    slurmd = ", nor its slurmd" if node in obs.unreachable else ""
     return Failure(kind=FailureKind.NODE_DOWN, node=node, step=failure.step, detect_s=obs.silent_for_s,
-                   suspects=tuple(obs.silent), detail=f"agent did not answer the kill ({failure.kind.value} "
+                   suspects=tuple(obs.silent), detail=f"agent did not answer the kill{slurmd} ({failure.kind.value} "
                                                       f"on {failure.node} was the first symptom)")
 
 
