@@ -103,6 +103,28 @@ def test_node_death_with_a_spare_restarts_on_the_spare_within_the_allocation(dev
     assert sum(v for k, v in bad.items() if k.startswith("restart_")) > 0  # in-allocation restart phases
 
 
+def test_a_node_that_dies_while_no_peer_talks_to_it_is_found_by_its_silence_and_its_slurmd(
+        dev_cluster, tmp_path, reference):
+    """Issue 38: a node that dies while its peers wait outside any collective (here every rank holds
+    before step 20: no peer crash reveals it) used to be found after node_silence_s. Now its silent
+    agent's slurmd is asked after two missed heartbeats, and does not answer: node_down then."""
+    release = tmp_path / "release"
+    job, run, out = submit(tmp_path, nodes=2, spares=1, extra=("--hold-at-step", "20", "--hold-file", str(release)))
+    dev_cluster.wait_for(lambda: committed(run, 15) and any(e.get("phase") == "eval" for e in named(read_events(run), "phase")),
+                         120, what="the ranks holding before step 20")
+    victim = active_nodes(run)[1]
+    with dev_cluster.revived(victim):
+        dev_cluster.kill_node(victim)
+        dev_cluster.wait_for(lambda: node_deaths(read_events(run)), 60, what="the node death")
+        release.touch()
+        dev_cluster.wait_for(lambda: named(read_events(run), "run_complete"), 240, what="the run to complete")
+    events = read_events(run)
+    [down] = node_deaths(events)
+    assert down["event"] == "failure_detected" and down["node"] == victim, down
+    assert "slurmd does not answer" in down["detail"], down   # not node_silence_s's "while others talk"
+    assert json.loads((out / "final.json").read_text())["params_sha256"] == reference
+
+
 def test_a_live_node_whose_agent_is_slow_at_the_kill_is_not_taken_for_dead(dev_cluster, tmp_path, reference):
     """Issue 38: the kill no longer waits ~2 s on a dead node's agent (its slurmd is asked), but a live
     node's agent that is slow to ack (stopped 1 s here: a loaded box) must keep the whole ack window:

@@ -472,6 +472,23 @@ class AttemptTracker:
                 break
         return silent + ([talking] if talking is not None else [])
 
+    def silent_past(self, now: float, after_s: float) -> list[tuple[str, float, float]]:
+        """(node, last_heard, seconds silent) of the live nodes silent longer than `after_s` while
+        another still talks: the front of heard_order (silence_probe.py asks their slurmd)."""
+        silent: list[tuple[str, float, float]] = []
+        talking = False
+        for node in self.heard_order:
+            if node in self.done_nodes:
+                continue
+            last = self.node_views[node].last_heard
+            if now - last > after_s:
+                silent.append((node, last, now - last))
+            else:
+                talking = True
+            if now - last <= after_s - HEARD_SLACK_S:
+                break
+        return silent if talking else []
+
     def check(self, now: float) -> Failure | None:
         down = detect_node_down(self._live_views(now), now=now, silence_s=self.config.node_silence_s,
                                 step=self.current_step())

@@ -41,6 +41,7 @@ from .hf_resume import HfCheckpoints
 from .memory_peers import MemoryPeers
 from .notify import Notifier
 from .script_checkpoint import ScriptCheckpoints
+from .silence_probe import SilenceProbe, suspect_after_s
 from .attempt import AttemptTracker, Marks
 from . import restore_check
 from .interval_tuner import SCHEDULE_KEYS, IntervalChange, IntervalTuner
@@ -133,6 +134,8 @@ class Supervisor:
         self.stop_signal: int | None = None
         self.notices: list[tuple[str, messages.CloudNotice, float]] = []   # (node, notice, recv) to decide on (docs/cloud.md)
         self.agents_heard = False          # an agent of this supervisor said hello: the agents can start at all
+        # a silent agent's node asked through its slurmd (dead nodes found in ~2 s; silence_probe.py)
+        self.silence = SilenceProbe(down=self.placement.slurmd_down) if self.placement.in_slurm else None
         self.awaiting_agents: set[str] = set()   # a launch's new agents in containers, until each says hello
         self.versions_noted: set[str] = set()   # agents' other ckptsup versions, warned about once each
         self.reclaimed: set[str] = set()             # nodes a cloud takes back: excluded, never drained
@@ -216,6 +219,8 @@ class Supervisor:
             self.operator.publish_status(active=self.active, tracker=self.tracker, force=True)
             self.agents.close(self.sup.kill_grace_s)
             self.notifier.close()   # the last notice (run_complete, give_up, requeue) leaves, bounded
+            if self.silence is not None:
+                self.silence.close()
             if self.writer is not None:
                 self.writer.close()
             for sig, handler in previous.items():
@@ -320,11 +325,23 @@ class Supervisor:
                 failure = tracker.check(self.clock())
                 self._report_level(tracker)
                 self._carry_out_tracker_news(tracker)
+            if failure is None and self.silence is not None:
+                failure = self._probe_silence(tracker)
             if failure is None:
                 continue
             status = self._recover(failure)
             if status is not None:
                 return status
+
+    def _probe_silence(self, tracker: AttemptTracker) -> Failure | None:
+        """Agents silent SUSPECT_BEATS heartbeats have their node's slurmd asked (off the loop); a
+        node_down once one does not answer (silence_probe.py)."""
+        assert self.silence is not None
+        now = self.clock()
+        self.silence.offer(tracker.silent_past(now, suspect_after_s(self.sup.heartbeat_interval_s)))
+        return self.silence.take(now, step=tracker.current_step(),
+                                 still_silent=lambda node, heard: node in tracker.node_views
+                                 and tracker.node_views[node].last_heard <= heard)
 
     def _carry_out_tracker_news(self, tracker: AttemptTracker) -> None:
         """What the tracker's verdicts ask for: the ranks' stacks from their agents (liveness.py),
