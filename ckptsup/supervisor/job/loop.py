@@ -19,7 +19,7 @@ import threading
 import time
 from dataclasses import dataclass, field, replace
 from pathlib import Path
-from typing import Any, Callable
+from typing import Any, Callable, Sequence
 
 from ... import messages, stack_dump
 from ...config import AUTO, CLOUDS, Resolved, set_explicitly, write_config_json
@@ -92,6 +92,15 @@ def load_by_source(load_s: Any, files: dict[str, Any]) -> dict[str, float]:
 
 KILL_ACK_S = 0.3        # live agents ack a kill in tens of ms; then the silent nodes' slurmd is asked
 SLURMD_PROBE_S = 0.5    # a slurmd that does not accept a connection in this long: its node is dead
+
+
+@dataclass(kw_only=True)
+class KillAcks:
+    """What a kill's ack window found (Supervisor._kill)."""
+
+    unacked: set[str]                                   # nodes whose agent has not acked
+    unreachable: set[str] = field(default_factory=set)  # of them, those whose slurmd did not answer either
+    survivors: list[dict[str, Any]] = field(default_factory=list)   # rank processes named by `report` acks
 
 
 class Supervisor:
@@ -758,37 +767,48 @@ class Supervisor:
         console.warning(f"ckptsup: node lost, no spare left: {choice.reason}")
 
     def _kill_attempt(self, failure: Failure) -> tuple[list[str], list[str]]:
-        """SIGKILL every rank of the attempt and wait (bounded) for each live agent's ack. The ack
-        doubles as a liveness probe: returns the nodes whose agent neither acked nor spoke (a
-        rank's crash is often the first symptom of a dead peer node), and those of them whose
-        slurmd did not answer either. Live agents ack within tens
-        of milliseconds; the nodes still silent after KILL_ACK_S have their slurmd asked, and one
-        that does not answer is dead now — no wait for an ack that cannot come (it cost the node
-        path 2 s). A node whose slurmd answers may just be slow: it gets the whole window."""
-        agents = self.agents
+        """SIGKILL every rank of the attempt; the acks double as a liveness probe: returns the nodes
+        whose agent neither acked nor spoke (a rank's crash is often the first symptom of a dead
+        peer node), and those of them whose slurmd did not answer either. Live agents ack within
+        tens of milliseconds; a silent node whose slurmd does not answer is dead now — no wait for
+        an ack that cannot come (it cost the node path 2 s); one whose slurmd answers may just be
+        slow and gets the whole window (`_kill`)."""
         dead = {failure.node} if failure.kind is FailureKind.NODE_DOWN else set()
-        waiting = {n for n in self.active if n not in dead}
-        if not agents.alive() or not agents.send(messages.Kill(grace=0), nodes=self.active):
+        acks = self._kill(self.active, wait_for=[n for n in self.active if n not in dead], probe=True)
+        if acks is None or len(acks.unacked) == len(self.active):
+            return [], []   # nothing sent, or no agent answered: the supervisor's own link is the suspect
+        return sorted(acks.unacked), sorted(acks.unreachable & acks.unacked)
+
+    def _kill(self, send_to: Sequence[str], *, wait_for: Sequence[str], report: bool = False,
+              probe: bool = False) -> KillAcks | None:
+        """The one owner of the kill and its acks: `kill` to the agents of `send_to`, then the acks of
+        `wait_for` within the ack window (min(node_silence_s, max(2 s, 3 beats))), with the
+        survivors each names when `report`. With `probe`, the nodes still silent KILL_ACK_S after the
+        kill have their slurmd asked and an unanswering one is not waited for. None when no kill
+        could be sent (the agents are gone: their orphans are killed here instead)."""
+        agents = self.agents
+        acks = KillAcks(unacked=set(wait_for))
+        if not agents.alive() or not agents.send(messages.Kill(grace=0, report=report), nodes=list(send_to)):
             self._kill_orphans()
-            return [], []
+            return None
 
         def acked(msg: Message) -> bool:
-            if msg.m is MessageKind.KILLED:
-                waiting.discard(msg.node)
+            if isinstance(msg.body, messages.Killed) and msg.node in acks.unacked:
+                acks.unacked.discard(msg.node)
+                acks.survivors += [{"node": msg.node, **{k: entry[k] for k in ("rank", "pid", "host_pid", "wchan", "stack")
+                                                          if k in entry}} for entry in msg.body.survivors or ()]
             return False
 
         def gone() -> bool:
-            return not any(agents.has_agent(n) for n in waiting - down)
+            return not any(agents.has_agent(n) for n in acks.unacked - acks.unreachable)
 
-        down: set[str] = set()
         deadline = self.clock() + min(self.sup.node_silence_s, max(2.0, 3 * self.sup.heartbeat_interval_s))
-        self._await(acked, min(self.clock() + KILL_ACK_S, deadline), until=gone)
-        if waiting and not gone():
-            down = self.placement.slurmd_down(sorted(waiting), SLURMD_PROBE_S)
-            self._await(acked, deadline, until=gone)
-        if len(waiting) == len(self.active):
-            return [], []   # no agent answered: the supervisor's own link is the suspect, not every node
-        return sorted(waiting), sorted(down & waiting)
+        if probe:
+            self._await(acked, min(self.clock() + KILL_ACK_S, deadline), until=gone)
+            if acks.unacked and not gone():
+                acks.unreachable = self.placement.slurmd_down(sorted(acks.unacked), SLURMD_PROBE_S)
+        self._await(acked, deadline, until=gone)
+        return acks
 
     def _end_teardown(self, tracker: AttemptTracker) -> Failure | None:
         """The ranks finished but some of their processes did not exit within exit_grace_s (a
@@ -798,24 +818,8 @@ class Supervisor:
         hang = tracker.teardown_hang(self.clock())
         if hang is None:
             return None
-        waiting = set(hang.nodes)
-        survivors: list[dict[str, Any]] = []
-
-        def acked(msg: Message) -> bool:
-            if isinstance(msg.body, messages.Killed) and msg.node in waiting:
-                waiting.discard(msg.node)
-                for entry in msg.body.survivors or ():
-                    survivors.append({"node": msg.node, **{k: entry[k] for k in
-                                      ("rank", "pid", "host_pid", "wchan", "stack") if k in entry}})
-            return False
-
-        agents = self.agents
-        if agents.alive() and agents.send(messages.Kill(grace=0, report=True), nodes=list(hang.nodes)):
-            deadline = self.clock() + min(self.sup.node_silence_s, max(2.0, 3 * self.sup.heartbeat_interval_s))
-            self._await(acked, deadline, until=lambda: not any(agents.has_agent(n) for n in waiting))
-        else:
-            self._kill_orphans()
-        survivors.sort(key=lambda e: (e.get("rank", -1), e["node"]))
+        acks = self._kill(hang.nodes, wait_for=hang.nodes, report=True)
+        survivors = sorted(acks.survivors if acks is not None else [], key=lambda e: (e.get("rank", -1), e["node"]))
         self.emit(Event.TEARDOWN_HANG, ranks=survivors, nodes=list(hang.nodes), exit_grace_s=self.sup.exit_grace_s,
                   waited_s=round(hang.waited_s, 3))
         named = ", ".join(f"rank {e.get('rank')} on {e['node']} (pid {e.get('pid')})" for e in survivors) or \
