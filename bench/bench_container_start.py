@@ -1,4 +1,4 @@
-"""What a container costs an agent's start (docs/containers.md §The container phase): one srun step of
+"""What a container costs an agent's start (the container phase: docs/containers.md): one srun step of
 `ckptsup agent`'s interpreter importing ckptsup's agent module on N dev-cluster nodes, bare and in
 Slurm's OCI container (runc, the dev cluster's test bundle), alternated, same clock. Reported: the
 median wall time of the step (srun → every task's import done → srun back) and the ratio container /

@@ -6,7 +6,10 @@ reports the supervisor process's CPU (% of one core, excluding the simulator, wh
 process) and RSS, and the node-death detection latency against `node_silence_s`.
 
 Each heartbeat carries its ranks' evidence (CPU time, I/O, state: supervisor/job/liveness.py) unless
---no-evidence, so the two can be compared in one sitting.
+--no-evidence, so the two can be compared in one sitting. Frames are wire version 2's (pids and evidence
+packed: messages.pack_pids, pack_evidence). A node called dead that is not the silent one, or before it
+fell silent, is printed as a FALSE node-down; a long --seconds is the false-positive run.
+The baseline: the same command in a checkout of the code before (`git archive HEAD`), run alternately.
 
 usage: python bench/bench_supervisor_scale.py [--agents 2048] [--seconds 30] [--ranks-per-node 1] [--no-evidence]
 """
@@ -24,13 +27,13 @@ from pathlib import Path
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 from ckptsup.config import SupervisorConfig  # noqa: E402
 from ckptsup.supervisor.job.attempt import AttemptTracker  # noqa: E402
-from ckptsup.supervisor.job.agent_step import AgentStep, CommandSender  # noqa: E402
+from ckptsup.supervisor.job.agent_step import AgentStep, CommandSender, Inbox  # noqa: E402
 from ckptsup.supervisor.job.detection import at_scale  # noqa: E402
 
 SIMULATOR = r'''
 import sys, time
 sys.path.insert(0, sys.argv[4])
-from ckptsup import step_lines, wire
+from ckptsup import messages, step_lines, wire
 n, silent_after, secret = int(sys.argv[1]), float(sys.argv[2]), bytes.fromhex(sys.argv[3])
 per, with_evidence, interval = int(sys.argv[5]), sys.argv[6] == "1", float(sys.argv[7])
 out = sys.stdout.buffer
@@ -48,9 +51,9 @@ while True:
         # of them made a heartbeat cost 5 ms at 16,384 nodes, hidden while the bench left them out)
         body = {"node": f"n{i}", "agent": "a1b2c3d4e5f6", "ranks_alive": ranks, "last_step": tick,
                 "phase": "train", "stopped_ranks": [], "torchrun": True, "dropped": 0, "attempt": 0,
-                "pids": [{"rank": r, "pid": 1000 + r % per, "host_pid": 50000 + r} for r in ranks]}
+                "pids": messages.pack_pids({"rank": r, "pid": 1000 + r % per, "host_pid": 50000 + r} for r in ranks)}
         if with_evidence:
-            body["evidence"] = [[r, round(10.0 + 0.9 * tick, 3), 1000 * tick, "R"] for r in ranks]
+            body["evidence"] = messages.pack_evidence([r, 10.0 + 0.9 * tick, 1000 * tick, "R", 0, 0.0] for r in ranks)
         out.write(step_lines.pieces(wire.encode("hb", body, seq=seq[i], secret=secret), f"n{i}/a".encode()))
         if i % 256 == 255:
             out.flush()
@@ -74,7 +77,7 @@ def main() -> int:
     # what `ckptsup launch` does with this many nodes: beyond 2,048 the agents beat less often
     config = SupervisorConfig(node_silence_s=a.silence_s) if a.fixed_rate else \
         at_scale(SupervisorConfig(node_silence_s=a.silence_s), a.agents)
-    inbox: "queue.Queue" = queue.Queue()
+    inbox = Inbox()
     silent_after = a.seconds * 0.6
     print(f"heartbeat every {config.heartbeat_interval_s:g}s, node_silence_s {config.node_silence_s:g}")
     work = Path(tempfile.mkdtemp(prefix="ckptsup-scale-"))
@@ -119,7 +122,12 @@ def main() -> int:
           f"{rate:.0f} heartbeats/s received, {step.dropped} dropped, {inbox.qsize()} still queued at the end"
           + (" (a backlog: the supervisor did not keep up)" if inbox.qsize() > a.agents // 10 else ""))
     print(f"supervisor CPU {100 * cpu / span:.1f}% of one core (target <= 10%), max RSS {rss_mb:.0f} MB")
-    if detected:
+    silent_node = nodes[-1]
+    if detected and (detected[0] != silent_node or detected[1] < 0):
+        print(f"FALSE node-down: {detected[0]} called dead {detected[1]:.2f}s after {silent_node} fell silent "
+              f"(1 false node-down in {detected[1] + silent_after:.0f}s)")
+    elif detected:
+        print(f"0 false node-downs in the {silent_after:.0f}s before {silent_node} fell silent")
         print(f"node death: {detected[0]} detected {detected[1]:.2f}s after it fell silent (node_silence_s = "
               f"{config.node_silence_s:g}, counted from its last heartbeat, up to one period earlier); compare with "
               f"--agents 8 for the latency without load")

@@ -30,7 +30,7 @@ import math
 import typing
 from dataclasses import MISSING, dataclass, field, fields
 from types import NoneType, UnionType
-from typing import Any, Callable, ClassVar, Mapping, TypeVar
+from typing import Any, Callable, ClassVar, Iterable, Mapping, Sequence, TypeVar
 
 from . import wire
 from .wire import FrameError, MessageKind, Phase
@@ -356,8 +356,62 @@ class Heartbeat(Body):
     torchrun: bool | None = fld(default=None)
     dropped: int = fld(default=0)
     attempt: int | None = fld(default=None)
-    pids: tuple[Any, ...] | None = fld(default=None)       # [{rank, pid, host_pid}]
-    evidence: tuple[Any, ...] | None = fld(default=None)   # [[rank, cpu_s, io_bytes, state, children, children_cpu_s]]
+    # packed (pack_pids / pack_evidence, wire.WIRE_VERSION 2): parsed where they are read, not per beat
+    pids: str | None = fld(default=None)       # "rank,pid,host_pid ..."
+    evidence: str | None = fld(default=None)   # "rank,cpu_s,io_bytes,state,children,children_cpu_s ..."
+
+
+# ---- the heartbeat's packed fields -----------------------------------------------------------------
+# Every rank's pids and /proc evidence ride on each heartbeat. As JSON objects and lists they were
+# most of the supervisor's work per beat (an 8-rank beat: 37 -> 9 us to decode, BENCHMARKS.md §Scale);
+# as one string each they cost the decoder one string, and the supervisor parses the pids when they
+# change and the evidence when a silence is judged (supervisor/job/node_evidence.py).
+EvidenceRow = tuple[int, float, int, str, int, float]   # rank, cpu_s, io_bytes, state, children, children_cpu_s
+
+
+def pack_pids(pids: Iterable[Mapping[str, int]]) -> str:
+    """[{rank, pid, host_pid}] as the heartbeat's `pids`."""
+    return " ".join(f"{int(p['rank'])},{int(p['pid'])},{int(p['host_pid'])}" for p in pids)
+
+
+def unpack_pids(text: str) -> dict[int, dict[str, int]]:
+    """rank -> {pid, host_pid}. A malformed record is skipped, never raised (a peer's junk costs it its entry)."""
+    out: dict[int, dict[str, int]] = {}
+    for record in text.split()[:MAX_LIST_ITEMS]:
+        parts = record.split(",")
+        if len(parts) == 3 and all(p.isascii() and p.isdigit() for p in parts):
+            out[int(parts[0])] = {"pid": int(parts[1]), "host_pid": int(parts[2])}
+    return out
+
+
+def pack_evidence(rows: Iterable[Sequence[Any]]) -> str:
+    """[[rank, cpu_s, io_bytes, state, children?, children_cpu_s?]] as the heartbeat's `evidence`; a
+    state is one /proc letter (anything else is sent as `?`)."""
+    out = []
+    for row in rows:
+        rank, cpu, io, state, *rest = row
+        children, children_cpu = (rest[0], rest[1]) if len(rest) >= 2 else (0, 0.0)
+        letter = state if isinstance(state, str) and len(state) == 1 and state.isalpha() else "?"
+        out.append(f"{int(rank)},{float(cpu):.3f},{int(io)},{letter},{int(children)},{float(children_cpu):.3f}")
+    return " ".join(out)
+
+
+def unpack_evidence(text: str) -> list[EvidenceRow]:
+    """The rows of a packed `evidence`; a malformed one (a non-finite or negative number, a field
+    short) is skipped."""
+    rows: list[EvidenceRow] = []
+    for record in text.split()[:MAX_LIST_ITEMS]:
+        parts = record.split(",")
+        if len(parts) != 6 or not all(parts[i].isascii() and parts[i].isdigit() for i in (0, 2, 4)):
+            continue
+        try:
+            cpu, children_cpu = float(parts[1]), float(parts[5])
+        except ValueError:
+            continue
+        if not (math.isfinite(cpu) and math.isfinite(children_cpu)) or not parts[3]:
+            continue
+        rows.append((int(parts[0]), cpu, int(parts[2]), parts[3], int(parts[4]), children_cpu))
+    return rows
 
 
 @kind(MessageKind.LAUNCHED)

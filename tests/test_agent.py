@@ -7,7 +7,7 @@ from pathlib import Path
 
 import pytest
 
-from ckptsup import wire
+from ckptsup import messages, wire
 from ckptsup.supervisor.node.agent import Agent, LaunchSpec
 
 SECRET = b"k" * 64
@@ -190,7 +190,7 @@ def test_a_kill_with_report_names_the_live_rank_processes_and_heartbeats_list_th
     agent.torchrun, agent.procs.rank_pids = torchrun, {1: rank_pid}
     agent.heartbeat()
     [hb] = [body for m, body in relayed(agent) if m == "hb"]
-    assert hb["pids"] == [{"rank": 1, "pid": rank_pid, "host_pid": rank_pid}]
+    assert messages.unpack_pids(hb["pids"]) == {1: {"pid": rank_pid, "host_pid": rank_pid}}
     agent.test_in.write(wire.encode("kill", {"grace": 0, "report": True}, seq=1, secret=SECRET))
     agent.test_in.flush()
     [killed] = [body for m, body in relayed(agent) if m == "killed"]

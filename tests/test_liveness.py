@@ -9,6 +9,7 @@ import textwrap
 import time
 from pathlib import Path
 
+from ckptsup import messages
 from ckptsup.config import SupervisorConfig
 from ckptsup.stack_dump import STACK_SIGNAL, stack_file
 from ckptsup.supervisor.node import evidence
@@ -150,6 +151,8 @@ def tracker(**config):
 
 
 def msg(t, m, **body):
+    if isinstance(body.get("evidence"), list):   # as rows here; packed on the wire (messages.pack_evidence)
+        body["evidence"] = messages.pack_evidence(body["evidence"])
     return Message.received(recv=t, m=m, body={"node": "n1", **body}, step_id=1)
 
 

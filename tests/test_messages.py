@@ -30,8 +30,8 @@ SAMPLES: dict[MessageKind, Body] = {
     MessageKind.BYE: messages.Bye(rank=1, status=0),
     MessageKind.HB: messages.Heartbeat(ranks_alive=(0, 1), last_step=7, phase=Phase.TRAIN, stopped_ranks=(1,),
                                        torchrun=True, dropped=2, attempt=3,
-                                       pids=({"rank": 0, "pid": 10, "host_pid": 10},),
-                                       evidence=([0, 1.5, 4096, "R"],)),
+                                       pids=messages.pack_pids([{"rank": 0, "pid": 10, "host_pid": 10}]),
+                                       evidence=messages.pack_evidence([[0, 1.5, 4096, "R"]])),
     MessageKind.LAUNCHED: messages.Launched(attempt=3, pid=99, warm=True),
     MessageKind.RANK_EXIT: messages.RankExit(rank=1, rc=-9, pid=10, step=7, age_s=0.5, detail="rank 1 died"),
     MessageKind.TORCHRUN_EXIT: messages.TorchrunExit(rc=1, step=7, stopped=True, preempted=True),
@@ -228,10 +228,9 @@ def test_wire_kinds_point_at_the_types_instead_of_listing_fields() -> None:
 def test_the_supervisors_reader_types_each_body_and_drops_a_mistyped_one_like_a_forged_one(tmp_path: Path) -> None:
     """AgentStep's reader is the supervisor's one boundary: a real child writes a good heartbeat,
     a well-signed one with a wrong body and a forged one; only the first is queued, typed."""
-    import queue
     import sys
 
-    from ckptsup.supervisor.job.agent_step import AgentStep, CommandSender, StepEof, StepSignal
+    from ckptsup.supervisor.job.agent_step import AgentStep, CommandSender, Inbox, StepEof, StepSignal
 
     good = messages.Heartbeat(ranks_alive=(0,), last_step=4, attempt=1)
     env = {"node": "n1", "agent": "a1"}
@@ -239,7 +238,7 @@ def test_the_supervisors_reader_types_each_body_and_drops_a_mistyped_one_like_a_
              wire.encode(MessageKind.HB, {"ranks_alive": "all", **env}, seq=2, secret=SECRET),
              wire.encode(MessageKind.HB, {**good.to_body(), **env}, seq=3, secret=b"forged" * 6)]
     script = "import sys; sys.stdout.buffer.write(bytes.fromhex(sys.argv[1]))"
-    inbox: "queue.Queue" = queue.Queue()
+    inbox = Inbox()
     step = AgentStep(argv=[sys.executable, "-c", script, b"".join(lines).hex()], env={}, nodes=("n1",), secret=SECRET,
                      sender=CommandSender(SECRET), inbox=inbox, log_path=tmp_path / "agents.log")
     first, end = inbox.get(timeout=30), inbox.get(timeout=30)

@@ -15,7 +15,7 @@ from hooks_helpers import free_port
 from ckptsup import messages
 from ckptsup.env import NODE, SECRET_FILE
 from ckptsup.rundir import RunDir
-from ckptsup.supervisor.job.agent_step import AgentStep, CommandSender, Message, StepSignal
+from ckptsup.supervisor.job.agent_step import AgentStep, CommandSender, Inbox, Message, StepSignal
 from ckptsup.supervisor.job.placement import agent_command
 from ckptsup.supervisor.spec import LaunchSpec
 from ckptsup.wire import MessageKind
@@ -28,7 +28,7 @@ def spec_for(tmp: Path, node: str, script: Path, run: RunDir) -> LaunchSpec:
                       heartbeat_interval_s=0.5, cwd=str(tmp))
 
 
-def wait_for_message(inbox: "queue.Queue[Message]", kind: MessageKind, timeout: float) -> Message:
+def wait_for_message(inbox: Inbox, kind: MessageKind, timeout: float) -> Message:
     deadline = time.monotonic() + timeout
     while time.monotonic() < deadline:
         try:
@@ -49,7 +49,7 @@ def test_a_spares_agent_warms_up_at_once_and_its_node_starts_warm_when_a_launch_
     first = spec_for(tmp_path, "n1", script, run)
     path = tmp_path / "launch.json"
     first.write(path)
-    inbox: "queue.Queue[Message]" = queue.Queue()
+    inbox = Inbox()
     secret = run.read_secret()
     step = AgentStep(argv=agent_command(str(path), 0), env={**os.environ, NODE: "n2"}, nodes=("n2",), secret=secret,
                      sender=CommandSender(secret), inbox=inbox, log_path=tmp_path / "agents.log")

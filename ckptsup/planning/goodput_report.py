@@ -113,7 +113,12 @@ def read_run(run_dir: str | os.PathLike[str], *, stats: Any = None) -> list[dict
     if not events:
         raise ConfigError(f"{str(path / EVENTS_FILE)!r} holds no ckptsup events (empty, or not one line is a JSON "
                           "event); give the run directory of a run that has started")
-    return events
+    return [e for e in events if e["event"] not in NODE_NOTES]
+
+
+# one event per node (each launch's warm_ready, each agent's hello): nothing the report counts reads them, and
+# at 16,384 nodes they are 98 % of a day's log (bench_scale_ops.py: the report 2.7 s -> see BENCHMARKS.md §Scale)
+NODE_NOTES = frozenset({"warm_ready", "agent_started"})
 
 
 def breakdown_rows(rep: dict[str, Any]) -> list[tuple[str, float, float, float]]:

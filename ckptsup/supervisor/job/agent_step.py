@@ -16,13 +16,18 @@ import queue
 import subprocess
 import threading
 import time
+from collections import deque
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Any, Mapping, Sequence
+from typing import Any, Iterator, Mapping, Sequence
 
 from ... import messages, step_lines, wire
 from ...wire import MessageKind
 from ..processes import terminate
+
+
+READ_BYTES = 1 << 16                       # one read of the step's stdout: ~100 heartbeats of 8 ranks
+MAX_REST_BYTES = 4 * wire.MAX_FRAME_BYTES  # a line longer than any frame's pieces is not ours
 
 
 class StepSignal(enum.StrEnum):
@@ -58,6 +63,37 @@ class Message:
                    agent=agent if isinstance(agent, str) else str(agent))
 
 
+class Inbox:
+    """The supervisor's queue of agent messages: one consumer (the loop), any number of readers. A
+    reader hands over what one read of its step decoded as one batch, so the loop's thread wakes once
+    a batch, not once a frame: at 2,048 agents the thread hand-over per frame cost as much as the
+    frame (BENCHMARKS.md §Scale). The queue's interface: `get(timeout=)`, `get_nowait()` (raising
+    queue.Empty), `put`, `qsize`."""
+
+    def __init__(self) -> None:
+        self._batches: "queue.SimpleQueue[list[Message]]" = queue.SimpleQueue()
+        self._taken: deque[Message] = deque()   # the consumer's: the rest of the batch it took
+
+    def put(self, msg: Message) -> None:
+        self._batches.put([msg])
+
+    def put_batch(self, msgs: list[Message]) -> None:
+        if msgs:
+            self._batches.put(msgs)
+
+    def get(self, block: bool = True, timeout: float | None = None) -> Message:
+        while not self._taken:
+            self._taken.extend(self._batches.get(block, timeout))   # raises queue.Empty
+        return self._taken.popleft()
+
+    def get_nowait(self) -> Message:
+        return self.get(False)
+
+    def qsize(self) -> int:
+        """Batches waiting plus the messages left of the one taken (a bound, for a backlog warning)."""
+        return self._batches.qsize() + len(self._taken)
+
+
 class CommandSender:
     """Monotonic sequence numbers for every command this supervisor sends, across steps."""
 
@@ -78,7 +114,7 @@ class AgentStep:
     _ids = 0
 
     def __init__(self, *, argv: Sequence[str], env: dict[str, str], nodes: Sequence[str], secret: bytes,
-                 sender: CommandSender, inbox: "queue.Queue[Message]", log_path: Path) -> None:
+                 sender: CommandSender, inbox: Inbox, log_path: Path) -> None:
         AgentStep._ids += 1
         self.step_id = AgentStep._ids
         self.nodes = tuple(nodes)
@@ -101,24 +137,47 @@ class AgentStep:
 
     def _read(self) -> None:
         assert self.proc.stdout is not None
-        for piece in self.proc.stdout:
-            recv = time.monotonic()
-            line = self.joiner.feed(piece)
-            if line is None or not line.strip():
-                continue
-            try:
-                m, seq, body = wire.decode(line, secret=self.secret)
-                msg = Message.received(recv=recv, m=m, body=body, step_id=self.step_id)
-            except wire.FrameError:
-                self.dropped += 1  # stray output, a forgery or a body of the wrong types: never acted on
-                continue
-            if not self.guard.accept(f"{msg.node}/{msg.agent}", seq):
-                self.dropped += 1
-                continue
-            self.inbox.put(msg)
+        for lines, recv in self._reads(self.proc.stdout.fileno()):
+            batch = []
+            for piece in lines:
+                line = self.joiner.feed(piece)
+                if line is None or not line.strip():
+                    continue
+                try:
+                    m, seq, body = wire.decode(line, secret=self.secret)
+                    msg = Message.received(recv=recv, m=m, body=body, step_id=self.step_id)
+                except wire.FrameError:
+                    self.dropped += 1  # stray output, a forgery or a body of the wrong types: never acted on
+                    continue
+                if not self.guard.accept(f"{msg.node}/{msg.agent}", seq):
+                    self.dropped += 1
+                    continue
+                batch.append(msg)
+            self.inbox.put_batch(batch)   # one hand-over a read
         self.inbox.put(Message(recv=time.monotonic(), m=StepSignal.EOF, body=StepEof(rc=self.proc.wait(),
                                                                                     log=str(self.log_path)),
                                step_id=self.step_id))
+
+    def _reads(self, fd: int) -> Iterator[tuple[list[bytes], float]]:
+        """The step's lines, those each read completed with its time of receipt, read READ_BYTES at a
+        time (at 2,048 agents a read a line cost a syscall each). An unterminated rest past
+        MAX_REST_BYTES (not a peer of ours) is dropped and counted."""
+        rest = b""
+        while True:
+            try:
+                data = os.read(fd, READ_BYTES)
+            except InterruptedError:
+                continue
+            if not data:
+                break
+            recv = time.monotonic()
+            *lines, rest = (rest + data).split(b"\n")
+            if len(rest) > MAX_REST_BYTES:
+                rest = b""
+                self.dropped += 1
+            yield [line + b"\n" for line in lines], recv
+        if rest:
+            yield [rest], time.monotonic()
 
     def send(self, msg: messages.Body, *, nodes: Sequence[str] | None = None) -> bool:
         """The transport: one frame of the command `msg`, with the envelope's `nodes` when it is

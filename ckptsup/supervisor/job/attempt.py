@@ -24,6 +24,7 @@ from .detection import (HangTimeout, NodeView, RankView, StepWindow, TeardownHan
 from .observations import Failure, FailureKind, SupervisionLevel
 from .stragglers import Straggler, StragglerDetector
 from .liveness import ChildSeen, Hung, Leaving, NeedStacks, RankEvidence, Working, data_hang, judge
+from .node_evidence import NodeEvidence
 from . import restore_check
 from .restore_check import LossJump
 
@@ -105,10 +106,14 @@ class AttemptTracker:
     teardown_since: float | None = None  # every rank said bye, or (without hooks) one exited 0: exit_grace_s runs
     exited_ok: set[int] = field(default_factory=set)          # ranks without hooks whose process exited 0
     node_pids: dict[str, dict[int, dict[str, Any]]] = field(default_factory=dict)  # node -> rank -> {pid, host_pid} (heartbeats)
+    node_pids_packed: dict[str, str] = field(default_factory=dict)   # node -> its last heartbeat's packed pids
+    stopped_nodes: set[str] = field(default_factory=set)   # nodes whose last heartbeat named a stopped rank
     stragglers: StragglerDetector | None = None
     straggler_flags: list[Straggler] = field(default_factory=list)       # for the loop to record
     # liveness.py: a silence is weighed against what the agents measure of every rank
-    evidence: dict[int, RankEvidence] = field(default_factory=dict)
+    evidence: dict[int, RankEvidence] = field(default_factory=dict)   # parsed while suspect (node_evidence.py)
+    node_evidence: dict[str, NodeEvidence] = field(default_factory=dict)   # node -> its recent evidence, packed
+    evidence_watched: bool = False     # a suspicion: every node's evidence is parsed into `evidence`
     stacks: dict[int, str] = field(default_factory=dict)     # rank -> its faulthandler dump (this suspicion)
     wchan: dict[int, str] = field(default_factory=dict)      # rank -> its main thread's kernel wait channel (this suspicion)
     children: dict[int, list[ChildSeen]] = field(default_factory=dict)   # rank -> its live descendants (this suspicion)
@@ -199,13 +204,21 @@ class AttemptTracker:
             if body.ranks_alive is not None:
                 view.ranks_alive = body.ranks_alive
             self._note_pids(node, body.pids)
-            self._note_evidence(node, body.evidence, now)
+            if body.evidence is not None:
+                held = self.node_evidence.get(node)
+                if held is None:
+                    held = self.node_evidence[node] = NodeEvidence(node=node, watched=self.evidence_watched)
+                held.add(now, body.evidence, self.evidence)
             stopped = set(body.stopped_ranks)
-            for seen in self.ranks.values():
-                if seen.node == node:
-                    seen.stopped = seen.rank in stopped
-                    seen.stopped_since = (seen.stopped_since if seen.stopped_since is not None else now) \
-                        if seen.stopped else None
+            # a node whose ranks run is not walked (at 16,384 x 8 ranks a walk of every rank a beat
+            # was the whole budget): only one that reports, or last reported, a stopped rank
+            if stopped or node in self.stopped_nodes:
+                for seen in self.ranks.values():
+                    if seen.node == node:
+                        seen.stopped = seen.rank in stopped
+                        seen.stopped_since = (seen.stopped_since if seen.stopped_since is not None else now) \
+                            if seen.stopped else None
+                (self.stopped_nodes.add if stopped else self.stopped_nodes.discard)(node)
             if not self.hooked:
                 # a stopped worker that prints nothing (rank 1 while rank 0 prints): a view, so
                 # that the hang it causes is pinned on it
@@ -300,18 +313,14 @@ class AttemptTracker:
                            detail=f"agent on {node} got signal {body.signal}")
         return None
 
-    def _note_pids(self, node: str, pids: tuple[Any, ...] | None) -> None:
+    def _note_pids(self, node: str, pids: str | None) -> None:
         """The heartbeat lists the node's live rank processes: the others are gone. Per node, so
-        that a heartbeat costs the same at 16,384 nodes as at 2 (bench_supervisor_scale.py)."""
-        if pids is None:
+        that a heartbeat costs the same at 16,384 nodes as at 2 (bench_supervisor_scale.py), and
+        parsed only when the list changed (a rank's pid is the same for its whole life)."""
+        if pids is None or self.node_pids_packed.get(node) == pids:
             return
-        known: dict[int, dict[str, int]] = {}
-        for entry in pids:
-            if isinstance(entry, dict):
-                rank, pid, host_pid = entry.get("rank"), entry.get("pid"), entry.get("host_pid")
-                if type(rank) is int and type(pid) is int and type(host_pid) is int:   # JSON ints, never bools
-                    known[rank] = {"pid": pid, "host_pid": host_pid}
-        self.node_pids[node] = known
+        self.node_pids_packed[node] = pids
+        self.node_pids[node] = messages.unpack_pids(pids)
 
     @property
     def pids(self) -> dict[int, dict[str, Any]]:
@@ -555,6 +564,10 @@ class AttemptTracker:
         if silence is None:
             self._suspicion_over(now)
             return None
+        if not self.evidence_watched:   # suspect: the evidence parsed, and from here on at every beat
+            self.evidence_watched = True
+            for held in self.node_evidence.values():
+                held.watch(self.evidence)
         if not self.evidence:
             return silence   # agents that measure nothing (an old agent, a test's stand-in): the silence alone
         verdict = judge(self.evidence, self.stacks, now=now, stacks_asked_at=self.stacks_asked_at,
@@ -637,6 +650,10 @@ class AttemptTracker:
             self.busy, self.busy_since, self.busy_quiet_since = None, None, None
             self.stacks, self.wchan, self.stacks_asked_at, self.stacks_waiting = {}, {}, None, set()
             self.children, self.recheck_at = {}, None
+        if self.evidence_watched:   # the next suspicion parses its own window again
+            for held in self.node_evidence.values():
+                held.unwatch()
+            self.evidence, self.evidence_watched = {}, False
 
     def asked_for_stacks(self, now: float, nodes: set[str]) -> None:
         """The loop sent `stacks` to these agents."""
@@ -644,21 +661,6 @@ class AttemptTracker:
         self.stacks_asked_at = now
         self.stacks_waiting = set(nodes)
         self.stacks, self.wchan, self.children = {}, {}, {}
-
-    def _note_evidence(self, node: str, entries: tuple[Any, ...] | None, now: float) -> None:
-        for entry in entries or ():
-            # [rank, cpu_s, io_bytes, state] (+ [children, children_cpu_s] from an agent that walks the tree)
-            if not (isinstance(entry, list) and len(entry) in (4, 6) and isinstance(entry[0], int)
-                    and isinstance(entry[1], (int, float)) and isinstance(entry[2], int) and isinstance(entry[3], str)):
-                continue
-            children, children_cpu = (entry[4], entry[5]) if len(entry) == 6 else (0, 0.0)
-            if not (isinstance(children, int) and isinstance(children_cpu, (int, float))):
-                continue
-            rank = entry[0]
-            ev = self.evidence.get(rank)
-            if ev is None or ev.node != node:
-                ev = self.evidence[rank] = RankEvidence(rank=rank, node=node)
-            ev.add(now, float(entry[1]), entry[2], entry[3], children, float(children_cpu))
 
     def progress_stale(self, now: float, warn_s: float) -> float | None:
         """Seconds since launch when an attempt without hello has shown no progress line for

@@ -22,7 +22,9 @@ from ...wire import Phase
 from .observations import Failure, FailureKind
 
 
-HEARTBEATS_PER_S = 2048   # what the supervisor folds in for ~12 % of a core (BENCHMARKS.md §Liveness)
+# what one supervisor core folds in for <= 10 %: 8-rank beats of wire version 2 cost 32-54 us each in the
+# real loop (2,048 x 8 at 1 Hz: 6-10 %; 16,384 x 8 at 1 Hz would be ~60 %: BENCHMARKS.md §Scale)
+HEARTBEATS_PER_S = 2048
 MISSED_HEARTBEATS = 3     # at scale: this many missed beats (at least node_silence_s) mean a dead node
 
 
@@ -82,13 +84,19 @@ class StepWindow:
     def p50(self) -> float | None:
         return percentile(self.samples, 0.5)
 
+    def p50_p99(self) -> tuple[float | None, float | None]:
+        """Both from one sort: status.json asks every node's at every publish (16,384 nodes)."""
+        ordered = sorted(self.samples)
+        return percentile(ordered, 0.5, ordered=True), percentile(ordered, 0.99, ordered=True)
 
-def percentile(values: Sequence[float], q: float) -> float | None:
+
+def percentile(values: Sequence[float], q: float, *, ordered: bool = False) -> float | None:
+    """`ordered`: `values` are sorted already."""
     if not values:
         return None
-    ordered = sorted(values)
-    index = min(len(ordered) - 1, max(0, math.ceil(q * len(ordered)) - 1))
-    return ordered[index]
+    ordered_values = values if ordered else sorted(values)
+    index = min(len(ordered_values) - 1, max(0, math.ceil(q * len(ordered_values)) - 1))
+    return ordered_values[index]
 
 
 @dataclass(frozen=True, kw_only=True)

@@ -67,6 +67,7 @@ class Operator:
         self.checkpoints: dict[str, dict[str, Any]] = {}   # committed | validated | durable -> {step, ts}
         self.last_commit_mono: float | None = None
         self.status_published = -float("inf")
+        self.status_every_s = status.STATUS_EVERY_S   # longer where one publish costs much (status.next_publish_s)
         self.replace: PendingReplace | None = None   # an operator's replace, waiting for its checkpoint
         self.goodput: float | None = None         # so far, for the live Prometheus textfile
         self.sdc: dict[str, Any] = {}             # planning/sdc_report.py, from the same read of the log
@@ -111,9 +112,10 @@ class Operator:
     def publish_status(self, *, active: tuple[str, ...], tracker: AttemptTracker | None, force: bool = False) -> None:
         """status.json for `ckptsup status`, every STATUS_EVERY_S (and at the end)."""
         now = self.clock()
-        if not force and now - self.status_published < status.STATUS_EVERY_S:
+        if not force and now - self.status_published < self.status_every_s:
             return
         self.status_published = now
+        cpu = time.thread_time()   # this thread's: the agent readers' meanwhile are not the publish's
         spares = self.spares()
         state = self.run_state()
         seen = status.Seen(now_mono=now, now_wall=time.time(), heard=self.heard, has_agent=self.agents.has_agent,
@@ -127,6 +129,7 @@ class Operator:
             status.publish(self.run_dir.path, current)
         except OSError as err:   # a full run dir costs the status, never the run
             self.once(f"cannot publish {status.STATUS_FILE}: {err.strerror or err}")
+        self.status_every_s = status.next_publish_s(time.thread_time() - cpu)
         if self.config.report.prom_textfile:
             self._publish_prom(current, now, force=force)
 

@@ -203,7 +203,8 @@ def decide(obs: Observation, history: History, config: SupervisorConfig) -> Acti
     reasons = tuple((n, blamed[n]) for n in new)
 
     candidates = [n for n in obs.active if n not in excluded and n not in benched]
-    candidates += [n for n in obs.spares if n not in excluded and n not in candidates and n not in benched]
+    chosen = set(candidates)   # a set: O(N) spare choice at 16,384 nodes (bench_scale_ops.py)
+    candidates += [n for n in obs.spares if n not in excluded and n not in chosen and n not in benched]
     if len(candidates) >= obs.nodes_needed:
         nodes = tuple(candidates[: obs.nodes_needed])
         same = nodes == tuple(obs.active) and obs.agents_alive
@@ -259,7 +260,8 @@ def _replace(obs: Observation, failure: Failure) -> Action:
     assert node is not None
     why = f"replaced: {failure.detail}" if failure.detail else "replaced on request"
     candidates = [n for n in obs.active if n != node and n not in obs.excluded]
-    candidates += [n for n in obs.spares if n != node and n not in obs.excluded and n not in candidates]
+    chosen = set(candidates)
+    candidates += [n for n in obs.spares if n != node and n not in obs.excluded and n not in chosen]
     if len(candidates) >= obs.nodes_needed:
         return RestartInAllocation(nodes=tuple(candidates[: obs.nodes_needed]), path=RecoveryPath.NODE,
                                    exclude=(node,), reasons=((node, why),), failure=failure)
@@ -390,7 +392,8 @@ def sdc_blame(history: History, obs: Observation, *, replaceable: bool
         return ((((node, f"sdc: in both of two replica disputes (steps {earlier[-1].step} and {step})"),)
                  if replaceable else ()), ())
     pair = sorted(disputed)
-    spare = [n for n in obs.spares if n not in obs.excluded and n not in obs.active]
+    active = set(obs.active)
+    spare = [n for n in obs.spares if n not in obs.excluded and n not in active]
     if spare and pair:
         return (), (pair[0],)
     if obs.can_requeue:

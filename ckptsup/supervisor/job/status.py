@@ -18,8 +18,15 @@ from .attempt import AttemptTracker
 
 STATUS_FILE = "status.json"
 STATUS_EVERY_S = 2.0
+STATUS_CPU_SHARE = 0.02   # at most this share of the supervisor's core on status.json (16,384 nodes: ~0.5 s a publish)
+
+
+def next_publish_s(cost_s: float) -> float:
+    """The wait before the next publish after one that cost `cost_s` of CPU: STATUS_EVERY_S while that
+    keeps its cost under STATUS_CPU_SHARE (2,048 nodes: 0.07 s), longer past it (bench_scale_ops.py)."""
+    return max(STATUS_EVERY_S, cost_s / STATUS_CPU_SHARE)
 STATUS_VERSION = 1
-MAX_STATUS_BYTES = 8 << 20   # 2,048 nodes x a few hundred bytes, with room
+MAX_STATUS_BYTES = 64 << 20   # 16,384 nodes x 8 ranks: ~19 MB (bench_scale_ops.py), with room
 
 
 @dataclass(frozen=True, kw_only=True)
@@ -44,23 +51,23 @@ def build_status(*, job_id: str, attempt: int, epoch: int, run_status: str, acti
         if rank.last_step is not None:
             steps[rank.node] = max(rank.last_step, steps.get(rank.node, rank.last_step))
     nodes: dict[str, dict[str, Any]] = {}
+    active_set = set(active)   # a set: `in` a 16,384-node tuple made this quadratic (bench_scale_ops.py)
     for node in (*active, *spares):
         heard = seen.heard.get(node)
-        row: dict[str, Any] = {"role": "active" if node in active else "spare", "agent": seen.has_agent(node),
+        row: dict[str, Any] = {"role": "active" if node in active_set else "spare", "agent": seen.has_agent(node),
                                "heartbeat_age_s": None if heard is None else round(seen.now_mono - heard, 3),
                                "warm": node in seen.warm_nodes}
-        view = tracker.node_views.get(node) if tracker is not None and node in active else None
+        view = tracker.node_views.get(node) if tracker is not None and node in active_set else None
         if view is not None and tracker is not None:
-            window = view.step_window
-            row.update(ranks_alive=list(view.ranks_alive), step=steps.get(node),
-                       step_p50_s=window.p50() if window else None, step_p99_s=window.p99() if window else None,
+            p50, p99 = view.step_window.p50_p99() if view.step_window else (None, None)
+            row.update(ranks_alive=list(view.ranks_alive), step=steps.get(node), step_p50_s=p50, step_p99_s=p99,
                        pids=[{"rank": r, **v} for r, v in sorted(tracker.node_pids.get(node, {}).items())])
         nodes[node] = row
     out: dict[str, Any] = {
         "v": STATUS_VERSION, "written": round(seen.now_wall, 3), "job_id": job_id, "attempt": attempt, "epoch": epoch,
         "status": run_status, "active": list(active), "spares": list(spares), "excluded": dict(excluded),
         "nodes": nodes, "checkpoints": {k: dict(v) for k, v in seen.checkpoints.items()},
-        "save_interval_s": seen.interval_s,
+        "save_interval_s": seen.interval_s, "heartbeat_interval_s": config.heartbeat_interval_s,
         "next_save_in_s": (None if seen.interval_s is None or seen.last_commit_mono is None
                            else round(seen.last_commit_mono + seen.interval_s - seen.now_mono, 1)),
     }

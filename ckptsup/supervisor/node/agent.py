@@ -483,9 +483,9 @@ class Agent:
         running = self.torchrun is not None and self.torchrun.poll() is None
         self.send(messages.Heartbeat(ranks_alive=tuple(ranks), last_step=self.last_step, phase=self.phase,
                                      stopped_ranks=tuple(sorted(self.stopped_ranks)), torchrun=running,
-                                     dropped=self.dropped, attempt=self.attempt, pids=tuple(pids),
+                                     dropped=self.dropped, attempt=self.attempt, pids=messages.pack_pids(pids),
                                      # each live rank's CPU time, I/O and state (supervisor/job/liveness.py: busy or hung)
-                                     evidence=tuple([rank, *got.to_wire()] for rank, got in samples.items())))
+                                     evidence=messages.pack_evidence([rank, *got.to_wire()] for rank, got in samples.items())))
         if self.adopting:
             reap_orphans(self._own_children())   # a subreaper adopts its descendants' orphans
 

@@ -6,7 +6,7 @@ from __future__ import annotations
 import json
 import time
 from pathlib import Path
-from typing import Any
+from typing import Any, Mapping
 
 import click
 
@@ -18,6 +18,7 @@ from ...planning.sdc_report import sdc_line
 from ...textsafe import text as safe_text
 from .cli_ops import _run_dir_files
 from ..job.status import STATUS_EVERY_S, read_status
+from . import node_table
 
 FINISHED = ("done", "gave_up", "cancelled")
 
@@ -80,9 +81,8 @@ def _pids(pids: Any) -> str:
     return " ".join(cells) or "-"
 
 
-def render(st: dict[str, Any]) -> Any:
+def render(st: dict[str, Any], nodes_pattern: str | None = None) -> Any:
     from rich.console import Group
-    from rich.table import Table
 
     head = [*([st["story"]] if st.get("story") else []),   # the run in one line, as `ckptsup log` and `report` lead
             f"job {st.get('job_id')}  attempt {st.get('attempt')}  epoch {st.get('epoch')}  {st.get('status')}"
@@ -105,26 +105,59 @@ def render(st: dict[str, Any]) -> Any:
     head.append(sdc_line(st.get("sdc")))
     if isinstance(st.get("excluded"), dict) and st["excluded"]:
         head.append("excluded: " + ", ".join(f"{n} ({why})" for n, why in st["excluded"].items()))
+    return Group(*(safe_text(line) for line in head), *node_tables(st, nodes_pattern))
+
+
+def node_tables(st: dict[str, Any], pattern: str | None = None) -> list[Any]:
+    """The nodes: one row each for a small job or the nodes `pattern` names; past DETAIL_NODES, one row
+    per state (node_table.py) and the SLOWEST nodes in full (2,048 rows said nothing at a glance)."""
+    rows = {node: row for node, row in st["nodes"].items() if isinstance(row, dict)}
+    if pattern is not None:
+        picked = node_table.matching(rows, pattern)
+        if not picked:
+            return [safe_text(f"no node matches {pattern!r} (of {len(rows)})")]
+        return [_detail(picked)]
+    if len(rows) <= node_table.DETAIL_NODES:
+        return [_detail(rows)]
+    from rich.table import Table
+
+    summary = Table(show_edge=False, pad_edge=False)
+    for column in ("state", "nodes", "heartbeat (max)", "step (min-max)", "warm", "examples"):
+        summary.add_column(column)
+    for group in node_table.by_state(rows, st.get("heartbeat_interval_s")):
+        cells = (group.state, str(group.count), _s(group.max_age_s) + (" ago" if group.max_age_s is not None else ""),
+                 "-" if group.min_step is None else f"{group.min_step}-{group.max_step}", str(group.warm),
+                 ", ".join(group.examples))
+        summary.add_row(*(safe_text(cell) for cell in cells))
+    slow = node_table.slowest(rows)
+    return [summary, *([safe_text(f"slowest {len(slow)} of {len(rows)} nodes (step p99, then furthest behind; "
+                                  f"--nodes PATTERN for any):"), _detail(slow)] if slow else [])]
+
+
+def _detail(rows: Mapping[str, Mapping[str, Any]]) -> Any:
+    from rich.table import Table
+
     table = Table(show_edge=False, pad_edge=False)
     for column in ("node", "role", "agent", "heartbeat", "ranks", "step", "step p50", "step p99", "warm", "pids"):
         table.add_column(column)
-    for node, row in st["nodes"].items():
-        if not isinstance(row, dict):
-            continue
+    for node, row in rows.items():
         cells = (node, str(row.get("role", "?")), "up" if row.get("agent") else "GONE",
                  _s(row.get("heartbeat_age_s")) + (" ago" if row.get("heartbeat_age_s") is not None else ""),
                  ",".join(map(str, row.get("ranks_alive") or [])) or "-", _s(row.get("step"), ""),
                  _s(row.get("step_p50_s")), _s(row.get("step_p99_s")), "yes" if row.get("warm") else "-",
                  _pids(row.get("pids")))
         table.add_row(*(safe_text(cell) for cell in cells))   # every cell is the file's text: never markup
-    return Group(*(safe_text(line) for line in head), table)
+    return table
 
 
 @click.command("status")
 @click.argument("target", metavar="RUN_DIR|JOB_ID")
 @click.option("--json", "as_json", is_flag=True, help="machine-readable (one JSON object; JSON lines with --watch)")
 @click.option("--watch", is_flag=True, help=f"refresh every {STATUS_EVERY_S:g}s until the run ends (Ctrl-C stops)")
-def status(target: str, as_json: bool, watch: bool) -> None:
+@click.option("--nodes", "nodes_pattern", metavar="PATTERN",
+              help="one row for each node PATTERN names (a shell pattern, e.g. 'gpu-1[0-3]*'; commas: several) "
+                   f"instead of a row per state past {node_table.DETAIL_NODES} nodes")
+def status(target: str, as_json: bool, watch: bool, nodes_pattern: str | None) -> None:
     """The job as it is now: attempt, nodes (active, spare, excluded) with each agent's heartbeat
     age, ranks alive, step and step times, each rank's pid; the last checkpoint per tier; goodput so far; the
     next save; the hang timeout in force and why."""
@@ -134,7 +167,7 @@ def status(target: str, as_json: bool, watch: bool) -> None:
     console = Console()
     if not watch:
         st = snapshot(run)
-        click.echo(json.dumps(st)) if as_json else console.print(render(st))
+        click.echo(json.dumps(st)) if as_json else console.print(render(st, nodes_pattern))
         return
     if as_json:
         while True:
@@ -145,12 +178,12 @@ def status(target: str, as_json: bool, watch: bool) -> None:
             time.sleep(STATUS_EVERY_S)
     from rich.live import Live
 
-    with Live(render(snapshot(run)), console=console, refresh_per_second=2) as live:
+    with Live(render(snapshot(run), nodes_pattern), console=console, refresh_per_second=2) as live:
         try:
             while True:
                 time.sleep(STATUS_EVERY_S)
                 st = snapshot(run)
-                live.update(render(st))
+                live.update(render(st, nodes_pattern))
                 if st.get("status") in FINISHED:
                     return
         except KeyboardInterrupt:
