@@ -11,7 +11,7 @@ from __future__ import annotations
 import math
 
 from dataclasses import dataclass, field, replace
-from typing import Any
+from typing import Any, Callable
 
 from ...config import SupervisorConfig
 from ...env import ExitStatus
@@ -194,124 +194,134 @@ class AttemptTracker:
 
     # ---- messages -----------------------------------------------------------------------------
     def on_message(self, msg: Message) -> Failure | None:
-        body, node, now = msg.body, msg.node, msg.recv
-        view = self.node_views.get(node)
+        """Fold one agent message into the attempt: the node is heard, then the handler of the
+        body's kind (_BODY_HANDLERS) updates what is known and says whether it is a failure."""
+        view = self.node_views.get(msg.node)
         if view is None:
             return None  # an agent of a node not in this attempt (a late frame of an old step)
-        view.last_heard = now
-        self._heard(node, now)
-        if isinstance(body, messages.Heartbeat):
-            if body.ranks_alive is not None:
-                view.ranks_alive = body.ranks_alive
-            self._note_pids(node, body.pids)
-            if body.evidence is not None:
-                held = self.node_evidence.get(node)
-                if held is None:
-                    held = self.node_evidence[node] = NodeEvidence(node=node, watched=self.evidence_watched)
-                held.add(now, body.evidence, self.evidence)
-            stopped = set(body.stopped_ranks)
-            # a node whose ranks run is not walked (at 16,384 x 8 ranks a walk of every rank a beat
-            # was the whole budget): only one that reports, or last reported, a stopped rank
-            if stopped or node in self.stopped_nodes:
-                for seen in self.ranks.values():
-                    if seen.node == node:
-                        seen.stopped = seen.rank in stopped
-                        seen.stopped_since = (seen.stopped_since if seen.stopped_since is not None else now) \
-                            if seen.stopped else None
-                (self.stopped_nodes.add if stopped else self.stopped_nodes.discard)(node)
-            if not self.hooked:
-                # a stopped worker that prints nothing (rank 1 while rank 0 prints): a view, so
-                # that the hang it causes is pinned on it
-                for quiet in stopped - set(self.ranks):
-                    self.ranks[quiet] = RankView(rank=quiet, node=node, phase=Phase.TRAIN, phase_since=now,
-                                                 last_progress=now, stopped=True, stopped_since=now)
-        elif isinstance(body, messages.Hello):
-            rank = body.rank
-            self.ranks[rank] = RankView(rank=rank, node=node, phase=Phase.INIT, phase_since=now,
-                                        last_progress=now)
-            self.hooked.add(rank)
-            if body.checkpoints is False:
-                self.heartbeat_only.add(rank)
-            self.hellos += 1
-            if self.hellos >= self.world_size and self.marks.all_hello is None:
-                self.marks.all_hello = now
-        elif isinstance(body, messages.PhaseChange):
-            rv = self._rank(body.rank, node, now)
-            phase = body.phase
-            if phase is rv.phase:
-                rv.last_progress = now   # the phase it is in, again: a heartbeat in it (an eval batch)
-            else:
-                rv.phase, rv.phase_since = phase, now
-            if rv.phase in (Phase.LOAD, Phase.TRAIN) and self.marks.rendezvous_done is None:
-                self.marks.rendezvous_done = now
-            if rv.phase is Phase.TRAIN and self.marks.train_start is None:
-                self.marks.train_start = now
-        elif isinstance(body, messages.Step):
-            return self._on_step(body, node, now)
-        elif isinstance(body, messages.Progress):
-            return self._on_progress(body, node, now)
-        elif isinstance(body, messages.Bye):
-            rv = self._rank(body.rank, node, now)
-            rv.phase, rv.phase_since = Phase.DONE, now
-            self.bye_status[rv.rank] = body.status
-            if body.status == ExitStatus.FAILURE:
-                self.failed_byes.setdefault(rv.rank, now)   # crashing: check() gives its process FAILED_BYE_EXIT_S
-            if len(self.bye_status) >= self.world_size and self.teardown_since is None:
-                self.teardown_since = now   # every rank is through run.close(): their processes have exit_grace_s
-            if body.status == ExitStatus.DONE:
-                self.finished_ranks.add(rv.rank)
-                # one rank finished its loop: the others are closing too (final save, draining
-                # promotions or test loads without step progress): give them the stopping allowance
-                for other in self.ranks.values():
-                    if other.phase is Phase.TRAIN:
-                        other.phase, other.phase_since = Phase.STOPPING, now
-        elif isinstance(body, messages.Nan):
-            return nan_failure(node=node, rank=body.rank, step=-1 if body.step is None else body.step, loss=body.loss)
-        elif isinstance(body, messages.StacksTaken):
-            self.stacks_waiting.discard(node)
-            for entries, into in ((body.stacks, self.stacks), (body.wchan, self.wchan)):
-                for entry in entries:
-                    if isinstance(entry, list) and len(entry) == 2 and isinstance(entry[0], int) and isinstance(entry[1], str):
-                        into[entry[0]] = entry[1]
-            for entry in body.children:
-                if (isinstance(entry, list) and len(entry) == 4 and all(isinstance(v, int) for v in entry[:2])
-                        and all(isinstance(v, str) for v in entry[2:])):
-                    self.children.setdefault(entry[0], []).append(ChildSeen(pid=entry[1], state=entry[2], waiting_in=entry[3]))
-        elif isinstance(body, messages.Sdc):
-            return sdc_failure(body, node=node, nodes_of={r: v.node for r, v in self.ranks.items()})
-        elif isinstance(body, messages.RankExit):
-            if body.rc == 0 and body.rank is not None:
-                self._exited_ok(body.rank, node, now)
-            failure = classify_rank_exit(node=node, rank=body.rank, rc=body.rc,
-                                         step=self.current_step(), age_s=float(body.age_s or 0.0),
-                                         detail=body.detail)
-            return failure
-        elif isinstance(body, messages.TorchrunExit):
-            rc = body.rc
-            if body.stopped:
-                self.stopped_sent = True
-            if body.preempted:
-                self.done_nodes.add(node)
-                return self._preemption(node, "torchrun exited after the agent got the preemption signal")
-            if rc == 0:
-                return self._exited_zero(node)
-            if rc == ExitStatus.RANK_NAN:
-                return Failure(kind=FailureKind.NAN, node=node, step=self.current_step(),
-                               suspects=(node,), detail="torchrun reported a NaN exit")
-            if self._all_finished_on(node):
-                # Every rank of the node finished its loop (final checkpoint committed) before
-                # torchrun failed: a crash in process teardown (a C++ abort at interpreter exit)
-                # loses nothing, and a restart would only resume to find nothing left to do.
-                self.done_nodes.add(node)
-                self.teardown_errors.append({"node": node, "rc": rc})
-                return None
-            return classify_rank_exit(node=node, rank=None, rc=rc, step=self.current_step(),
-                                      detail=f"torchrun on {node} exited rc={rc}")
-        elif isinstance(body, messages.Preempt):
-            self.preempted = True
-            return Failure(kind=FailureKind.PREEMPTED, node=node, step=self.current_step(),
-                           detail=f"agent on {node} got signal {body.signal}")
+        view.last_heard = msg.recv
+        self._heard(msg.node, msg.recv)
+        handler = _BODY_HANDLERS.get(type(msg.body))
+        return None if handler is None else handler(self, msg.body, msg.node, msg.recv)
+
+    def _on_heartbeat(self, body: messages.Heartbeat, node: str, now: float) -> Failure | None:
+        view = self.node_views[node]
+        if body.ranks_alive is not None:
+            view.ranks_alive = body.ranks_alive
+        self._note_pids(node, body.pids)
+        if body.evidence is not None:
+            held = self.node_evidence.get(node)
+            if held is None:
+                held = self.node_evidence[node] = NodeEvidence(node=node, watched=self.evidence_watched)
+            held.add(now, body.evidence, self.evidence)
+        stopped = set(body.stopped_ranks)
+        # a node whose ranks run is not walked (at 16,384 x 8 ranks a walk of every rank a beat
+        # was the whole budget): only one that reports, or last reported, a stopped rank
+        if stopped or node in self.stopped_nodes:
+            for seen in self.ranks.values():
+                if seen.node == node:
+                    seen.stopped = seen.rank in stopped
+                    seen.stopped_since = (seen.stopped_since if seen.stopped_since is not None else now) \
+                        if seen.stopped else None
+            (self.stopped_nodes.add if stopped else self.stopped_nodes.discard)(node)
+        if not self.hooked:
+            # a stopped worker that prints nothing (rank 1 while rank 0 prints): a view, so
+            # that the hang it causes is pinned on it
+            for quiet in stopped - set(self.ranks):
+                self.ranks[quiet] = RankView(rank=quiet, node=node, phase=Phase.TRAIN, phase_since=now,
+                                             last_progress=now, stopped=True, stopped_since=now)
         return None
+
+    def _on_hello(self, body: messages.Hello, node: str, now: float) -> Failure | None:
+        rank = body.rank
+        self.ranks[rank] = RankView(rank=rank, node=node, phase=Phase.INIT, phase_since=now, last_progress=now)
+        self.hooked.add(rank)
+        if body.checkpoints is False:
+            self.heartbeat_only.add(rank)
+        self.hellos += 1
+        if self.hellos >= self.world_size and self.marks.all_hello is None:
+            self.marks.all_hello = now
+        return None
+
+    def _on_phase(self, body: messages.PhaseChange, node: str, now: float) -> Failure | None:
+        rv = self._rank(body.rank, node, now)
+        if body.phase is rv.phase:
+            rv.last_progress = now   # the phase it is in, again: a heartbeat in it (an eval batch)
+        else:
+            rv.phase, rv.phase_since = body.phase, now
+        if rv.phase in (Phase.LOAD, Phase.TRAIN) and self.marks.rendezvous_done is None:
+            self.marks.rendezvous_done = now
+        if rv.phase is Phase.TRAIN and self.marks.train_start is None:
+            self.marks.train_start = now
+        return None
+
+    def _on_bye(self, body: messages.Bye, node: str, now: float) -> Failure | None:
+        rv = self._rank(body.rank, node, now)
+        rv.phase, rv.phase_since = Phase.DONE, now
+        self.bye_status[rv.rank] = body.status
+        if body.status == ExitStatus.FAILURE:
+            self.failed_byes.setdefault(rv.rank, now)   # crashing: check() gives its process FAILED_BYE_EXIT_S
+        if len(self.bye_status) >= self.world_size and self.teardown_since is None:
+            self.teardown_since = now   # every rank is through run.close(): their processes have exit_grace_s
+        if body.status == ExitStatus.DONE:
+            self.finished_ranks.add(rv.rank)
+            # one rank finished its loop: the others are closing too (final save, draining
+            # promotions or test loads without step progress): give them the stopping allowance
+            for other in self.ranks.values():
+                if other.phase is Phase.TRAIN:
+                    other.phase, other.phase_since = Phase.STOPPING, now
+        return None
+
+    def _on_nan(self, body: messages.Nan, node: str, now: float) -> Failure | None:
+        return nan_failure(node=node, rank=body.rank, step=-1 if body.step is None else body.step, loss=body.loss)
+
+    def _on_stacks(self, body: messages.StacksTaken, node: str, now: float) -> Failure | None:
+        self.stacks_waiting.discard(node)
+        for entries, into in ((body.stacks, self.stacks), (body.wchan, self.wchan)):
+            for entry in entries:
+                if isinstance(entry, list) and len(entry) == 2 and isinstance(entry[0], int) and isinstance(entry[1], str):
+                    into[entry[0]] = entry[1]
+        for entry in body.children:
+            if (isinstance(entry, list) and len(entry) == 4 and all(isinstance(v, int) for v in entry[:2])
+                    and all(isinstance(v, str) for v in entry[2:])):
+                self.children.setdefault(entry[0], []).append(ChildSeen(pid=entry[1], state=entry[2], waiting_in=entry[3]))
+        return None
+
+    def _on_sdc(self, body: messages.Sdc, node: str, now: float) -> Failure | None:
+        return sdc_failure(body, node=node, nodes_of={r: v.node for r, v in self.ranks.items()})
+
+    def _on_rank_exit(self, body: messages.RankExit, node: str, now: float) -> Failure | None:
+        if body.rc == 0 and body.rank is not None:
+            self._exited_ok(body.rank, node, now)
+        return classify_rank_exit(node=node, rank=body.rank, rc=body.rc, step=self.current_step(),
+                                  age_s=float(body.age_s or 0.0), detail=body.detail)
+
+    def _on_torchrun_exit(self, body: messages.TorchrunExit, node: str, now: float) -> Failure | None:
+        rc = body.rc
+        if body.stopped:
+            self.stopped_sent = True
+        if body.preempted:
+            self.done_nodes.add(node)
+            return self._preemption(node, "torchrun exited after the agent got the preemption signal")
+        if rc == 0:
+            return self._exited_zero(node)
+        if rc == ExitStatus.RANK_NAN:
+            return Failure(kind=FailureKind.NAN, node=node, step=self.current_step(),
+                           suspects=(node,), detail="torchrun reported a NaN exit")
+        if self._all_finished_on(node):
+            # Every rank of the node finished its loop (final checkpoint committed) before
+            # torchrun failed: a crash in process teardown (a C++ abort at interpreter exit)
+            # loses nothing, and a restart would only resume to find nothing left to do.
+            self.done_nodes.add(node)
+            self.teardown_errors.append({"node": node, "rc": rc})
+            return None
+        return classify_rank_exit(node=node, rank=None, rc=rc, step=self.current_step(),
+                                  detail=f"torchrun on {node} exited rc={rc}")
+
+    def _on_preempt(self, body: messages.Preempt, node: str, now: float) -> Failure | None:
+        self.preempted = True
+        return Failure(kind=FailureKind.PREEMPTED, node=node, step=self.current_step(),
+                       detail=f"agent on {node} got signal {body.signal}")
 
     def _note_pids(self, node: str, pids: str | None) -> None:
         """The heartbeat lists the node's live rank processes: the others are gone. Per node, so
@@ -669,3 +679,21 @@ class AttemptTracker:
             return None
         self.stale_warned = True
         return now - self.started
+
+
+# The tracker's handler of each body kind (AttemptTracker.on_message); a kind not here only marks
+# its node heard. A dict by type: one lookup a frame, whatever the number of kinds.
+_BODY_HANDLERS: dict[type, Callable[..., Failure | None]] = {
+    messages.Heartbeat: AttemptTracker._on_heartbeat,
+    messages.Hello: AttemptTracker._on_hello,
+    messages.PhaseChange: AttemptTracker._on_phase,
+    messages.Step: AttemptTracker._on_step,
+    messages.Progress: AttemptTracker._on_progress,
+    messages.Bye: AttemptTracker._on_bye,
+    messages.Nan: AttemptTracker._on_nan,
+    messages.StacksTaken: AttemptTracker._on_stacks,
+    messages.Sdc: AttemptTracker._on_sdc,
+    messages.RankExit: AttemptTracker._on_rank_exit,
+    messages.TorchrunExit: AttemptTracker._on_torchrun_exit,
+    messages.Preempt: AttemptTracker._on_preempt,
+}
