@@ -9,12 +9,14 @@
              (`--cluster-dir` to run it; it starts the cluster if needed)
 
 usage: python bench/bench_restart.py [--cluster-dir /tmp/ckptsup-bench-cluster] [--skip-node-path]
+                                     [--repeats N] [--tools ckptsup,torchrun,ft_launcher]
 """
 from __future__ import annotations
 
 import argparse
 import json
 import os
+import statistics
 import subprocess
 import sys
 import tempfile
@@ -29,26 +31,44 @@ from ckptsup.events import Event, FailureKind  # noqa: E402
 CKPTSUP = [sys.executable, "-m", "ckptsup.cli"]
 
 
-def fast_path(base: Path, cap_s: float) -> None:
-    tools = ["ckptsup", "torchrun"] + (["ft_launcher"] if have_ft_launcher() else [])
-    rows = {}
-    for tool in tools:
-        r = run_one(tool, "crash", base, cap_s=cap_s, hang_timeout_s=5.0)
-        restart = None if r.stepping_s is None or r.detect_s is None else r.stepping_s - r.detect_s
-        running = None if r.running_s is None or r.detect_s is None else r.running_s - r.detect_s
-        rows[tool] = (r, restart, running)
-        fmt = lambda v: "  n/a" if v is None else f"{v:5.2f}"  # noqa: E731
-        print(f"fast path  {tool:11s} fault→detect {fmt(r.detect_s)}  detect→ranks running {fmt(running)}"
-              f"  detect→first step {fmt(restart)}  {r.note}", flush=True)
-        if r.phases:
-            print("           phases: " + ", ".join(f"{k} {v:.2f}" for k, v in r.phases.items()))
-    mine = rows.get("ckptsup")
-    for tool, (_, restart, running) in rows.items():
+def fast_path(base: Path, cap_s: float, *, repeats: int = 1, tools: list[str] | None = None) -> None:
+    """Each tool `repeats` times, the tools taking turns (a busy machine's drift is shared); the
+    medians of what did happen, and each other tool's median against ckptsup's."""
+    tools = tools or ["ckptsup", "torchrun"] + (["ft_launcher"] if have_ft_launcher() else [])
+    fmt = lambda v: "  n/a" if v is None else f"{v:5.2f}"  # noqa: E731
+    runs: dict[str, list[tuple[float | None, float | None, float | None]]] = {tool: [] for tool in tools}
+    for _ in range(repeats):
+        for tool in tools:
+            r = run_one(tool, "crash", base, cap_s=cap_s, hang_timeout_s=5.0)
+            restart = None if r.stepping_s is None or r.detect_s is None else r.stepping_s - r.detect_s
+            running = None if r.running_s is None or r.detect_s is None else r.running_s - r.detect_s
+            runs[tool].append((r.stepping_s, restart, running))
+            print(f"fast path  {tool:11s} fault→detect {fmt(r.detect_s)}  detect→ranks running {fmt(running)}"
+                  f"  detect→first step {fmt(restart)}  fault→first step {fmt(r.stepping_s)}  {r.note}", flush=True)
+            if r.phases:
+                print("           phases: " + ", ".join(f"{k} {v:.2f}" for k, v in r.phases.items()))
+    medians = {tool: [_median([run[i] for run in rs]) for i in range(3)] for tool, rs in runs.items()}
+    if repeats > 1:
+        for tool, rs in runs.items():
+            done = sorted(run[0] for run in rs if run[0] is not None)
+            spread = f" (min {done[0]:.2f}, max {done[-1]:.2f})" if done else ""
+            print(f"fast path  {tool:11s} median of {len(done)}/{repeats}: fault→first step {fmt(medians[tool][0])}{spread}"
+                  f"  detect→first step {fmt(medians[tool][1])}  detect→ranks running {fmt(medians[tool][2])}")
+    mine = medians.get("ckptsup")
+    for tool, (_, restart, running) in medians.items():
         if tool == "ckptsup" or mine is None:
             continue
         for label, theirs, ours in (("first step", restart, mine[1]), ("ranks running", running, mine[2])):
             if theirs is not None and ours:
                 print(f"fast path: {tool} detect→{label} / ckptsup = {theirs / ours:.1f}x")
+            elif ours:
+                print(f"fast path: {tool} detect→{label}: none within --cap-s {cap_s:g} (ckptsup {ours:.2f} s)")
+
+
+def _median(values: list[float | None]) -> float | None:
+    """The median of the runs where it happened; None when it never did."""
+    done = sorted(v for v in values if v is not None)
+    return statistics.median(done) if done else None
 
 
 def node_path(cluster: Path, port_base: str) -> None:
@@ -120,9 +140,12 @@ def main() -> int:
     p.add_argument("--port-base", default="17600")
     p.add_argument("--skip-node-path", action="store_true")
     p.add_argument("--skip-fast-path", action="store_true")
+    p.add_argument("--repeats", type=int, default=1, help="fast path: runs of each tool, taking turns (medians)")
+    p.add_argument("--tools", default="", help="fast path: comma-separated subset of ckptsup,torchrun,ft_launcher")
     a = p.parse_args()
     if not a.skip_fast_path:
-        fast_path(Path(tempfile.mkdtemp(prefix="ckptsup-bench-restart-")), a.cap_s)
+        fast_path(Path(tempfile.mkdtemp(prefix="ckptsup-bench-restart-")), a.cap_s, repeats=max(1, a.repeats),
+                  tools=[t for t in a.tools.split(",") if t] or None)
     if not a.skip_node_path:
         node_path(Path(a.cluster_dir), a.port_base)
     return 0

@@ -88,15 +88,15 @@ def ranks(work: Path) -> dict[int, int]:
 
 def worker_ranks(script: Path, marker: Path) -> dict[int, int]:
     """{pid: rank} of a script's rank processes whose command line holds `marker` (a path unique
-    to the run). A worker is `python [-u] SCRIPT ...` (cold) or `python -m
-    ckptsup.rankside.warm_proxy SCRIPT ...` (warm: it stands in for its rank), or titled `ckptsup rank
+    to the run). A worker is `python [-u] SCRIPT ...` (cold) or `python -S
+    .../ckptsup/rankside/warm_proxy.py SCRIPT ...` (warm: it stands in for its rank), or titled `ckptsup rank
     R: SCRIPT ...` once its hooks ran (a warm interpreter so titled has no RANK in /proc); the launchers name
     the script later in their command lines."""
     found = {}
     for proc in psutil.process_iter(["cmdline"]):
         cmd = " ".join(proc.info["cmdline"] or []).split()   # a titled rank: `ckptsup rank R: SCRIPT ARGS`
         worker = (str(script) in cmd[:3] or cmd[:2] == ["ckptsup", "rank"]
-                  or (len(cmd) > 3 and cmd[2] == "ckptsup.rankside.warm_proxy"))
+                  or any(c == "ckptsup.rankside.warm_proxy" or c.endswith("rankside/warm_proxy.py") for c in cmd[:4]))
         if worker and str(script) in cmd and str(marker) in cmd:
             try:
                 env = proc.environ()
@@ -120,6 +120,18 @@ def events(work: Path) -> list[dict]:
     if not path.exists():
         return []
     return [json.loads(line) for line in path.read_text().splitlines() if line.strip()]
+
+
+def restart_events(work: Path, *, wait_s: float) -> list[dict]:
+    """The run's events once `restart_done` is among them, or after `wait_s`. The supervisor records
+    it when rank 0's first step after resume reaches it, which may be after the samples file grew:
+    reading at once would race it (and tear the run down before it is written)."""
+    deadline = time.monotonic() + wait_s
+    while True:
+        evts = events(work)
+        if any(e["event"] == Event.RESTART_DONE for e in evts) or time.monotonic() >= deadline:
+            return evts
+        time.sleep(0.05)
 
 
 def run_one(tool: str, fault: str, base: Path, *, cap_s: float, hang_timeout_s: float,
@@ -162,7 +174,7 @@ def run_one(tool: str, fault: str, base: Path, *, cap_s: float, hang_timeout_s: 
                 break
             time.sleep(0.02)
         if tool == "ckptsup":
-            evts = events(work)
+            evts = restart_events(work, wait_s=5.0 if result.stepping_s is not None else 0.0)
             failure = next((e for e in evts if e["event"] == Event.FAILURE_DETECTED), None)
             if failure is not None:
                 result.detect_s = failure["mono"] - t0

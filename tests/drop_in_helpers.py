@@ -104,8 +104,8 @@ def real_rank(proc: psutil.Process) -> psutil.Process:
     with its socket gone), with the same working directory. Signals meant for the rank's process
     (SIGSTOP) must go there."""
     cmd = proc.cmdline()
-    if "ckptsup.rankside.warm_proxy" not in cmd:
-        return proc
+    if not any(part == "ckptsup.rankside.warm_proxy" or part.endswith("rankside/warm_proxy.py") for part in cmd):
+        return proc   # a warm worker is `python -S .../rankside/warm_proxy.py SCRIPT` (agent.WARM_PROXY)
     env, cwd = proc.environ(), proc.cwd()
     agent = proc.parent().parent()
     for child in agent.children():

@@ -1,10 +1,14 @@
-"""The worker torchrun runs when warm interpreters are ready (`torchrun --no-python python -m
-ckptsup.rankside.warm_proxy SCRIPT ARGS`): it hands its rank over to the warm interpreter of
-its local rank (rankside/warm_rank.py) and stands in for it — signals forwarded, the rank's
+"""The worker torchrun runs when warm interpreters are ready (`torchrun --no-python python -S
+.../ckptsup/rankside/warm_proxy.py SCRIPT ARGS`): it hands its rank over to the warm interpreter
+of its local rank (rankside/warm_rank.py) and stands in for it — signals forwarded, the rank's
 exit status its own. Without a ready warm interpreter it becomes the rank cold (exec
 rankside/cold_rank.py).
 
-Kept to the standard library and env.py: it starts in tens of milliseconds.
+It is on every warm restart's path, once per rank, so it starts as little as possible: run as a
+file with `-S` (no site: no site-packages, no editable finders) and the standard library only —
+~20 ms to its first line here instead of ~80 ms as `-m ckptsup.rankside.warm_proxy` (site, the
+package, env.py's dataclasses). The names below are env.py's (tests/test_warm_proxy_start.py
+holds them equal); the cold rank it may exec is a full interpreter again.
 """
 
 from __future__ import annotations
@@ -16,10 +20,22 @@ import signal
 import socket
 import sys
 
-from ..env import WARM_DIR, cold_rank_argv, split_module_flag
-
 FORWARDED = (signal.SIGTERM, signal.SIGINT, signal.SIGHUP, signal.SIGUSR1, signal.SIGUSR2)
 HELLO_TIMEOUT_S = 5.0   # a ready warm interpreter answers in milliseconds; a stopped or stuck one never does
+WARM_DIR = "CKPTSUP_WARM_DIR"             # env.WARM_DIR
+RANK_MODULE_FLAG = "--ckptsup-module"     # env.RANK_MODULE_FLAG
+
+
+def cold_rank_argv(python: str, argv: list[str], *, module: bool) -> list[str]:
+    """env.cold_rank_argv: python running rankside/cold_rank.py (with site, as any rank)."""
+    return [python, "-u", "-m", "ckptsup.rankside.cold_rank", *([RANK_MODULE_FLAG] if module else []), *argv]
+
+
+def split_module_flag(args: list[str]) -> tuple[list[str], bool]:
+    """env.split_module_flag: (argv, module) from `[--ckptsup-module] SCRIPT ARGS`."""
+    if args and args[0] == RANK_MODULE_FLAG:
+        return args[1:], True
+    return args, False
 
 
 def cold(argv: list[str], module: bool) -> None:

@@ -142,7 +142,14 @@ def become_rank(request: dict, fds: list[int], conn: socket.socket) -> int:
 
 # imported ahead of need: torch (~1.4 s here), DCP and ckptsup's hooks (~0.9 s more); the script's
 # own `import torch` then costs nothing. Whatever a script does not use is merely loaded.
-PREIMPORTS = ("torch", "torch.distributed", "torch.distributed.checkpoint", "ckptsup.hooks.session")
+# The rest is what a warm DDP rank still imported between its start and its first step after a
+# restart (sys.modules compared): DistributedDataParallel's constructor imports torch._dynamo
+# (~0.6 s here, 1.8 s on a busy node) and the comm hooks, rank 0's attach the checkpoint
+# housekeeper (tenacity: ~0.13 s), the resume DCP's state_dict helpers; ~1 s of a restart in all.
+PREIMPORTS = ("torch", "torch.distributed", "torch.distributed.checkpoint", "ckptsup.hooks.session",
+              "torch._dynamo", "torch.distributed.algorithms.ddp_comm_hooks", "torch.distributed.checkpoint.state_dict",
+              "torch.utils.serialization", "torchdata.stateful_dataloader", "ckptsup.checkpoint.housekeeping",
+              "ckptsup.hooks.loader", "ckptsup.rankside.script_main", "ckptsup.stack_dump", "setproctitle")
 
 
 def preimport(names: tuple[str, ...]) -> None:

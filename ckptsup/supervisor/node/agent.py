@@ -62,6 +62,9 @@ MAX_ZYGOTE_FAILURES = 2   # zygotes that died before they were ready: then every
 FIRST_LAUNCH_WAIT_S = 60.0   # the first launch waits this long at most for its zygote and warm ranks, then starts cold (a slow
                              # import would be as slow in every cold rank: this is for a zygote that is stuck)
 RANK_LINE_PREFIX = "[rank${rank}]: "   # torchrun --tee: the global rank on every line (progress.RANK_PREFIX)
+# torchrun's worker on a warm launch, run as a file (the agent never imports rankside/)
+WARM_PROXY = os.path.join(os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__)))),
+                          "rankside", "warm_proxy.py")
 
 
 
@@ -160,7 +163,8 @@ class Agent:
     def _entrypoint(self, warm: bool) -> list[str]:
         spec = self.spec
         if warm:
-            return ["--no-python", sys.executable, "-m", "ckptsup.rankside.warm_proxy",
+            # a file under -S, not `-m`: site's work is ~60 ms of each proxy's start (rankside/warm_proxy.py)
+            return ["--no-python", sys.executable, "-S", WARM_PROXY,
                     *([RANK_MODULE_FLAG] if spec.module else []), spec.script]
         if spec.no_python:
             return ["--no-python", spec.script]
@@ -293,6 +297,8 @@ class Agent:
     def kill_torchrun(self, grace: float) -> float:
         t0 = time.monotonic()
         self.first_launch_by = None   # killed before it started: the supervisor decides what runs next
+        if self.pool is not None and grace <= 0:
+            self.pool.signal_in_use(signal.SIGKILL)   # their exits overlap torchrun's: the kill ack comes sooner
         if self.torchrun is not None:
             terminate(self.torchrun, grace)
             self.torchrun = None

@@ -73,6 +73,12 @@ class WarmPool:
         self.in_use, self.procs, self.in_use_dir = self.procs, [], self.generation_dir
         return True
 
+    def signal_in_use(self, sig: int) -> None:
+        """Signal the launch's ranks now, waiting for nothing: killed first, they exit while
+        torchrun's tree is walked and waited on (kill_in_use then only reaps them)."""
+        for proc in self.in_use:
+            proc.send_signal(sig)
+
     def kill_in_use(self) -> None:
         """The launch's ranks are being killed: a warm rank that is stopped (SIGSTOP) would not
         notice its proxy's death, so kill them directly."""
