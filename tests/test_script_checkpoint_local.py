@@ -33,14 +33,17 @@ def same_final(out: Path, ref: Path) -> None:
         assert got.keys() == want.keys() and all(torch.equal(got[k], want[k]) for k in got), f"rank {rank} differs"
 
 
-def reference(tmp_path: Path, *args: str) -> Path:
-    ref = tmp_path / "ref"
-    ref.mkdir()
-    uninterrupted(SCRIPT, "--steps", str(STEPS), *args, cwd=ref)
+@pytest.fixture(scope="module")
+def reference(tmp_path_factory) -> Path:
+    """The script uninterrupted under plain torchrun, once for the module: its model is a function
+    of the steps alone (the data is the step's; --step-s only sleeps; --init_from=auto with no
+    checkpoint yet starts from scratch, as the default does), so both resumed runs compare to it."""
+    ref = tmp_path_factory.mktemp("script-ckpt-reference")
+    uninterrupted(SCRIPT, "--steps", str(STEPS), "--step-s", "0", cwd=ref)
     return ref / "out"
 
 
-def test_a_save_torn_by_a_kill_resumes_from_the_previous_verified_version(tmp_path):
+def test_a_save_torn_by_a_kill_resumes_from_the_previous_verified_version(tmp_path, reference):
     """Rank 0 writes half of out/ckpt.pt in place at step 40 and is SIGKILLed. (Without
     --script-checkpoint every restart dies in torch.load and the run gives up with "no progress":
     this test's first version ran that too, 2026-12-06.) With it, the torn file is moved aside, the
@@ -61,10 +64,10 @@ def test_a_save_torn_by_a_kill_resumes_from_the_previous_verified_version(tmp_pa
     assert "put back the version verified" in console
     starts = (kept / "out" / "starts.txt").read_text().split("\n")
     assert starts[:2] == ["start 0 auto", "start 30 auto"], starts
-    same_final(kept / "out", reference(tmp_path, "--init_from=auto"))
+    same_final(kept / "out", reference)
 
 
-def test_resume_args_go_only_to_an_attempt_that_starts_with_a_verified_checkpoint(tmp_path):
+def test_resume_args_go_only_to_an_attempt_that_starts_with_a_verified_checkpoint(tmp_path, reference):
     """A nanoGPT-style script (resumes only on --init_from=resume): attempt 0 runs without the
     flag; rank 1 crashes after step 25; attempt 1 gets it and resumes from step 20."""
     proc = launch(tmp_path, tmp_path / "run", SCRIPT, "--steps", str(STEPS), "--crash-at", "25",
@@ -76,7 +79,7 @@ def test_resume_args_go_only_to_an_attempt_that_starts_with_a_verified_checkpoin
     assert "--init_from=resume" not in specs[0]["script_args"]
     assert specs[1]["script_args"][-1] == "--init_from=resume"
     assert (tmp_path / "out" / "starts.txt").read_text().split("\n")[:2] == ["start 0 scratch", "start 20 resume"]
-    same_final(tmp_path / "out", reference(tmp_path))
+    same_final(tmp_path / "out", reference)
 
 
 def test_a_file_that_never_verifies_gives_up_in_one_line_or_starts_over(tmp_path):

@@ -41,18 +41,30 @@ def no_rank_left(tmp_path):
     return True
 
 
-def test_rank_sigkill_is_detected_within_a_second_and_the_fast_path_finishes_the_run(tmp_path, cfg):
-    proc, events = launch(tmp_path, cfg, "--steps", "15", "--crash-at", "5", "--once")
+def test_a_rank_sigkill_then_a_stopped_rank_then_a_nan_each_cost_one_fast_restart_and_the_run_finishes(tmp_path, cfg):
+    """Three faults of rank 1 chained in one run, one an attempt: a SIGKILL at step 5 (attempt 0)
+    is detected within a second and restarted on the fast path; a SIGSTOP at step 8 (attempt 1) is
+    a hang after one heartbeat, not after the hang timeout; a NaN at step 11 (attempt 2) rolls back.
+    Each costs exactly one restart; the run completes (attempt 3) and leaves no rank behind."""
+    proc, events = launch(tmp_path, cfg, "--steps", "15", "--crash-at", "5", "--crash-attempt", "0",
+                          "--hang-at", "8", "--hang-attempt", "1", "--nan-at", "11", "--nan-attempt", "2")
     assert proc.returncode == 0, proc.stderr
-    [failure] = named(events, "failure_detected")
-    assert failure["kind"] == "crash" and failure["rank"] == 1 and failure["detect_s"] <= 1.0
-    [restart] = named(events, "restart_done")
-    assert restart["path"] == "fast" and restart["resume_step"] >= 5
+    crash, hang, nan = named(events, "failure_detected")
+    assert crash["kind"] == "crash" and crash["rank"] == 1 and crash["attempt"] == 0 and crash["detect_s"] <= 1.0
+    restart, after_hang, after_nan = named(events, "restart_done")
+    assert restart["path"] == "fast" and restart["resume_step"] >= 5 and restart["attempt"] == 1
     assert set(restart["phases"]) == {"kill_s", "health_s", "launch_s", "rendezvous_s", "load_s", "first_step_s"}
     assert abs(sum(restart["phases"].values()) - restart["restart_s"]) < 0.05
+    # the stopped rank: a process in state T answers nothing until continued: two heartbeats that
+    # see it stopped (heartbeat_interval_s = 0.5) are the evidence, well inside hang_min_s = 3
+    assert hang["kind"] == "hang" and hang["rank"] == 1 and hang["attempt"] == 1 and "stopped" in hang["detail"]
+    assert 0.5 <= hang["detect_s"] <= 0.5 + 1.5 < 3.0
+    assert after_hang["attempt"] == 2
+    assert nan["kind"] == "nan" and nan["rank"] == 1 and nan["step"] == 11 and nan["attempt"] == 2
+    assert after_nan["attempt"] == 3
     assert named(events, "run_complete")
     assert (tmp_path / "out" / "rank0.done").exists() and (tmp_path / "out" / "rank1.done").exists()
-    assert [e["attempt"] for e in named(events, "launch")] == [0, 1]
+    assert [e["attempt"] for e in named(events, "launch")] == [0, 1, 2, 3]
     assert no_rank_left(tmp_path)
 
 
@@ -74,25 +86,6 @@ def test_a_rank_aborting_after_it_finished_is_a_teardown_error_and_the_run_compl
     assert named(events, "teardown_error") and named(events, "run_complete")
     assert not named(events, "failure_detected") and [e["attempt"] for e in named(events, "launch")] == [0]
     assert "a crash in process teardown" in proc.stdout
-
-
-def test_stopped_rank_is_a_hang_after_one_heartbeat_not_after_the_hang_timeout(tmp_path, cfg):
-    proc, events = launch(tmp_path, cfg, "--steps", "12", "--hang-at", "4", "--once")
-    assert proc.returncode == 0, proc.stderr
-    [failure] = named(events, "failure_detected")
-    assert failure["kind"] == "hang" and failure["rank"] == 1 and "stopped" in failure["detail"]
-    # a process in state T answers nothing until continued: two heartbeats that see it stopped
-    # (heartbeat_interval_s = 0.5) are the evidence, well inside hang_min_s = 3
-    assert 0.5 <= failure["detect_s"] <= 0.5 + 1.5 < 3.0
-    assert named(events, "run_complete") and no_rank_left(tmp_path)
-
-
-def test_nan_once_rolls_back_and_completes(tmp_path, cfg):
-    proc, events = launch(tmp_path, cfg, "--steps", "12", "--nan-at", "5", "--once")
-    assert proc.returncode == 0, proc.stderr
-    [failure] = named(events, "failure_detected")
-    assert failure["kind"] == "nan" and failure["rank"] == 1 and failure["step"] == 5
-    assert named(events, "restart_done") and named(events, "run_complete")
 
 
 def test_nan_at_the_same_step_every_time_gives_up_without_draining(tmp_path, cfg):

@@ -3,7 +3,11 @@ protocol over CKPTSUP_RANK_SOCKET (hello, phase, step, nan, bye) the way the hoo
 crash, hang or report NaN on command. Progress persists in <out>/rank<R>.step so a restart resumes.
 
 usage: wire_rank.py --steps N [--step-s S] [--crash-at K] [--hang-at K] [--nan-at K] [--once]
+                    [--crash-attempt A] [--hang-attempt A] [--nan-attempt A]
                     [--intrude-at K] [--until FILE] --out DIR
+
+--crash-attempt/--hang-attempt/--nan-attempt A: that fault only in attempt A (chained faults in one
+run: each attempt meets its own); without one, --once (attempt 0 only) or every attempt.
 
 --intrude-at K: at step K of the first attempt, rank 0 also plays an intruder on its agent's rank
 socket (connections that close without a frame, a 1 MB line, deep brackets, forged and replayed
@@ -31,6 +35,9 @@ def main() -> int:
     p.add_argument("--hang-at", type=int, default=-1)
     p.add_argument("--nan-at", type=int, default=-1)
     p.add_argument("--once", action="store_true", help="inject the fault only on the first attempt")
+    p.add_argument("--crash-attempt", type=int, default=-1, help="the crash only in this attempt")
+    p.add_argument("--hang-attempt", type=int, default=-1, help="the hang only in this attempt")
+    p.add_argument("--nan-attempt", type=int, default=-1, help="the NaN only in this attempt")
     p.add_argument("--fault-rank", type=int, default=1)
     p.add_argument("--abort-at-exit", action="store_true", help="rank --fault-rank aborts (SIGABRT) after its bye")
     p.add_argument("--commit-every", type=int, default=0, help="report a checkpoint_committed event every K steps")
@@ -65,6 +72,9 @@ def main() -> int:
     if start:
         send("phase", {"rank": rank, "phase": "train", "step": start})
     faulty = rank == a.fault_rank and (not a.once or attempt == 0)
+
+    def faulty_for(only_attempt: int) -> bool:
+        return rank == a.fault_rank and attempt == only_attempt if only_attempt >= 0 else faulty
     sock.settimeout(0.001)
     commands = out / f"rank{rank}.commands"
 
@@ -105,12 +115,15 @@ def main() -> int:
             intrude(os.environ["CKPTSUP_RANK_SOCKET"], secret, sent[:3])
         peers_at(step)
         t0 = time.monotonic()
-        if faulty and step == a.crash_at:
+        if faulty_for(a.crash_attempt) and step == a.crash_at:
             os.kill(os.getpid(), signal.SIGKILL)
-        if faulty and step == a.hang_at:
+        if faulty_for(a.hang_attempt) and step == a.hang_at:
             os.kill(os.getpid(), signal.SIGSTOP)
         time.sleep(a.step_s)
-        finite = not (faulty and step == a.nan_at) and not (a.nan_at == step and not a.once and rank == a.fault_rank)
+        if a.nan_attempt >= 0:
+            finite = not (faulty_for(a.nan_attempt) and step == a.nan_at)
+        else:
+            finite = not (faulty and step == a.nan_at) and not (a.nan_at == step and not a.once and rank == a.fault_rank)
         if not finite:
             send("nan", {"rank": rank, "step": step, "loss": "nan"})
             time.sleep(30)
