@@ -75,7 +75,14 @@ def test_every_fault_inside_oci_containers_resumes_bit_identically(dev_cluster, 
         # 4. a preemption on the nodes now running: an emergency checkpoint, a requeue, containers again
         dev_cluster.wait_for(lambda: committed(run, 45), 120, what="a checkpoint at step 45 on the spare")
         preempt(dev_cluster, active_nodes(run))
-        dev_cluster.wait_for(lambda: named(read_events(run), "run_complete"), 400, what="the requeued run to complete")
+        try:
+            dev_cluster.wait_for(lambda: named(read_events(run), "run_complete"), 400,
+                                 what="the requeued run to complete")
+        except BaseException:   # pytest's Failed: the run's own story says where it stopped
+            import subprocess
+            story = subprocess.run([*CKPTSUP, "log", str(run)], capture_output=True, text=True, timeout=60)
+            print(story.stdout[-6000:], story.stderr[-2000:])
+            raise
     events = read_events(run)
     kinds = [f["kind"] for f in named(events, "failure_detected")]
     assert kinds[:2] == ["crash", "hang"] and kinds[-1] == "preempted", kinds
