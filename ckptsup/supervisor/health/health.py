@@ -308,7 +308,7 @@ def parse_node_results(stdout: str, nodes: Iterable[str], *, failure: str = "") 
 # completes its previous run's steps (seen on the dev cluster after a preemption: every node's check
 # refused at once, every node drained). Asked again a moment later; the nodes are never blamed for it.
 _JOB_NOT_READY = re.compile(r"Job/step already completing or completed", re.I)
-JOB_NOT_READY_TRIES = 5
+JOB_NOT_READY_TRIES = 15   # bounded at ~15 s: on a loaded controller the old run may take longer than 5 s to finish
 JOB_NOT_READY_WAIT_S = 1.0
 
 
