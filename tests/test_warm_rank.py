@@ -309,3 +309,39 @@ def test_the_zygote_answers_a_bad_request_with_an_error_and_keeps_serving(tmp_pa
     assert child is not None
     child.kill()
     assert child.wait(timeout=10) == -signal.SIGKILL
+
+
+EXIT_SCRIPT = """
+import atexit, os, sys, threading, time, weakref
+out = sys.argv[1]
+log = open(os.path.join(out, "unclosed.txt"), "w")   # never closed: its finaliser must flush it
+log.write("written, never flushed")
+atexit.register(lambda: open(os.path.join(out, "atexit.txt"), "w").write("ran"))
+class Held: pass
+held = Held()
+weakref.finalize(held, lambda: open(os.path.join(out, "finalize.txt"), "w").write("ran"))
+def late():
+    time.sleep(0.5)
+    open(os.path.join(out, "thread.txt"), "w").write("joined")
+threading.Thread(target=late).start()   # not a daemon: python waits for it, so must we
+print("no newline at the end", end="")
+sys.exit(4)
+"""
+
+
+def test_a_warm_rank_exits_as_python_would_threads_atexit_finalisers_and_unflushed_output(tmp_path, pool):
+    """The warm interpreter skips only the teardown of its modules: what a script may count on at
+    exit happens, and the exit status is the script's."""
+    pool.hand_out()
+    script, out = tmp_path / "exit.py", tmp_path / "out"
+    script.write_text(EXIT_SCRIPT)
+    out.mkdir()
+    env = {**os.environ, "RANK": "0", "LOCAL_RANK": "0", WARM_DIR: str(pool.in_use_dir)}
+    p = subprocess.run([sys.executable, "-m", "ckptsup.rankside.warm_proxy", str(script), str(out)], env=env,
+                       cwd=tmp_path, capture_output=True, text=True, timeout=60)
+    assert p.returncode == 4, p.stderr
+    assert p.stdout.endswith("no newline at the end")
+    assert pool.in_use[0].wait(timeout=30) == 4
+    ran = {f.name: f.read_text() for f in out.iterdir()}
+    assert ran == {"unclosed.txt": "written, never flushed", "atexit.txt": "ran", "finalize.txt": "ran",
+                   "thread.txt": "joined"}, p.stderr

@@ -22,6 +22,7 @@ Run as `python -m ckptsup.rankside.zygote --control FD`. Rank side: it imports t
 
 from __future__ import annotations
 
+import gc
 import json
 import os
 import signal
@@ -169,6 +170,9 @@ def main(argv: list[str] | None = None) -> int:
     signal.signal(signal.SIGINT, signal.SIG_IGN)   # a terminal's ^C is the agent's to handle
     control = socket.socket(fileno=int(args[1]))
     warm_rank.preimport(PREIMPORTS)
+    # what the imports made lives as long as the ranks: the collector never walks it again (a
+    # rank's collections and its exit's walk only the script's objects) and fork keeps it shared
+    gc.freeze()
 
     role = serve(control, agent)
     if role is None:
