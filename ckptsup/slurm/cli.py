@@ -11,18 +11,26 @@ import click
 from ..errors import DevClusterError
 from ..container import container_flags, container_options
 from ..textsafe import literal
-from .devconf import DEFAULT_DIR, DEFAULT_PORT_BASE, ClusterSpec
+from .devconf import DEFAULT_DIR, DEFAULT_NODES, DEFAULT_PORT_BASE, MAX_NODES, MIN_NODES, ClusterSpec, nodes_in_conf
 
 
-def _cluster(directory: str, port_base: int, first_job_id: int = 1, *, containers: bool = False):
+def _cluster(directory: str, port_base: int, first_job_id: int = 1, *, containers: bool = False,
+             nodes: int | None = None):
+    """The cluster in `directory`: `nodes` nodes (`up`), else as many as its slurm.conf declares
+    (the commands after `up`), else the default."""
     from .devcluster import DevCluster
 
     if not _PLAIN_PATH.match(directory):
         # the path goes into slurm.conf and the nodes' start scripts, where spaces, '#', '=',
         # quotes or shell characters would end, split or extend a value
         raise DevClusterError(f"--dir {directory!r} may hold only letters, digits and / . _ - +; choose a plain path")
+    if nodes is None:
+        try:
+            nodes = nodes_in_conf((Path(directory) / "slurm.conf").read_text(errors="replace"))
+        except OSError:
+            nodes = None
     return DevCluster(ClusterSpec(dir=Path(directory), port_base=port_base, first_job_id=first_job_id,
-                                  containers=containers))
+                                  containers=containers, nodes=DEFAULT_NODES if nodes is None else nodes))
 
 
 def _ranks(raw: str | None) -> int | str | None:
@@ -37,15 +45,17 @@ _PLAIN_PATH = re.compile(r"^[A-Za-z0-9/._+-]+$")
 _dir_option = click.option("--dir", "directory", default=str(DEFAULT_DIR), show_default=True,
                            type=click.Path(file_okay=False), help="directory holding all the cluster's state")
 _port_option = click.option("--port-base", default=DEFAULT_PORT_BASE, show_default=True, type=click.IntRange(1024, 65000),
-                            help="slurmctld port; node K listens on port-base+K (a second cluster needs another base)")
+                            help="slurmctld port; node K listens on port-base+K (a second cluster needs a base "
+                                 "more than N away)")
 
 
 @click.group("dev-cluster")
 def dev_cluster() -> None:
-    """A real 5-node Slurm cluster on this machine (root; Debian slurm-wlm, munge, tini).
+    """A real Slurm cluster of N nodes on this machine (5 by default; root; Debian slurm-wlm, munge, tini).
 
-    Partitions: main (n1-n4, default), spares (n5, reserved), mainspare (n1-n5, for requeue
-    with spares), lowprio (preemptable, GraceTime 30 s) and highprio (preempts lowprio)."""
+    Partitions: main (n1-n(N-1), default), spares (nN, reserved), mainspare (every node, for
+    requeue with spares), lowprio (preemptable, GraceTime 30 s) and highprio (preempts lowprio).
+    The commands after `up` read N from the cluster's slurm.conf."""
 
 
 @dev_cluster.command("up")
@@ -56,10 +66,12 @@ def dev_cluster() -> None:
 @click.option("--containers", is_flag=True,
               help="also configure Slurm's OCI containers with runc (oci.conf) and a test bundle in DIR/bundle: "
                    "`srun --container DIR/bundle`, `ckptsup launch --container DIR/bundle` (docs/containers.md)")
+@click.option("--nodes", default=DEFAULT_NODES, show_default=True, type=int,
+              help=f"nodes n1..nN ({MIN_NODES} to {MAX_NODES}): main n1..n(N-1), the spare nN; ports port-base..port-base+N")
 @click.option("--json", "as_json", is_flag=True, help="machine-readable output")
-def up(directory: str, port_base: int, first_job_id: int, containers: bool, as_json: bool) -> None:
+def up(directory: str, port_base: int, first_job_id: int, containers: bool, nodes: int, as_json: bool) -> None:
     """Start the cluster (idempotent); wait until every node is idle; print `export SLURM_CONF=...`."""
-    cluster = _cluster(directory, port_base, first_job_id, containers=containers)
+    cluster = _cluster(directory, port_base, first_job_id, containers=containers, nodes=nodes)
     seconds = cluster.up()
     if as_json:
         click.echo(json.dumps({"slurm_conf": str(cluster.conf), "ready_s": round(seconds, 3),
