@@ -8,7 +8,11 @@ typing, replay guard, AttemptTracker.on_message):
 - v2 (wire version 2, what ships): pids and evidence packed in a string each, the evidence parsed only
   when a silence is judged (supervisor/job/node_evidence.py), pids only when they change;
 - batch of G (a relay tree's supervisor side, not built: one frame and one MAC for G nodes' v2 bodies;
-  the per-node typing and fold remain).
+  the per-node typing and fold remain);
+- relay summaries (ships past [supervisor] relay_above_nodes: supervisor/node/relay.py): blocks of
+  ceil(√N) nodes, each relay's summaries (SUMMARIES_PER_BEAT a beat, a child in one of them) as the
+  supervisor takes them, per node-beat; and, on a relay's own node, RelayHub.take of one child's frame
+  (MAC, seq, typing, its latest kept): what a relay of 128 children pays a beat.
 
 Each row says µs per node-beat and what 2,048 and 16,384 beats a second would cost of one core at that
 price (the real loop adds its threads' hand-over, ~2x: bench_supervisor_scale.py measures that).
@@ -147,11 +151,61 @@ def main() -> int:
     spent, done = cpu(lambda: per_batch(b_lines))
     rows.append((f"batch of {a.batch} v2 bodies, one MAC (relay tree, not built)", spent / done))
 
+    # relay summaries: what ships past relay_above_nodes
+    from ckptsup.supervisor.job.relays import plan
+    from ckptsup.supervisor.node.relay import SUMMARIES_PER_BEAT, ChildLatest, RelayHub, summarise
+    tr = tracker()
+    tree = plan(nodes, 1)
+
+    def summaries(tick: int) -> list[bytes]:
+        out = []
+        for relay, children in tree.items():
+            held = {c: ChildLatest() for c in children}
+            for q in range(SUMMARIES_PER_BEAT):
+                for j, c in enumerate(children):
+                    if j * SUMMARIES_PER_BEAT // len(children) == q:
+                        held[c].beat("a", messages.Heartbeat.from_body(body(int(c[1:]), tick, per, True)))
+                for summary in summarise(children, held, evidence=False):
+                    if tick > 1:   # a steady beat: nothing changed
+                        summary = messages.RelaySummary(children=summary.children, heard=summary.heard,
+                                                        low_step=summary.low_step, high_step=summary.high_step)
+                    out.append(step_lines.pieces(messages.encode(summary, seq=tick * 10 + q, secret=SECRET,
+                                                                 envelope={"node": relay, "agent": "a"}),
+                                                 f"{relay}/a".encode()))
+        return out
+
+    def per_summary(lines: list[bytes]) -> int:
+        per_frame(lines, tr, None)
+        return n - len(tree)   # the node-beats they carry
+    per_summary(summaries(1))
+    r_lines = summaries(2)
+    spent, done = cpu(lambda: per_summary(r_lines))
+    rows.append((f"relay summaries, {len(tree)} relays x {SUMMARIES_PER_BEAT} a beat (ships)", spent / done))
+    import selectors
+    hub = RelayHub(addr="127.0.0.1", secret=SECRET, sel=selectors.DefaultSelector(), generation=1,
+                   children=nodes[:128], evidence=False)
+    child_frames = [wire.decode(wire.encode(MessageKind.HB, body(i % 128, i, per, True), seq=i + 1, secret=SECRET),
+                                secret=SECRET) for i in range(min(n, 4096))]
+    raw_frames = [wire.encode(MessageKind.HB, body(i % 128, i, per, True), seq=i + 1, secret=SECRET)
+                  for i in range(min(n, 4096))]
+
+    def relay_side() -> int:
+        for line in raw_frames:
+            frame = wire.decode(line, secret=SECRET)
+            hub.take(*frame)
+        return len(raw_frames)
+    del child_frames
+    spent_relay, done_relay = cpu(relay_side)
+    hub.close()
+
     base = rows[0][1]
     print(f"{n} node-beats of {per} ranks each, one thread, process CPU")
     print(f"{'frame design':64}{'us/beat':>9}{'ratio':>7}{'2,048/s':>9}{'16,384/s':>10}")
     for name, s in rows:
         print(f"{name:64}{s * 1e6:9.1f}{s / base:7.2f}{100 * s * 2048:8.1f}%{100 * s * 16384:9.1f}%")
+    each = spent_relay / done_relay
+    print(f"on a relay's node: {each * 1e6:.1f} us per child frame (RelayHub.take with its MAC check): 128 children "
+          f"at one beat a second = {100 * each * 128:.2f}% of a core")
     return 0
 
 

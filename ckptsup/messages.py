@@ -26,6 +26,7 @@ The rules, for every kind:
 
 from __future__ import annotations
 
+import itertools
 import math
 import typing
 from dataclasses import MISSING, dataclass, field, fields
@@ -545,6 +546,78 @@ class CloudNotice(Body):
     detail: str = fld(default="", check=lambda v: len(v) <= 200, what="at most 200 characters")
 
 
+# ---- the heartbeat tree (past [supervisor] relay_above_nodes; supervisor/node/relay.py, job/relays.py) ----
+MAX_RELAY_CHILDREN = 4096   # a relay's children (√16,384 = 128 at the planned size; the bound is the frame's)
+_HEX = frozenset("0123456789abcdef")
+
+
+def _node_names(value: str) -> bool:
+    return len(value.split()) <= MAX_RELAY_CHILDREN
+
+
+def _hex(value: str) -> bool:
+    return 0 < len(value) <= MAX_RELAY_CHILDREN // 4 + 1 and set(value) <= _HEX
+
+
+@kind(MessageKind.RELAY_READY)
+@dataclass(frozen=True, slots=True, kw_only=True)
+class RelayReady(Body):
+    generation: int = fld(low=0)                                  # the `relay` command it answers
+    addr: str | None = fld(default=None, check=peer_addr, what="host:port")   # None: it could not listen
+
+
+@kind(MessageKind.RELAY_SUMMARY)
+@dataclass(frozen=True, slots=True, kw_only=True)
+class RelaySummary(Body):
+    """One relay's beat for some of its children (a relay with many changes sends several)."""
+
+    children: str = fld(check=_node_names, what=f"at most {MAX_RELAY_CHILDREN} node names")   # space-separated, `heard`'s order
+    heard: str = fld(check=_hex, what="a hex bitmap")   # pack_heard: bit i = children[i] was heard since the last summary
+    low_step: int | None = fld(opt=True)     # the heard children's last_step, lowest and highest
+    high_step: int | None = fld(opt=True)
+    # node -> {agent, ranks_alive, pids, stopped_ranks}: a child whose state changed (or first heard); child_changes
+    changed: dict[str, Any] | None = fld(opt=True)
+    evidence: dict[str, str] | None = fld(opt=True)   # node -> its latest packed evidence, while asked for (a suspicion)
+    dropped: int = fld(default=0)             # children's frames this relay refused (MAC, seq, not its child)
+
+    def heard_nodes(self) -> list[str]:
+        return unpack_heard(self.heard, self.children.split())
+
+    def child_changes(self) -> dict[str, tuple[str, "Heartbeat"]]:
+        """node -> (its agent instance, its state as a heartbeat); a malformed entry is skipped."""
+        out: dict[str, tuple[str, Heartbeat]] = {}
+        for node, entry in (self.changed or {}).items():
+            if not isinstance(entry, dict) or not isinstance(entry.get("agent"), str):
+                continue
+            try:
+                out[node] = (entry["agent"], Heartbeat.from_body(entry))
+            except FrameError:
+                continue
+        return out
+
+
+_BITS = bytes.maketrans(b"01", b"\x00\x01")
+
+
+def pack_heard(flags: Sequence[bool]) -> str:
+    """A bitmap in hex: bit i (of the integer) is flags[i]."""
+    value = 0
+    for i, flag in enumerate(flags):
+        if flag:
+            value |= 1 << i
+    return format(value, "x")
+
+
+def unpack_heard(heard: str, children: Sequence[str]) -> list[str]:
+    """The children whose bit is set; every one without a walk when all are (the common beat)."""
+    value = int(heard, 16)
+    if value == (1 << len(children)) - 1:
+        return list(children)
+    # the bits as bytes 0/1, least significant first, picked in C (a relay's summary several times a
+    # beat holds a slice of its children: a walk per bit in Python was most of its cost)
+    return list(itertools.compress(children, format(value, "b")[::-1].encode().translate(_BITS)))
+
+
 # ==== supervisor → agent (→ ranks); AgentSet.send adds the envelope's `nodes` =====================
 @kind(MessageKind.STOP_AT)
 @dataclass(frozen=True, slots=True, kw_only=True)
@@ -636,6 +709,19 @@ class MemoryPeers(Body):
 @dataclass(frozen=True, slots=True, kw_only=True)
 class Stacks(Body):
     pass
+
+
+@kind(MessageKind.RELAY)
+@dataclass(frozen=True, slots=True, kw_only=True)
+class Relay(Body):
+    """A node's whole place in the heartbeat tree for `generation`: the children whose heartbeats it
+    takes (empty: none), where its own heartbeats go (None: stdout, the direct path), and whether its
+    summaries carry its children's evidence (asked while a silence is judged)."""
+
+    generation: int = fld(low=0)
+    children: tuple[str, ...] = fld(default=(), max_items=MAX_RELAY_CHILDREN)
+    parent: str | None = fld(default=None, check=peer_addr, what="host:port")
+    evidence: bool = fld(default=False)
 
 
 assert set(BODIES) == set(MessageKind), set(MessageKind) - set(BODIES)

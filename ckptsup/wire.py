@@ -7,6 +7,9 @@ Transport:
   strictly increasing `seq` per sender (replays and forgeries are dropped and counted).
 - agent → supervisor: JSON lines on the agent's stdout through `srun -u` (Slurm authenticates and
   forwards it; no port). Frames are the same format, so one decoder serves both.
+- agent → relay agent (past [supervisor] relay_above_nodes): a child's heartbeat frames, unchanged,
+  over TCP to its relay's listener on the relay node's own address (supervisor/node/relay.py); the
+  relay checks their MAC and seq per child and sends the supervisor one `relay_summary` a beat.
 - supervisor → agents: JSON lines on the agents' stdin (`srun --input=all`), same format.
 
 Frame: {"m": <type>, "seq": <int>, "body": {...}, "mac": <hex>}
@@ -32,7 +35,7 @@ from .safe_io import loads_json
 # The frame format's version: an agent whose ckptsup speaks another one (an image's older or newer
 # ckptsup) is refused at its hello with one line naming both versions. Bump it when a change makes
 # this version's frames unreadable to the last one, or the other way round.
-WIRE_VERSION = 2   # 2: a heartbeat's pids and evidence packed in strings (messages.pack_pids, pack_evidence)
+WIRE_VERSION = 3   # 2: a heartbeat's pids and evidence packed in strings (messages.pack_pids, pack_evidence); 3: relays
 MAX_FRAME_BYTES = 64 * 1024
 MAX_FRAME_DEPTH = 16   # frame → body → record → a field's value: a few levels; bounded before json.loads
 _MAC = re.compile(r"[0-9a-f]{64}")
@@ -73,6 +76,8 @@ class MessageKind(enum.StrEnum):
     MEMORY_REPLICATED = "memory_replicated"  # messages.MemoryReplicated
     STACKS_TAKEN = "stacks_taken"   # messages.StacksTaken: answer to stacks
     CLOUD_NOTICE = "cloud_notice"   # messages.CloudNotice: the node's cloud announced its reclaim (docs/cloud.md)
+    RELAY_READY = "relay_ready"     # messages.RelayReady: this agent's relay listener (host:port) for its children's heartbeats
+    RELAY_SUMMARY = "relay_summary"  # messages.RelaySummary: a relay's beat: which children it heard, what changed
     # supervisor → agent (→ ranks)
     STOP_AT = "stop_at"             # messages.StopAt: stop at an agreed step (preemption)
     SAVE_NOW = "save_now"           # messages.SaveNow
@@ -85,6 +90,7 @@ class MessageKind(enum.StrEnum):
     EXT_HASH = "ext_hash"           # messages.ExtHash: agent only: hash these files of an external step folder
     MEMORY_PEERS = "memory_peers"   # messages.MemoryPeers: agent only: the memory tier's peers
     STACKS = "stacks"               # messages.Stacks: agent only: every rank's Python stacks (a suspected hang's evidence)
+    RELAY = "relay"                 # messages.Relay: agent only: its place in the heartbeat tree (children, parent)
 
 
 
@@ -97,10 +103,11 @@ HOPS: dict[MessageKind, Hop] = {
                                              MessageKind.RESTARTED, MessageKind.PREEMPT, MessageKind.PROGRESS,
                                              MessageKind.OUTPUT, MessageKind.WARM_READY, MessageKind.EXT_HASHED,
                                              MessageKind.MEMORY_PEER, MessageKind.MEMORY_REPLICATED,
-                                             MessageKind.STACKS_TAKEN, MessageKind.CLOUD_NOTICE)},
+                                             MessageKind.STACKS_TAKEN, MessageKind.CLOUD_NOTICE,
+                                             MessageKind.RELAY_READY, MessageKind.RELAY_SUMMARY)},
     **{k: Hop.COMMAND for k in (MessageKind.STOP_AT, MessageKind.SAVE_NOW, MessageKind.SET_INTERVAL,
                                  MessageKind.SET_TIMEOUT, MessageKind.DUMP_FR, MessageKind.KILL, MessageKind.RESTART, MessageKind.EXIT,
-                                 MessageKind.EXT_HASH, MessageKind.MEMORY_PEERS, MessageKind.STACKS)},
+                                 MessageKind.EXT_HASH, MessageKind.MEMORY_PEERS, MessageKind.STACKS, MessageKind.RELAY)},
 }
 FORWARDED_COMMANDS = frozenset({MessageKind.STOP_AT, MessageKind.SAVE_NOW, MessageKind.SET_INTERVAL,
                                 MessageKind.SET_TIMEOUT, MessageKind.DUMP_FR})

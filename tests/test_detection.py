@@ -177,13 +177,24 @@ def test_the_node_down_check_reads_only_the_silent_front_yet_finds_what_a_full_s
 
 
 def test_beyond_2048_nodes_agents_beat_less_often_and_a_dead_node_takes_as_many_missed_beats():
+    """Without relays (relay_above_nodes = 0) the beat slows with the allocation."""
     from ckptsup.supervisor.job.detection import HEARTBEATS_PER_S, MISSED_HEARTBEATS, at_scale
 
-    base = SupervisorConfig()
+    base = SupervisorConfig(relay_above_nodes=0)
     assert at_scale(base, 8) is base and at_scale(base, HEARTBEATS_PER_S) is base
     big = at_scale(base, 16_384)
     assert big.heartbeat_interval_s == 8.0 and big.node_silence_s == MISSED_HEARTBEATS * 8.0 == 24.0
     assert big.hang_min_s == base.hang_min_s and big.busy_limit_s == base.busy_limit_s   # nothing else moves
     assert at_scale(base, 16_384, interval_chosen=True) is base   # a period the user set is kept
-    patient = SupervisorConfig(node_silence_s=60.0)
+    patient = SupervisorConfig(node_silence_s=60.0, relay_above_nodes=0)
     assert at_scale(patient, 4096).node_silence_s == 60.0 and at_scale(patient, 4096).heartbeat_interval_s == 2.0
+
+
+def test_with_relays_at_the_defaults_the_beat_stays_at_one_second_at_16384_nodes():
+    """Relays summarise past relay_above_nodes (2,048): the supervisor folds ~sqrt(N) frames a beat, so
+    the period and the silence that means a dead node stay what small jobs get."""
+    from ckptsup.supervisor.job.detection import at_scale, relayed
+
+    base = SupervisorConfig()
+    assert relayed(base, 16_384) and not relayed(base, 2_048)
+    assert at_scale(base, 16_384) is base

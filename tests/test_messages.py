@@ -64,6 +64,11 @@ SAMPLES: dict[MessageKind, Body] = {
                                            algorithm="sha256", testload="/run/m.json"),
     MessageKind.MEMORY_PEERS: messages.MemoryPeers(buddies=("h:1",), sources={"0": ["h:2"]}),
     MessageKind.STACKS: messages.Stacks(),
+    MessageKind.RELAY: messages.Relay(generation=2, children=("n2", "n3"), evidence=True),
+    MessageKind.RELAY_READY: messages.RelayReady(generation=2, addr="10.0.0.1:40123"),
+    MessageKind.RELAY_SUMMARY: messages.RelaySummary(children="n2 n3", heard="3", low_step=7, high_step=8,
+                                                     changed={"n2": {"agent": "a1", "ranks_alive": [0], "pids": "0,5,5",
+                                                                     "stopped_ranks": []}}),
 }
 
 

@@ -25,7 +25,7 @@ SECRET = b"s" * 32
 
 
 def test_wire_version_2_packs_pids_and_evidence_and_reads_them_back():
-    assert wire.WIRE_VERSION == 2
+    assert wire.WIRE_VERSION >= 2   # 3: the relays' kinds (test_relays.py)
     pids = [{"rank": 8, "pid": 12, "host_pid": 4012}, {"rank": 9, "pid": 13, "host_pid": 4013}]
     assert messages.unpack_pids(messages.pack_pids(pids)) == {8: {"pid": 12, "host_pid": 4012},
                                                                9: {"pid": 13, "host_pid": 4013}}

@@ -11,7 +11,7 @@ from __future__ import annotations
 import math
 
 from dataclasses import dataclass, field, replace
-from typing import Any, Callable
+from typing import Any, Callable, Sequence
 
 from ...config import SupervisorConfig
 from ...env import ExitStatus
@@ -23,7 +23,7 @@ from .detection import (HangTimeout, NodeView, RankView, StepWindow, TeardownHan
                         detect_node_down, detect_teardown_hang, nan_failure)
 from .observations import Failure, FailureKind, SupervisionLevel
 from .stragglers import Straggler, StragglerDetector
-from .liveness import ChildSeen, Hung, Leaving, NeedStacks, RankEvidence, Working, data_hang, judge
+from .liveness import EVIDENCE_WINDOW_S, ChildSeen, Hung, Leaving, NeedStacks, RankEvidence, Working, data_hang, judge
 from .node_evidence import NodeEvidence
 from . import restore_check
 from .restore_check import LossJump
@@ -136,6 +136,12 @@ class AttemptTracker:
     restore_news: list[LossJump] = field(default_factory=list)   # for the loop to record (a warning)
     sdc_s: float | None = None   # rank 0's seconds on replica fingerprints in this attempt (its step frames)
     heard_latest: float = float("-inf")
+    # the heartbeat tree (relays.py): each node's agent as its own frames name it, and as its relay's
+    # summaries do; a summary's word on a node whose current agent is another one is not taken (fencing)
+    agent_of: dict[str, str] = field(default_factory=dict)
+    child_agent: dict[str, str] = field(default_factory=dict)
+    relayed: bool = False              # a relay summary came in this attempt (relays.py)
+    evidence_thin_until: float = float("-inf")   # a suspicion began with nodes' evidence at their relays: no hung verdict before
 
     def __post_init__(self) -> None:
         for node in self.nodes:
@@ -201,6 +207,7 @@ class AttemptTracker:
             return None  # an agent of a node not in this attempt (a late frame of an old step)
         view.last_heard = msg.recv
         self._heard(msg.node, msg.recv)
+        self.agent_of[msg.node] = msg.agent
         handler = _BODY_HANDLERS.get(type(msg.body))
         return None if handler is None else handler(self, msg.body, msg.node, msg.recv)
 
@@ -231,6 +238,49 @@ class AttemptTracker:
                 self.ranks[quiet] = RankView(rank=quiet, node=node, phase=Phase.TRAIN, phase_since=now,
                                              last_progress=now, stopped=True, stopped_since=now)
         return None
+
+    def _on_relay_summary(self, body: messages.RelaySummary, relay: str, now: float) -> Failure | None:
+        """A relay's beat for its children: each child it heard is heard now (blamed for its own
+        silence, as if its frames had come here), a changed child's state is folded in as its
+        heartbeat, its evidence kept while asked for. The relay itself was heard by on_message."""
+        self.relayed = True
+        for child, (agent, hb) in body.child_changes().items():
+            if child in self.node_views:
+                self.child_agent[child] = agent
+                if self.agent_of.get(child, agent) == agent:
+                    self._on_heartbeat(hb, child, now)   # a change carries no evidence
+        # _heard inlined for the common case (frames in order): this loop is the supervisor's work per
+        # node and beat at 16,384 nodes (bench_supervisor_scale.py)
+        in_order, order, views = now >= self.heard_latest - HEARD_SLACK_S, self.heard_order, self.node_views
+        for child in body.heard_nodes():
+            view = views.get(child)
+            said = self.child_agent.get(child)
+            if view is None or (said is not None and self.agent_of.get(child, said) != said):
+                continue   # not this attempt's node, or a replaced agent's word
+            view.last_heard = now
+            if in_order:
+                order.pop(child, None)
+                order[child] = None
+            else:
+                self._heard(child, now)
+        if in_order and now > self.heard_latest:
+            self.heard_latest = now
+        for child, packed in (body.evidence or {}).items():
+            if child in self.node_views:
+                held = self.node_evidence.get(child)
+                if held is None:
+                    held = self.node_evidence[child] = NodeEvidence(node=child, watched=self.evidence_watched)
+                held.add(now, packed, self.evidence)
+        return None
+
+    def excuse(self, nodes: Sequence[str], now: float) -> None:
+        """These nodes' relay fell silent and they were told to report directly: their silence so
+        far was the relay's; from now on it is their own again (relays.py)."""
+        for node in nodes:
+            view = self.node_views.get(node)
+            if view is not None and node not in self.done_nodes:
+                view.last_heard = max(view.last_heard, now)
+                self._heard(node, view.last_heard)
 
     def _on_hello(self, body: messages.Hello, node: str, now: float) -> Failure | None:
         rank = body.rank
@@ -578,6 +628,10 @@ class AttemptTracker:
             self.evidence_watched = True
             for held in self.node_evidence.values():
                 held.watch(self.evidence)
+            if self.relayed and len(self.node_evidence) < len(self.nodes):
+                # relayed nodes' evidence is kept at their relays and comes only from now on
+                # (relays.py): a rank is not judged idle before its rates window could fill
+                self.evidence_thin_until = now + EVIDENCE_WINDOW_S
         if not self.evidence:
             return silence   # agents that measure nothing (an old agent, a test's stand-in): the silence alone
         verdict = judge(self.evidence, self.stacks, now=now, stacks_asked_at=self.stacks_asked_at,
@@ -609,6 +663,8 @@ class AttemptTracker:
             return replace(silence, suspects=(), detail=f"{silence.detail}; {verdict.detail}, and the launcher has not "
                                                          f"exited for supervisor.busy_limit_s={self.config.busy_limit_s:g}s")
         if self.busy is not None and not self._rechecked(now):
+            return None
+        if now < self.evidence_thin_until:
             return None
         return self._named(silence, verdict)
 
@@ -696,4 +752,5 @@ _BODY_HANDLERS: dict[type, Callable[..., Failure | None]] = {
     messages.RankExit: AttemptTracker._on_rank_exit,
     messages.TorchrunExit: AttemptTracker._on_torchrun_exit,
     messages.Preempt: AttemptTracker._on_preempt,
+    messages.RelaySummary: AttemptTracker._on_relay_summary,
 }

@@ -30,15 +30,21 @@ MISSED_HEARTBEATS = 3     # at scale: this many missed beats (at least node_sile
 
 def at_scale(config: SupervisorConfig, nodes: int, *, interval_chosen: bool = False) -> SupervisorConfig:
     """The heartbeat period and node silence for an allocation of `nodes`: beyond
-    HEARTBEATS_PER_S nodes every agent beats less often, so the supervisor's cost stays flat
+    HEARTBEATS_PER_S nodes, unless relays summarise their heartbeats (`relayed`: then the
+    supervisor folds in ~√nodes frames a beat and the period stays), every agent beats less often, so the supervisor's cost stays flat
     (one core cannot decode 16,384 heartbeats a second), and the silence that means a dead node
     grows with the period. A period the user chose (`interval_chosen`) is kept. `config` itself
     when nothing changes."""
     interval = nodes / HEARTBEATS_PER_S
-    if interval_chosen or interval <= config.heartbeat_interval_s:
+    if interval_chosen or interval <= config.heartbeat_interval_s or relayed(config, nodes):
         return config
     return replace(config, heartbeat_interval_s=round(interval, 3),
                    node_silence_s=round(max(config.node_silence_s, MISSED_HEARTBEATS * interval), 3))
+
+
+def relayed(config: SupervisorConfig, nodes: int) -> bool:
+    """Heartbeats go through relays (supervisor/job/relays.py) for a job of `nodes`."""
+    return 0 < config.relay_above_nodes < nodes
 
 
 @dataclass(kw_only=True)

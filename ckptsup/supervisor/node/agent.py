@@ -52,6 +52,7 @@ from . import cloud_notice, identity
 from ...container import CONTAINER_ENV
 from ..._version import __version__
 from .memory_store import FlipMode, NodeMemory
+from .relay import SUMMARIES_PER_BEAT, ParentLink, RelayHub
 from .warm_pool import WarmPool
 from .zygote import Zygote
 from ..processes import terminate
@@ -99,6 +100,7 @@ class Agent:
         self.term_signal: int | None = None
         self.exit_requested = False
         self.last_hb = 0.0
+        self.last_summary = 0.0
         self.zygote: Zygote | None = None       # forks the next launch's torchrun and warm ranks
         self.zygote_failures = 0                # zygotes that died before they were ready
         self.zygote_watched = False             # its control socket is in the selector until its first line
@@ -114,16 +116,27 @@ class Agent:
             if spec.memory_keep > 0 else None
         self.cloud: cloud_notice.NoticeWatch | None = None   # the cloud's preemption notices (node/cloud_notice.py)
         self.node_from = NODE                   # how the node's name was found (identity.py)
+        self.relay: RelayHub | None = None      # this agent takes its children's heartbeats (relay.py)
+        self.parent: ParentLink | None = None   # its heartbeats go to its relay, not stdout (relay.py)
+        self.parent_sock: Any = None            # the link's socket as registered (a failed send closes it first)
 
     # ---- output -------------------------------------------------------------------------------
     def send(self, msg: messages.Body) -> None:
+        frame = self._frame(msg)
+        if frame is not None:
+            self._write(frame)
+
+    def _frame(self, msg: messages.Body) -> bytes | None:
         try:
             frame = messages.encode(msg, seq=self.seq + 1, secret=self.secret,
                                     envelope={"node": self.node, "agent": self.instance})
         except wire.FrameError:
             self._count_drop()  # a rank's frame too large once {node, agent} is added
-            return
+            return None
         self.seq += 1
+        return frame
+
+    def _write(self, frame: bytes) -> None:
         try:
             # srun merges every agent's stdout: a long frame goes in pieces that name this agent
             self.out.write(step_lines.pieces(frame, f"{self.node}/{self.instance}".encode()))
@@ -416,6 +429,8 @@ class Agent:
             self.exit_requested = True
         elif isinstance(cmd, messages.MemoryPeers):
             self._memory_peers(cmd)
+        elif isinstance(cmd, messages.Relay):
+            self._relay(cmd)
         elif isinstance(cmd, messages.Stacks):
             self.send(self.procs.stacks(self.spec.env.get(RUN_DIR), self.attempt))
         elif isinstance(cmd, messages.ExtHash):
@@ -487,13 +502,73 @@ class Agent:
         # or the warm interpreter it became)
         ranks = sorted(self.ranks.ranks() | {p["rank"] for p in pids})
         running = self.torchrun is not None and self.torchrun.poll() is None
-        self.send(messages.Heartbeat(ranks_alive=tuple(ranks), last_step=self.last_step, phase=self.phase,
+        self._beat(messages.Heartbeat(ranks_alive=tuple(ranks), last_step=self.last_step, phase=self.phase,
                                      stopped_ranks=tuple(sorted(self.stopped_ranks)), torchrun=running,
                                      dropped=self.dropped, attempt=self.attempt, pids=messages.pack_pids(pids),
                                      # each live rank's CPU time, I/O and state (supervisor/job/liveness.py: busy or hung)
                                      evidence=messages.pack_evidence([rank, *got.to_wire()] for rank, got in samples.items())))
         if self.adopting:
             reap_orphans(self._own_children())   # a subreaper adopts its descendants' orphans
+
+    # ---- the heartbeat tree (relay.py) ----------------------------------------------------------
+    def _beat(self, hb: messages.Heartbeat) -> None:
+        """A heartbeat to this node's relay when it has one; to stdout otherwise, and at once when
+        the relay does not take it (the link is dropped: the direct path until the next `relay`)."""
+        frame = self._frame(hb)
+        if frame is None:
+            return
+        if self.parent is not None:
+            if self.parent.send(frame):
+                return
+            self._drop_parent()
+        self._write(frame)
+
+    def _relay(self, cmd: messages.Relay) -> None:
+        """This node's place in the tree: the children it takes (a listener on its own address, told
+        to the supervisor), and where its own heartbeats go."""
+        if cmd.children:
+            if self.relay is None:
+                addr = self.spec.node_addrs.get(self.node) or self.spec.memory_addrs.get(self.node) or "127.0.0.1"
+                try:
+                    self.relay = RelayHub(addr=addr, secret=self.secret, sel=self.sel, generation=cmd.generation,
+                                          children=cmd.children, evidence=cmd.evidence)
+                except (OSError, ValueError) as err:
+                    console.warning(f"ckptsup agent: {self.node} cannot take heartbeats on {addr}: {err}", err=True)
+                    self.send(messages.RelayReady(generation=cmd.generation, addr=None))
+                    return
+                console.info(f"ckptsup agent: {self.node} takes the heartbeats of {len(cmd.children)} nodes on "
+                             f"{self.relay.address}", err=True)
+            else:
+                self.relay.set_children(cmd.children, generation=cmd.generation, evidence=cmd.evidence)
+            self.send(messages.RelayReady(generation=cmd.generation, addr=self.relay.address))
+        elif self.relay is not None:
+            self.relay.close()
+            self.relay = None
+        if self.parent is not None and self.parent.addr != cmd.parent:
+            self._drop_parent()
+        if cmd.parent is not None and self.parent is None:
+            try:
+                self.parent = ParentLink(cmd.parent)
+            except (OSError, ValueError) as err:
+                console.warning(f"ckptsup agent: {self.node} cannot reach its relay {cmd.parent} ({err}): "
+                                "its heartbeats stay on stdout", err=True)
+                return   # its relay is not there: the direct path
+            console.info(f"ckptsup agent: {self.node} sends its heartbeats to its relay {cmd.parent}", err=True)
+            # the relay never writes: readable means it closed (or died with a reset)
+            self.parent_sock = self.parent.sock
+            self.sel.register(self.parent_sock, selectors.EVENT_READ, self._drop_parent)
+
+    def _drop_parent(self) -> None:
+        if self.parent_sock is not None:
+            try:
+                self.sel.unregister(self.parent_sock)   # found by identity when already closed
+            except (KeyError, ValueError):
+                pass
+            self.parent_sock = None
+        if self.parent is not None:
+            console.info(f"ckptsup agent: {self.node} lost its relay {self.parent.addr}: heartbeats on stdout", err=True)
+            self.parent.close()
+        self.parent = None
 
     def _own_children(self) -> set[int]:
         """The children a handle of ours waits on (and reads the exit status of)."""
@@ -581,6 +656,10 @@ class Agent:
                 if now - self.last_hb >= self.spec.heartbeat_interval_s:
                     self.last_hb = now
                     self.heartbeat()
+                if self.relay is not None and now - self.last_summary >= self.spec.heartbeat_interval_s / SUMMARIES_PER_BEAT:
+                    self.last_summary = now
+                    for summary in self.relay.summaries():   # what its children said since the last ones
+                        self.send(summary)
             return ExitStatus.DONE
         finally:
             self.shutdown()
@@ -611,6 +690,9 @@ class Agent:
         self._replace_zygote(None)
         if self.memory is not None:
             self.memory.close()
+        if self.relay is not None:
+            self.relay.close()
+        self._drop_parent()
         self.ranks.close()
 
 
