@@ -8,7 +8,9 @@ retrying would fail the same way on every node, and excluding nodes for it would
 from __future__ import annotations
 
 import re
+from dataclasses import dataclass
 from pathlib import Path
+from typing import Any
 
 from ... import messages
 from ..._version import __version__
@@ -78,3 +80,55 @@ def version_note(node: str, hello: messages.AgentHello) -> str | None:
         return None
     return literal(f"ckptsup: the agent on {node} runs ckptsup {hello.version}, this supervisor {__version__}; "
                    f"they speak the same wire ({WIRE_VERSION}), so the run goes on")
+
+
+@dataclass(frozen=True, kw_only=True)
+class HelloSeen:
+    """What one agent's hello means for the loop (AgentStarts.hello)."""
+
+    problem: str | None      # the run ends with this line: the agent cannot talk with this supervisor
+    note: str | None         # a version warning, said once per other version
+    all_up: bool             # it was the last agent a launch in containers waited for (Marks.agents_up)
+    fields: dict[str, Any]   # the agent_started event's
+
+
+class AgentStarts:
+    """The agents' start as this supervisor has seen it: whether any agent of it ever spoke (until
+    one does, a step that ends with a reason in its log ends the run), the other ckptsup versions
+    already warned about, and the agents a launch in containers still waits for."""
+
+    def __init__(self) -> None:
+        self.heard = False              # an agent of this supervisor said hello: the agents can start at all
+        self.versions_noted: set[str] = set()
+        self.awaiting: set[str] = set()   # a launch's new agents in containers, until each says hello
+
+    def hello(self, node: str, hello: messages.AgentHello, *, recv: float, started: float | None) -> HelloSeen:
+        """An agent's first frame, received at `recv`, of a step started at `started` (None: not
+        known): its container phase is the step's srun to the agent's process."""
+        problem = hello_problem(node, hello)
+        if problem is not None:
+            return HelloSeen(problem=problem, note=None, all_up=False, fields={})
+        note = version_note(node, hello)
+        if note is not None and hello.version in self.versions_noted:
+            note = None
+        elif note is not None:
+            self.versions_noted.add(hello.version)
+        self.heard = True
+        all_up = False
+        if node in self.awaiting:
+            self.awaiting.discard(node)
+            all_up = not self.awaiting
+        container_s = None if started is None else round(max(recv - started - hello.age_s, 0.0), 3)
+        fields = dict(node=node, version=hello.version, container=hello.container, pid=hello.pid, pid_ns=hello.pid_ns,
+                      node_from=hello.node_from, shm_free=hello.shm_free, container_s=container_s,
+                      python_s=round(hello.age_s, 3))
+        return HelloSeen(problem=None, note=note, all_up=all_up, fields=fields)
+
+    def never_started(self, *, rc: int | None, log: str) -> str | None:
+        """A step's end before any agent of this supervisor spoke: if their log says why (no
+        ckptsup in the image, no such interpreter, the runtime refused), every node would fail the
+        same — the line that ends the run; else None (the usual failure handling decides)."""
+        if self.heard or not log:
+            return None
+        why = read_start_failure(Path(log))
+        return None if why is None else f"the agents could not start (rc={rc}; {log}): {why}"

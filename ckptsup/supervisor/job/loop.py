@@ -17,90 +17,55 @@ import signal
 import socket
 import threading
 import time
-from dataclasses import dataclass, field, replace
+from dataclasses import replace
 from pathlib import Path
-from typing import Any, Callable, Sequence
+from typing import Any, Callable
 
 from ... import messages, stack_dump
-from ...config import AUTO, CLOUDS, Resolved, set_explicitly, write_config_json
+from ...config import Resolved, set_explicitly, write_config_json
 from ...env import ExitStatus
 from ...errors import CkptsupError, ConfigError
 from ...events import Event, EventWriter, read_events
 from ...rundir import RunDir, RunState, RunStatus
 from ... import console
-from ...wire import MessageKind
 from . import control, recovery
 from ..spec import LaunchSpec
-from . import agent_start
+from .agent_launch import AgentLaunch
+from .agent_start import AgentStarts
 from .agent_set import AgentSet, StepFactory
 from .agent_step import AgentStep, CommandSender, Inbox, Message, StepEof, StepSignal
-from .operating import Operator, PendingReplace
-from .external_resume import ExternalResume
-from .external_watch import ExternalCheckpoints, resolve_dir
-from .hf_resume import HfCheckpoints
+from .operating import Operator
+from .own_checkpoints import OwnCheckpoints
 from .memory_peers import MemoryPeers
 from .notify import Notifier
-from .script_checkpoint import ScriptCheckpoints
 from .silence_probe import SilenceProbe, suspect_after_s
+from .relays import RelayTree
 from .attempt import AttemptTracker, Marks
 from . import restore_check
-from .interval_tuner import SCHEDULE_KEYS, IntervalChange, IntervalTuner
+from .kill_window import KillWindow
+from .launch_spec import AttemptIds, Job, launch_spec
+from . import rank_events, teardown
+from .tracker_news import TrackerNews
+from .retuning import STEADY_AFTER_STEPS, Retuning  # noqa: F401 (STEADY_AFTER_STEPS: also the loop's name, docs/timeouts.md)
+from .restart_record import RestartRecord, load_by_source  # noqa: F401 (load_by_source: also the loop's name)
+from .interval_tuner import SCHEDULE_KEYS, IntervalTuner
 from .nccl import Timeouts
-from .observations import (AttemptResult, Failure, FailureKind, History, Observation, Outcome, RecoveryPath, ShrinkCosts,
+from .observations import (AttemptResult, Failure, FailureKind, History, Observation, RecoveryPath, ShrinkCosts,
                            SupervisionLevel)
 from .detection import HEARTBEATS_PER_S, at_scale
 from .placement import Placement
 from ..node.rank_output import print_console
 from .sdc import sdc_cost, sdc_fields
-from ..spec import MONITOR_INTERVAL_S
-from ..torchrun_args import TorchrunLine
-from .unhooked import level_detail, progress_dir_newer
+from .unhooked import failed_attempt, progress_dir_newer, stepless_progress
 from .shrinking import queue_time_s, shrink_costs
 from .policy import Action, CheckHealth, Continue, GiveUp, Requeue, RestartInAllocation, ShrinkChoice, attributed, blamed, decide
-from .preemption import NoticePlan, NoticeWay, StopKind, plan_notice, plan_stop, stop_kind
+from .preemption import StopKind, plan_stop, stop_kind
+from .reclaims import Reclaims
 from .requeue import RequeueRefused, RequeueRequest, RequeueResult, requeue_job
 
 TICK_S = 0.05
 STEP_PROGRESS_EVERY_S = 5.0
-DUMP_WAIT_S = 2.0       # ranks' hooks thread writes the flight recorder; we do not wait longer than this
 STEP_TIMES_KEPT = 64    # step times carried across restarts and requeues (state.json) for the timeouts
-STEADY_AFTER_STEPS = 10  # steps measured before a launch that knew none gets its steady collective timeout
-OWN_EVENTS = frozenset({Event.FIRST_STEP, Event.STEP_PROGRESS, Event.RUN_COMPLETE})
-
-
-@dataclass(kw_only=True)
-class Job:
-    script: str            # a file's absolute path; the module name with `module`
-    script_args: list[str]
-    cwd: str
-    nodes_needed: int
-    expects_hello: bool = True   # the script uses ckptsup's hooks (recovery.uses_hooks): no hello in time is a hang
-    module: bool = False   # torchrun -m
-    no_python: bool = False  # torchrun --no-python: `script` is an executable
-    torchrun: TorchrunLine = field(default_factory=TorchrunLine)   # torchrun's other options (torchrun_args.py)
-
-
-def load_by_source(load_s: Any, files: dict[str, Any]) -> dict[str, float]:
-    """The restart's load phase split by where its files came from, in proportion to the files
-    read from each source (checkpoint_loaded's files_by_source); {} without a load. Pure."""
-    counts = {k: v for k, v in files.items() if isinstance(k, str) and isinstance(v, (int, float)) and v > 0}
-    total = sum(counts.values())
-    if not isinstance(load_s, (int, float)) or not total:
-        return {}
-    return {k: round(load_s * v / total, 4) for k, v in sorted(counts.items())}
-
-
-KILL_ACK_S = 0.3        # live agents ack a kill in tens of ms; then the silent nodes' slurmd is asked
-SLURMD_PROBE_S = 0.5    # a slurmd that does not accept a connection in this long: its node is dead
-
-
-@dataclass(kw_only=True)
-class KillAcks:
-    """What a kill's ack window found (Supervisor._kill)."""
-
-    unacked: set[str]                                   # nodes whose agent has not acked
-    unreachable: set[str] = field(default_factory=set)  # of them, those whose slurmd did not answer either
-    survivors: list[dict[str, Any]] = field(default_factory=list)   # rank processes named by `report` acks
 
 
 class Supervisor:
@@ -132,28 +97,24 @@ class Supervisor:
         self.state: RunState = run_dir.load_state()
         self.writer: EventWriter | None = None
         self.agents = AgentSet()
+        self.news = TrackerNews(emit=self.emit, agents=self.agents, clock=clock, sup=self.sup)   # tracker_news.py
+        # every kill, stop and flight-recorder dump, with its bounded wait for the agents' answers
+        self.kills = KillWindow(agents=self.agents, await_answers=self._await, clock=clock, sup=self.sup,
+                                nccl=self.config.nccl, placement=placement)
         self.tracker: AttemptTracker | None = None
         self.losses: dict[int, float] = {}   # rank 0's, across attempts (restore_check.py)
         self.history: list[AttemptResult] = [AttemptResult.from_record(r) for r in self.state.failures
                                              if isinstance(r, dict)]
         self.active: tuple[str, ...] = ()
-        self.restart: dict[str, Any] | None = None   # pending restart_done fields
-        self.loaded_files: dict[str, Any] = {}        # the attempt's checkpoint_loaded files_by_source
-        self.torchrun_pids: set[int] = set()          # local mode: launchers to reap if the agent dies
+        self.restarts = RestartRecord()   # restart_done's fields, gathered from the decision to the first step
         self.stop_signal: int | None = None
-        self.notices: list[tuple[str, messages.CloudNotice, float]] = []   # (node, notice, recv) to decide on (docs/cloud.md)
-        self.agents_heard = False          # an agent of this supervisor said hello: the agents can start at all
+        self.agent_starts = AgentStarts()   # whether the agents can start at all; container phases (agent_start.py)
         # a silent agent's node asked through its slurmd (dead nodes found in ~2 s; silence_probe.py)
         self.silence = SilenceProbe(down=self.placement.slurmd_down) if self.placement.in_slurm else None
-        self.awaiting_agents: set[str] = set()   # a launch's new agents in containers, until each says hello
-        self.versions_noted: set[str] = set()   # agents' other ckptsup versions, warned about once each
-        self.reclaimed: set[str] = set()             # nodes a cloud takes back: excluded, never drained
-        self.notice_stop: tuple[float, float] | None = None   # (recv, ahead_s) of the notice that stops the run
+        self.relays = RelayTree(above=self.sup.relay_above_nodes)   # the heartbeat tree past relay_above_nodes (relays.py)
         self.lease_stop = threading.Event()
         self.last_progress_event = 0.0
         self.ckpt_dir = recovery.checkpoint_dir(self.config, run_dir.path, placement.job_id)
-        self.timeouts: Timeouts | None = None   # the current attempt's collective timeouts
-        self.steady_pending = False             # launched before any step was measured
         self.interval = IntervalTuner(self.config, gpus_per_node=placement.gpus_per_node,
                                       provenance=resolved.provenance)
         self.attempt_wall_start = time.time()   # wall clock of the current launch (progress_dir mtimes)
@@ -162,20 +123,21 @@ class Supervisor:
         self.operator = Operator(config=self.config, run_dir=run_dir, job_id=placement.job_id, agents=self.agents,
                                  interval=self.interval, emit=self.emit, clock=clock,
                                  run_state=lambda: self.state, spares=self._spares)
+        self.reclaims = Reclaims(config=self.config, operator=self.operator, agents=self.agents, emit=self.emit,   # docs/cloud.md
+                                 clock=clock, exclude=self._exclude, spares=self._spares, run_state=lambda: self.state,
+                                 can_requeue=placement.in_slurm)
         self.interval.grace_time_s = placement.grace_time_s
+        # the ranks' checkpoint schedule and collective timeout, retuned as they are measured
+        self.retuning = Retuning(config=self.config, interval=self.interval, agents=self.agents, emit=self.emit,
+                                 writer=lambda: self.writer)
         self.memory_peers = MemoryPeers(replicas=self.config.memory.replicas,   # the memory tier's placement
                                         domain_pattern=self.config.memory.domain_pattern) if self.config.memory.enabled else None
-        external_dir = resolve_dir(self.config, job.cwd)   # [checkpoint] external_dir: a framework's own step folders
-        self.external = None if external_dir is None else ExternalCheckpoints(
-            config=self.config, directory=external_dir, run_dir=run_dir.path, emit=self.emit, clock=clock)
-        self.external_resume = None if self.external is None else ExternalResume(
-            watch=self.external, agents=self.agents, run_dir=run_dir.path, job_id=placement.job_id,
-            nproc_per_node=int(self.sup.nproc_per_node), load_timeout_s=self.sup.load_timeout_s, clock=clock,
-            emit=self.emit, await_answers=self._await)
-        # [checkpoint] hf_output_dir: HF's own checkpoint-N folders (auto: the script's --output_dir), checked before each launch
-        self.hf_ckpt = HfCheckpoints.from_config(self.config, cwd=job.cwd, script_args=job.script_args, emit=self.emit)
-        # [supervisor] script_checkpoint: the script's own checkpoint files, kept and checked before each launch
-        self.script_ckpt = ScriptCheckpoints.from_config(self.config, cwd=job.cwd, run_dir=run_dir.path, emit=self.emit)
+        self.agent_launch = AgentLaunch(agents=self.agents, memory_peers=self.memory_peers, allocation=placement.nodes,
+                                        sup=self.sup, start_agents=self._start_agents)
+        # a framework's step folders, HF's checkpoint-N, the script's own files: checked before each launch
+        self.own_ckpts = OwnCheckpoints(config=self.config, cwd=job.cwd, script_args=job.script_args, run_dir=run_dir,
+                                        job_id=placement.job_id, agents=self.agents, clock=clock, emit=self.emit,
+                                        await_answers=self._await)
         self.notifier = Notifier.from_config(self.config.notify, run_dir=str(run_dir.path))   # [notify]: off the loop
 
     # ---- bookkeeping --------------------------------------------------------------------------
@@ -184,8 +146,7 @@ class Supervisor:
         self.writer.attempt, self.writer.epoch = self.state.attempt, self.state.epoch
         record = self.writer.emit(name, **fields)
         self.notifier.offer(record)   # never blocks: the events a person must know (notify.py)
-        for change in self.interval.observe(record):
-            self._set_interval(change)
+        self.retuning.observe(record)
 
     def _save_state(self) -> None:
         if self.tracker is not None and self.tracker.step_window.samples:
@@ -223,8 +184,7 @@ class Supervisor:
             raise
         finally:
             self.lease_stop.set()
-            if self.script_ckpt is not None:
-                self.script_ckpt.close()
+            self.own_ckpts.close()
             self.operator.publish_status(active=self.active, tracker=self.tracker, force=True)
             self.agents.close(self.sup.kill_grace_s)
             self.notifier.close()   # the last notice (run_complete, give_up, requeue) leaves, bounded
@@ -284,7 +244,8 @@ class Supervisor:
     def _cancel(self, request: control.ControlRequest) -> ExitStatus:
         """An operator's stop: the ranks agree on a stop step and save unless told not to (within
         save_timeout_s), then the run ends CANCELLED: no requeue, by the template or anyone."""
-        step = self._stop_ranks(reason="cancelled", save=request.save, budget_s=self.sup.save_timeout_s)
+        step = self.kills.stop_ranks(active=self.active, tracker=self.tracker, reason="cancelled", save=request.save,
+                                     budget_s=self.sup.save_timeout_s)
         self.emit(Event.RUN_CANCELLED, step=step, saved=request.save, request=request.id,
                   **sdc_cost(self.tracker.sdc_s if self.tracker is not None else None))
         self.state.status = RunStatus.CANCELLED
@@ -306,25 +267,24 @@ class Supervisor:
             failure = self._pump()
             tracker = self.tracker
             assert tracker is not None
-            self._poll_external()
-            if self.script_ckpt is not None:   # the versions its thread kept, with the last progress step
-                self.script_ckpt.tick(step=tracker.last_step)
-            self._report_level(tracker)
+            self.own_ckpts.tick(active=self.active, step=tracker.last_step, ids=lambda: {
+                "job_id": self.placement.job_id, "attempt": self.state.attempt, "epoch": self.state.epoch,
+                "world_size": len(self.active) * int(self.sup.nproc_per_node)})
+            self.news.level(tracker, self.state.attempt)
             self.operator.publish_status(active=self.active, tracker=tracker)
             stop = self.operator.take_control(tracker, self.active)
             if stop is not None:
                 return self._cancel(stop)
-            if failure is None and self.stop_signal is None and self.notices:
-                failure = self._take_notices(tracker)
+            if failure is None and self.stop_signal is None and self.reclaims.heard:
+                failure = self.reclaims.take(tracker, self.active)
             if failure is None and self.stop_signal is None and not tracker.complete:
-                failure = self._end_teardown(tracker)
+                failure = teardown.end_teardown(tracker, kills=self.kills, emit=self.emit, clock=self.clock,
+                                                exit_grace_s=self.sup.exit_grace_s)
             if failure is None and tracker.complete and self.stop_signal is None:
                 hooked = tracker.hooked or tracker.expect_hello
                 self.emit(Event.RUN_COMPLETE, step=tracker.last_step if tracker.last_step is not None
                           else (tracker.resume_step - 1 if hooked else None), **sdc_cost(tracker.sdc_s))
-                self.state.status = RunStatus.DONE
-                self._save_state()
-                return ExitStatus.DONE
+                return self._end(RunStatus.DONE, ExitStatus.DONE)
             if failure is None and self.stop_signal is not None:
                 failure = Failure(kind=FailureKind.PREEMPTED, step=tracker.current_step(),
                                   detail=f"signal {signal.Signals(self.stop_signal).name}")
@@ -332,8 +292,9 @@ class Supervisor:
                 failure = self.operator.due_replace(tracker.current_step())
             if failure is None:
                 failure = tracker.check(self.clock())
-                self._report_level(tracker)
-                self._carry_out_tracker_news(tracker)
+                self.relays.tick(self.clock(), tracker, self.agents, suspect_after_s(self.sup.heartbeat_interval_s))
+                self.news.level(tracker, self.state.attempt)
+                self.news.after_check(tracker)
             if failure is None and self.silence is not None:
                 failure = self._probe_silence(tracker)
             if failure is None:
@@ -351,29 +312,6 @@ class Supervisor:
         return self.silence.take(now, step=tracker.current_step(),
                                  still_silent=lambda node, heard: node in tracker.node_views
                                  and tracker.node_views[node].last_heard <= heard)
-
-    def _carry_out_tracker_news(self, tracker: AttemptTracker) -> None:
-        """What the tracker's verdicts ask for: the ranks' stacks from their agents (liveness.py),
-        a `restore_loss_jump` warning (restore_check.py), a `busy` event when ranks work without
-        progress (not a hang)."""
-        if tracker.want_stacks:
-            nodes = {n for n in tracker.nodes if n not in tracker.done_nodes}
-            self.agents.send(messages.Stacks(), nodes=sorted(nodes))
-            tracker.asked_for_stacks(self.clock(), nodes)
-        while tracker.restore_news:
-            jump = tracker.restore_news.pop(0)
-            self.emit(Event.RESTORE_LOSS_JUMP, step=jump.step, loss=jump.loss, before=jump.before, basis=jump.basis,
-                      detail=jump.detail)
-            console.warning(f"ckptsup: warning: {jump.detail}")
-        while tracker.busy_news:
-            news = tracker.busy_news.pop(0)
-            self.emit(Event.BUSY, ranks=list(news.ranks), detail=news.detail,
-                      silent_s=None if tracker.busy_quiet_since is None else round(self.clock() - tracker.busy_quiet_since, 3))
-            console.warning(f"ckptsup: no progress past the hang timeout, but the ranks work: busy, not hung ({news.detail}; "
-                            f"killed only after supervisor.busy_limit_s={self.sup.busy_limit_s:g}s)")
-        while tracker.busy_over_news:
-            ranks, busy_s = tracker.busy_over_news.pop(0)
-            self.emit(Event.BUSY_OVER, ranks=list(ranks), busy_s=round(busy_s, 3))
 
     def _pump(self) -> Failure | None:
         """Fold in every queued message (waiting up to one tick); the first failure wins."""
@@ -428,34 +366,19 @@ class Supervisor:
         if isinstance(body, messages.Launched):
             self.operator.set_warm(msg.node, False)   # its warm interpreters (if any) now run these ranks
         if isinstance(body, messages.Launched) and body.pid is not None:
-            self.torchrun_pids.add(body.pid)
-            if self.restart is not None and msg.node in tracker.node_views:   # the attempt's nodes (self.active), by dict
-                # restart_done says how the ranks started: warm only if every node's did
-                self.restart["warm"] = self.restart.get("warm", True) and body.warm is True
+            self.kills.torchrun_pids.add(body.pid)
+            if msg.node in tracker.node_views:   # the attempt's nodes (self.active), by dict
+                self.restarts.launched(body.warm)
         had_first = tracker.first_step is not None
         failure = tracker.on_message(msg)
         while tracker.straggler_flags:
             self.operator.straggler(tracker, tracker.straggler_flags.pop(0), self.active)
-        while tracker.teardown_errors:
-            error = tracker.teardown_errors.pop(0)
-            console.warning(f"ckptsup: every rank on {error['node']} finished, then torchrun exited rc={error['rc']}: "
-                "a crash in process teardown; nothing is lost, not restarting")
-            self.emit(Event.TEARDOWN_ERROR, **error)
+        teardown.report_errors(tracker, self.emit)
         if isinstance(body, (messages.Step, messages.Progress)):
             self._on_step(tracker, had_first, msg)
         elif isinstance(body, messages.Hello):
-            self._on_hello(tracker, body)
+            self.retuning.on_hello(tracker, body, measured=self.state.measured)
         return failure
-
-    def _on_hello(self, tracker: AttemptTracker, hello: messages.Hello) -> None:
-        """A rank's hello says its own disk schedule, the memory saves' cap (interval_tuner.py).
-        Retuned at the last rank's hello: a set_interval sent earlier misses the ranks not yet
-        connected, and the ranks apply one only once every rank holds it."""
-        self.state.measured.update(self.interval.learn_schedule(
-            {"save_every_steps": hello.save_every_steps, "save_every_s": hello.save_every_s}))
-        if tracker.hellos == tracker.world_size:
-            for change in self.interval.retune("hello"):
-                self._set_interval(change)
 
     def _note(self, msg: Message) -> bool:
         """What is only recorded, in the loop and during every wait: ranks' events, their console
@@ -469,17 +392,20 @@ class Supervisor:
             self.operator.set_warm(msg.node, True)
             self.emit(Event.WARM_READY, node=msg.node, interpreters=body.interpreters)
         elif isinstance(body, messages.ExtHashed):
-            if self.external is not None:
-                self.external.on_answer(msg.node, body)
+            self.own_ckpts.on_answer(msg.node, body)
         elif isinstance(body, messages.MemoryPeer):
-            if self.memory_peers is not None and self.memory_peers.on_peer(msg.node, body.addr):
-                self._send_memory_peers()
+            self.agent_launch.peer_address(msg.node, body.addr)
         elif isinstance(body, messages.MemoryReplicated):
-            self._memory_replicated(msg.node, body)
+            replicated = None if self.memory_peers is None else self.memory_peers.replicated_event(
+                msg.node, body, len(self.active) * int(self.sup.nproc_per_node))
+            if replicated is not None:
+                self.emit(Event.MEMORY_REPLICATED, **replicated)
         elif isinstance(body, messages.CloudNotice):
-            self.notices.append((msg.node, body, msg.recv))   # decided on in the loop (_take_notices)
+            self.reclaims.offer(msg.node, body, msg.recv)
         elif isinstance(body, messages.AgentHello):
             self._agent_hello(msg, body)
+        elif isinstance(body, messages.RelayReady):
+            self.relays.ready(msg.node, body, self.agents)
         else:
             return False
         return True
@@ -487,24 +413,14 @@ class Supervisor:
     def _agent_hello(self, msg: Message, hello: messages.AgentHello) -> None:
         """An agent's first frame: an agent of another wire ends the run in one line (agent_start.py);
         otherwise it is recorded with its container phase: the step's srun to the agent's process."""
-        problem = agent_start.hello_problem(msg.node, hello)
-        if problem is not None:
-            raise ConfigError(problem)
-        note = agent_start.version_note(msg.node, hello)
-        if note is not None and hello.version not in self.versions_noted:
-            self.versions_noted.add(hello.version)
-            console.warning(note)
-        self.agents_heard = True
-        if msg.node in self.awaiting_agents:
-            self.awaiting_agents.discard(msg.node)
-            if not self.awaiting_agents and self.tracker is not None:
-                self.tracker.marks.agents_up = msg.recv
-        started = self.agents.started(msg.step_id)
-        python_s = round(hello.age_s, 3)
-        container_s = None if started is None else round(max(msg.recv - started - hello.age_s, 0.0), 3)
-        self.emit(Event.AGENT_STARTED, node=msg.node, version=hello.version, container=hello.container,
-                  pid=hello.pid, pid_ns=hello.pid_ns, node_from=hello.node_from, shm_free=hello.shm_free,
-                  container_s=container_s, python_s=python_s)
+        seen = self.agent_starts.hello(msg.node, hello, recv=msg.recv, started=self.agents.started(msg.step_id))
+        if seen.problem is not None:
+            raise ConfigError(seen.problem)
+        if seen.note is not None:
+            console.warning(seen.note)
+        if seen.all_up and self.tracker is not None:
+            self.tracker.marks.agents_up = msg.recv
+        self.emit(Event.AGENT_STARTED, **seen.fields)
 
     def _step_ended(self, tracker: AttemptTracker, msg: Message) -> Failure | None:
         """A step's agents are all gone. A spare's is only noted (a launch that needs the node
@@ -512,12 +428,9 @@ class Supervisor:
         lost = self.agents.ended(msg.step_id)
         active = tuple(n for n in self.active if n in lost)
         rc = msg.body.rc if isinstance(msg.body, StepEof) else None
-        if not self.agents_heard and isinstance(msg.body, StepEof) and msg.body.log:
-            # no agent of this supervisor ever spoke: if their log says why (no ckptsup in the image,
-            # no such interpreter, the runtime refused), every node would fail the same (agent_start.py)
-            why = agent_start.read_start_failure(Path(msg.body.log))
-            if why is not None:
-                raise ConfigError(f"the agents could not start (rc={rc}; {msg.body.log}): {why}")
+        never = self.agent_starts.never_started(rc=rc, log=msg.body.log) if isinstance(msg.body, StepEof) else None
+        if never is not None:   # no agent of this supervisor ever spoke, and their log says why
+            raise ConfigError(never)
         if not active:
             if lost:
                 self.emit(Event.AGENT_LOST, nodes=list(lost), rc=rc)
@@ -532,34 +445,17 @@ class Supervisor:
         return Failure(kind=FailureKind.NODE_DOWN, node=None, step=tracker.current_step(), suspects=active,
                        detail=f"agent step on {', '.join(active)} ended unexpectedly (rc={rc})")
 
-    def _report_level(self, tracker: AttemptTracker) -> None:
-        """The supervision_level event when the attempt's level becomes known; the progress_stale
-        warning when a script without hooks shows no progress line for progress_warn_s."""
-        level = tracker.take_level()
-        if level is not None:
-            self.emit(Event.SUPERVISION_LEVEL, level=level, detail=level_detail(level, self.sup))
-            if level is SupervisionLevel.PROCESS:
-                console.info(f"ckptsup: attempt {self.state.attempt}: {level_detail(level, self.sup)}")
-        stale = tracker.progress_stale(self.clock(), self.sup.progress_warn_s)
-        if stale is not None:
-            self.emit(Event.PROGRESS_STALE, since_launch_s=round(stale, 1), pattern=self.sup.progress_pattern)
-
     def _on_step(self, tracker: AttemptTracker, had_first: bool, msg: Message) -> None:
         if not had_first and tracker.first_step is not None:
             self.emit(Event.FIRST_STEP, step=tracker.first_step,
                       since_launch_s=round(msg.recv - (tracker.marks.launch_sent or tracker.started), 4))
-            if self.restart is not None:
-                restart, self.restart = self.restart, None
-                restart_s = msg.recv - restart.pop("detect")
-                phases = tracker.marks.phases()
-                self.emit(Event.RESTART_DONE, restart_s=round(restart_s, 4), resume_step=tracker.first_step,
-                          phases=phases, load_by_source=load_by_source(phases.get("load_s"), self.loaded_files),
-                          **restart)
-                self.state.measured["restart_s"] = round(restart_s, 4)
+            done = self.restarts.done(recv=msg.recv, resume_step=tracker.first_step, phases=tracker.marks.phases())
+            if done is not None:
+                self.emit(Event.RESTART_DONE, **done)
+                self.state.measured["restart_s"] = done["restart_s"]
             elif tracker.attempt == self.first_attempt:   # this allocation's first launch
                 self.state.measured["startup_s"] = round(msg.recv - self.started_at, 4)
-        if self.steady_pending and len(tracker.step_window.samples) >= STEADY_AFTER_STEPS:
-            self._set_steady_timeout(tracker)
+        self.retuning.on_steps(tracker, save_s=self.state.measured.get("stall_s"))
         now = msg.recv
         if now - self.last_progress_event >= STEP_PROGRESS_EVERY_S:
             self.last_progress_event = now
@@ -569,50 +465,20 @@ class Supervisor:
                       step_p99_s=None if p99 is None else round(p99, 6),
                       hang_timeout_s=round(tracker.hang_timeout().s, 3), **sdc_cost(tracker.sdc_s))
 
-    def _set_steady_timeout(self, tracker: AttemptTracker) -> None:
-        """A launch that knew no step time ran with steady = init (docs/timeouts.md §3): once this
-        attempt's steps are measured, tighten the ranks' collective timeout, and with it the hang
-        cap that keeps the supervisor's detection first."""
-        self.steady_pending = False
-        steady = recovery.attempt_timeouts(self.config, step_times=tracker.step_window.samples,
-                                           save_s=self.state.measured.get("stall_s"))
-        if self.timeouts is None or steady.collective_s >= self.timeouts.collective_s:
-            return
-        self.agents.send(messages.SetTimeout(collective_s=round(steady.collective_s, 3)))
-        tracker.hang_cap_s, tracker.save_allowance_s = steady.hang_cap_s, steady.save_allowance_s
-        self.emit(Event.COLLECTIVE_TIMEOUT_SET, collective_s=round(steady.collective_s, 3),
-                  was_s=round(self.timeouts.collective_s, 3), steps=len(tracker.step_window.samples))
-        self.timeouts = steady
-
     def _forward_event(self, record: Any) -> None:
-        """Append a rank's event (checkpoint_committed, …) to the restart log. The supervisor
-        writes first_step / step_progress / run_complete itself from what it saw; a name it does
-        not know (a rank of another ckptsup version) is logged and dropped."""
-        name = Event.parse(record.get("event")) if isinstance(record, dict) else None
-        if name is None:
+        """A rank's event (checkpoint_committed, …) to the restart log, and what it tells the loop
+        (rank_events.py); the supervisor's own events and unknown names are not forwarded."""
+        event = rank_events.read(record)
+        if event.fate is rank_events.Fate.UNKNOWN:
             console.warning(f"ckptsup: dropped a rank event of unknown name: {str(record)[:120]}")
+        if event.fate is not rank_events.Fate.FORWARD or event.name is None:
             return
-        if name in OWN_EVENTS:
-            return
-        fields = {k: v for k, v in record.items() if k not in ("event", "ts", "mono", "job_id", "attempt", "epoch")}
-        fields["rank_ts"] = record.get("ts")
-        self.emit(name, **fields)
-        tier = {Event.CHECKPOINT_COMMITTED: "committed", Event.CHECKPOINT_VALIDATED: "validated",
-                Event.CHECKPOINT_PROMOTED: "durable"}.get(name)
-        if tier is not None and isinstance(record.get("step"), int):
-            self.operator.checkpoint(tier, record)
-        if name is Event.CHECKPOINT_LOADED and isinstance(record.get("files_by_source"), dict):
-            self.loaded_files = record["files_by_source"]
-        if name is Event.CHECKPOINT_COMMITTED:
-            for key in ("stall_s", "write_s"):
-                if isinstance(record.get(key), (int, float)):
-                    self.state.measured[key] = float(record[key])
-
-    def _set_interval(self, change: IntervalChange) -> None:
-        """The ranks follow a new disk interval or memory schedule (interval_tuner.py decides)."""
-        self.agents.send(change.command())
-        assert self.writer is not None
-        self.writer.emit(Event.INTERVAL_CHANGED, **change.event_fields())
+        self.emit(event.name, **event.fields)
+        if event.tier is not None:
+            self.operator.checkpoint(event.tier, record)
+        if event.files_by_source is not None:
+            self.restarts.loaded(event.files_by_source)
+        self.state.measured.update(event.measured)
 
     # ---- deciding -----------------------------------------------------------------------------
     def _observe(self, failure: Failure | None, **fields: Any) -> Observation:
@@ -660,11 +526,13 @@ class Supervisor:
         if failure.kind is FailureKind.PREEMPTED:
             return self._carry_out(self._decide(self._observe(failure)))
         if failure.kind is FailureKind.HANG:
-            self._dump_flight_recorder()
-        silent, unreachable = self._kill_attempt(failure)
+            self.kills.dump_flight_recorder(lambda: self.run_dir.attempt_dir(self.state.attempt) / "flight_recorder",
+                                            tracker.ranks)
+        silent, unreachable = self.kills.kill_attempt(self.active, failure)
         t_killed = self.clock()
         silent_for = t_killed - tracker.node_views[silent[0]].last_heard if silent else 0.0
-        result = self._attempt_result(tracker, failure)
+        result = failed_attempt(tracker, attempt=self.state.attempt, failure=failure,
+                                progressed=lambda: self._stepless_progress(tracker))
         self.history.append(result)
         action = self._decide(self._observe(failure, silent=tuple(silent), silent_for_s=silent_for,
                                             unreachable=tuple(unreachable)))
@@ -679,27 +547,15 @@ class Supervisor:
         marks = Marks(detect=t_detect, killed=t_killed, health_done=self.clock())
         return self._carry_out(action, marks=marks)
 
-    def _attempt_result(self, tracker: AttemptTracker, failure: Failure) -> AttemptResult:
-        """The history entry of the attempt that just failed. An attempt without hooks starts at
-        its first progress line (the script resumes itself: ckptsup does not know where); one
-        without any step counts as progress when `progress_dir` got a newer entry, or when it
-        outlived the init allowance (a script that dies on start-up does not)."""
-        level = tracker.level or SupervisionLevel.PROCESS
-        if level in (SupervisionLevel.HOOKS, SupervisionLevel.HEARTBEAT) or tracker.expect_hello:
-            return AttemptResult(attempt=self.state.attempt, outcome=Outcome.FAILED, start_step=tracker.resume_step,
-                                 last_step=tracker.last_step, failure=failure, level=level)
-        if tracker.first_step is not None:
-            return AttemptResult(attempt=self.state.attempt, outcome=Outcome.FAILED, start_step=tracker.first_step,
-                                 last_step=tracker.last_step, failure=failure, level=level)
+    def _stepless_progress(self, tracker: AttemptTracker) -> bool:
+        """Whether the failed attempt progressed without any step (unhooked.failed_attempt)."""
         ran_s = self.clock() - tracker.started
         # a new external step folder is progress too ([checkpoint] external_dir implies progress_dir)
         newer = progress_dir_newer(self.sup.progress_dir or self.config.checkpoint.external_dir, self.job.cwd,
                                    since_wall=self.attempt_wall_start)
-        if self.hf_ckpt is not None and self.hf_ckpt.progressed(since_wall=self.attempt_wall_start):
+        if self.own_ckpts.hf_saved(since_wall=self.attempt_wall_start):
             newer = True   # HF finished a save of its own (trainer_state.json, written last, is new)
-        progress = newer if newer is not None else ran_s > self.sup.init_timeout_s
-        return AttemptResult(attempt=self.state.attempt, outcome=Outcome.FAILED, start_step=0, last_step=None,
-                             failure=failure, level=level, progress=progress)
+        return stepless_progress(ran_s=ran_s, init_timeout_s=self.sup.init_timeout_s, newer=newer)
 
     def _attributed(self, failure: Failure, detected: Failure) -> None:
         self.emit(Event.FAILURE_ATTRIBUTED, kind=failure.kind, node=failure.node, was_kind=detected.kind,
@@ -713,10 +569,7 @@ class Supervisor:
             self._shrink_decided(shrink)
         match action:
             case GiveUp(reason=reason, failure=failure):
-                self.emit(Event.GIVE_UP, reason=reason, kind=failure.kind if failure else None)
-                self.state.status = RunStatus.GAVE_UP
-                self._save_state()
-                console.error(f"ckptsup: giving up: {reason}")
+                self._give_up(reason, kind=failure.kind if failure else None)
                 console.error(recovery.log_tail(self.run_dir.attempt_dir(self.state.attempt),
                                                 rank=failure.rank if failure else None), newlines=True)
                 return ExitStatus.GIVE_UP
@@ -743,8 +596,7 @@ class Supervisor:
                 self.state.epoch += 1
                 self._save_state()
                 assert marks is not None and failure is not None
-                self.restart = {"detect": marks.detect, "path": path.value, "kind": failure.kind.value,
-                                "backoff_s": backoff_s, "nodes": list(nodes)}
+                self.restarts.begin(detect=marks.detect, path=path, kind=failure.kind, backoff_s=backoff_s, nodes=nodes)
                 self._launch(nodes, path=path, marks_from=marks)
                 return None
             case Continue() | CheckHealth():
@@ -753,164 +605,31 @@ class Supervisor:
     def _check_script_checkpoint(self) -> ExitStatus | None:
         """Before a launch: the script's own checkpoint files whole, or put back (script_checkpoint.py);
         a corrupt one with no verified copy gives up in one line."""
-        reason = self.script_ckpt.before_launch() if self.script_ckpt is not None else None
-        if reason is None:
-            return None
-        self.emit(Event.GIVE_UP, reason=reason, kind=None)
+        reason = self.own_ckpts.script_refusal()
+        return None if reason is None else self._give_up(reason, kind=None)
+
+    def _give_up(self, reason: str, *, kind: FailureKind | None) -> ExitStatus:
+        """The run ends as the policy or a check before a launch decided: no requeue, exit GIVE_UP."""
+        self.emit(Event.GIVE_UP, reason=reason, kind=kind)
         self.state.status = RunStatus.GAVE_UP
         self._save_state()
         console.error(f"ckptsup: giving up: {reason}")
         return ExitStatus.GIVE_UP
 
+    def _end(self, status: RunStatus, exit_status: ExitStatus) -> ExitStatus:
+        self.state.status = status
+        self._save_state()
+        return exit_status
+
     def _shrink_decided(self, choice: ShrinkChoice) -> None:
         self.emit(Event.SHRINK_DECIDED, **choice.event_fields())
         console.warning(f"ckptsup: node lost, no spare left: {choice.reason}")
-
-    def _kill_attempt(self, failure: Failure) -> tuple[list[str], list[str]]:
-        """SIGKILL every rank of the attempt; the acks double as a liveness probe: returns the nodes
-        whose agent neither acked nor spoke (a rank's crash is often the first symptom of a dead
-        peer node), and those of them whose slurmd did not answer either. Live agents ack within
-        tens of milliseconds; a silent node whose slurmd does not answer is dead now — no wait for
-        an ack that cannot come (it cost the node path 2 s); one whose slurmd answers may just be
-        slow and gets the whole window (`_kill`)."""
-        dead = {failure.node} if failure.kind is FailureKind.NODE_DOWN else set()
-        acks = self._kill(self.active, wait_for=[n for n in self.active if n not in dead], probe=True)
-        if acks is None or len(acks.unacked) == len(self.active):
-            return [], []   # nothing sent, or no agent answered: the supervisor's own link is the suspect
-        return sorted(acks.unacked), sorted(acks.unreachable & acks.unacked)
-
-    def _kill(self, send_to: Sequence[str], *, wait_for: Sequence[str], report: bool = False,
-              probe: bool = False) -> KillAcks | None:
-        """The one owner of the kill and its acks: `kill` to the agents of `send_to`, then the acks of
-        `wait_for` within the ack window (min(node_silence_s, max(2 s, 3 beats))), with the
-        survivors each names when `report`. With `probe`, the nodes still silent KILL_ACK_S after the
-        kill have their slurmd asked and an unanswering one is not waited for. None when no kill
-        could be sent (the agents are gone: their orphans are killed here instead)."""
-        agents = self.agents
-        acks = KillAcks(unacked=set(wait_for))
-        if not agents.alive() or not agents.send(messages.Kill(grace=0, report=report), nodes=list(send_to)):
-            self._kill_orphans()
-            return None
-
-        def acked(msg: Message) -> bool:
-            if isinstance(msg.body, messages.Killed) and msg.node in acks.unacked:
-                acks.unacked.discard(msg.node)
-                acks.survivors += [{"node": msg.node, **{k: entry[k] for k in ("rank", "pid", "host_pid", "wchan", "stack")
-                                                          if k in entry}} for entry in msg.body.survivors or ()]
-            return False
-
-        def gone() -> bool:
-            return not any(agents.has_agent(n) for n in acks.unacked - acks.unreachable)
-
-        deadline = self.clock() + min(self.sup.node_silence_s, max(2.0, 3 * self.sup.heartbeat_interval_s))
-        if probe:
-            self._await(acked, min(self.clock() + KILL_ACK_S, deadline), until=gone)
-            if acks.unacked and not gone():
-                acks.unreachable = self.placement.slurmd_down(sorted(acks.unacked), SLURMD_PROBE_S)
-        self._await(acked, deadline, until=gone)
-        return acks
-
-    def _end_teardown(self, tracker: AttemptTracker) -> Failure | None:
-        """The ranks finished but some of their processes did not exit within exit_grace_s (a
-        stuck destroy_process_group, a non-daemon thread): kill them (the agents SIGKILL the whole
-        tree, stopped processes included), name them in `teardown_hang`, and end those nodes as if
-        torchrun had exited 0 there (the final checkpoint was committed before the bye)."""
-        hang = tracker.teardown_hang(self.clock())
-        if hang is None:
-            return None
-        acks = self._kill(hang.nodes, wait_for=hang.nodes, report=True)
-        survivors = sorted(acks.survivors if acks is not None else [], key=lambda e: (e.get("rank", -1), e["node"]))
-        self.emit(Event.TEARDOWN_HANG, ranks=survivors, nodes=list(hang.nodes), exit_grace_s=self.sup.exit_grace_s,
-                  waited_s=round(hang.waited_s, 3))
-        named = ", ".join(f"rank {e.get('rank')} on {e['node']} (pid {e.get('pid')})" for e in survivors) or \
-            f"torchrun on {', '.join(hang.nodes)}"
-        console.warning(f"ckptsup: the ranks finished, but {named} had not exited {self.sup.exit_grace_s:g}s later "
-                        "([supervisor] exit_grace_s): killed; the run counts as finished")
-        failure = None
-        for node in hang.nodes:
-            failure = failure or tracker.teardown_done(node)
-        return failure
-
-    def _dump_flight_recorder(self) -> None:
-        """Before killing hung ranks, ask their hooks thread to dump the flight recorder (NCCL keeps
-        one; gloo on CPU does not, so without GPUs there is nothing to wait for). Waits for every
-        rank's `fr_dumped` or DUMP_WAIT_S, whichever comes first."""
-        nccl = self.config.nccl
-        if not (nccl.dump_on_timeout and nccl.flight_recorder_entries > 0 and self.placement.gpus_per_node > 0):
-            return
-        self.agents.send(messages.DumpFr(path=str(self.run_dir.attempt_dir(self.state.attempt) / "flight_recorder")))
-        waiting = set(self.tracker.ranks) if self.tracker is not None else set()
-
-        def dumped(msg: Message) -> bool:
-            record = msg.body.record if isinstance(msg.body, messages.EventRecord) else None
-            if record is not None and record.get("event") == Event.FR_DUMPED:
-                waiting.discard(record.get("rank"))
-            return False
-
-        self._await(dumped, self.clock() + DUMP_WAIT_S, until=lambda: not waiting)
-
-    def _take_notices(self, tracker: AttemptTracker) -> Failure | None:
-        """The clouds' notices heard so far (docs/cloud.md): each decided on (`plan_notice`, pure),
-        written as one `cloud_notice` event and one console line, and carried out: a spare
-        excluded; a training node's ranks moved to a spare (or the job requeued without it) after
-        an emergency checkpoint when one fits — the replace machinery, with the notice's deadline —
-        else at once; a run with nowhere to move them stopped as a preemption. A notice for a node
-        while another node's replace waits for its checkpoint waits its turn."""
-        waiting, failure = [], None
-        for node, notice, recv in self.notices:
-            pending = self.operator.replace
-            if failure is not None or (pending is not None and pending.node != node and node in self.active):
-                waiting.append((node, notice, recv))
-                continue
-            plan = plan_notice(node=node, ahead_s=notice.ahead_s, config=self.config, active=self.active,
-                               spares=self._spares(), excluded=frozenset(self.state.excluded_nodes),
-                               can_requeue=self.placement.in_slurm,
-                               checkpoints=not self.operator.save_refusal(tracker),
-                               save_s=self.state.measured.get("stall_s"), write_s=self.state.measured.get("write_s"),
-                               elapsed_s=self.clock() - recv, step_p99_s=tracker.step_window.p99())
-            self.emit(Event.CLOUD_NOTICE, node=node, cloud=notice.cloud, action=notice.action, deadline=notice.deadline,
-                      ahead_s=notice.ahead_s, detail=notice.detail, step=tracker.current_step(), **plan.as_event())
-            console.warning(f"ckptsup: cloud notice: {notice.cloud} will {notice.action} {node} at {notice.deadline} "
-                            f"({notice.ahead_s:.0f}s ahead): {plan.reason}")
-            failure = self._carry_out_notice(node, notice, plan, tracker)
-        self.notices = waiting
-        return failure
-
-    def _carry_out_notice(self, node: str, notice: messages.CloudNotice, plan: NoticePlan,
-                          tracker: AttemptTracker) -> Failure | None:
-        detail = f"cloud notice: {notice.cloud} {notice.action} at {notice.deadline}"
-        if plan.way is NoticeWay.IGNORE:
-            return None
-        self.reclaimed.add(node)   # the cloud takes it back: excluded, but not drained (its next instance is another machine)
-        if plan.way is NoticeWay.EXCLUDE:
-            self._exclude(node, detail)
-            return None
-        if plan.way is NoticeWay.STOP:
-            self.notice_stop = (self.clock(), plan.window_s)
-            return Failure(kind=FailureKind.PREEMPTED, step=tracker.current_step(), detail=detail)
-        if plan.way is NoticeWay.MOVE:
-            pending = self.operator.replace
-            if pending is not None and pending.node == node:
-                self.operator.replace = None   # a replace of the same node waited for a checkpoint: it moves now
-            return Failure(kind=FailureKind.REPLACED, node=node, step=tracker.current_step(), suspects=(node,),
-                           detail=detail)
-        deadline = self.clock() + plan.move_by_s
-        pending = self.operator.replace
-        if pending is not None and pending.node == node:   # already waiting for a checkpoint: by the deadline now
-            pending.deadline = deadline if pending.deadline is None else min(pending.deadline, deadline)
-            pending.detail = detail
-            return None
-        self.operator.replace = PendingReplace(request=f"cloud-notice-{node}", node=node,
-                                               after_step=tracker.current_step() or 0, deadline=deadline,
-                                               detail=detail)
-        self.agents.send(messages.SaveNow(reason=f"cloud notice for {node}"), nodes=list(self.active))
-        return None
 
     def _stop_for_preemption(self) -> StopKind:
         """Plan the stop (does an emergency save fit the window?), then stop the ranks."""
         kind = stop_kind(self.stop_signal) if self.stop_signal is not None else StopKind.PREEMPTION
         tracker = self.tracker
-        notice = self.notice_stop if self.stop_signal is None else None
+        notice = self.reclaims.stop if self.stop_signal is None else None
         if notice is not None:   # a cloud notice with nowhere to move the node's ranks: its window
             kind = StopKind.CLOUD_NOTICE
         plan = plan_stop(kind=kind, config=self.config, save_s=self.state.measured.get("stall_s"),
@@ -919,44 +638,18 @@ class Supervisor:
                          notice_s=notice[1] if notice else None,
                          elapsed_s=self.clock() - notice[0] if notice else 0.0)
         self.emit(Event.PREEMPTION, **plan.as_event())
-        self._stop_ranks(reason=kind.value, save=plan.emergency_save, budget_s=plan.budget_s)
+        self.kills.stop_ranks(active=self.active, tracker=tracker, reason=kind.value, save=plan.emergency_save,
+                              budget_s=plan.budget_s)
         return kind
-
-    def _stop_ranks(self, *, reason: str, save: bool, budget_s: float) -> int | None:
-        """Ask the ranks to agree on a stop step (and save if `save`); wait (bounded) for every
-        node's torchrun to exit; then kill what is left. Returns the last step the nodes saw."""
-        agents, tracker = self.agents, self.tracker
-        last = tracker.last_step if tracker is not None else None
-        if not agents.alive():
-            return last
-        agents.send(messages.StopAt(reason=reason, save=save, budget_s=budget_s))
-        waiting = set(self.active) - (tracker.done_nodes if tracker else set())
-        steps = [last] if last is not None else []
-
-        def exited(msg: Message) -> bool:
-            if isinstance(msg.body, messages.TorchrunExit):
-                waiting.discard(msg.node)
-                if msg.body.step is not None:
-                    steps.append(msg.body.step)
-            return False
-
-        self._await(exited, self.clock() + budget_s + self.sup.kill_grace_s,
-                    until=lambda: not waiting or not any(agents.has_agent(n) for n in waiting))
-        agents.send(messages.Kill(grace=0))
-        return max(steps) if steps else None
 
     def _requeue(self, action: Requeue) -> ExitStatus:
         """Inside Slurm: the fenced requeue (excluded nodes, spanning partition). Outside: nothing
         can requeue; a preempted local run exits PREEMPTED, anything else gives up."""
         if not self.placement.in_slurm:
             if action.preempted:
-                self.state.status = RunStatus.STOPPED
-                self._save_state()
-                return ExitStatus.PREEMPTED
+                return self._end(RunStatus.STOPPED, ExitStatus.PREEMPTED)
             self.emit(Event.GIVE_UP, reason=f"requeue needed ({action.reason}) but not inside Slurm")
-            self.state.status = RunStatus.GAVE_UP
-            self._save_state()
-            return ExitStatus.GIVE_UP
+            return self._end(RunStatus.GAVE_UP, ExitStatus.GIVE_UP)
         self.agents.abandon()  # ranks are already killed; srun may hang on a dead node's step: don't wait
         self._save_state()
         if self.writer is not None:
@@ -983,52 +676,21 @@ class Supervisor:
     # ---- launching ----------------------------------------------------------------------------
     def _spec(self, nodes: tuple[str, ...], resume_from: str, timeouts: Timeouts) -> tuple[LaunchSpec, Path]:
         attempt_dir = self.run_dir.attempt_dir(self.state.attempt)
-        line = self.job.torchrun
-        env = recovery.rank_env(self.config, run_dir=self.run_dir.path, config_json=self.run_dir.config_json_path,
-                                secret_path=self.run_dir.secret_path, ckpt_dir=self.ckpt_dir,
-                                job_id=self.placement.job_id, attempt=self.state.attempt, epoch=self.state.epoch,
-                                resume_from=resume_from, timeouts=timeouts, save_every_s=self.interval.current_s(),
-                                preempt_budget_s=self.interval.preempt_budget_s(),
-                                memory_every_steps=self.interval.memory_every_steps())
-        script_args = self.script_ckpt.args(self.job.script_args) if self.script_ckpt is not None \
-            else list(self.job.script_args)   # resume_args when the script's checkpoint is in place
-        spec = LaunchSpec(script=self.job.script, script_args=script_args,
-                          nproc_per_node=self.sup.nproc_per_node, nnodes=len(nodes),
-                          rdzv_endpoint=self.placement.rdzv_endpoint(nodes[0], self.sup.rdzv_port, self.state.attempt),
-                          rdzv_id=f"ckptsup-{self.placement.job_id}-{self.state.attempt}",
-                          node_addrs={n: self.placement.addrs.get(n, n) for n in nodes}, env=env,
-                          log_dir=str(attempt_dir), heartbeat_interval_s=self.sup.heartbeat_interval_s,
-                          shutdown_timeout_s=max(60.0, self.sup.kill_grace_s, self.interval.preempt_window_s())
-                          if line.shutdown_timeout_s is None else float(line.shutdown_timeout_s),
-                          monitor_interval_s=line.monitor_interval_s or MONITOR_INTERVAL_S,
-                          torchrun_log_dir=line.log_dir, torchrun_options=list(line.passed),
-                          console_local_ranks=line.console_local_ranks(self.sup.nproc_per_node),
-                          kill_grace_s=self.sup.kill_grace_s, cwd=self.job.cwd, rdzv_backend=self.sup.rdzv_backend,
-                          progress_pattern=self.sup.progress_pattern, tee=self.sup.tee,
-                          module=self.job.module, no_python=self.job.no_python, warm_ranks=self.sup.warm_ranks,
-                          memory_keep=self.config.memory.keep if self.config.memory.enabled else 0,
-                          # auto: each rank checks its own fit (memory_tier.fit_budget); the agent takes what comes
-                          memory_max_bytes=0 if self.config.memory.max_bytes == AUTO else self.config.memory.max_bytes,
-                          memory_addrs={n: self.placement.addrs.get(n, n) for n in self.placement.nodes}
-                          if self.config.memory.enabled else {},
-                          cloud_notice=self.config.preemption.cloud_notice,
-                          cloud_endpoints={cloud: getattr(self.config.preemption, f"{cloud}_endpoint")
-                                           for cloud in CLOUDS})
+        script_args = self.own_ckpts.script_args(self.job.script_args)   # resume_args when the script's checkpoint is in place
+        ids = AttemptIds(job_id=self.placement.job_id, attempt=self.state.attempt, epoch=self.state.epoch,
+                         attempt_dir=attempt_dir)
+        spec = launch_spec(config=self.config, job=self.job, script_args=script_args, placement=self.placement,
+                           run_dir=self.run_dir, ckpt_dir=self.ckpt_dir, ids=ids, nodes=nodes,
+                           resume_from=resume_from, timeouts=timeouts, interval=self.interval)
         path = attempt_dir / "launch.json"
         spec.write(path)
         return spec, path
 
     def _launch(self, nodes: tuple[str, ...], *, path: RecoveryPath, marks_from: Marks | None = None) -> None:
-        if self.external_resume is not None:   # bad external step folders out of the framework's way
-            self.external_resume.before_launch(nodes, attempt=self.state.attempt, epoch=self.state.epoch)
-        if self.hf_ckpt is not None:   # bad checkpoint-N folders out of HF's get_last_checkpoint's way
-            self.hf_ckpt.before_launch(world_size=len(nodes) * int(self.sup.nproc_per_node))
-        self.loaded_files = {}
+        self.own_ckpts.before_launch(nodes, attempt=self.state.attempt, epoch=self.state.epoch)
+        self.restarts.new_launch()
         resume_from = recovery.pick_resume(self.ckpt_dir, self.emit)
-        step_times = self._step_times()
-        timeouts = recovery.attempt_timeouts(self.config, step_times=step_times,
-                                             save_s=self.state.measured.get("stall_s"))
-        self.timeouts, self.steady_pending = timeouts, not step_times
+        timeouts = self.retuning.launch(step_times=self._step_times(), save_s=self.state.measured.get("stall_s"))
         spec, spec_path = self._spec(nodes, resume_from, timeouts)
         now = self.clock()
         hooked_before = any(a.level in (SupervisionLevel.HOOKS, SupervisionLevel.HEARTBEAT) for a in self.history)
@@ -1046,55 +708,12 @@ class Supervisor:
             self.tracker.marks = marks_from
         self.tracker.marks.launch_sent = now
         spares = list(self._spares(nodes))
-        present = [n for n in nodes if self.agents.has_agent(n)]
-        if self.memory_peers is not None:   # before the restart: the ranks ask their agents at once
-            too_few = self.memory_peers.launch(nodes, int(self.sup.nproc_per_node))
-            if too_few is not None:
-                console.warning(f"ckptsup: {too_few}")
-            self._send_memory_peers()
-        if present:
-            # the agents that outlived the failure (survivors, warm spares) take the new spec; a
-            # failed send means they just died: their step's EOF is the next failure
-            self.agents.send(messages.Restart(attempt=self.state.attempt, spec=spec.to_json()),
-                             nodes=present)
-        missing = [n for n in nodes if n not in present]
-        if missing:
-            # the first launch brings up the spares' agents with the rest (standby, pre-warmed)
-            start = [*missing, *(s for s in spares if not self.agents.has_agent(s))] if not present else missing
-            self._start_agents(tuple(start), spec_path)
-            # in a container their start is a phase of its own (Marks.agents_up; restart_done's container_s)
-            self.awaiting_agents = set(missing) if self.placement.container.on else set()
+        missing = self.agent_launch.launch(nodes, spares=spares, spec=spec, spec_path=spec_path, attempt=self.state.attempt)
+        if missing:   # in a container their start is a phase of its own (Marks.agents_up; restart_done's container_s)
+            self.agent_starts.awaiting = set(missing) if self.placement.container.on else set()
         self.active = nodes
         self.emit(Event.LAUNCH, nodes=list(nodes), path=path.value, spares=spares, resume_from=resume_from or None,
                   world_size=len(nodes) * self.sup.nproc_per_node)
-
-    def _send_memory_peers(self) -> None:
-        """Every launched node's buddies and sources (memory_peers.py), to the agents that are up."""
-        assert self.memory_peers is not None
-        alive = [n for n in self.placement.nodes if self.agents.has_agent(n)]
-        for node, body in self.memory_peers.commands(alive).items():
-            if self.agents.has_agent(node):
-                self.agents.send(body, nodes=[node])
-
-    def _memory_replicated(self, node: str, note: messages.MemoryReplicated) -> None:
-        if self.memory_peers is None:
-            return
-        if note.ok is not True:
-            self.emit(Event.MEMORY_REPLICATED, ok=False, node=node, step=note.step,
-                      rank=note.rank, buddy=note.buddy, reason=(note.reason or "")[:300])
-            return
-        world = len(self.active) * int(self.sup.nproc_per_node)
-        step = self.memory_peers.on_replicated(note, world)
-        if step is not None:
-            self.emit(Event.MEMORY_REPLICATED, ok=True, step=step, ranks=world)
-
-    def _poll_external(self) -> None:
-        if self.external is not None and self.active:
-            self.external.poll(send=self.agents.send, has_agent=self.agents.has_agent, nodes=self.active,
-                               nproc_per_node=int(self.sup.nproc_per_node),
-                               ids={"job_id": self.placement.job_id, "attempt": self.state.attempt,
-                                    "epoch": self.state.epoch,
-                                    "world_size": len(self.active) * int(self.sup.nproc_per_node)})
 
     def _start_agents(self, nodes: tuple[str, ...], spec_path: Path) -> None:
         """One step of agents on `nodes`: those in the launch spec start their ranks, the others
@@ -1104,17 +723,6 @@ class Supervisor:
                                           env=self.placement.agent_env(nodes[0]), nodes=nodes, secret=self.secret,
                                           sender=self.sender, inbox=self.inbox, log_path=log))
 
-    def _kill_orphans(self) -> None:
-        """Local mode, agent gone: its torchrun (own session) and ranks would live on. Slurm
-        cleans a step's processes itself; here the supervisor kills the trees it was told of."""
-        if self.placement.in_slurm:
-            return
-        from ..processes import terminate
-
-        for pid in self.torchrun_pids:
-            terminate(pid, 0)
-        self.torchrun_pids.clear()
-
     def _exclude(self, node: str, reason: str) -> None:
         if node in self.state.excluded_nodes:
             return
@@ -1122,7 +730,7 @@ class Supervisor:
         self._save_state()
         self.agents.send(messages.Exit(), nodes=[node])   # a live agent there leaves (no ranks, no standby)
         self.agents.lose(node)
-        may_drain = self.placement.in_slurm and self.config.slurm.drain_bad_nodes and node not in self.reclaimed
+        may_drain = self.placement.in_slurm and self.config.slurm.drain_bad_nodes and node not in self.reclaims.reclaimed
         drained = recovery.drain(self.placement.slurm if may_drain else None, node, reason,
                                  job_id=self.placement.job_id)
         self.emit(Event.NODE_EXCLUDED, node=node, reason=reason, drained=drained)

@@ -167,3 +167,12 @@ class MemoryPeers:
                     self.full.pop(old, None)
                 return step
         return None
+
+    def replicated_event(self, node: str, note: messages.MemoryReplicated, world_size: int) -> dict[str, Any] | None:
+        """The memory_replicated event's fields for `node`'s replica note: every failed replica
+        (ok=False, with its reason), and a step once every rank's replicas are stored; else None."""
+        if note.ok is not True:
+            return dict(ok=False, node=node, step=note.step, rank=note.rank, buddy=note.buddy,
+                        reason=(note.reason or "")[:300])
+        step = self.on_replicated(note, world_size)
+        return None if step is None else dict(ok=True, step=step, ranks=world_size)

@@ -1,15 +1,18 @@
 """What the supervisor can know of a script that does not use ckptsup's hooks (docs/drop-in.md):
-whether a script uses them at all, whether its own checkpoint directory moved, and the words
-for each supervision level."""
+whether a script uses them at all, whether its own checkpoint directory moved, where a failed
+attempt started and whether it progressed (`failed_attempt`), and the words for each supervision
+level."""
 
 from __future__ import annotations
 
 import os
 import re
 from pathlib import Path
+from typing import Callable
 
 from ...config import SupervisorConfig
-from .observations import SupervisionLevel
+from .attempt import AttemptTracker
+from .observations import AttemptResult, Failure, Outcome, SupervisionLevel
 
 SOURCE_BYTES = 1 << 20   # a script's first MiB is read to see whether it uses ckptsup
 DIR_ENTRIES = 100_000
@@ -55,6 +58,30 @@ def progress_dir_newer(progress_dir: str, cwd: str, *, since_wall: float) -> boo
     except OSError:
         return None
     return False
+
+
+def failed_attempt(tracker: AttemptTracker, *, attempt: int, failure: Failure,
+                   progressed: Callable[[], bool]) -> AttemptResult:
+    """The history entry of an attempt that just failed. A hooked one (or one expected to be)
+    started at its resume step. An attempt without hooks starts at its first progress line (the
+    script resumes itself: ckptsup does not know where); one without any step progressed when
+    `progressed()` says so (asked only then: it may read the disk)."""
+    level = tracker.level or SupervisionLevel.PROCESS
+    if level in (SupervisionLevel.HOOKS, SupervisionLevel.HEARTBEAT) or tracker.expect_hello:
+        return AttemptResult(attempt=attempt, outcome=Outcome.FAILED, start_step=tracker.resume_step,
+                             last_step=tracker.last_step, failure=failure, level=level)
+    if tracker.first_step is not None:
+        return AttemptResult(attempt=attempt, outcome=Outcome.FAILED, start_step=tracker.first_step,
+                             last_step=tracker.last_step, failure=failure, level=level)
+    return AttemptResult(attempt=attempt, outcome=Outcome.FAILED, start_step=0, last_step=None,
+                         failure=failure, level=level, progress=progressed())
+
+
+def stepless_progress(*, ran_s: float, init_timeout_s: float, newer: bool | None) -> bool:
+    """Whether an attempt without any step progressed: `newer` (a newer entry in progress_dir, a
+    framework's own save) when it is known, else whether it outlived the init allowance (a script
+    that dies on start-up does not). Pure."""
+    return newer if newer is not None else ran_s > init_timeout_s
 
 
 def level_detail(level: SupervisionLevel, config: SupervisorConfig) -> str:
