@@ -86,6 +86,7 @@ class Event(str, enum.Enum):
     WARM_READY = "warm_ready"              # node, interpreters: that node's next launch starts its ranks warm
     STRAGGLER = "straggler"                # rank, node, ratio, compute_s, others_s, windows, step, replace: a rank computes slower than the others
     AGENT_STARTED = "agent_started"        # node, version, container, pid, pid_ns, node_from, shm_free, container_s, python_s: an agent's hello (docs/containers.md)
+    AGENT_STEPS_FINISHED = "agent_steps_finished"  # lost, finished, waited_s, budget_s, left[, error]: before the job ended, Slurm finished the agents' step that lost those nodes (step_completion.py)
     AGENT_LOST = "agent_lost"              # nodes, rc: a step of agents outside the launch (spares) ended; a launch needing them starts new ones
     PROGRESS_STALE = "progress_stale"      # since_launch_s, pattern: no hello and no progress line for progress_warn_s (a warning)
     EXTERNAL_RESUME = "external_resume"    # folder, step, checked, moved_aside: the external step folder the next attempt's framework loads

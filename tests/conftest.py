@@ -288,6 +288,7 @@ FILE_SECONDS: dict[str, float] = {   # 2026-12-06 03:48, a clean clone at -n 4 (
     "test_cli_bad_inputs.py": 95,
     "test_integration_hf_memory.py": 91,
     "test_script_checkpoint_slurm.py": 85,
+    "test_slurm_lost_step.py": 85,     # new 12-06 20:30: a 10-node cluster of its own, Slurm's minute-long step end
     "test_relaunch_local.py": 84,
     "test_hooks_node_local.py": 82,
     "test_hf_dropin_slurm.py": 80,

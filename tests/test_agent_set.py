@@ -25,12 +25,12 @@ class Sent:
     def alive(self) -> bool:
         return self.running
 
+    closed_with: float | None = None
+
     def close(self, grace: float) -> int | None:
+        self.closed_with = grace
         self.running = False
         return 0
-
-    def abandon(self) -> None:
-        self.running = False
 
 
 def msg(step_id: int, node: str, m=MessageKind.HB) -> Message:
@@ -68,3 +68,34 @@ def test_commands_reach_exactly_the_agents_meant_one_frame_per_step():
     assert not agents.send(messages.Kill()) and agents.alive() and not agents.has_agent("n4")
     agents.close(0)
     assert not agents.alive() and not big.running
+
+
+def test_a_node_lost_while_its_step_runs_is_kept_for_the_jobs_end_once():
+    """step_completion.py: Slurm finishes a step that lost a node a minute late; the job's end waits for it."""
+    agents = AgentSet()
+    big, own = Sent(1, ("n1", "n2", "n3")), Sent(2, ("n4",))
+    agents.add(big)
+    agents.add(own)
+    agents.lose("n3")
+    agents.lose("n3")          # told twice: still one
+    agents.lose("n9")          # never had an agent: nothing to wait for
+    own.running = False        # n4's own step has ended already: nothing of it left in Slurm to wait for
+    agents.lose("n4")
+    assert agents.take_lost() == {"n3": 3} and agents.take_lost() == {}
+
+
+def test_close_tells_every_agent_to_exit_before_waiting_for_any_srun_within_one_grace():
+    agents = AgentSet()
+    steps = [Sent(1, ("n1", "n2")), Sent(2, ("n3",)), Sent(3, ("n4",))]
+    for step in steps:
+        agents.add(step)
+    now = [0.0]
+
+    def clock() -> float:
+        now[0] += 4.0        # each close takes 4 s of the 10 s grace
+        return now[0]
+
+    agents.close(10.0, clock=clock)
+    assert all(step.log == [(MessageKind.EXIT, None)] for step in steps)
+    assert [step.closed_with for step in steps] == [6.0, 2.0, 0.0]
+    assert not agents.alive() and agents.steps == {}

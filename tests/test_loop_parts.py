@@ -60,8 +60,6 @@ class Step:
     def close(self, grace: float) -> int | None:
         return 0
 
-    def abandon(self) -> None:
-        self.running = False
 
 
 class Clock:

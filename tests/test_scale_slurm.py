@@ -281,6 +281,10 @@ def _check(events: list[dict], job: str, out: Path, reference: Path, dc: DevClus
     [requeue] = named(events, "requeue")
     assert "time_limit" in requeue["reason"] and victim in requeue["excluded"] and requeue["partition"] == SPANNING
     assert all(u["ok"] for u in named(events, "requeue_updated")), named(events, "requeue_updated")
+    # before it, Slurm finished the agents' step that lost the node (its tree waits a minute for the
+    # dead node's report; a requeue sooner drained n1 and n2 'Kill task failed': step_completion.py)
+    [finished] = named(events, "agent_steps_finished")
+    assert finished["finished"] and finished["lost"] == [victim] and ts(finished) <= ts(requeue), finished
     # 3. the requeued job: on the spanning partition's nodes without the dead one (the reserved spare among
     # them: one node short otherwise), resumed at the emergency checkpoint, to the end
     again = named(events, "supervisor_start")[-1]

@@ -233,6 +233,18 @@ class SlurmClient:
                 return job
         return None
 
+    def job_steps(self, job_id: str | int) -> list[parsers.StepInfo]:
+        """The job's steps Slurm still holds: running, or completing (a step's nodes report its end
+        up a tree; step_completion.py)."""
+        try:
+            result = self.run(["squeue", "--noheader", "--steps", "--jobs", str(job_id),
+                               f"--format={parsers.STEP_FORMAT}"])
+        except SlurmCommandError as err:
+            if "invalid job id" in err.stderr.lower():   # the job is gone, and its steps with it
+                return []
+            raise
+        return parsers.parse_squeue_steps(result.stdout)
+
     def requeue(self, job_id: str | int) -> None:
         """`scontrol requeue`: Slurm then holds the job for ~121 s (BeginTime); lift it with
         update_job(start_time_now=True)."""

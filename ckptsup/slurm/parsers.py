@@ -258,6 +258,30 @@ def parse_sacct(text: str, fields: list[str]) -> list[dict[str, str]]:
     return rows
 
 
+@dataclass(frozen=True, kw_only=True)
+class StepInfo:
+    """One step of a job as `squeue --steps` lists it while Slurm holds it (running or completing)."""
+
+    step_id: str          # "123.4", "123.batch", "123.extern"
+    name: str             # srun's --job-name (the command's name without one)
+    nodes: list[str]
+
+
+STEP_FORMAT = "%i|%j|%N"   # squeue --steps --format: step id, step name, node list
+
+
+def parse_squeue_steps(text: str) -> list[StepInfo]:
+    """`squeue --noheader --steps --format=%i|%j|%N` → its steps; lines of another shape are
+    skipped (a step name holding "|" is cut at it, which no name of ours does)."""
+    steps = []
+    for line in text.splitlines():
+        parts = line.strip().split("|")
+        if len(parts) < 3 or not parts[0]:
+            continue
+        steps.append(StepInfo(step_id=parts[0], name=parts[1], nodes=_expand(parts[-1])))
+    return steps
+
+
 def parse_sbatch_parsable(text: str) -> str:
     """`sbatch --parsable` prints 'JOBID' or 'JOBID;CLUSTER'."""
     first = text.strip().splitlines()[-1] if text.strip() else ""

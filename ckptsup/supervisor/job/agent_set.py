@@ -11,8 +11,10 @@ cost: one client per node would cost ~4 MB of memory each). Local mode: one step
 
 from __future__ import annotations
 
+import time
 from typing import Callable, Protocol, Sequence
 
+from ... import messages
 from ...messages import Body
 from .agent_step import Message, StepSignal
 
@@ -26,7 +28,6 @@ class Step(Protocol):
     def send(self, msg: Body, *, nodes: Sequence[str] | None = None) -> bool: ...
     def alive(self) -> bool: ...
     def close(self, grace: float) -> int | None: ...
-    def abandon(self) -> None: ...
 
 
 StepFactory = Callable[..., Step]   # keywords: argv, env, nodes, secret, sender, inbox, log_path
@@ -36,6 +37,9 @@ class AgentSet:
     def __init__(self) -> None:
         self.steps: dict[int, Step] = {}
         self.node_step: dict[str, int] = {}   # node -> the step whose agent there is live
+        # node -> the node count of the step it was lost under: Slurm finishes that step only after
+        # a minute's wait for the node's report (step_completion.py)
+        self.lost_under_step: dict[str, int] = {}
 
     def add(self, step: Step) -> None:
         self.steps[step.step_id] = step
@@ -67,8 +71,16 @@ class AgentSet:
         return lost
 
     def lose(self, node: str) -> None:
-        """`node`'s agent is dead or was told to exit: nothing it says counts any more."""
-        self.node_step.pop(node, None)
+        """`node`'s agent is dead or was told to exit: nothing it says counts any more. A node lost
+        while its step runs is remembered for the job's end (take_lost)."""
+        step = self.steps.get(self.node_step.pop(node, -1))
+        if step is not None and step.alive():
+            self.lost_under_step[node] = len(step.nodes)
+
+    def take_lost(self) -> dict[str, int]:
+        """The nodes lost under a running step since the last call, with their step's node count."""
+        lost, self.lost_under_step = self.lost_under_step, {}
+        return lost
 
     def alive(self) -> bool:
         return any(self.has_agent(n) for n in self.node_step)
@@ -86,16 +98,14 @@ class AgentSet:
             ok = step.send(msg, nodes=None if set(wanted) == set(step.nodes) else wanted) and ok
         return ok
 
-    def close(self, grace: float) -> None:
-        for step in list(self.steps.values()):
-            step.close(grace)
-        self.steps.clear()
-        self.node_step.clear()
-
-    def abandon(self) -> None:
-        """Stop caring about every step (a requeue): close their pipes, kill the local srun
-        clients without waiting for Slurm."""
-        for step in list(self.steps.values()):
-            step.abandon()
+    def close(self, grace: float, *, clock: Callable[[], float] = time.monotonic) -> None:
+        """Every agent told to exit at once, then each step's srun given what is left of `grace` to
+        end on its own (a killed srun has slurmstepd kill its tasks: step_completion.py)."""
+        steps = list(self.steps.values())
+        for step in steps:
+            step.send(messages.Exit())
+        deadline = clock() + grace
+        for step in steps:
+            step.close(max(0.0, deadline - clock()))
         self.steps.clear()
         self.node_step.clear()

@@ -209,13 +209,3 @@ class AgentStep:
             return self.proc.wait(timeout=grace)
         except subprocess.TimeoutExpired:
             return terminate(self.proc, 1.0)
-
-    def abandon(self) -> None:
-        """Stop caring about a step on a dead node: close its pipes, kill the local srun client
-        without waiting for Slurm (the new step starts with --overlap meanwhile)."""
-        try:
-            if self.proc.stdin is not None:
-                self.proc.stdin.close()
-        except OSError:
-            pass
-        terminate(self.proc, 0)

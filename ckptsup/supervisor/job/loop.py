@@ -62,6 +62,7 @@ from .policy import Action, CheckHealth, Continue, GiveUp, Requeue, RestartInAll
 from .preemption import StopKind, plan_stop, stop_kind
 from .reclaims import Reclaims
 from .requeue import RequeueRefused, RequeueRequest, RequeueResult, requeue_job
+from .step_completion import wait_budget_s, wait_for_agent_steps
 
 TICK_S = 0.05
 STEP_PROGRESS_EVERY_S = 5.0
@@ -187,6 +188,7 @@ class Supervisor:
             self.own_ckpts.close()
             self.operator.publish_status(active=self.active, tracker=self.tracker, force=True)
             self.agents.close(self.sup.kill_grace_s)
+            self._finish_lost_steps()
             self.notifier.close()   # the last notice (run_complete, give_up, requeue) leaves, bounded
             if self.silence is not None:
                 self.silence.close()
@@ -650,7 +652,10 @@ class Supervisor:
                 return self._end(RunStatus.STOPPED, ExitStatus.PREEMPTED)
             self.emit(Event.GIVE_UP, reason=f"requeue needed ({action.reason}) but not inside Slurm")
             return self._end(RunStatus.GAVE_UP, ExitStatus.GIVE_UP)
-        self.agents.abandon()  # ranks are already killed; srun may hang on a dead node's step: don't wait
+        # the ranks are stopped: the agents leave, and a step that lost a node is finished in Slurm
+        # before the requeue kills the job (step_completion.py)
+        self.agents.close(self.sup.kill_grace_s)
+        self._finish_lost_steps()
         self._save_state()
         if self.writer is not None:
             self.writer.close()  # requeue_job appends the fenced `requeue` event itself
@@ -668,6 +673,18 @@ class Supervisor:
             console.error(f"ckptsup: requeue failed: {err}; leaving it to the batch script")
         self.notifier.offer_last(self.run_dir.path)   # requeue_job appended the requeue event itself
         return ExitStatus.PREEMPTED if action.preempted else ExitStatus.REQUEUE
+
+    def _finish_lost_steps(self) -> None:
+        """The agents have left. If a node was lost under their step, wait (bounded, never past the
+        time limit less a requeue's margin) until Slurm has finished that step, so that ending the
+        job does not drain the healthy nodes still waiting for the dead one's report."""
+        lost = self.agents.take_lost()
+        if not lost or self.placement.slurm is None:
+            return
+        budget = wait_budget_s(step_nodes=max(lost.values()), now=time.time(), end_time=self.placement.job_end_time())
+        wait = wait_for_agent_steps(self.placement.slurm, self.placement.job_id, budget_s=budget, lost=sorted(lost))
+        if self.writer is not None:
+            self.emit(Event.AGENT_STEPS_FINISHED, lost=sorted(lost), **wait.as_event())
 
     def _requeue_in_slurm(self, request: RequeueRequest) -> RequeueResult:
         assert self.placement.slurm is not None   # a requeue is asked for only inside Slurm

@@ -16,6 +16,11 @@ from ...env import JOB_ID, NODE, SLURM_JOB_END_TIME, node_name
 from ...errors import CkptsupError, ConfigError
 from ... import console
 from ...container import CONTAINER_ENV, ContainerPlan, Runtime
+from .step_completion import AGENTS_STEP_NAME
+
+# the agents' srun: a node's death ends only that node's agent (--no-kill: agent_set.py), and the
+# step has a name the job's end can find it by in `squeue --steps` (step_completion.py)
+AGENT_STEP_FLAGS = ("--kill-on-bad-exit=0", "--no-kill", f"--job-name={AGENTS_STEP_NAME}")
 
 
 # Slurm's variables of one task (the batch script's, here): wrong for any agent on another node
@@ -174,8 +179,7 @@ class Placement:
             command = [exe, *command[3:]]
         return SlurmClient.srun_argv(nodes=list(nodes), command=box.wrap(command, gpus=self.gpus_per_node),
                                      job_id=self.job_id,
-                                     # --no-kill: a node's death ends only that node's agent (agent_set.py)
-                                     extra=["--kill-on-bad-exit=0", "--no-kill", *box.srun_flags()])
+                                     extra=[*AGENT_STEP_FLAGS, *box.srun_flags()])
 
     def agent_env(self, node_hint: str | None) -> dict[str, str]:
         env = dict(os.environ)

@@ -98,6 +98,12 @@ def describe(event: Mapping[str, Any]) -> str:
             return (f"pending job updated: waited {_s(g('wait_pending_s'))} for PENDING, update "
                     f"{_s(g('update_s'))}; {_s(g('total_s'))} after the requeue; excluded {_nodes(g('excluded'))}")
         return f"pending job NOT updated: {g('error', '')}"
+    if name == Event.AGENT_STEPS_FINISHED:
+        if g("finished"):
+            return (f"Slurm finished the agents' step that lost {_nodes(g('lost'))} after {_s(g('waited_s'))} "
+                    "(ending the job sooner drains healthy nodes)")
+        return (f"Slurm still listed the agents' step {_nodes(g('left'))} after {_s(g('waited_s'))}: the job ended "
+                f"anyway; its nodes may be drained 'Kill task failed'" + (f" ({g('error')})" if g("error") else ""))
     if name == Event.GIVE_UP:
         return f"gave up: {g('reason', '')}"
     if name == Event.TEARDOWN_ERROR:

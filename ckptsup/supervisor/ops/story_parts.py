@@ -45,7 +45,7 @@ EVENT_KIND: dict[Event, Kind] = {
     Event.SCRIPT_CHECKPOINT_RESTORED: Kind.CHECKPOINT, Event.SCRIPT_CHECKPOINT_REJECTED: Kind.CHECKPOINT,
     Event.FAILURE_DETECTED: Kind.FAILURE, Event.FAILURE_ATTRIBUTED: Kind.FAILURE, Event.NODE_EXCLUDED: Kind.FAILURE,
     Event.SHRINK_DECIDED: Kind.FAILURE, Event.PREEMPTION: Kind.FAILURE, Event.CLOUD_NOTICE: Kind.FAILURE,
-    Event.FR_DUMPED: Kind.FAILURE, Event.AGENT_LOST: Kind.FAILURE,
+    Event.FR_DUMPED: Kind.FAILURE, Event.AGENT_LOST: Kind.FAILURE, Event.AGENT_STEPS_FINISHED: Kind.REQUEUE,
     Event.REQUEUE: Kind.REQUEUE, Event.REQUEUE_UPDATED: Kind.REQUEUE,
     Event.CONTROL: Kind.OPERATOR,
     Event.BUSY: Kind.WARNING, Event.STRAGGLER: Kind.WARNING, Event.RESTORE_LOSS_JUMP: Kind.WARNING,
@@ -67,6 +67,8 @@ def kind_of(event: Mapping[str, Any]) -> Kind:
     if name is Event.HEALTH_CHECK and event.get("ok") is False:
         return Kind.FAILURE
     if name is Event.MEMORY_REPLICATED and event.get("ok") is False:
+        return Kind.WARNING
+    if name is Event.AGENT_STEPS_FINISHED and event.get("finished") is False:
         return Kind.WARNING
     return EVENT_KIND.get(name, Kind.ROUTINE)
 
