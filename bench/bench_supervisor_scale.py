@@ -199,7 +199,7 @@ def main() -> int:
     end = time.monotonic()
     cpu = time.process_time() - (cpu_warm if cpu_warm is not None else cpu0)
     span = end - (t_warm if cpu_warm is not None else start)
-    step.abandon()
+    step.close(0.0)   # the simulator: stdin closed, then killed
     rss_mb = resource.getrusage(resource.RUSAGE_SELF).ru_maxrss / 1024
     rate = (frames - (frames_warm if cpu_warm is not None else 0)) / span
     print(f"agents {a.agents} x {a.ranks_per_node} ranks, evidence {'off' if a.no_evidence else 'on'}: "

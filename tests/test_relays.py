@@ -197,6 +197,24 @@ def test_a_silent_child_is_blamed_on_itself_while_its_relay_reports():
     assert [n for n, _, _ in t.silent_past(8.5, 2.0)] == ["c2"]   # its slurmd is the one asked (silence_probe.py)
 
 
+def test_a_relayed_childs_silence_is_judged_from_its_relays_window_start_never_later_than_node_silence():
+    """A summary says a child was heard in the relay's last half beat, not when: taken at the window's
+    start, a dead child is found node_silence_s after its last beat at most (<= 5 s at relayed scale),
+    never node_silence_s plus the summary's half beat (BENCHMARKS.md §Relays that summarise)."""
+    t = tracker()
+    for now in (1.0, 1.5, 2.0, 2.5, 3.0):   # c2's last beat reached r0 in (2.5, 3.0]
+        t.on_message(msg("r0", summary(("c1", "c2"), ("c1", "c2")), now))
+    for now in (3.5, 4.0, 4.5, 5.0, 5.5, 6.0, 6.5, 7.0, 7.5):
+        for relay, children in (("r0", ("c1", "c2")), ("r3", ("c4",))):
+            t.on_message(msg(relay, messages.Heartbeat(), now))
+            t.on_message(msg(relay, summary(children, tuple(c for c in children if c != "c2")), now))
+        t.on_message(msg("c1", messages.Heartbeat(), now))
+    assert t.node_views["c2"].last_heard == 2.5
+    assert t.check(7.5) is None   # silent for node_silence_s exactly: not yet
+    down = t.check(7.51)   # past 2.5 + 5: at most 5 s after its last beat, which came at 2.5 or later
+    assert down is not None and down.kind is FailureKind.NODE_DOWN and down.node == "c2"
+
+
 def test_a_summary_folds_in_a_childs_changes_and_its_evidence_only_when_sent():
     t = tracker()
     changed = {"c1": {"agent": "a", "ranks_alive": [0], "pids": "0,10,10", "stopped_ranks": [0]}}
@@ -205,7 +223,8 @@ def test_a_summary_folds_in_a_childs_changes_and_its_evidence_only_when_sent():
     assert t.node_views["c1"].ranks_alive == (0,) and "c1" not in t.node_evidence
     t.on_message(msg("r0", summary(("c1", "c2"), ("c1",), evidence={"c1": "0,1.000,0,R,0,0.000"}), 2.0))
     assert t.node_evidence["c1"].recent[-1] == (2.0, "0,1.000,0,R,0,0.000")
-    assert t.node_views["c1"].last_heard == 2.0 and t.node_views["c2"].last_heard == 1.0
+    # heard at the start of the relay's window (half a beat before its summary): the earliest it can have been
+    assert t.node_views["c1"].last_heard == 1.5 and t.node_views["c2"].last_heard == 0.5
 
 
 def test_a_replaced_agents_word_through_a_relay_is_not_taken():

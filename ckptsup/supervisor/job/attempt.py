@@ -25,6 +25,7 @@ from .observations import Failure, FailureKind, SupervisionLevel
 from .stragglers import Straggler, StragglerDetector
 from .liveness import EVIDENCE_WINDOW_S, ChildSeen, Hung, Leaving, NeedStacks, RankEvidence, Working, data_hang, judge
 from .node_evidence import NodeEvidence
+from ..node.relay import SUMMARIES_PER_BEAT
 from . import restore_check
 from .restore_check import LossJump
 
@@ -240,9 +241,12 @@ class AttemptTracker:
         return None
 
     def _on_relay_summary(self, body: messages.RelaySummary, relay: str, now: float) -> Failure | None:
-        """A relay's beat for its children: each child it heard is heard now (blamed for its own
-        silence, as if its frames had come here), a changed child's state is folded in as its
-        heartbeat, its evidence kept while asked for. The relay itself was heard by on_message."""
+        """A relay's beat for its children: each child it heard is heard (blamed for its own
+        silence, as if its frames had come here) at the start of the relay's window, the earliest
+        its beat can have been (so that a silence is judged no later than node_silence_s after a
+        child's last beat: node death <= 5 s at relayed scale, BENCHMARKS.md §Relays), a changed
+        child's state is folded in as its heartbeat, its evidence kept while asked for. The relay
+        itself was heard by on_message."""
         self.relayed = True
         for child, (agent, hb) in body.child_changes().items():
             if child in self.node_views:
@@ -251,20 +255,23 @@ class AttemptTracker:
                     self._on_heartbeat(hb, child, now)   # a change carries no evidence
         # _heard inlined for the common case (frames in order): this loop is the supervisor's work per
         # node and beat at 16,384 nodes (bench_supervisor_scale.py)
-        in_order, order, views = now >= self.heard_latest - HEARD_SLACK_S, self.heard_order, self.node_views
+        heard_at = now - self.config.heartbeat_interval_s / SUMMARIES_PER_BEAT
+        in_order, order, views = heard_at >= self.heard_latest - HEARD_SLACK_S, self.heard_order, self.node_views
         for child in body.heard_nodes():
             view = views.get(child)
             said = self.child_agent.get(child)
             if view is None or (said is not None and self.agent_of.get(child, said) != said):
                 continue   # not this attempt's node, or a replaced agent's word
-            view.last_heard = now
+            if heard_at <= view.last_heard:
+                continue   # heard later already (its own frame, after a relay's silence)
+            view.last_heard = heard_at
             if in_order:
                 order.pop(child, None)
                 order[child] = None
             else:
-                self._heard(child, now)
-        if in_order and now > self.heard_latest:
-            self.heard_latest = now
+                self._heard(child, heard_at)
+        if in_order and heard_at > self.heard_latest:
+            self.heard_latest = heard_at
         for child, packed in (body.evidence or {}).items():
             if child in self.node_views:
                 held = self.node_evidence.get(child)
