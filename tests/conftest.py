@@ -179,16 +179,23 @@ def dev_cluster() -> Iterator[DevClusterFixture]:
 
     directory, base, first_job_id, lock = _acquire_cluster_slot()
     # Slurm's OCI containers with runc (tests/test_container_slurm.py) where runc is installed (`make setup`)
-    cluster = DevCluster(ClusterSpec(dir=directory, port_base=base, first_job_id=first_job_id,
-                                     containers=shutil.which("runc") is not None))
+    spec = ClusterSpec(dir=directory, port_base=base, first_job_id=first_job_id,
+                       containers=shutil.which("runc") is not None)
+    with fresh_cluster(DevCluster(spec), lock, "dev cluster") as handle:
+        yield handle
+
+
+@contextlib.contextmanager
+def fresh_cluster(cluster: Any, lock: Any, what: str) -> Iterator[DevClusterFixture]:
+    """`cluster` (a DevCluster) stopped, started, and made this process's Slurm (SLURM_CONF, and
+    PATH for `ckptsup`); at the end stopped, `lock` released, and a failure if a daemon survives."""
     cluster.down()  # a fresh cluster: whatever an earlier session left here is stopped first
     cluster.up()
     saved = {k: os.environ.get(k) for k in ("SLURM_CONF", "PATH")}
     os.environ["SLURM_CONF"] = str(cluster.conf)
     os.environ["PATH"] = f"{Path(sys.executable).parent}{os.pathsep}{os.environ.get('PATH', '')}"
-    handle = DevClusterFixture(cluster=cluster, client=cluster.client(), _lock=lock)
     try:
-        yield handle
+        yield DevClusterFixture(cluster=cluster, client=cluster.client(), _lock=lock)
     finally:
         for key, value in saved.items():
             if value is None:
@@ -199,7 +206,7 @@ def dev_cluster() -> Iterator[DevClusterFixture]:
         left = cluster.running_pids()
         lock.close()
         if left:
-            pytest.fail(f"dev cluster left processes behind: {left}")
+            pytest.fail(f"{what} left processes behind: {left}")
 
 
 @pytest.fixture

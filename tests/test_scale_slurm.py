@@ -33,7 +33,6 @@ import fcntl
 import json
 import os
 import subprocess
-import sys
 import threading
 import time
 from pathlib import Path
@@ -46,7 +45,7 @@ import torch
 from ckptsup.events import read_events
 from ckptsup.slurm.devconf import SPANNING
 
-from conftest import DevClusterFixture
+from conftest import DevClusterFixture, fresh_cluster
 from run_helpers import CKPTSUP, named, node_deaths, samples
 from supervisor_slurm_helpers import TRAIN, assert_goodput_accounted, torch_load, uninterrupted_run
 
@@ -87,24 +86,8 @@ def scale_cluster() -> Iterator[DevClusterFixture]:
         pytest.fail(f"another session holds the scale cluster ({SCALE_DIR}.lock); wait for it to finish")
     cluster = DevCluster(ClusterSpec(dir=SCALE_DIR, port_base=SCALE_PORT_BASE, first_job_id=SCALE_FIRST_JOB_ID,
                                      nodes=NODES))
-    cluster.down()
-    cluster.up()
-    saved = {k: os.environ.get(k) for k in ("SLURM_CONF", "PATH")}
-    os.environ["SLURM_CONF"] = str(cluster.conf)
-    os.environ["PATH"] = f"{Path(sys.executable).parent}{os.pathsep}{os.environ.get('PATH', '')}"
-    try:
-        yield DevClusterFixture(cluster=cluster, client=cluster.client(), _lock=lock)
-    finally:
-        for key, value in saved.items():
-            if value is None:
-                os.environ.pop(key, None)
-            else:
-                os.environ[key] = value
-        cluster.down()
-        left = cluster.running_pids()
-        lock.close()
-        if left:
-            pytest.fail(f"the scale cluster left processes behind: {left}")
+    with fresh_cluster(cluster, lock, "the scale cluster") as handle:
+        yield handle
 
 
 @pytest.fixture(scope="module")

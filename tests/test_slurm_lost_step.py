@@ -8,7 +8,9 @@ supervisor carries it out: the agents told to leave, the wait for Slurm to list 
 
 from __future__ import annotations
 
+import shutil
 import sys
+import tempfile
 import time
 from pathlib import Path
 
@@ -37,7 +39,9 @@ AGENT = [sys.executable, "-c", "import sys; print('up', flush=True); sys.stdin.b
 def test_a_job_ended_after_the_step_that_lost_a_node_is_finished_drains_no_node(dev_cluster: DevClusterFixture,
                                                                              tmp_path: Path) -> None:
     slot = (dev_cluster.cluster.spec.port_base - TEST_PORT_BASE) // 10   # this session's slot: ports of its own
-    cluster = DevCluster(ClusterSpec(dir=tmp_path / "ten", port_base=18200 + 20 * slot, nodes=NODES,
+    # a short directory: slurmstepd's sockets live under it (108 bytes at most; an xdist tmp_path is too long)
+    home = Path(tempfile.mkdtemp(prefix="ckptsup-ten-", dir="/tmp"))
+    cluster = DevCluster(ClusterSpec(dir=home, port_base=18200 + 20 * slot, nodes=NODES,
                                      first_job_id=800_001 + 1_000 * slot))
     cluster.up()
     try:
@@ -78,6 +82,7 @@ def test_a_job_ended_after_the_step_that_lost_a_node_is_finished_drains_no_node(
     finally:
         cluster.down()
     assert cluster.running_pids() == []
+    shutil.rmtree(home, ignore_errors=True)
 
 
 def _script(tmp_path: Path) -> Path:

@@ -9,8 +9,8 @@ import pytest
 from ckptsup.errors import SlurmCommandError
 from ckptsup.slurm.parsers import StepInfo, parse_squeue_steps
 from ckptsup.supervisor.job import step_completion
-from ckptsup.supervisor.job.step_completion import (AGENTS_STEP_NAME, StepWait, tree_bound_s, wait_budget_s,
-                                                    wait_for_agent_steps)
+from ckptsup.supervisor.job.step_completion import (AGENTS_STEP_NAME, StepWait, tree_bound_s, tree_waits,
+                                                    wait_budget_s, wait_for_agent_steps)
 
 
 def test_squeue_steps_are_parsed_and_odd_lines_skipped() -> None:
@@ -22,6 +22,13 @@ def test_squeue_steps_are_parsed_and_odd_lines_skipped() -> None:
     steps = parse_squeue_steps(text)
     assert [s.step_id for s in steps] == ["950008.0", "950008.batch", "950008.1"]
     assert steps[0] == StepInfo(step_id="950008.0", name=AGENTS_STEP_NAME, nodes=["n1", "n2", "n3", "n5"])
+
+
+def test_only_a_step_of_the_trees_width_or_more_reports_up_a_tree_that_waits_for_a_dead_node():
+    # 22.05: a 4-node step that lost n3 left squeue the moment its srun ended; one of 15 that lost n8
+    # 66 s later; a 3-node one stayed listed until the job ended, with nothing of it left on the nodes
+    assert not tree_waits(3) and not tree_waits(6)
+    assert tree_waits(7) and tree_waits(9) and tree_waits(15) and tree_waits(16_384)
 
 
 def test_the_bound_covers_the_trees_minute_and_a_level_more_as_the_step_grows() -> None:

@@ -62,7 +62,7 @@ from .policy import Action, CheckHealth, Continue, GiveUp, Requeue, RestartInAll
 from .preemption import StopKind, plan_stop, stop_kind
 from .reclaims import Reclaims
 from .requeue import RequeueRefused, RequeueRequest, RequeueResult, requeue_job
-from .step_completion import wait_budget_s, wait_for_agent_steps
+from .step_completion import tree_waits, wait_budget_s, wait_for_agent_steps
 
 TICK_S = 0.05
 STEP_PROGRESS_EVERY_S = 5.0
@@ -675,10 +675,11 @@ class Supervisor:
         return ExitStatus.PREEMPTED if action.preempted else ExitStatus.REQUEUE
 
     def _finish_lost_steps(self) -> None:
-        """The agents have left. If a node was lost under their step, wait (bounded, never past the
-        time limit less a requeue's margin) until Slurm has finished that step, so that ending the
-        job does not drain the healthy nodes still waiting for the dead one's report."""
-        lost = self.agents.take_lost()
+        """The agents have left. If a node was lost under their step of 7 nodes or more (a tree:
+        step_completion.py), wait (bounded, never past the time limit less a requeue's margin)
+        until Slurm has finished that step, so that ending the job does not drain the healthy nodes
+        still waiting for the dead one's report."""
+        lost = {node: n for node, n in self.agents.take_lost().items() if tree_waits(n)}
         if not lost or self.placement.slurm is None:
             return
         budget = wait_budget_s(step_nodes=max(lost.values()), now=time.time(), end_time=self.placement.job_end_time())

@@ -1,17 +1,17 @@
 """Before the job ends, Slurm has finished every agents' step that ran on a node that died.
 
-A step's end travels up a tree of its nodes (slurmstepd's reverse tree): each node's stepd waits for
-its children's reports, up to REVERSE_TREE_CHILDREN_TIMEOUT = 60 s plus 3 s a level below it, then
-reports to its parent; the step's first node reports to slurmctld. A node that died under the step
-never reports, so when its parent is not the first node (past 8 nodes; a 4-node step that lost a
-node was gone the moment its srun ended: measured) that parent, and the first node above it, wait
-that full minute after the step's tasks end. If the job ends meanwhile (`scontrol requeue`, or the
+A step of at least REVERSE_TREE_WIDTH (7) nodes reports its end up a tree of its nodes
+(slurmstepd's reverse tree; a smaller step's nodes each report to slurmctld): each node's stepd
+waits for its children's reports, up to REVERSE_TREE_CHILDREN_TIMEOUT = 60 s plus 3 s a level below
+it, then reports to its parent; the step's first node reports to slurmctld. A node that died under
+the step never reports, so its parent and every node above it wait that full minute after the
+step's tasks end. If the job ends meanwhile (`scontrol requeue`, or the
 batch script's exit), slurmd's kill of the job reaches stepds that cannot end within
 UnkillableStepTimeout (60 s by default): Slurm drains those healthy nodes "Kill task failed", and a
 requeued job may find too few nodes to start. Seen at 15 nodes on the dev cluster and reproduced
 with a plain `srun --no-kill` step, a killed node and `scontrol requeue` (BENCHMARKS.md §Scale).
 
-So when a node was lost under one of our steps, the run ends in this order: the agents are told to
+So when a node was lost under one of our steps of 7 nodes or more, the run ends in this order: the agents are told to
 exit and their srun ends on its own (a killed srun has slurmstepd kill the tasks: a kill of its
 own), then the supervisor waits until `squeue --steps` lists no agents' step, then it requeues or
 exits. The wait is bounded by what the tree can take, and never runs past the job's time limit less
@@ -30,6 +30,9 @@ from ...errors import SlurmCommandError
 from ...slurm.parsers import StepInfo
 
 AGENTS_STEP_NAME = "ckptsup-agents"   # srun --job-name of every agents' step (placement.agent_argv)
+# slurmstepd's REVERSE_TREE_WIDTH in 22.05 (the 15-node drain matched it); a step of fewer nodes has
+# no tree. A newer Slurm's wider tree only makes some waits needless (each bounded, see tree_bound_s)
+TREE_WIDTH = 7
 CHILDREN_TIMEOUT_S = 60.0             # slurmstepd's REVERSE_TREE_CHILDREN_TIMEOUT
 LEVEL_S = 3.0                         # ... plus this a level of the tree below a node
 SLACK_S = 10.0                        # the last report's hops, slurmctld's bookkeeping, our polls
@@ -39,6 +42,13 @@ POLL_S = 1.0
 
 class StepsClient(Protocol):
     def job_steps(self, job_id: str) -> list[StepInfo]: ...
+
+
+def tree_waits(step_nodes: int) -> bool:
+    """Does a step of this many nodes report its end up a tree (where a dead node holds its
+    ancestors a minute)? Below the width every node reports to slurmctld itself: nothing waits, and
+    slurmctld may list such a step until the job ends (seen at 3 nodes), so it is not waited for."""
+    return step_nodes >= TREE_WIDTH
 
 
 def tree_bound_s(step_nodes: int) -> float:
