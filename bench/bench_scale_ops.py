@@ -2,8 +2,10 @@
 spares): spare choice after a node death (the loop's spare list and `policy.decide`), the memory tier's
 buddy placement (`memory_peers`: buddies, shortfall, the launch's holders and memory_peers commands),
 the status the supervisor publishes every 2 s (`build_status` with every node heard, its JSON) and what
-`ckptsup status` prints, the goodput report over a day's synthetic restart log (agent_started and
-warm_ready per node per launch, 6 node deaths) and `ckptsup plan`. Each in process CPU seconds (the
+`ckptsup status` prints, the agents' start on the supervisor's side (the agents' srun line, every
+agent's hello taken and its agent_started and warm_ready events written: the step itself is Slurm's
+fan-out, TreeWidth 50), the goodput report and `ckptsup log` (the story) over a day's synthetic
+restart log (agent_started and warm_ready per node per launch, 6 node deaths) and `ckptsup plan`. Each in process CPU seconds (the
 box is shared), best of --repeats; the target is <= 1 s at 16,384 nodes. The baseline in the same run
 is the same work at 2,048 nodes: the ratio says how it grows (8x the nodes: 8 is linear).
 
@@ -139,6 +141,37 @@ def events_of_a_day(nodes: int, spares: int) -> list[dict[str, Any]]:
     return out
 
 
+def agents_start(nodes: tuple[str, ...], run: Path) -> int:
+    """What the supervisor does as a launch's agents come up: the agents' srun line (one hostlist of
+    every node), then per node its hello (agent_start.AgentStarts) with its agent_started event, and
+    its warm_ready event, written as the loop writes them."""
+    from ckptsup.events import Event, EventWriter
+    from ckptsup.slurm.client import SlurmClient
+    from ckptsup.supervisor.job.agent_start import AgentStarts
+    from ckptsup.supervisor.job.placement import AGENT_STEP_FLAGS
+
+    argv = SlurmClient.srun_argv(nodes=list(nodes), command=["ckptsup", "agent", "--spec", "x"], job_id="1",
+                                 extra=list(AGENT_STEP_FLAGS))
+    starts, writer = AgentStarts(), EventWriter(run_dir=run, job_id="1", attempt=0, epoch=1)
+    hello = messages.AgentHello(version="0.1.0", wire=3, pid=1234, pid_ns=4026531836, age_s=0.4)
+    for i, node in enumerate(nodes):
+        seen = starts.hello(node, hello, recv=1.0 + i * 1e-4, started=0.5)
+        writer.emit(Event.AGENT_STARTED, **seen.fields)
+        writer.emit(Event.WARM_READY, node=node, interpreters=PER)
+    writer.close()
+    return len(" ".join(argv))
+
+
+def story(run: Path) -> str:
+    """`ckptsup log RUN` as a user runs it: the restart log told as a story."""
+    from click.testing import CliRunner
+
+    from ckptsup.supervisor.ops.cli_ops import log
+    got = CliRunner().invoke(log, [str(run)])
+    assert got.exit_code == 0, got.output
+    return got.output
+
+
 def report(run: Path) -> dict[str, Any]:
     from ckptsup.planning import goodput_report as rp
     return rp.build_report(rp.read_run(run), price_per_gpu_hour=2.5, gpu_mtbf_hours=50000.0)
@@ -172,14 +205,18 @@ def main() -> int:
         row["status.json built + dumped"], text = cpu(lambda: status_build(nodes, spares, t), a.repeats)
         row["ckptsup status rendered"], shown = cpu(lambda: status_print(text), a.repeats)
         with tempfile.TemporaryDirectory() as tmp:
+            row["agents' start (srun line, hellos)"], _ = cpu(lambda: agents_start(nodes, Path(tmp)), a.repeats)
+        with tempfile.TemporaryDirectory() as tmp:
             run = Path(tmp)
             events = events_of_a_day(n, len(spares))
-            (run / EVENTS_FILE).write_text("".join(json.dumps(e) + "\n" for e in events))
+            (run / EVENTS_FILE).write_text("".join(json.dumps(e, separators=(",", ":")) + "\n" for e in events))   # as EventWriter writes
             row["goodput report (a day's log)"], rep = cpu(lambda: report(run), a.repeats)
+            row["ckptsup log (the story)"], told = cpu(lambda: story(run), a.repeats)
         row["ckptsup plan"], _ = cpu(lambda: plan(n), a.repeats)
         results[n] = row
         print(f"{n} nodes x {PER} ranks, {len(spares)} spares: status.json {len(text) / 1e6:.1f} MB, "
-              f"`ckptsup status` {len(shown.splitlines())} lines, restart log {len(events)} events, "
+              f"`ckptsup status` {len(shown.splitlines())} lines, restart log {len(events)} events told in "
+              f"{len(told.splitlines())} lines, "
               f"goodput {rep['useful_device_hours'] / rep['paid_device_hours']:.3f}")
     base = sizes[0]
     print(f"{'CPU seconds, best of ' + str(a.repeats):32}" + "".join(f"{n:>12}" for n in sizes) + f"   ratio to {base}")

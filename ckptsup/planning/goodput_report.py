@@ -106,7 +106,7 @@ def read_run(run_dir: str | os.PathLike[str], *, stats: Any = None) -> list[dict
     if not (path / EVENTS_FILE).exists():
         raise ConfigError(f"{str(path / EVENTS_FILE)!r} not found; is {str(path)!r} a ckptsup run directory?")
     try:
-        events = read_events(path, stats=stats)
+        events = read_events(path, stats=stats, skip=NODE_NOTES)
     except OSError as err:
         raise ConfigError(f"cannot read {str(path / EVENTS_FILE)!r}: {err.strerror}; it must be the run's events file, "
                           "readable by you") from None

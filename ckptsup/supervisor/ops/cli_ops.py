@@ -97,14 +97,15 @@ def log(run_dir: str, as_json: bool, follow: bool, show_all: bool, attempt: int 
                                 kinds=frozenset(Kind(k) for k in kinds))
     stats = ReadStats()
     if not follow:
-        events = read_events(path, stats=stats)
-        chosen = [e for e in events if selection.event(e)]
-        if as_json:
-            click.echo(json.dumps(chosen, indent=1))
-        elif show_all:
-            timeline.render(chosen, Console(), show_all=show_all)
-        else:
-            story.render(events, Console(soft_wrap=True), selection=selection)
+        if as_json or show_all:
+            chosen = [e for e in read_events(path, stats=stats) if selection.event(e)]
+            if as_json:
+                click.echo(json.dumps(chosen, indent=1))
+            else:
+                timeline.render(chosen, Console(), show_all=show_all)
+        else:   # the story tells nothing of the per-node notes: they are not even parsed
+            events = read_events(path, stats=stats, skip=story.UNTOLD)
+            story.render(events, Console(soft_wrap=True), selection=selection, untold=stats.left_out)
         _note_skipped(stats, path / EVENTS_FILE)
         return
     console = Console(soft_wrap=True)  # one line per event, even in a narrow terminal or a pipe
