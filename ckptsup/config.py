@@ -303,7 +303,7 @@ class SupervisorConfig:
     max_restarts: int = knob(10, "restart budget per run (all attempts together)", non_negative, max=10**6)
     heartbeat_interval_s: float = knob(1.0, "agent -> supervisor heartbeat period (s)", positive, max=HOUR_S)
     node_silence_s: float = knob(5.0, "an agent silent this long while others talk = node down (s)", positive, max=WEEK_S)
-    relay_above_nodes: int = knob(2048, "past this many nodes, ~sqrt(nodes) agents relay their neighbours' heartbeats "
+    relay_above_nodes: int = knob(1024, "past this many nodes, ~sqrt(nodes) agents relay their neighbours' heartbeats "
                                         "and send the supervisor one summary a beat (docs/architecture.md §A heartbeat's "
                                         "path); 0 = never: every agent writes its own", non_negative, max=MAX_NODES,
                                   why="more than any cluster has")

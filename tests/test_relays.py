@@ -60,7 +60,7 @@ def test_roles_and_which_relays_are_given_up():
 
 def test_with_relays_the_beat_no_longer_slows_down_with_the_allocation():
     cfg = SupervisorConfig()
-    assert relayed(cfg, 16384) and not relayed(cfg, 2048)
+    assert relayed(cfg, 16384) and relayed(cfg, 2048) and not relayed(cfg, 1024)
     assert at_scale(cfg, 16384) is cfg   # 1 s beat, node_silence_s 5 s
     off = SupervisorConfig(relay_above_nodes=0)
     assert at_scale(off, 16384).heartbeat_interval_s == 8.0 and at_scale(off, 16384).node_silence_s == 24.0
