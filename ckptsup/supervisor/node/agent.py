@@ -489,6 +489,11 @@ class Agent:
             self.send(messages.TorchrunExit(rc=rc, step=self.last_step, stopped=self.stop_sent))
         self.stopped_ranks = self.ranks.stopped()
         if self.torchrun is not None and rc is None:
+            if len(self.procs.rank_pids) < self.spec.nproc_per_node:
+                # until every worker was seen once, every tick (not each heartbeat): a short script's
+                # rank may finish within a second, and one never seen can never be known to have
+                # exited 0 while a peer hangs in its teardown (a false hang and a needless restart)
+                self.procs.scan(self.torchrun.pid, self._warm_in_use())
             for clean in self.procs.clean_exits(now, self.last_step, self._warm_in_use()):
                 self.send(clean)
         self.ranks.expire(now)
