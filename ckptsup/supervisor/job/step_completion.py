@@ -31,7 +31,7 @@ from ...slurm.parsers import StepInfo
 
 AGENTS_STEP_NAME = "ckptsup-agents"   # srun --job-name of every agents' step (placement.agent_argv)
 # slurmstepd's REVERSE_TREE_WIDTH in 22.05 (the 15-node drain matched it); a step of fewer nodes has
-# no tree. A newer Slurm's wider tree only makes some waits needless (each bounded, see tree_bound_s)
+# no tree. 24.11 (TreeWidth 16) held a 9-node step that lost a node the same 66 s (docs/slurm.md)
 TREE_WIDTH = 7
 CHILDREN_TIMEOUT_S = 60.0             # slurmstepd's REVERSE_TREE_CHILDREN_TIMEOUT
 LEVEL_S = 3.0                         # ... plus this a level of the tree below a node
