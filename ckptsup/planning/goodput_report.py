@@ -98,7 +98,7 @@ def loads_by_source(events: Iterable[dict[str, Any]]) -> dict[str, dict[str, flo
 def read_run(run_dir: str | os.PathLike[str], *, stats: Any = None) -> list[dict[str, Any]]:
     """The run's events (bad lines skipped and counted in `stats`, an events.ReadStats); one
     ConfigError line when there are none or the file cannot be read."""
-    from ..events import EVENTS_FILE, read_events
+    from ..events import EVENTS_FILE, NODE_NOTES, read_events
 
     path = Path(run_dir)
     if not path.is_dir():
@@ -114,11 +114,6 @@ def read_run(run_dir: str | os.PathLike[str], *, stats: Any = None) -> list[dict
         raise ConfigError(f"{str(path / EVENTS_FILE)!r} holds no ckptsup events (empty, or not one line is a JSON "
                           "event); give the run directory of a run that has started")
     return [e for e in events if e["event"] not in NODE_NOTES]
-
-
-# one event per node (each launch's warm_ready, each agent's hello): nothing the report counts reads them, and
-# at 16,384 nodes they are 98 % of a day's log (bench_scale_ops.py: the report 2.7 s -> see BENCHMARKS.md §Scale)
-NODE_NOTES = frozenset({"warm_ready", "agent_started"})
 
 
 def breakdown_rows(rep: dict[str, Any]) -> list[tuple[str, float, float, float]]:

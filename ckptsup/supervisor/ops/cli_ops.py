@@ -89,7 +89,7 @@ def log(run_dir: str, as_json: bool, follow: bool, show_all: bool, attempt: int 
     loaded from), and one folded line per attempt for the routine."""
     from rich.console import Console
 
-    from ...events import EVENTS_FILE, ReadStats, follow_events, parse_ts, read_events
+    from ...events import EVENTS_FILE, NODE_NOTES, ReadStats, follow_events, parse_ts, read_events
     from . import restart_log as timeline, story
 
     path = _run_dir(run_dir)
@@ -104,7 +104,7 @@ def log(run_dir: str, as_json: bool, follow: bool, show_all: bool, attempt: int 
             else:
                 timeline.render(chosen, Console(), show_all=show_all)
         else:   # the story tells nothing of the per-node notes: they are not even parsed
-            events = read_events(path, stats=stats, skip=story.UNTOLD)
+            events = read_events(path, stats=stats, skip=NODE_NOTES)
             story.render(events, Console(soft_wrap=True), selection=selection, untold=stats.left_out)
         _note_skipped(stats, path / EVENTS_FILE)
         return

@@ -22,10 +22,6 @@ from .restart_log import fmt_t, describe
 from .story_parts import (QUIET_PHASES, ROUTINE_EVENTS, STYLE, Kind, Line, Fold, Incident, Launch, nodes_text, num, secs,
                           kind_of)
 
-# per-node notes (each agent's hello, each node's warm pool): the story tells none of them, and at
-# 16,384 nodes they are 98 % of a day's log, so `ckptsup log` does not even parse them
-UNTOLD = frozenset({Event.AGENT_STARTED.value, Event.WARM_READY.value})
-
 __all__ = ["Kind", "Line", "Selection", "Story", "kind_of", "lines", "line_text", "render", "since_cutoff"]
 
 
@@ -348,7 +344,7 @@ def line_text(line: Line, start: float | None) -> Any:
 
 def render(events: list[dict[str, Any]], console: Any, *, selection: Selection = Selection(), untold: int = 0) -> int:
     """The story of `events` on `console`, led by the run's one line (planning/headline.py); returns
-    the number of story lines printed. `untold`: events of the log left unread (UNTOLD), counted."""
+    the number of story lines printed. `untold`: events of the log left unread (events.NODE_NOTES), counted."""
     from ...planning.headline import headline
     from ...textsafe import text as safe_text
 
